@@ -1,0 +1,45 @@
+"""Errors of the storage layer.
+
+`PoraError` is the root of every error Pora raises on purpose; it lives here, in the
+lowest package, so that `journal`, `ledger` and `netio` share one root without
+importing each other. `pora` re-exports all of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class PoraError(Exception):
+    """Root of all errors Pora raises deliberately."""
+
+
+class JournalError(PoraError):
+    """The journal cannot be written or read."""
+
+
+class JournalFormatError(JournalError):
+    """A journal file is not a journal segment, or is of a format version we do not know."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class JournalCorruption(JournalError):
+    """A damaged record that is *not* a torn tail: valid data follows it.
+
+    Never skipped silently: recovery stops, and the operator decides (see
+    `pora journal verify`).
+    """
+
+    def __init__(self, path: Path, offset: int, reason: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+        super().__init__(
+            f"journal corruption in {path} at byte {offset}: {reason}. "
+            "Valid records follow, so this is not a torn tail; inspect it with "
+            "`pora journal verify` before deciding how to repair the node."
+        )

@@ -1,0 +1,84 @@
+"""Typed errors of ledger operations. Each says what went wrong, where, and what to do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from journal.errors import PoraError
+
+
+class LedgerError(PoraError):
+    """An operation on one ledger was refused."""
+
+    def __init__(self, ledger_id: int, message: str) -> None:
+        self.ledger_id = ledger_id
+        super().__init__(message)
+
+
+class NoSuchLedger(LedgerError):
+    def __init__(self, ledger_id: int) -> None:
+        super().__init__(ledger_id, f"ledger {ledger_id} does not exist on this node")
+
+
+class NoSuchEntry(LedgerError):
+    def __init__(self, ledger_id: int, entry_id: int) -> None:
+        self.entry_id = entry_id
+        super().__init__(ledger_id, f"entry {entry_id} of ledger {ledger_id} is not stored here")
+
+
+class LedgerClosed(LedgerError):
+    def __init__(self, ledger_id: int) -> None:
+        super().__init__(ledger_id, f"ledger {ledger_id} is closed: it can be read, not written")
+
+
+class LedgerFenced(LedgerError):
+    def __init__(self, ledger_id: int) -> None:
+        super().__init__(
+            ledger_id,
+            f"ledger {ledger_id} is fenced: a recovery shut its writer out; "
+            "only recovery adds are accepted",
+        )
+
+
+class EntryConflict(LedgerError):
+    """The same (ledger, entry) was added before with different bytes."""
+
+    def __init__(self, ledger_id: int, entry_id: int) -> None:
+        self.entry_id = entry_id
+        super().__init__(
+            ledger_id,
+            f"entry {entry_id} of ledger {ledger_id} is already stored with different bytes; "
+            "entries are immutable (a retry must resend the same payload)",
+        )
+
+
+class EntryTooLarge(LedgerError):
+    def __init__(self, ledger_id: int, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            ledger_id,
+            f"entry of {size} bytes for ledger {ledger_id} exceeds the node's limit of "
+            f"{limit} bytes (option entry_bytes_max)",
+        )
+
+
+class InvalidArgument(PoraError):
+    """A request carries a value no ledger operation accepts (a negative id, say)."""
+
+
+class NodeClosed(PoraError):
+    """The node is shutting down or has stopped; the request was not performed."""
+
+
+class StorageCorruption(PoraError):
+    """Stored bytes fail their checksum or do not match what the index says."""
+
+    def __init__(self, path: Path, offset: int, reason: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+        super().__init__(
+            f"corrupt data in {path} at byte {offset}: {reason}; "
+            "run `pora verify` on the stopped node"
+        )

@@ -1,0 +1,111 @@
+"""Ledger states and the per-ledger metadata persisted in the index DB."""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+
+class LedgerState(enum.IntEnum):
+    """Lifecycle of a ledger on one node. Values are on disk: never reuse.
+
+    Fencing is a separate flag, not a state: a fenced ledger is still Open (recovery
+    adds may land) until recovery closes it.
+    """
+
+    OPEN = 1
+    CLOSED = 2
+
+
+NO_ENTRY: Final = -1  # last_entry_id / first_entry_id of a ledger with no entries
+
+# Metadata encoding, version 1 (big-endian, fixed size):
+# version u8, state u8, fenced u8, reserved u8, last_entry_id i64, first_entry_id i64,
+# sealed_last_entry_id i64, entry_count u64, payload_bytes u64, log_end u64,
+# durable_seq i64, created_ms u64
+_META_V1: Final = struct.Struct(">BBBBqqqQQQqQ")
+_META_VERSION: Final = 1
+
+
+@dataclass(slots=True)
+class LedgerMeta:
+    """What a node knows about one ledger. Owned by that ledger's worker.
+
+    `durable_seq`: every journal record of this ledger with seq <= durable_seq is
+    reflected in the entry log and the index; replay starts after it.
+    `log_end`: where the next entry-log record is written (positioned writes make
+    replay idempotent: a record rewritten at the same place gives the same bytes).
+    `sealed_last_entry_id`: for a closed ledger, the last entry it keeps; reads above
+    it fail. NO_ENTRY for an open ledger (no seal yet) or one sealed empty.
+    """
+
+    ledger_id: int
+    state: LedgerState = LedgerState.OPEN
+    fenced: bool = False
+    last_entry_id: int = NO_ENTRY
+    first_entry_id: int = NO_ENTRY
+    sealed_last_entry_id: int = NO_ENTRY
+    entry_count: int = 0
+    payload_bytes: int = 0
+    log_end: int = 0
+    durable_seq: int = -1
+    created_ms: int = 0
+
+    def encode(self) -> bytes:
+        return _META_V1.pack(
+            _META_VERSION,
+            int(self.state),
+            1 if self.fenced else 0,
+            0,
+            self.last_entry_id,
+            self.first_entry_id,
+            self.sealed_last_entry_id,
+            self.entry_count,
+            self.payload_bytes,
+            self.log_end,
+            self.durable_seq,
+            self.created_ms,
+        )
+
+    @classmethod
+    def decode(cls, ledger_id: int, data: bytes) -> LedgerMeta:
+        if len(data) != _META_V1.size or data[0] != _META_VERSION:
+            raise ValueError(
+                f"ledger {ledger_id}: metadata of {len(data)} bytes, version "
+                f"{data[0] if data else None}; this build reads version {_META_VERSION}"
+            )
+        (
+            _version,
+            state,
+            fenced,
+            _reserved,
+            last_entry_id,
+            first_entry_id,
+            sealed_last_entry_id,
+            entry_count,
+            payload_bytes,
+            log_end,
+            durable_seq,
+            created_ms,
+        ) = _META_V1.unpack(data)
+        return cls(
+            ledger_id=ledger_id,
+            state=LedgerState(state),
+            fenced=bool(fenced),
+            last_entry_id=last_entry_id,
+            first_entry_id=first_entry_id,
+            sealed_last_entry_id=sealed_last_entry_id,
+            entry_count=entry_count,
+            payload_bytes=payload_bytes,
+            log_end=log_end,
+            durable_seq=durable_seq,
+            created_ms=created_ms,
+        )
+
+    def state_name(self) -> str:
+        """open / closed / fenced, as operators see it."""
+        if self.state is LedgerState.CLOSED:
+            return "closed"
+        return "fenced" if self.fenced else "open"
