@@ -52,9 +52,14 @@ class RecordKind(enum.IntEnum):
 
     ENTRY = 1  # add (ledger_id, entry_id, payload)
     FENCE = 2  # fence ledger_id: its writer is shut out; recovery adds still pass
-    CLOSE = 3  # close ledger_id; entry_id is the last entry id it keeps (-1: keep all)
+    CLOSE = 3  # close ledger_id; entry_id is the last entry id it keeps (see CLOSE_KEEP_ALL)
     DELETE = 4  # delete ledger_id and all its entries
     # 5 is reserved for KEY (the ledger's master key), added with the network layer.
+
+
+#: CLOSE's entry_id when the ledger keeps every entry it stores (-1 would mean "sealed
+#: empty", which recovery may legitimately decide)
+CLOSE_KEEP_ALL: Final = -(2**63)
 
 
 class RecordFlag(enum.IntFlag):

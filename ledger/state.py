@@ -104,8 +104,33 @@ class LedgerMeta:
             created_ms=created_ms,
         )
 
+    def info(self) -> LedgerInfo:
+        last = self.sealed_last_entry_id if self.state is LedgerState.CLOSED else self.last_entry_id
+        return LedgerInfo(
+            ledger_id=self.ledger_id,
+            state=self.state_name(),
+            first_entry_id=self.first_entry_id,
+            last_entry_id=last,
+            entry_count=self.entry_count,
+            payload_bytes=self.payload_bytes,
+            created_ms=self.created_ms,
+        )
+
     def state_name(self) -> str:
         """open / closed / fenced, as operators see it."""
         if self.state is LedgerState.CLOSED:
             return "closed"
         return "fenced" if self.fenced else "open"
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerInfo:
+    """A read-only view of one ledger, for callers outside its worker."""
+
+    ledger_id: int
+    state: str  # "open", "closed" or "fenced"
+    first_entry_id: int
+    last_entry_id: int  # for a closed ledger: the sealed last entry
+    entry_count: int
+    payload_bytes: int
+    created_ms: int

@@ -1,0 +1,470 @@
+"""Replay: read the journal back, batch by batch, telling a torn tail from corruption.
+
+Only the last batch written can be partly on disk after a crash: the writer syncs a
+batch before it writes the next one. So a damaged batch is a torn tail only when it
+is at the end of the last segment: no valid batch (magic and header crc right)
+starts at any later block boundary of that segment. Anything else that is damaged is
+corruption, reported with file and offset and never skipped. The rules, as a
+grammar, are in docs/formats.md ("Journal").
+
+Segments are read through a read-only mmap: the kernel pages them in as the scan
+goes, so a 1 GiB segment never sits in memory at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, NamedTuple
+
+import crc32c
+
+from journal.errors import JournalCorruption, JournalFormatError
+from journal.format import (
+    BATCH_HEADER,
+    BATCH_HEADER_SIZE,
+    BATCH_MAGIC,
+    BLOCK_SIZE,
+    FORMAT_VERSION,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    SEGMENT_HEADER,
+    SEGMENT_HEADER_SIZE,
+    SEGMENT_MAGIC,
+    RecordFlag,
+    RecordKind,
+    round_up_to_block,
+)
+from journal.segment import SegmentInfo, batch_header_crc, list_segments, segment_header_crc
+
+
+class JournalRecord(NamedTuple):
+    seq: int
+    kind: RecordKind
+    flags: RecordFlag
+    ledger_id: int
+    entry_id: int
+    payload: bytes
+    segment: Path
+    offset: int  # byte offset of the record header within its segment
+
+
+@dataclass(frozen=True, slots=True)
+class TornTail:
+    segment: Path
+    offset: int  # where the valid data ends
+    reason: str
+
+
+@dataclass(slots=True)
+class ScanSummary:
+    """What a scan found. Counts cover every valid record, also those below from_seq."""
+
+    segments: int = 0
+    batches: int = 0
+    records: int = 0
+    record_bytes: int = 0  # bytes of valid records incl. headers
+    first_seq: int = -1
+    last_seq: int = -1
+    torn_tail: TornTail | None = None
+
+
+_BATCH_MAGIC_BYTES: Final = struct.pack("<I", BATCH_MAGIC)
+_ZERO_BATCH_HEADER: Final = (0, 0, 0, 0, 0)
+_KINDS: Final = {kind.value: kind for kind in RecordKind}
+# flags are a byte: look them up rather than build an IntFlag per record (hot path);
+# unknown bits are kept, the record's crc vouches for them
+_FLAGS: Final = tuple(RecordFlag(bits) for bits in range(256))
+# tuple.__new__ skips NamedTuple's Python-level __new__: a third of a record's cost
+_new_record: Final = tuple.__new__
+
+
+class _Damage(Exception):
+    """A batch that is not intact; whether it is a torn tail is decided by the caller."""
+
+    def __init__(self, reason: str, valid_header: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        #: the header's magic and crc are right, so its length can be trusted
+        self.valid_header = valid_header
+
+
+class JournalScanner:
+    """Reads a journal directory's records in seq order, from `from_seq` on."""
+
+    def __init__(self, directory: Path, *, from_seq: int = 0) -> None:
+        self._directory = directory
+        self._from_seq = from_seq
+        #: the seq the next batch must start with; None until the first segment header
+        self._next_seq: int | None = None
+        self.summary = ScanSummary()
+
+    def batches(self) -> Iterator[list[JournalRecord]]:
+        """One list per journal batch, in order; batches wholly below from_seq are left
+        out. `summary` is complete once this is exhausted."""
+        self._next_seq = None
+        self.summary = ScanSummary()
+        segments = list_segments(self._directory)
+        for index, segment in enumerate(segments):
+            self.summary.segments += 1
+            yield from self._scan_segment(segment, is_last=index == len(segments) - 1)
+
+    # --- segments -------------------------------------------------------------------
+
+    def _scan_segment(
+        self, segment: SegmentInfo, *, is_last: bool
+    ) -> Iterator[list[JournalRecord]]:
+        path = segment.path
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            header = file.read(SEGMENT_HEADER_SIZE)
+            if len(header) < SEGMENT_HEADER_SIZE or not any(header):
+                # the crash came while the segment was being created
+                self._start_segment(path, segment.first_seq)
+                if len(header) < SEGMENT_HEADER_SIZE:
+                    reason = f"segment header incomplete: the file has only {size} bytes"
+                else:
+                    reason = "segment header block is all zeros"
+                if not is_last:
+                    raise JournalCorruption(path, 0, f"{reason}, but later segments follow it")
+                if size > SEGMENT_HEADER_SIZE:
+                    with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                        _check_no_batch_after(
+                            path, mapped, file.fileno(), SEGMENT_HEADER_SIZE, 0, reason
+                        )
+                self.summary.torn_tail = TornTail(path, 0, reason)
+                return
+            self._start_segment(path, self._check_segment_header(segment, header))
+            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                if hasattr(mmap, "MADV_SEQUENTIAL"):
+                    mapped.madvise(mmap.MADV_SEQUENTIAL)
+                view = memoryview(mapped)
+                try:
+                    yield from self._scan_batches(
+                        path, mapped, view, file.fileno(), is_last=is_last
+                    )
+                finally:
+                    view.release()
+
+    def _check_segment_header(self, segment: SegmentInfo, header: bytes) -> int:
+        """Validate a (non-zero) segment header; return its first_seq."""
+        path = segment.path
+        magic, version, _reserved, block_size, first_seq, created_ms, crc = (
+            SEGMENT_HEADER.unpack_from(header)
+        )
+        if magic != SEGMENT_MAGIC:
+            raise JournalFormatError(
+                path,
+                f"not a journal segment: magic {magic!r}, expected {SEGMENT_MAGIC!r}; "
+                "move the file out of the journal directory",
+            )
+        expected_crc = segment_header_crc(header)
+        # the version before the crc: another version may checksum its header differently
+        if version != FORMAT_VERSION:
+            doubt = "" if crc == expected_crc else " (its header crc does not match either)"
+            raise JournalFormatError(
+                path,
+                f"format version {version}; this build reads version {FORMAT_VERSION}"
+                f"{doubt}. Replay it with a Pora release that reads version {version}",
+            )
+        if crc != expected_crc:
+            raise JournalFormatError(
+                path,
+                f"segment header crc is {crc:#010x}, the header's bytes give "
+                f"{expected_crc:#010x}: the header is damaged. Restore the node from its "
+                "replicas",
+            )
+        if block_size != BLOCK_SIZE:
+            raise JournalFormatError(
+                path, f"block size {block_size}; this build reads block size {BLOCK_SIZE}"
+            )
+        if (first_seq, created_ms) != (segment.first_seq, segment.created_ms):
+            raise JournalFormatError(
+                path,
+                f"the header says first seq {first_seq}, created {created_ms} ms, but the "
+                f"file name says first seq {segment.first_seq}, created {segment.created_ms}"
+                " ms: the file was renamed. Give it back its name",
+            )
+        return int(first_seq)
+
+    def _start_segment(self, path: Path, first_seq: int) -> None:
+        expected = self._next_seq
+        if expected is not None and first_seq != expected:
+            raise JournalCorruption(
+                path,
+                0,
+                f"the segment starts at seq {first_seq} but the journal before it ends at "
+                f"seq {expected - 1}: a segment may be missing (deleted or lost) or be a "
+                "stray copy. Put back the missing segment, or restore the node from its "
+                "replicas",
+            )
+        self._next_seq = first_seq
+
+    # --- batches ---------------------------------------------------------------------
+
+    def _scan_batches(
+        self, path: Path, mapped: mmap.mmap, view: memoryview, fd: int, *, is_last: bool
+    ) -> Iterator[list[JournalRecord]]:
+        summary = self.summary
+        size = len(mapped)
+        offset = SEGMENT_HEADER_SIZE
+        while offset < size:  # a batch boundary at the end of the file ends the data
+            if offset + BATCH_HEADER_SIZE > size:
+                if any(mapped[offset:size]):
+                    self._end_at_damage(
+                        path,
+                        mapped,
+                        fd,
+                        offset,
+                        "batch header cut short by the end of the file",
+                        size,
+                        is_last=is_last,
+                    )
+                return
+            fields = BATCH_HEADER.unpack_from(mapped, offset)
+            if fields == _ZERO_BATCH_HEADER:
+                # end of data: segments roll before they are full, preallocated space is zeros
+                _check_no_batch_after(
+                    path, mapped, fd, offset + BLOCK_SIZE, offset, "an all-zero batch header"
+                )
+                return
+            _magic, _crc, records_length, count, first_seq = fields
+            try:
+                records = self._read_batch(path, mapped, view, offset, size, fields)
+            except _Damage as damage:
+                search_from = offset + BLOCK_SIZE
+                if damage.valid_header:  # its length is right: skip its own payload bytes
+                    search_from = max(
+                        search_from,
+                        round_up_to_block(offset + BATCH_HEADER_SIZE + records_length),
+                    )
+                self._end_at_damage(
+                    path, mapped, fd, offset, damage.reason, search_from, is_last=is_last
+                )
+                return
+            summary.batches += 1
+            summary.records += count
+            summary.record_bytes += records_length
+            if summary.first_seq < 0:
+                summary.first_seq = first_seq
+            summary.last_seq = first_seq + count - 1
+            self._next_seq = first_seq + count
+            if records:
+                yield records
+            offset = round_up_to_block(offset + BATCH_HEADER_SIZE + records_length)
+
+    def _read_batch(
+        self,
+        path: Path,
+        mapped: mmap.mmap,
+        view: memoryview,
+        offset: int,
+        size: int,
+        fields: tuple[int, int, int, int, int],
+    ) -> list[JournalRecord]:
+        """The batch's records at or above from_seq; raises _Damage if it is not intact."""
+        magic, crc, records_length, count, first_seq = fields
+        if magic != BATCH_MAGIC:
+            raise _Damage(f"bad batch magic {magic:#010x}", valid_header=False)
+        expected_crc = batch_header_crc(view, offset)
+        if crc != expected_crc:
+            raise _Damage(
+                f"batch header crc is {crc:#010x}, its fields give {expected_crc:#010x}",
+                valid_header=False,
+            )
+        if first_seq != self._next_seq:
+            # an intact header with the wrong seq was never a torn write
+            raise JournalCorruption(
+                path,
+                offset,
+                f"the batch starts at seq {first_seq}, expected {self._next_seq}: records "
+                "are missing or out of order. Restore the node from its replicas",
+            )
+        records_start = offset + BATCH_HEADER_SIZE
+        records_end = records_start + records_length
+        if count == 0 or records_length < count * RECORD_HEADER_SIZE:
+            raise _Damage(
+                f"batch header says {count} records in {records_length} bytes", valid_header=True
+            )
+        if records_end > size:
+            raise _Damage(
+                f"batch of {records_length} record bytes runs past the end of the file "
+                f"({size} bytes)",
+                valid_header=True,
+            )
+        from_seq = self._from_seq
+        if first_seq + count <= from_seq:
+            next_offset = round_up_to_block(records_end)
+            if _valid_batch_at(mapped, next_offset):
+                # all below from_seq, and a valid batch follows, so it is not the tail:
+                # skip it by its header, unread
+                return []
+            # it may be the last batch written: verify it like any other
+        return self._decode_records(path, mapped, view, records_start, records_end, fields)
+
+    def _decode_records(
+        self,
+        path: Path,
+        mapped: mmap.mmap,
+        view: memoryview,
+        records_start: int,
+        records_end: int,
+        fields: tuple[int, int, int, int, int],
+    ) -> list[JournalRecord]:
+        # the hot loop of replay: locals only, no per-record method calls
+        _magic, _crc, _records_length, count, first_seq = fields
+        unpack = RECORD_HEADER.unpack_from
+        checksum = crc32c.crc32c
+        kinds = _KINDS
+        flags_by_bits = _FLAGS
+        new_record = _new_record
+        from_seq = self._from_seq
+        records: list[JournalRecord] = []
+        append = records.append
+        position = records_start
+        seq = first_seq
+        for _ in range(count):
+            payload_start = position + RECORD_HEADER_SIZE
+            if payload_start > records_end:
+                raise _Damage(
+                    f"record {seq} at byte {position}: its header runs past the batch end",
+                    valid_header=True,
+                )
+            crc, length, kind, flags, _reserved, record_seq, ledger_id, entry_id = unpack(
+                mapped, position
+            )
+            end = payload_start + length
+            if end > records_end:
+                raise _Damage(
+                    f"record {seq} at byte {position}: its {length} payload bytes run past "
+                    "the batch end",
+                    valid_header=True,
+                )
+            if checksum(view[position + 4 : end]) != crc:
+                raise _Damage(f"record {seq} at byte {position}: crc mismatch", valid_header=True)
+            if record_seq != seq:
+                raise _Damage(
+                    f"record at byte {position} has seq {record_seq}, expected {seq}",
+                    valid_header=True,
+                )
+            record_kind = kinds.get(kind)
+            if record_kind is None:
+                raise _Damage(
+                    f"record {seq} at byte {position}: unknown kind {kind}", valid_header=True
+                )
+            if seq >= from_seq:
+                append(
+                    new_record(
+                        JournalRecord,
+                        (
+                            seq,
+                            record_kind,
+                            flags_by_bits[flags],
+                            ledger_id,
+                            entry_id,
+                            mapped[payload_start:end],
+                            path,
+                            position,
+                        ),
+                    )
+                )
+            position = end
+            seq += 1
+        if position != records_end:
+            raise _Damage(
+                f"the batch header says its records take {records_end - records_start} bytes, "
+                f"they take {position - records_start}",
+                valid_header=True,
+            )
+        return records
+
+    # --- where the data ends ---------------------------------------------------------
+
+    def _end_at_damage(
+        self,
+        path: Path,
+        mapped: mmap.mmap,
+        fd: int,
+        offset: int,
+        reason: str,
+        search_from: int,
+        *,
+        is_last: bool,
+    ) -> None:
+        """A damaged batch at `offset`: record a torn tail, or raise JournalCorruption."""
+        if not is_last:
+            raise JournalCorruption(
+                path,
+                offset,
+                f"{reason}, in a segment that later segments follow (only the last "
+                "segment can end with a torn write)",
+            )
+        later = _find_valid_batch(mapped, fd, search_from)
+        if later is not None:
+            raise JournalCorruption(
+                path, offset, f"{reason}; a valid batch follows at byte {later}"
+            )
+        self.summary.torn_tail = TornTail(path, offset, reason)
+
+
+def _check_no_batch_after(
+    path: Path, mapped: mmap.mmap, fd: int, start: int, end_of_data: int, what: str
+) -> None:
+    """Raise JournalCorruption if a valid batch starts at or after `start`."""
+    later = _find_valid_batch(mapped, fd, start)
+    if later is not None:
+        raise JournalCorruption(
+            path,
+            end_of_data,
+            f"{what} marks the end of the data, but a valid batch starts at byte "
+            f"{later}: a hole in the journal",
+        )
+
+
+def _valid_batch_at(mapped: mmap.mmap, offset: int) -> bool:
+    """Whether a batch header with the right magic and crc starts at `offset`."""
+    if offset + BATCH_HEADER_SIZE > len(mapped):
+        return False
+    magic, crc, _length, _count, _first_seq = BATCH_HEADER.unpack_from(mapped, offset)
+    return bool(magic == BATCH_MAGIC and crc == batch_header_crc(mapped, offset))
+
+
+def _find_valid_batch(mapped: mmap.mmap, fd: int, start: int) -> int | None:
+    """The offset of the first valid batch header at a block boundary >= start.
+
+    Only the file's data regions are searched: the preallocated, never written rest
+    of a segment is a hole to SEEK_DATA (ext4, xfs), so checking the end of a
+    1 GiB segment does not read 1 GiB of zeros.
+    """
+    size = len(mapped)
+    position = round_up_to_block(start)
+    while position < size:
+        try:
+            data_start = os.lseek(fd, position, os.SEEK_DATA)
+            data_end = min(os.lseek(fd, data_start, os.SEEK_HOLE), size)
+        except OSError as error:
+            if error.errno == errno.ENXIO:  # no data past position
+                return None
+            data_start, data_end = position, size  # no SEEK_DATA here: search it all
+        found = _find_valid_batch_in(mapped, round_up_to_block(data_start), data_end)
+        if found is not None:
+            return found
+        position = data_end
+    return None
+
+
+def _find_valid_batch_in(mapped: mmap.mmap, start: int, end: int) -> int | None:
+    # find() runs in C: over zeros or payload bytes it is far faster than unpacking
+    # every block boundary in Python
+    position = mapped.find(_BATCH_MAGIC_BYTES, start, end)
+    while position >= 0:
+        if position % BLOCK_SIZE == 0 and _valid_batch_at(mapped, position):
+            return position
+        # only block boundaries count: jump to the next one
+        position = mapped.find(_BATCH_MAGIC_BYTES, round_up_to_block(position + 1), end)
+    return None

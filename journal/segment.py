@@ -1,0 +1,326 @@
+"""Journal segment files: their names, their header block, and the one writer.
+
+A segment is `<first_seq as 20 digits>-<created_ms>.journal`: a header block, then
+block-aligned batches (docs/formats.md, "Journal"). The writer is synchronous: the
+journal task runs it in a worker thread, one call at a time, so it needs no locks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import crc32c
+
+from journal.errors import JournalError, JournalFormatError
+from journal.format import (
+    BATCH_HEADER,
+    BATCH_HEADER_SIZE,
+    BATCH_MAGIC,
+    BLOCK_SIZE,
+    FORMAT_VERSION,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    RECORD_PAYLOAD_MAX,
+    SEGMENT_HEADER,
+    SEGMENT_HEADER_SIZE,
+    SEGMENT_MAGIC,
+    round_up_to_block,
+)
+from journal.request import Request
+
+SEGMENT_SUFFIX: Final = ".journal"
+_SEQ_DIGITS: Final = 20
+#: the struct fields the segment header crc covers: all of them but the crc itself
+_SEGMENT_HEADER_CRC_START: Final = SEGMENT_HEADER.size - 4
+#: the batch header crc covers the fields after magic and crc
+_BATCH_HEADER_CRC_START: Final = 8
+_U32_MAX: Final = 0xFFFF_FFFF
+_CRC_FIELD: Final = struct.Struct("<I")  # one u32, to patch a crc in place
+
+#: what the crc helpers read from: encoded buffers and mapped segment files
+Buffer = bytes | bytearray | memoryview | mmap.mmap
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    path: Path
+    first_seq: int
+    created_ms: int
+
+
+# --- names ------------------------------------------------------------------------------
+
+
+def segment_file_name(first_seq: int, created_ms: int) -> str:
+    """The file name of the segment whose first record has seq `first_seq`."""
+    if first_seq < 0 or created_ms < 0:
+        raise ValueError(f"first_seq ({first_seq}) and created_ms ({created_ms}) must be >= 0")
+    return f"{first_seq:0{_SEQ_DIGITS}d}-{created_ms}{SEGMENT_SUFFIX}"
+
+
+def parse_segment_path(path: Path) -> SegmentInfo:
+    """Read first_seq and created_ms out of a segment's file name."""
+    stem = path.name.removesuffix(SEGMENT_SUFFIX)
+    seq_text, dash, ms_text = stem.partition("-")
+    if not (
+        dash
+        and len(seq_text) == _SEQ_DIGITS
+        and seq_text.isascii()
+        and seq_text.isdigit()
+        and ms_text.isascii()
+        and ms_text.isdigit()
+    ):
+        raise JournalFormatError(
+            path,
+            f"not a journal segment name (expected <first_seq as {_SEQ_DIGITS} digits>-"
+            f"<created_ms>{SEGMENT_SUFFIX}); move the file out of the journal directory",
+        )
+    return SegmentInfo(path, int(seq_text), int(ms_text))
+
+
+def list_segments(directory: Path) -> list[SegmentInfo]:
+    """The segments in `directory`, oldest first; a missing directory holds none."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    segments = [
+        parse_segment_path(directory / name) for name in names if name.endswith(SEGMENT_SUFFIX)
+    ]
+    # an empty segment and its successor share a first_seq: creation time breaks the tie
+    segments.sort(key=lambda s: (s.first_seq, s.created_ms))
+    return segments
+
+
+# --- encoding -------------------------------------------------------------------------
+
+
+def encode_segment_header(first_seq: int, created_ms: int) -> bytes:
+    """The whole header block of a new segment."""
+    fields = SEGMENT_HEADER.pack(
+        SEGMENT_MAGIC, FORMAT_VERSION, 0, BLOCK_SIZE, first_seq, created_ms, 0
+    )
+    crc = crc32c.crc32c(fields[:_SEGMENT_HEADER_CRC_START])
+    block = bytearray(SEGMENT_HEADER_SIZE)
+    block[:_SEGMENT_HEADER_CRC_START] = fields[:_SEGMENT_HEADER_CRC_START]
+    _CRC_FIELD.pack_into(block, _SEGMENT_HEADER_CRC_START, crc)
+    return bytes(block)
+
+
+def segment_header_crc(header: Buffer) -> int:
+    """The crc a segment header struct (at the start of `header`) must carry."""
+    return int(crc32c.crc32c(memoryview(header)[:_SEGMENT_HEADER_CRC_START]))
+
+
+def batch_header_crc(buf: Buffer, offset: int) -> int:
+    """The crc the batch header at `offset` of `buf` must carry."""
+    view = memoryview(buf)
+    start = offset + _BATCH_HEADER_CRC_START
+    return int(crc32c.crc32c(view[start : offset + BATCH_HEADER_SIZE]))
+
+
+def encode_batch(requests: Sequence[Request], first_seq: int) -> bytearray:
+    """One batch, padded to whole blocks; sets each request's seq.
+
+    Hot path: one exact allocation, headers packed in place, crcs over views.
+    """
+    count = len(requests)
+    if count == 0:
+        raise ValueError("a journal batch holds at least one record")
+    payload_bytes = sum([len(request.payload) for request in requests])
+    if payload_bytes > RECORD_PAYLOAD_MAX:  # only then can one payload be too large
+        for request in requests:
+            if len(request.payload) > RECORD_PAYLOAD_MAX:
+                raise ValueError(
+                    f"payload of {len(request.payload)} bytes exceeds the journal's limit "
+                    f"of {RECORD_PAYLOAD_MAX}"
+                )
+    records_length = count * RECORD_HEADER_SIZE + payload_bytes
+    if records_length > _U32_MAX:
+        raise ValueError(f"a batch of {records_length} record bytes exceeds 4 GiB: split it")
+    buf = bytearray(round_up_to_block(BATCH_HEADER_SIZE + records_length))
+    view = memoryview(buf)
+    pack_record = RECORD_HEADER.pack_into
+    pack_crc = _CRC_FIELD.pack_into
+    checksum = crc32c.crc32c
+    position = BATCH_HEADER_SIZE
+    seq = first_seq
+    for request in requests:
+        payload = request.payload
+        payload_start = position + RECORD_HEADER_SIZE
+        end = payload_start + len(payload)
+        # crc 0 for now: the crc covers the bytes after its own field
+        pack_record(
+            buf,
+            position,
+            0,
+            len(payload),
+            request.kind,
+            request.flags,
+            0,
+            seq,
+            request.ledger_id,
+            request.entry_id,
+        )
+        view[payload_start:end] = payload
+        pack_crc(buf, position, checksum(view[position + 4 : end]))
+        request.seq = seq
+        seq += 1
+        position = end
+    BATCH_HEADER.pack_into(buf, 0, BATCH_MAGIC, 0, records_length, count, first_seq)
+    pack_crc(buf, 4, checksum(view[_BATCH_HEADER_CRC_START:BATCH_HEADER_SIZE]))
+    view.release()
+    return buf
+
+
+# --- files ----------------------------------------------------------------------------
+
+
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    """Write all of `data` at `offset`, looping on short writes."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        written = os.pwrite(fd, view[done:], offset + done)
+        if written <= 0:  # a regular file never does this, but never loop forever
+            raise OSError(f"pwrite wrote {written} bytes at offset {offset + done}")
+        done += written
+
+
+def write_segment_header(fd: int, first_seq: int, created_ms: int) -> None:
+    """Write the header block at the start of a new segment (does not sync)."""
+    pwrite_all(fd, encode_segment_header(first_seq, created_ms), 0)
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make the creation or removal of files in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SegmentWriter:
+    """Appends batches to the one open segment. Sync code, called from one worker thread
+    at a time."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_bytes: int,
+        first_seq: int,
+        preallocate: bool = True,
+        fsync: bool = True,
+    ) -> None:
+        if segment_bytes < SEGMENT_HEADER_SIZE + BLOCK_SIZE:
+            raise ValueError(f"segment_bytes ({segment_bytes}) must hold a header and a batch")
+        if first_seq < 0:
+            raise ValueError(f"first_seq ({first_seq}) must be >= 0")
+        self._directory = directory
+        self._segment_bytes = segment_bytes
+        self._preallocate = preallocate
+        self._fsync = fsync
+        if not directory.is_dir():
+            directory.mkdir(parents=True, exist_ok=True)
+            if fsync:
+                fsync_directory(directory.parent)
+        newer = [s for s in list_segments(directory) if s.first_seq > first_seq]
+        if newer:
+            # writing here would put records out of order: the next replay would fail
+            raise JournalError(
+                f"cannot start the journal at seq {first_seq} in {directory}: segment "
+                f"{newer[0].path.name} already starts at seq {newer[0].first_seq}. "
+                "Recovery must replay the journal first"
+            )
+        self._fd, self._segment = self._create_segment(first_seq)
+        self._offset = SEGMENT_HEADER_SIZE  # where the next batch goes
+        self._next_seq = first_seq
+
+    @property
+    def open_segment(self) -> SegmentInfo:
+        return self._segment
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next record gets."""
+        return self._next_seq
+
+    def write_batch(self, requests: Sequence[Request], first_seq: int) -> int:
+        """Encode and write one batch (rolling first when it does not fit); no sync.
+
+        Returns the bytes written. A batch larger than a whole segment gets a fresh
+        segment to itself, which grows past its preallocation.
+        """
+        if self._fd < 0:
+            raise JournalError(f"the journal writer of {self._directory} is closed")
+        if first_seq != self._next_seq:
+            # a gap or an overlap would make the journal unreadable at the next replay
+            raise ValueError(f"batch starts at seq {first_seq}, expected {self._next_seq}")
+        batch = encode_batch(requests, first_seq)
+        holds_a_batch = self._offset > SEGMENT_HEADER_SIZE
+        if holds_a_batch and self._offset + len(batch) > self._segment_bytes:
+            self._roll(first_seq)
+        pwrite_all(self._fd, batch, self._offset)
+        # only now: after a failed write the next batch goes to the same place
+        self._offset += len(batch)
+        self._next_seq += len(requests)
+        return len(batch)
+
+    def sync(self) -> None:
+        """Make every batch written so far durable."""
+        if self._fsync:
+            os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        """Close the open segment (without syncing). Idempotent."""
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+    def _roll(self, first_seq: int) -> None:
+        # create the new segment first: if that fails, the open one stays usable
+        fd, segment = self._create_segment(first_seq)
+        old_fd = self._fd
+        self._fd, self._segment, self._offset = fd, segment, SEGMENT_HEADER_SIZE
+        try:
+            # the caller synced after the last batch; this costs nothing then, and an
+            # unsynced batch in a segment that is no longer last would be corruption
+            if self._fsync:
+                os.fdatasync(old_fd)
+        finally:
+            os.close(old_fd)
+
+    def _create_segment(self, first_seq: int) -> tuple[int, SegmentInfo]:
+        created_ms = time.time_ns() // 1_000_000
+        path = self._directory / segment_file_name(first_seq, created_ms)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            raise JournalError(
+                f"journal segment {path} already exists: segments are never appended to. "
+                "Another node may be using this data directory"
+            ) from None
+        try:
+            if self._preallocate:
+                os.posix_fallocate(fd, 0, self._segment_bytes)
+            write_segment_header(fd, first_seq, created_ms)
+            if self._fsync:
+                os.fdatasync(fd)
+                fsync_directory(self._directory)
+        except BaseException:
+            # a half-made segment would read as a torn tail; better not to leave it
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise
+        return fd, SegmentInfo(path, first_seq, created_ms)

@@ -1,0 +1,294 @@
+"""The journal task: the one writer of the journal, doing group commit.
+
+Requests arrive in batches (lists) on one bounded channel. The task drains every
+batch waiting, until a trigger fires (bytes gathered, time waited, or queue empty),
+then writes the whole group with one write and one fdatasync in a worker thread.
+While that thread runs, the event loop keeps accepting requests, so the next group
+gathers during the sync: the sync cost is shared by everything that arrived in the
+meantime. After the sync, the group goes to `dispatch` (the ledger workers), which
+completes each request.
+
+A full channel makes `submit` wait: that is the node's backpressure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from journal.errors import JournalError
+from journal.request import Request
+from journal.segment import SegmentInfo, SegmentWriter
+
+Dispatch = Callable[[list[Request]], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCommitConfig:
+    """Knobs of the journal. Units are last in names."""
+
+    #: how long the oldest request of a group may wait for company before the sync
+    group_wait_ms_max: float = 1.0
+    #: sync as soon as this many payload bytes are gathered
+    group_bytes_max: int = 1 << 20
+    #: sync as soon as nothing more is queued, without waiting (BookKeeper's
+    #: flushWhenQueueEmpty); lowers latency at low load, costs syncs at medium load
+    flush_when_queue_empty: bool = False
+    #: bound of the journal channel, in batches (a batch is one submitter's list)
+    channel_batches_max: int = 4096
+    #: a segment rolls when the next group would not fit
+    segment_bytes: int = 256 << 20
+    preallocate: bool = True
+    #: False only for throwaway test data: an acknowledged add is then not durable
+    fsync: bool = True
+
+    def __post_init__(self) -> None:
+        if self.group_wait_ms_max < 0:
+            raise ValueError("group_wait_ms_max must be >= 0")
+        if self.group_bytes_max <= 0 or self.channel_batches_max <= 0:
+            raise ValueError("group_bytes_max and channel_batches_max must be > 0")
+        if self.segment_bytes < 4096:
+            raise ValueError("segment_bytes must be at least 4096")
+
+
+@dataclass(frozen=True, slots=True)
+class JournalStatistics:
+    next_seq: int
+    dispatched_seq: int
+    commits: int
+    records: int
+    bytes_written: int
+    group_records_max: int
+    sync_seconds_total: float
+    sync_seconds_max: float
+    queued_batches: int
+    open_segment: SegmentInfo | None
+    failed: bool
+
+
+class Journal:
+    """The journal writer task and its channel.
+
+    `first_seq` is the sequence number the first record written gets; recovery
+    computes it. `dispatch` receives each synced group, in order, exactly once.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        config: GroupCommitConfig,
+        *,
+        first_seq: int,
+        dispatch: Dispatch,
+    ) -> None:
+        self._directory = directory
+        self._config = config
+        self._dispatch = dispatch
+        self._send, self._receive = trio.open_memory_channel[list[Request]](
+            config.channel_batches_max
+        )
+        self._next_seq = first_seq
+        self._dispatched_seq = first_seq
+        self._writer: SegmentWriter | None = None
+        self._failure: JournalError | None = None
+        self._commits = 0
+        self._records = 0
+        self._bytes_written = 0
+        self._group_records_max = 0
+        self._sync_seconds_total = 0.0
+        self._sync_seconds_max = 0.0
+        #: when the last write began; requests found queued at the next gather have
+        #: waited at most since then, so the group-wait clock starts there
+        self._last_write_started = 0.0
+        #: called with (records, bytes, sync seconds) after every commit (metrics)
+        self.on_commit: Callable[[int, int, float], None] | None = None
+
+    # --- submitting ------------------------------------------------------------------
+
+    async def submit(self, batch: list[Request]) -> None:
+        """Queue `batch` for the journal, waiting while the channel is full."""
+        self._check_accepting()
+        try:
+            await self._send.send(batch)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise JournalError("the journal is closed: the node is shutting down") from None
+
+    def submit_nowait(self, batch: list[Request]) -> None:
+        """Queue `batch`, or raise trio.WouldBlock when the channel is full."""
+        self._check_accepting()
+        try:
+            self._send.send_nowait(batch)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise JournalError("the journal is closed: the node is shutting down") from None
+
+    def _check_accepting(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def close_input(self) -> None:
+        """Stop accepting requests; `run` returns once everything queued is written."""
+        self._send.close()
+
+    # --- positions the trimmer needs ------------------------------------------------
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next record will get."""
+        return self._next_seq
+
+    @property
+    def dispatched_seq(self) -> int:
+        """Every record with a smaller seq has been handed to `dispatch`."""
+        return self._dispatched_seq
+
+    @property
+    def open_segment(self) -> SegmentInfo | None:
+        return None if self._writer is None else self._writer.open_segment
+
+    def statistics(self) -> JournalStatistics:
+        return JournalStatistics(
+            next_seq=self._next_seq,
+            dispatched_seq=self._dispatched_seq,
+            commits=self._commits,
+            records=self._records,
+            bytes_written=self._bytes_written,
+            group_records_max=self._group_records_max,
+            sync_seconds_total=self._sync_seconds_total,
+            sync_seconds_max=self._sync_seconds_max,
+            queued_batches=self._receive.statistics().current_buffer_used,
+            open_segment=self.open_segment,
+            failed=self._failure is not None,
+        )
+
+    # --- the task ----------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Write groups until the input is closed and drained."""
+        config = self._config
+        self._writer = await trio.to_thread.run_sync(
+            lambda: SegmentWriter(
+                self._directory,
+                segment_bytes=config.segment_bytes,
+                first_seq=self._next_seq,
+                preallocate=config.preallocate,
+                fsync=config.fsync,
+            )
+        )
+        task_status.started()
+        try:
+            while True:
+                group = await self._gather()
+                if not group:
+                    return  # input closed and drained
+                await self._commit(group)
+                if self._failure is not None:
+                    return  # writes are refused from now on; reads go on
+        finally:
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                writer.close()
+
+    async def _gather(self) -> list[Request]:
+        """Collect one group; an empty list means the input is closed and drained."""
+        config = self._config
+        receive = self._receive
+        try:
+            first = receive.receive_nowait()
+            # queued while the previous group was being written: it has waited since
+            started_waiting = self._last_write_started
+        except trio.WouldBlock:
+            try:
+                first = await receive.receive()
+            except trio.EndOfChannel:
+                return []
+            started_waiting = trio.current_time()
+        except trio.EndOfChannel:
+            return []
+        group = list(first)  # the submitter's list is theirs; extend a copy
+        gathered_bytes = sum(len(r.payload) for r in first)
+        deadline = started_waiting + config.group_wait_ms_max / 1000.0
+        while gathered_bytes < config.group_bytes_max:
+            more = await self._next_batch_before(deadline)
+            if more is None:
+                break
+            group.extend(more)
+            gathered_bytes += sum(len(r.payload) for r in more)
+        return group
+
+    async def _next_batch_before(self, deadline: float) -> list[Request] | None:
+        """The next queued batch, or None when the group should be written now."""
+        try:
+            return self._receive.receive_nowait()
+        except trio.WouldBlock:
+            pass
+        except trio.EndOfChannel:
+            return None
+        if self._config.flush_when_queue_empty:
+            return None
+        with trio.move_on_at(deadline):
+            try:
+                return await self._receive.receive()
+            except trio.EndOfChannel:
+                return None
+        return None
+
+    async def _commit(self, group: list[Request]) -> None:
+        """Write and sync one group, then hand it to the ledgers."""
+        writer = self._writer
+        assert writer is not None
+        first_seq = self._next_seq
+        self._next_seq += len(group)
+        self._last_write_started = trio.current_time()
+        try:
+            written, sync_seconds = await trio.to_thread.run_sync(
+                _write_and_sync, writer, group, first_seq
+            )
+        except OSError as exc:
+            self._fail(group, exc)
+            return
+        self._commits += 1
+        self._records += len(group)
+        self._bytes_written += written
+        self._group_records_max = max(self._group_records_max, len(group))
+        self._sync_seconds_total += sync_seconds
+        self._sync_seconds_max = max(self._sync_seconds_max, sync_seconds)
+        if self.on_commit is not None:
+            self.on_commit(len(group), written, sync_seconds)
+        await self._dispatch(group)
+        self._dispatched_seq = self._next_seq
+
+    def _fail(self, group: list[Request], exc: OSError) -> None:
+        """A journal write failed: nothing more can be acknowledged safely.
+
+        After a failed fdatasync the kernel may have dropped the dirty pages, so a
+        retry could report success for data that is gone. The journal stops; every
+        queued request fails; the node keeps serving reads.
+        """
+        self._failure = JournalError(
+            f"journal write failed in {self._directory} ({exc.strerror or exc}); "
+            "the node no longer accepts writes. Free space or fix the disk, then restart "
+            "the node: recovery replays everything that was acknowledged"
+        )
+        for request in group:
+            request.fail(self._failure)
+        while True:
+            try:
+                queued = self._receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            for request in queued:
+                request.fail(self._failure)
+        self._send.close()
+
+
+def _write_and_sync(
+    writer: SegmentWriter, group: list[Request], first_seq: int
+) -> tuple[int, float]:
+    written = writer.write_batch(group, first_seq)
+    started = time.perf_counter()
+    writer.sync()
+    return written, time.perf_counter() - started

@@ -1,0 +1,55 @@
+"""Trimming: deleting the journal segments whose every record is durable elsewhere.
+
+A segment's records run from its first_seq up to the next segment's first_seq - 1,
+so only the next segment's name tells where a segment ends. The last segment has no
+next one: it is (or may be) the open one, and is never trimmed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from journal.segment import SegmentInfo, fsync_directory
+
+
+def trimmable_segments(
+    segments: Sequence[SegmentInfo], durable_before_seq: int
+) -> list[SegmentInfo]:
+    """The oldest segments all of whose records have seq < durable_before_seq.
+
+    `segments` must be sorted by first_seq (as list_segments returns them). Segment i
+    qualifies iff segments[i + 1].first_seq <= durable_before_seq; the result is a
+    prefix, so the journal left behind has no holes.
+    """
+    trimmable: list[SegmentInfo] = []
+    for segment, following in itertools.pairwise(segments):
+        if following.first_seq < segment.first_seq:
+            raise ValueError(
+                f"segments out of order: {following.path.name} after {segment.path.name}"
+            )
+        if following.first_seq > durable_before_seq:
+            break
+        trimmable.append(segment)
+    return trimmable
+
+
+def delete_segments(directory: Path, segments: Sequence[SegmentInfo]) -> int:
+    """Unlink `segments` oldest first, then fsync `directory`; returns the bytes freed.
+
+    Oldest first, so a crash part way leaves a journal without holes. A segment that
+    is already gone (an earlier trim crashed after unlinking it) counts as freed.
+    """
+    freed_bytes = 0
+    for segment in segments:
+        try:
+            size = os.stat(segment.path).st_size
+            os.unlink(segment.path)
+        except FileNotFoundError:
+            continue
+        freed_bytes += size
+    if segments:
+        fsync_directory(directory)
+    return freed_bytes

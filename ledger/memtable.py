@@ -1,0 +1,106 @@
+"""A ledger's memtable: entries not yet in its entry log, plus recent ones for tail reads.
+
+Three generations, all owned by the ledger's worker:
+
+- `unflushed`: applied, journalled, not yet in the entry log;
+- `flushing`: handed to the flush in progress (still served to reads until the
+  index knows where they are);
+- `recent`: already flushed, kept (bounded in bytes) so tail readers are served
+  from memory.
+
+Node-wide, every memtable's unflushed bytes are summed in one `MemoryBudget`, so
+the node's memory has a ceiling whatever the number of ledgers.
+"""
+
+from __future__ import annotations
+
+
+class MemoryBudget:
+    """Unflushed bytes across all memtables of a node (single-threaded: trio)."""
+
+    __slots__ = ("limit_bytes", "unflushed_bytes")
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.unflushed_bytes = 0
+
+    @property
+    def exceeded(self) -> bool:
+        return self.unflushed_bytes > self.limit_bytes
+
+
+class Memtable:
+    __slots__ = (
+        "_budget",
+        "_recent",
+        "_recent_bytes",
+        "_recent_bytes_max",
+        "flushing",
+        "unflushed",
+        "unflushed_bytes",
+    )
+
+    def __init__(self, budget: MemoryBudget, recent_bytes_max: int) -> None:
+        self._budget = budget
+        self.unflushed: dict[int, bytes] = {}
+        self.unflushed_bytes = 0
+        self.flushing: dict[int, bytes] = {}
+        self._recent: dict[int, bytes] = {}
+        self._recent_bytes = 0
+        self._recent_bytes_max = recent_bytes_max
+
+    def put(self, entry_id: int, payload: bytes) -> None:
+        self.unflushed[entry_id] = payload
+        self.unflushed_bytes += len(payload)
+        self._budget.unflushed_bytes += len(payload)
+
+    def get(self, entry_id: int) -> bytes | None:
+        payload = self.unflushed.get(entry_id)
+        if payload is None:
+            payload = self.flushing.get(entry_id)
+            if payload is None:
+                payload = self._recent.get(entry_id)
+        return payload
+
+    def begin_flush(self) -> dict[int, bytes]:
+        """Move the unflushed entries to the flushing generation and return them."""
+        assert not self.flushing, "one flush at a time per ledger"
+        self.flushing, self.unflushed = self.unflushed, {}
+        self._budget.unflushed_bytes -= self.unflushed_bytes
+        self.unflushed_bytes = 0
+        return self.flushing
+
+    def end_flush(self) -> None:
+        """The flushing entries are in the entry log and indexed: keep some as recent."""
+        recent = self._recent
+        for entry_id, payload in self.flushing.items():
+            recent[entry_id] = payload
+            self._recent_bytes += len(payload)
+        self.flushing = {}
+        # dicts keep insertion order: the oldest flushed entries go first
+        while self._recent_bytes > self._recent_bytes_max and recent:
+            oldest = next(iter(recent))
+            self._recent_bytes -= len(recent.pop(oldest))
+
+    def abort_flush(self) -> None:
+        """The flush failed: its entries become unflushed again (the journal still has them)."""
+        for entry_id, payload in self.flushing.items():
+            if entry_id not in self.unflushed:
+                self.put(entry_id, payload)
+        self.flushing = {}
+
+    def clear(self) -> None:
+        """Forget everything (the ledger was deleted)."""
+        self._budget.unflushed_bytes -= self.unflushed_bytes
+        self.unflushed = {}
+        self.unflushed_bytes = 0
+        self.flushing = {}
+        self._recent = {}
+        self._recent_bytes = 0
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of payload held, all generations."""
+        return (
+            self.unflushed_bytes + sum(len(p) for p in self.flushing.values()) + self._recent_bytes
+        )

@@ -1,0 +1,164 @@
+"""The ledgers of a node: their metadata, their workers, and routing to them.
+
+The registry receives every synced journal group (`dispatch`), splits it by
+ledger and hands each part to that ledger's worker, starting the worker if the
+ledger has none (workers retire when idle). It serves reads from a worker's
+memtable or from the index and entry log, and tells the trimmer how far the
+journal is durable elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trio
+
+from journal.request import Request
+from ledger.errors import NoSuchEntry, NoSuchLedger
+from ledger.state import LedgerMeta, LedgerState
+from ledger.storage import LedgerStorage
+from ledger.worker import FlushBarrier, LedgerWorker
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryStatistics:
+    ledgers: int
+    active_workers: int
+    workers_started: int
+    workers_retired: int
+    memtable_unflushed_bytes: int
+    open_files: int
+
+
+class LedgerRegistry:
+    def __init__(self, storage: LedgerStorage, metas: dict[int, LedgerMeta]) -> None:
+        self.storage = storage
+        #: every ledger on the node, active or not; workers mutate their own entry
+        self.metas = metas
+        self.active: dict[int, LedgerWorker] = {}
+        self._nursery: trio.Nursery | None = None
+        self._closing = False
+        self._closed = trio.Event()
+        self._workers_started = 0
+        self._workers_retired = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host the ledger workers until `close` and until every worker has drained."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await self._closed.wait()
+            # the workers drain their channels, flush, and return; the nursery waits
+
+    def close(self) -> None:
+        """Stop the workers once they have applied and flushed everything queued."""
+        self._closing = True
+        for worker in list(self.active.values()):
+            worker.send.close()
+        self.active.clear()
+        self._closed.set()
+
+    # --- the write path --------------------------------------------------------------------
+
+    async def dispatch(self, group: list[Request]) -> None:
+        """Hand a synced journal group to the ledger workers, in journal order."""
+        first_ledger = group[0].ledger_id
+        if all(r.ledger_id == first_ledger for r in group):
+            await self._send(first_ledger, group)
+            return
+        by_ledger: dict[int, list[Request]] = {}
+        for request in group:
+            part = by_ledger.get(request.ledger_id)
+            if part is None:
+                by_ledger[request.ledger_id] = [request]
+            else:
+                part.append(request)
+        for ledger_id, part in by_ledger.items():
+            await self._send(ledger_id, part)
+
+    async def _send(self, ledger_id: int, part: list[Request]) -> None:
+        worker = self.active.get(ledger_id)
+        if worker is None:
+            worker = self._start_worker(ledger_id)
+        worker.queued_seqs.append(part[0].seq)
+        try:
+            worker.send.send_nowait(part)
+        except trio.WouldBlock:
+            await worker.send.send(part)
+
+    def _start_worker(self, ledger_id: int) -> LedgerWorker:
+        if self._nursery is None or self._closing:
+            raise RuntimeError("the ledger registry is not running")
+        worker = LedgerWorker(ledger_id, self.storage, self.metas, self._retire)
+        self.active[ledger_id] = worker
+        self._workers_started += 1
+        self._nursery.start_soon(worker.run)
+        return worker
+
+    def _retire(self, worker: LedgerWorker) -> None:
+        if self.active.get(worker.ledger_id) is worker:
+            del self.active[worker.ledger_id]
+        worker.send.close()
+        self._workers_retired += 1
+
+    async def flush_all(self) -> None:
+        """Apply and flush everything dispatched so far, in every ledger."""
+        barriers: list[FlushBarrier] = []
+        for worker in list(self.active.values()):
+            barrier = FlushBarrier()
+            try:
+                await worker.send.send(barrier)
+            except trio.ClosedResourceError:  # retired meanwhile: it flushed on the way out
+                continue
+            barriers.append(barrier)
+        for barrier in barriers:
+            await barrier.done.wait()
+
+    # --- what the trimmer needs ------------------------------------------------------------
+
+    def oldest_undurable_seq(self) -> int | None:
+        """The smallest journal seq not yet durable in entry logs and index, if any."""
+        oldest: int | None = None
+        for worker in self.active.values():
+            seq = worker.oldest_undurable_seq()
+            if seq is not None and (oldest is None or seq < oldest):
+                oldest = seq
+        return oldest
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def meta(self, ledger_id: int) -> LedgerMeta:
+        meta = self.metas.get(ledger_id)
+        if meta is None:
+            raise NoSuchLedger(ledger_id)
+        return meta
+
+    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        meta = self.meta(ledger_id)
+        if meta.state is LedgerState.CLOSED and entry_id > meta.sealed_last_entry_id:
+            raise NoSuchEntry(ledger_id, entry_id)
+        worker = self.active.get(ledger_id)
+        if worker is not None:
+            payload = worker.memtable.get(entry_id)
+            if payload is not None:
+                return payload
+            if worker.delete_pending:  # the index may still hold a former incarnation
+                raise NoSuchEntry(ledger_id, entry_id)
+        if meta.log_end == 0 or entry_id > meta.last_entry_id:
+            raise NoSuchEntry(ledger_id, entry_id)
+        storage = self.storage
+        log = await storage.acquire_log(ledger_id, create=False)
+        try:
+            return await trio.to_thread.run_sync(storage.read_stored, log, ledger_id, entry_id)
+        finally:
+            storage.release_log(ledger_id)
+
+    def statistics(self) -> RegistryStatistics:
+        return RegistryStatistics(
+            ledgers=len(self.metas),
+            active_workers=len(self.active),
+            workers_started=self._workers_started,
+            workers_retired=self._workers_retired,
+            memtable_unflushed_bytes=self.storage.budget.unflushed_bytes,
+            open_files=len(self.storage.files),
+        )

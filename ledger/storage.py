@@ -1,0 +1,107 @@
+"""What every ledger worker of a node shares: the index, the open-file cache, the
+memory budget, the flush thread limit, and where entry logs live."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from ledger.entrylog import EntryLog
+from ledger.errors import NoSuchEntry
+from ledger.filecache import FileCache
+from ledger.index import Index
+from ledger.memtable import MemoryBudget
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerConfig:
+    """Knobs of the ledger workers. Units are last in names."""
+
+    #: bound of each ledger's channel, in batches
+    channel_batches_max: int = 256
+    #: a ledger flushes its memtable once this many bytes are unflushed
+    memtable_flush_bytes: int = 4 << 20
+    #: a ledger stops taking entries (backpressure) past this many unflushed bytes
+    memtable_ledger_bytes_max: int = 16 << 20
+    #: node-wide ceiling of unflushed bytes: past it, every ledger that adds flushes
+    memtable_total_bytes_max: int = 256 << 20
+    #: flushed entries kept in memory per ledger for tail readers
+    recent_bytes_max: int = 256 << 10
+    #: unflushed data older than this is flushed (bounds journal growth and replay)
+    flush_interval_ms: float = 1000.0
+    #: an idle, clean ledger worker retires after this long
+    idle_retire_ms: float = 30_000.0
+    #: entry logs grow by preallocated chunks of this size
+    entrylog_prealloc_bytes: int = 4 << 20
+    #: open entry-log files, node-wide
+    open_files_max: int = 1024
+    #: flushes running at once (each is a write + fdatasync + index batch)
+    flush_threads_max: int = 4
+    fsync: bool = True
+
+    def __post_init__(self) -> None:
+        if self.memtable_ledger_bytes_max < self.memtable_flush_bytes:
+            raise ValueError("memtable_ledger_bytes_max must be >= memtable_flush_bytes")
+        if self.open_files_max < 1 or self.flush_threads_max < 1:
+            raise ValueError("open_files_max and flush_threads_max must be >= 1")
+
+
+class _NotCached(Exception):
+    """Raised by the opener given to FileCache.acquire when we only want a hit."""
+
+
+def _not_cached() -> EntryLog:
+    raise _NotCached
+
+
+class LedgerStorage:
+    def __init__(self, root: Path, index: Index, config: LedgerConfig) -> None:
+        self.root = root
+        self.index = index
+        self.config = config
+        self.files: FileCache[int, EntryLog] = FileCache(config.open_files_max, EntryLog.close)
+        self.budget = MemoryBudget(config.memtable_total_bytes_max)
+        self.flush_limiter = trio.CapacityLimiter(config.flush_threads_max)
+
+    def entrylog_path(self, ledger_id: int) -> Path:
+        # 256 subfolders keep directories small with 10,000s of ledgers
+        return self.root / f"{ledger_id & 0xFF:02x}" / f"{ledger_id:016x}.log"
+
+    async def acquire_log(self, ledger_id: int, *, create: bool) -> EntryLog:
+        """The ledger's entry log, pinned in the cache until `release_log`.
+
+        Opening validates a header and creating preallocates and syncs: both are
+        blocking, so they run in a thread, outside the (thread-unsafe) cache.
+        """
+        try:
+            return self.files.acquire(ledger_id, _not_cached)
+        except _NotCached:
+            pass
+        path = self.entrylog_path(ledger_id)
+        chunk = self.config.entrylog_prealloc_bytes
+        fsync = self.config.fsync
+        if create:
+            opened = await trio.to_thread.run_sync(
+                lambda: EntryLog.create(path, ledger_id, prealloc_chunk_bytes=chunk, fsync=fsync)
+            )
+        else:
+            opened = await trio.to_thread.run_sync(
+                lambda: EntryLog.open(path, ledger_id, prealloc_chunk_bytes=chunk, fsync=fsync)
+            )
+        log = self.files.acquire(ledger_id, lambda: opened)
+        if log is not opened:  # another task opened it while we were in the thread
+            opened.close()
+        return log
+
+    def release_log(self, ledger_id: int) -> None:
+        self.files.release(ledger_id)
+
+    def read_stored(self, log: EntryLog, ledger_id: int, entry_id: int) -> bytes:
+        """Index lookup and pread of one entry (blocking: call from a thread)."""
+        position = self.index.get_position(ledger_id, entry_id)
+        if position is None:
+            raise NoSuchEntry(ledger_id, entry_id)
+        offset, record_length = position
+        return log.read_record(offset, record_length, entry_id)

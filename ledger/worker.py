@@ -1,0 +1,401 @@
+"""One ledger's worker: the only task that touches the ledger's private workspace.
+
+It applies journalled requests in journal order (so replay after a crash applies
+the same requests in the same order and reaches the same state), completes them,
+and flushes its memtable in the background: entry log write + fdatasync, and only
+then the index positions and metadata, in one LevelDB batch.
+
+Bookkeeping for journal trimming: the worker knows the oldest journal seq of this
+ledger that is not yet durable outside the journal (queued in its channel, applied
+but unflushed, or being flushed). The trimmer keeps every segment at or after the
+smallest such seq across ledgers.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from journal.format import CLOSE_KEEP_ALL, RecordFlag, RecordKind
+from journal.request import Request
+from ledger.entrylog import EntryLog
+from ledger.entrylog_format import FIRST_RECORD_OFFSET
+from ledger.errors import EntryConflict, LedgerClosed, LedgerFenced, NoSuchLedger
+from ledger.filecache import FilePinned
+from ledger.memtable import Memtable
+from ledger.state import NO_ENTRY, LedgerMeta, LedgerState
+
+if TYPE_CHECKING:
+    from ledger.storage import LedgerStorage
+
+
+_log = logging.getLogger("pora.ledger")
+
+
+class FlushBarrier(list[Request]):
+    """Sent through a ledger channel in place of a batch: flush everything before me."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = trio.Event()
+
+
+class LedgerWorker:
+    def __init__(
+        self,
+        ledger_id: int,
+        storage: LedgerStorage,
+        metas: dict[int, LedgerMeta],
+        retire: Callable[[LedgerWorker], None],
+    ) -> None:
+        config = storage.config
+        self.ledger_id = ledger_id
+        self._storage = storage
+        self._metas = metas
+        self._retire = retire
+        self.send, self._receive = trio.open_memory_channel[list[Request]](
+            config.channel_batches_max
+        )
+        self.memtable = Memtable(storage.budget, config.recent_bytes_max)
+        #: first seq of each batch dispatched to us and not yet applied
+        self.queued_seqs: collections.deque[int] = collections.deque()
+        #: first seq applied since the last flush began (None: nothing to flush)
+        self._unflushed_since: int | None = None
+        #: first seq covered by the flush in progress
+        self._flushing_since: int | None = None
+        self._applied_seq = -1
+        self._dirty_since = 0.0
+        self._last_activity = trio.current_time()
+        self._flush_running = False
+        self._flush_finished = trio.Event()
+        #: the ledger was deleted and its files and index keys are not yet removed
+        self.delete_pending = False
+        self._last_flush_failed = False
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def meta(self) -> LedgerMeta | None:
+        return self._metas.get(self.ledger_id)
+
+    def oldest_undurable_seq(self) -> int | None:
+        """The smallest journal seq of this ledger not yet durable elsewhere."""
+        candidates = [s for s in (self._flushing_since, self._unflushed_since) if s is not None]
+        if self.queued_seqs:
+            candidates.append(self.queued_seqs[0])
+        return min(candidates) if candidates else None
+
+    # --- the task ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self._serve()
+            # input closed (shutdown or retirement): leave nothing unflushed
+            await self._flush_and_wait()
+
+    async def _serve(self) -> None:
+        config = self._storage.config
+        receive = self._receive
+        flush_interval_s = config.flush_interval_ms / 1000.0
+        idle_retire_s = config.idle_retire_ms / 1000.0
+        while True:
+            try:
+                batch: list[Request] | None = receive.receive_nowait()
+            except trio.WouldBlock:
+                if self._unflushed_since is not None:
+                    deadline = self._dirty_since + flush_interval_s
+                else:
+                    deadline = self._last_activity + idle_retire_s
+                batch = None
+                with trio.move_on_at(deadline):
+                    try:
+                        batch = await receive.receive()
+                    except trio.EndOfChannel:
+                        return
+                if batch is None:
+                    self._on_timer(deadline)
+                    continue
+            except trio.EndOfChannel:
+                return
+            assert batch is not None  # both paths above leave a batch or continue/return
+            self._handle(batch)
+            if self.memtable.unflushed_bytes >= config.memtable_ledger_bytes_max:
+                # flushes fall behind: stop taking entries, so the channel fills and
+                # the journal waits (backpressure) rather than memory growing
+                await self._flush_and_wait()
+                if self._last_flush_failed:
+                    await trio.sleep(flush_interval_s)
+
+    def _handle(self, batch: list[Request]) -> None:
+        if type(batch) is FlushBarrier:
+            self._nursery_start(self._flush_for_barrier, batch)
+            return
+        self.queued_seqs.popleft()
+        self._apply(batch)
+        self._last_activity = trio.current_time()
+        config = self._storage.config
+        if not self._flush_running and (
+            self.memtable.unflushed_bytes >= config.memtable_flush_bytes
+            or self._storage.budget.exceeded
+        ):
+            self._nursery_start(self._flush)
+
+    def _on_timer(self, deadline: float) -> None:
+        if self._unflushed_since is not None:
+            if self._flush_running:
+                # one flush at a time: look again one interval from now
+                self._dirty_since = trio.current_time()
+            else:
+                self._nursery_start(self._flush)
+            return
+        if (
+            not self._flush_running
+            and not self.delete_pending
+            and self._receive.statistics().current_buffer_used == 0
+        ):
+            # idle and clean: retire (the registry forgets us and closes our input,
+            # so the next request for this ledger starts a fresh worker)
+            self._retire(self)
+        else:
+            self._last_activity = deadline
+
+    def _nursery_start(self, fn: Callable[..., object], *args: object) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, *args)  # type: ignore[arg-type]
+
+    # --- applying requests (synchronous: journal order is apply order) ------------------
+
+    def _apply(self, batch: list[Request]) -> None:
+        for request in batch:
+            kind = request.kind
+            if kind is RecordKind.ENTRY:
+                self._apply_entry(request)
+            elif kind is RecordKind.FENCE:
+                meta = self._meta_or_create()
+                meta.fenced = True
+                request.complete(_last_visible(meta))
+            elif kind is RecordKind.CLOSE:
+                self._apply_close(request)
+            elif kind is RecordKind.DELETE:
+                self._apply_delete(request)
+            else:  # the journal reader rejects unknown kinds; this is a bug
+                raise AssertionError(f"unknown record kind {kind!r}")
+        if self._unflushed_since is None:
+            self._unflushed_since = batch[0].seq
+            self._dirty_since = trio.current_time()
+        self._applied_seq = batch[-1].seq
+
+    def _meta_or_create(self) -> LedgerMeta:
+        meta = self._metas.get(self.ledger_id)
+        if meta is None:
+            meta = LedgerMeta(self.ledger_id, created_ms=time.time_ns() // 1_000_000)
+            self._metas[self.ledger_id] = meta
+        return meta
+
+    def _apply_entry(self, request: Request) -> None:
+        meta = self._meta_or_create()
+        if meta.state is LedgerState.CLOSED:
+            request.fail(LedgerClosed(self.ledger_id))
+            return
+        if meta.fenced and not request.flags & RecordFlag.RECOVERY_ADD:
+            request.fail(LedgerFenced(self.ledger_id))
+            return
+        entry_id = request.entry_id
+        payload = request.payload
+        if entry_id <= meta.last_entry_id:
+            # out of order or a retry: it may be stored already
+            stored = self._stored_payload(entry_id)
+            if stored is not None:
+                if stored == payload:
+                    request.complete()
+                else:
+                    request.fail(EntryConflict(self.ledger_id, entry_id))
+                return
+        self.memtable.put(entry_id, payload)
+        meta.last_entry_id = max(meta.last_entry_id, entry_id)
+        if meta.first_entry_id == NO_ENTRY or entry_id < meta.first_entry_id:
+            meta.first_entry_id = entry_id
+        meta.entry_count += 1
+        meta.payload_bytes += len(payload)
+        request.complete()
+
+    def _stored_payload(self, entry_id: int) -> bytes | None:
+        """The payload stored for `entry_id`, if any.
+
+        Only reached for out-of-order adds and retries. It reads the index and maybe
+        the entry log on the event-loop thread: both are short (bloom filter, one
+        pread), and doing it here keeps apply synchronous, which keeps journal order.
+        """
+        payload = self.memtable.get(entry_id)
+        if payload is not None or self.delete_pending:
+            return payload
+        storage = self._storage
+        position = storage.index.get_position(self.ledger_id, entry_id)
+        if position is None:
+            return None
+        log = storage.files.acquire(self.ledger_id, self._open_log_blocking)
+        try:
+            return log.read_record(position[0], position[1], entry_id)
+        finally:
+            storage.files.release(self.ledger_id)
+
+    def _open_log_blocking(self) -> EntryLog:
+        config = self._storage.config
+        return EntryLog.open(
+            self._storage.entrylog_path(self.ledger_id),
+            self.ledger_id,
+            prealloc_chunk_bytes=config.entrylog_prealloc_bytes,
+            fsync=config.fsync,
+        )
+
+    def _apply_close(self, request: Request) -> None:
+        meta = self._meta_or_create()
+        seal = meta.last_entry_id if request.entry_id == CLOSE_KEEP_ALL else request.entry_id
+        if meta.state is LedgerState.CLOSED:
+            # closing again is harmless when it agrees with the first close
+            if request.entry_id in (CLOSE_KEEP_ALL, meta.sealed_last_entry_id):
+                request.complete(meta.sealed_last_entry_id)
+            else:
+                request.fail(LedgerClosed(self.ledger_id))
+            return
+        meta.state = LedgerState.CLOSED
+        meta.sealed_last_entry_id = seal
+        request.complete(seal)
+
+    def _apply_delete(self, request: Request) -> None:
+        if self._metas.pop(self.ledger_id, None) is None:
+            request.fail(NoSuchLedger(self.ledger_id))
+            return
+        self.memtable.clear()
+        self.delete_pending = True
+        request.complete()
+
+    # --- flushing ------------------------------------------------------------------------
+
+    async def _flush_and_wait(self) -> None:
+        while self._flush_running:
+            await self._flush_finished.wait()
+        if self._unflushed_since is not None or self.delete_pending:
+            await self._flush()
+
+    async def _flush_for_barrier(self, barrier: FlushBarrier) -> None:
+        await self._flush_and_wait()
+        barrier.done.set()
+
+    async def _flush(self) -> None:
+        if self._flush_running:
+            return
+        self._flush_running = True
+        self._flush_finished = trio.Event()
+        memtable = self.memtable
+        entries = memtable.begin_flush()
+        self._flushing_since, self._unflushed_since = self._unflushed_since, None
+        durable_seq = self._applied_seq
+        delete_first = self.delete_pending
+        meta = self.meta
+        snapshot = dataclasses.replace(meta) if meta is not None else None
+        try:
+            if delete_first:
+                await self._delete_storage()
+            if snapshot is not None:
+                await self._write_flush(
+                    entries, snapshot, durable_seq, create=snapshot.log_end == 0
+                )
+                if meta is self.meta and meta is not None:
+                    meta.log_end = snapshot.log_end
+                    meta.durable_seq = durable_seq
+            memtable.end_flush()
+            self._last_flush_failed = False
+        except OSError as exc:
+            self._last_flush_failed = True
+            # a full or failing disk: nothing is lost (the journal keeps every record
+            # until a flush succeeds, the memtable keeps serving reads); retry later
+            _log.error(
+                "flush of ledger %d failed (%s); its entries stay in memory and in the "
+                "journal, retrying in %.0f ms",
+                self.ledger_id,
+                exc,
+                self._storage.config.flush_interval_ms,
+            )
+            self._undo_flush()
+            self.delete_pending = self.delete_pending or delete_first
+        except BaseException:
+            self._undo_flush()
+            raise
+        finally:
+            self._flushing_since = None
+            self._flush_running = False
+            self._flush_finished.set()
+
+    def _undo_flush(self) -> None:
+        self.memtable.abort_flush()
+        if self._flushing_since is not None and (
+            self._unflushed_since is None or self._flushing_since < self._unflushed_since
+        ):
+            self._unflushed_since = self._flushing_since
+        self._dirty_since = trio.current_time()
+
+    async def _write_flush(
+        self, entries: dict[int, bytes], snapshot: LedgerMeta, durable_seq: int, *, create: bool
+    ) -> None:
+        storage = self._storage
+        ledger_id = self.ledger_id
+        index = storage.index
+        items = sorted(entries.items())  # entry-id order: range reads become sequential
+
+        def write() -> None:
+            if items:
+                # a new log's records start after its header
+                start = max(snapshot.log_end, FIRST_RECORD_OFFSET)
+                positions = log.write_records(items, start)
+                log.sync()  # entry-log bytes are on disk before the index points at them
+                snapshot.log_end = positions[-1][1] + positions[-1][2]
+            else:
+                positions = []
+            snapshot.durable_seq = durable_seq
+            index.apply_flush(ledger_id, positions, snapshot)
+
+        if not items and not create:
+            await trio.to_thread.run_sync(
+                lambda: index.put_meta(dataclasses.replace(snapshot, durable_seq=durable_seq)),
+                limiter=storage.flush_limiter,
+            )
+            snapshot.durable_seq = durable_seq
+            return
+        log = await storage.acquire_log(ledger_id, create=create)
+        try:
+            await trio.to_thread.run_sync(write, limiter=storage.flush_limiter)
+        finally:
+            storage.release_log(ledger_id)
+
+    async def _delete_storage(self) -> None:
+        storage = self._storage
+        ledger_id = self.ledger_id
+        # a reader may hold the file for a moment; it fails cleanly once we are done
+        while True:
+            try:
+                storage.files.discard(ledger_id)
+                break
+            except FilePinned:
+                await trio.sleep(0.001)
+        path = storage.entrylog_path(ledger_id)
+
+        def delete() -> None:
+            path.unlink(missing_ok=True)
+            storage.index.delete_ledger(ledger_id)
+
+        await trio.to_thread.run_sync(delete, limiter=storage.flush_limiter)
+        self.delete_pending = False
+
+
+def _last_visible(meta: LedgerMeta) -> int:
+    """The last entry id a reader of this ledger may see."""
+    if meta.state is LedgerState.CLOSED:
+        return meta.sealed_last_entry_id
+    return meta.last_entry_id

@@ -1,0 +1,49 @@
+"""Pora: a durable, replicated ledger store on trio.
+
+`open_node` runs a storage node in-process; the errors below are what its
+operations raise.
+"""
+
+from journal.errors import JournalCorruption, JournalError, JournalFormatError, PoraError
+from ledger.errors import (
+    EntryConflict,
+    EntryTooLarge,
+    InvalidArgument,
+    LedgerClosed,
+    LedgerError,
+    LedgerFenced,
+    NodeClosed,
+    NoSuchEntry,
+    NoSuchLedger,
+    StorageCorruption,
+)
+from ledger.state import LedgerInfo
+from pora.config import NodeConfig
+from pora.datadir import DataDirError, DataDirLocked
+from pora.node import Node, NodeStatistics, open_node
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DataDirError",
+    "DataDirLocked",
+    "EntryConflict",
+    "EntryTooLarge",
+    "InvalidArgument",
+    "JournalCorruption",
+    "JournalError",
+    "JournalFormatError",
+    "LedgerClosed",
+    "LedgerError",
+    "LedgerFenced",
+    "LedgerInfo",
+    "NoSuchEntry",
+    "NoSuchLedger",
+    "Node",
+    "NodeClosed",
+    "NodeConfig",
+    "NodeStatistics",
+    "PoraError",
+    "StorageCorruption",
+    "open_node",
+]

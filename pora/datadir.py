@@ -1,0 +1,145 @@
+"""A node's data directory: its layout, its format marker, and its lock.
+
+<data-dir>/PORA       marker: JSON {"format": "pora-data", "version": 1, ...}
+<data-dir>/LOCK       held (flock) by the one process using the dir; holds its pid
+<data-dir>/journal/   journal segments
+<data-dir>/ledgers/   entry logs, <ledger_id & 0xff as 2 hex>/<ledger_id as 16 hex>.log
+<data-dir>/index/     the LevelDB index
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from journal.errors import PoraError
+
+DATA_DIR_FORMAT: Final = "pora-data"
+# Versions of the directory layout and of every file format in it, as one number:
+#   1: initial layout (journal v1, entry log v1, index v1).
+DATA_DIR_VERSION: Final = 1
+MARKER_NAME: Final = "PORA"
+LOCK_NAME: Final = "LOCK"
+
+
+class DataDirError(PoraError):
+    """The data directory cannot be used."""
+
+
+class DataDirLocked(DataDirError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class DataDir:
+    root: Path
+    instance_id: str
+
+    @property
+    def journal_dir(self) -> Path:
+        return self.root / "journal"
+
+    @property
+    def ledgers_dir(self) -> Path:
+        return self.root / "ledgers"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.root / "index"
+
+
+def open_data_dir(root: Path, *, create: bool = True) -> DataDir:
+    """Check that `root` is a Pora data dir of a version we know (creating it if empty)."""
+    root = root.absolute()
+    marker = root / MARKER_NAME
+    if not marker.exists():
+        if root.exists() and any(root.iterdir()):
+            raise DataDirError(
+                f"{root} is not a Pora data dir: it is not empty and has no {MARKER_NAME} "
+                "marker. Point --data-dir at a Pora data dir or at an empty or new folder"
+            )
+        if not create:
+            raise DataDirError(f"{root} is not a Pora data dir (no {MARKER_NAME} marker)")
+        return _initialise(root)
+    try:
+        info = json.loads(marker.read_text())
+        fmt, version, instance_id = info["format"], info["version"], info["instance_id"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataDirError(f"{marker} is damaged ({exc}); it should be a JSON object") from exc
+    if fmt != DATA_DIR_FORMAT:
+        raise DataDirError(f"{root} holds {fmt!r} data, not {DATA_DIR_FORMAT!r}")
+    if version != DATA_DIR_VERSION:
+        raise DataDirError(
+            f"{root} is a Pora data dir of format version {version}; this build reads "
+            f"version {DATA_DIR_VERSION}. Use a Pora release that knows version {version}"
+        )
+    return DataDir(root, str(instance_id))
+
+
+def _initialise(root: Path) -> DataDir:
+    root.mkdir(parents=True, exist_ok=True)
+    instance_id = uuid.uuid4().hex
+    info = {
+        "format": DATA_DIR_FORMAT,
+        "version": DATA_DIR_VERSION,
+        "instance_id": instance_id,
+        "created_ms": time.time_ns() // 1_000_000,
+    }
+    tmp = root / (MARKER_NAME + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, root / MARKER_NAME)
+    fsync_dir(root)
+    return DataDir(root, instance_id)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DataDirLock:
+    """An exclusive flock on <data-dir>/LOCK, released when the process dies."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise DataDirLocked(
+                f"data dir {self.path.parent} is in use by another Pora process (pid {holder}, "
+                f"lock {self.path}); stop that node first, or use another --data-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None
+
+    def __enter__(self) -> DataDirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,286 @@
+"""The node: wires the journal, the ledger registry, recovery and the trimmer.
+
+`open_node` is the one way to run a node (in-process, in tests, and under
+`pora serve`): it locks the data dir, recovers, starts the tasks, yields the
+`Node`, and on exit stops taking requests, drains, flushes, trims and unlocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import trio
+
+from journal.format import CLOSE_KEEP_ALL, RecordKind
+from journal.request import Request
+from journal.segment import list_segments
+from journal.task import Journal, JournalStatistics
+from journal.trim import delete_segments, trimmable_segments
+from ledger.errors import EntryTooLarge, InvalidArgument, NodeClosed
+from ledger.index import Index
+from ledger.registry import LedgerRegistry, RegistryStatistics
+from ledger.state import LedgerInfo, LedgerState
+from ledger.storage import LedgerStorage
+from pora.config import NodeConfig
+from pora.datadir import DataDir, DataDirLock, open_data_dir
+from pora.recovery import RecoveryReport, replay_journal
+
+_log = logging.getLogger("pora.node")
+
+ID_MAX: Final = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatistics:
+    journal: JournalStatistics
+    ledgers: RegistryStatistics
+    journal_segments_trimmed: int
+    recovery: RecoveryReport
+
+
+def _check_id(kind: str, value: int) -> None:
+    if not (isinstance(value, int) and 0 <= value <= ID_MAX):
+        raise InvalidArgument(f"{kind} must be an integer in [0, 2**63), got {value!r}")
+
+
+class Node:
+    """A running node. Make one with `open_node`; every method is safe to call
+    from many tasks at once."""
+
+    def __init__(
+        self,
+        data_dir: DataDir,
+        config: NodeConfig,
+        journal: Journal,
+        registry: LedgerRegistry,
+        recovery: RecoveryReport,
+    ) -> None:
+        self.data_dir = data_dir
+        self.config = config
+        self._journal = journal
+        self._registry = registry
+        self._recovery = recovery
+        self._closed = False
+        self._segments_trimmed = 0
+
+    # --- writes ------------------------------------------------------------------------------
+
+    async def submit(self, requests: list[Request]) -> None:
+        """Queue already-validated requests; each completes through its `on_done`.
+
+        The batch entry point for network workers: one channel send for many
+        requests. Waits while the journal channel is full (backpressure).
+        """
+        if self._closed:
+            raise NodeClosed("the node is shutting down")
+        await self._journal.submit(requests)
+
+    async def _perform(self, request: Request) -> int | None:
+        done = trio.Event()
+        request.on_done = lambda _request: done.set()
+        await self.submit([request])
+        await done.wait()
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    async def add_entry(self, ledger_id: int, entry_id: int, payload: bytes) -> None:
+        """Store an entry; returns once it is journalled (fdatasync) and readable.
+
+        Adding the same (ledger, entry) again with the same bytes succeeds (a retry);
+        with other bytes it raises EntryConflict.
+        """
+        _check_id("ledger_id", ledger_id)
+        _check_id("entry_id", entry_id)
+        if len(payload) > self.config.entry_bytes_max:
+            raise EntryTooLarge(ledger_id, len(payload), self.config.entry_bytes_max)
+        await self._perform(Request(RecordKind.ENTRY, ledger_id, entry_id, bytes(payload)))
+
+    async def fence_ledger(self, ledger_id: int) -> int:
+        """Shut the ledger's writer out (durably); returns its last entry id here."""
+        _check_id("ledger_id", ledger_id)
+        result = await self._perform(Request(RecordKind.FENCE, ledger_id, -1))
+        assert result is not None
+        return result
+
+    async def close_ledger(self, ledger_id: int, last_entry_id: int | None = None) -> int:
+        """Seal the ledger (durably) at `last_entry_id`, or at its last stored entry.
+
+        Returns the last entry id the closed ledger keeps; reads past it fail.
+        """
+        _check_id("ledger_id", ledger_id)
+        if last_entry_id is None:
+            seal = CLOSE_KEEP_ALL
+        else:
+            if not -1 <= last_entry_id <= ID_MAX:
+                raise InvalidArgument(f"last_entry_id must be >= -1, got {last_entry_id}")
+            seal = last_entry_id
+        result = await self._perform(Request(RecordKind.CLOSE, ledger_id, seal))
+        assert result is not None
+        return result
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete the ledger and all its entries (durably)."""
+        _check_id("ledger_id", ledger_id)
+        self._registry.meta(ledger_id)  # NoSuchLedger without journalling anything
+        await self._perform(Request(RecordKind.DELETE, ledger_id, -1))
+
+    # --- reads -------------------------------------------------------------------------------
+
+    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        _check_id("ledger_id", ledger_id)
+        _check_id("entry_id", entry_id)
+        return await self._registry.read_entry(ledger_id, entry_id)
+
+    async def last_entry_id(self, ledger_id: int) -> int:
+        """The highest entry id stored (for a closed ledger: the sealed last entry)."""
+        _check_id("ledger_id", ledger_id)
+        meta = self._registry.meta(ledger_id)
+        if meta.state is LedgerState.CLOSED:
+            return meta.sealed_last_entry_id
+        return meta.last_entry_id
+
+    def ledger_info(self, ledger_id: int) -> LedgerInfo:
+        return self._registry.meta(ledger_id).info()
+
+    def ledgers(self) -> list[LedgerInfo]:
+        """Every ledger on the node, by id."""
+        return [self._registry.metas[i].info() for i in sorted(self._registry.metas)]
+
+    def statistics(self) -> NodeStatistics:
+        return NodeStatistics(
+            journal=self._journal.statistics(),
+            ledgers=self._registry.statistics(),
+            journal_segments_trimmed=self._segments_trimmed,
+            recovery=self._recovery,
+        )
+
+    # --- journal trimming --------------------------------------------------------------------
+
+    async def trim_journal(self) -> int:
+        """Delete the journal segments whose every record is durable elsewhere.
+
+        Returns how many were deleted. Runs periodically; callable by hand (tests).
+        """
+        oldest = self._registry.oldest_undurable_seq()
+        watermark = self._journal.dispatched_seq
+        if oldest is not None:
+            watermark = min(watermark, oldest)
+        journal_dir = self.data_dir.journal_dir
+        segments = await trio.to_thread.run_sync(list_segments, journal_dir)
+        victims = trimmable_segments(segments, watermark)
+        if not victims:
+            return 0
+        index = self._registry.storage.index
+        # the index writes of flushes were not synced one by one: sync them all now,
+        # before the journal that could redo them goes away
+        await trio.to_thread.run_sync(index.sync)
+        await trio.to_thread.run_sync(delete_segments, journal_dir, victims)
+        self._segments_trimmed += len(victims)
+        return len(victims)
+
+    async def _trim_periodically(self) -> None:
+        interval_s = self.config.trim_interval_ms / 1000.0
+        while True:
+            await trio.sleep(interval_s)
+            await self.trim_journal()
+
+
+@contextlib.asynccontextmanager
+async def open_node(data_dir: str | Path = "pora-data", **options: Any) -> AsyncIterator[Node]:
+    """Run a node on `data_dir` for the duration of the `async with` block.
+
+    Options are the fields of NodeConfig, GroupCommitConfig and LedgerConfig, by
+    name (for example `group_wait_ms_max=2`, `memtable_flush_bytes=8 << 20`).
+    """
+    config = NodeConfig.from_options(**options)
+    root = Path(data_dir)
+    directory = await trio.to_thread.run_sync(lambda: open_data_dir(root))
+    lock = DataDirLock(directory.root)
+    lock.acquire()
+    try:
+        index = await trio.to_thread.run_sync(
+            lambda: Index(
+                directory.index_dir,
+                cache_bytes=config.index_cache_bytes,
+                bloom_bits=config.index_bloom_bits,
+            )
+        )
+        try:
+            async with _running_node(directory, config, index) as node:
+                yield node
+        finally:
+            await trio.to_thread.run_sync(index.close)
+    finally:
+        lock.release()
+
+
+@contextlib.asynccontextmanager
+async def _running_node(
+    directory: DataDir, config: NodeConfig, index: Index
+) -> AsyncIterator[Node]:
+    metas = await trio.to_thread.run_sync(index.load_all_meta)
+    storage = LedgerStorage(directory.ledgers_dir, index, config.ledger)
+    registry = LedgerRegistry(storage, metas)
+    clean_exit = False
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(registry.run)
+            _log.info("recovering %s: %d ledgers known", directory.root, len(metas))
+            report = await replay_journal(directory.journal_dir, registry)
+            _log.info(
+                "recovered in %.2fs: %d segments, %d of %d records replayed into %d ledgers",
+                report.seconds,
+                report.segments,
+                report.records_replayed,
+                report.records_scanned,
+                len(report.ledgers_touched),
+            )
+            journal = Journal(
+                directory.journal_dir,
+                config.journal,
+                first_seq=report.next_seq,
+                dispatch=registry.dispatch,
+            )
+            journal_done = trio.Event()
+
+            async def run_journal(task_status: trio.TaskStatus[None]) -> None:
+                try:
+                    await journal.run(task_status=task_status)
+                finally:
+                    journal_done.set()
+
+            await nursery.start(run_journal)
+            node = Node(directory, config, journal, registry, report)
+            trimmer = trio.CancelScope()
+
+            async def run_trimmer() -> None:
+                with trimmer:
+                    await node._trim_periodically()
+
+            nursery.start_soon(run_trimmer)
+            try:
+                yield node
+            finally:
+                # stop taking requests, write what is queued, let every ledger
+                # apply and flush it, then stop
+                node._closed = True
+                journal.close_input()
+                with trio.CancelScope(shield=True):
+                    await journal_done.wait()
+                    trimmer.cancel()
+                    registry.close()
+        clean_exit = True
+    finally:
+        storage.files.close_all()
+    if clean_exit:
+        # every record is durable in entry logs and index: start next time with an
+        # empty journal (nothing to replay)
+        await trio.to_thread.run_sync(index.sync)
+        segments = await trio.to_thread.run_sync(list_segments, directory.journal_dir)
+        await trio.to_thread.run_sync(delete_segments, directory.journal_dir, segments)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Quick start, part 2: set up a virtualenv with Pora and its test tools, then run
+# the linters, the type checker and the whole test suite.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+python3 -m venv .venv
+.venv/bin/pip install --quiet --upgrade pip
+.venv/bin/pip install --quiet -e ".[test]"
+echo "== ruff"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+echo "== mypy --strict"
+.venv/bin/mypy
+echo "== pytest"
+exec .venv/bin/pytest "$@"

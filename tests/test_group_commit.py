@@ -1,0 +1,205 @@
+"""Group commit in the journal task: batching, the three triggers, backpressure.
+
+Time is trio's autojump clock: waits cost nothing and their length is exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from journal.errors import JournalError
+from journal.format import RecordKind
+from journal.reader import JournalScanner
+from journal.request import Request
+from journal.task import GroupCommitConfig, Journal
+
+
+class Recorder:
+    """A dispatch target that completes requests and notes each group and its time."""
+
+    def __init__(self) -> None:
+        self.groups: list[list[Request]] = []
+        self.times: list[float] = []
+        self.gate = trio.Event()
+        self.gate.set()
+
+    async def __call__(self, group: list[Request]) -> None:
+        await self.gate.wait()
+        self.groups.append(group)
+        self.times.append(trio.current_time())
+        for request in group:
+            request.complete()
+
+
+def entry(ledger_id: int, entry_id: int, size: int = 100) -> Request:
+    return Request(RecordKind.ENTRY, ledger_id, entry_id, bytes([entry_id % 256]) * size)
+
+
+@asynccontextmanager
+async def running_journal(
+    directory: Path, recorder: Recorder, **config: object
+) -> AsyncIterator[Journal]:
+    journal = Journal(
+        directory,
+        GroupCommitConfig(**config),
+        first_seq=0,
+        dispatch=recorder,  # type: ignore[arg-type]
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        yield journal
+        journal.close_input()
+
+
+async def test_requests_waiting_together_share_one_sync(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    recorder = Recorder()
+    recorder.gate = trio.Event()  # hold the first group in dispatch so others queue up
+    async with running_journal(tmp_path, recorder, group_wait_ms_max=1.0) as journal:
+        await journal.submit([entry(1, 0)])
+        await trio.sleep(0.01)  # the first group is written, dispatch is held
+        for i in range(1, 101):
+            journal.submit_nowait([entry(1, i)])
+        recorder.gate.set()
+    sizes = [len(g) for g in recorder.groups]
+    assert sizes == [1, 100]
+    assert journal.statistics().commits == 2
+    records = [r for batch in JournalScanner(tmp_path).batches() for r in batch]
+    assert [r.seq for r in records] == list(range(101))
+    assert [r.entry_id for r in records] == list(range(101))
+
+
+async def test_a_lone_request_waits_at_most_group_wait(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    recorder = Recorder()
+    async with running_journal(tmp_path, recorder, group_wait_ms_max=5.0) as journal:
+        submitted = trio.current_time()
+        done = trio.Event()
+        request = entry(1, 0)
+        request.on_done = lambda _r: done.set()
+        await journal.submit([request])
+        await done.wait()
+        waited = trio.current_time() - submitted
+    # the group stayed open for exactly the configured wait (nothing else came)
+    assert waited == pytest.approx(0.005, abs=1e-6)
+
+
+async def test_queue_empty_trigger_writes_without_waiting(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    recorder = Recorder()
+    async with running_journal(
+        tmp_path, recorder, group_wait_ms_max=1000.0, flush_when_queue_empty=True
+    ) as journal:
+        submitted = trio.current_time()
+        done = trio.Event()
+        request = entry(1, 0)
+        request.on_done = lambda _r: done.set()
+        await journal.submit([request])
+        await done.wait()
+        assert trio.current_time() - submitted < 0.001
+
+
+async def test_bytes_trigger_closes_a_group_before_the_wait(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    recorder = Recorder()
+    recorder.gate = trio.Event()
+    async with running_journal(
+        tmp_path, recorder, group_wait_ms_max=1000.0, group_bytes_max=10 * 1024
+    ) as journal:
+        await journal.submit([entry(1, 0, 1024)])
+        await trio.sleep(2.0)  # first group waited the full second, then is held
+        started = trio.current_time()
+        for i in range(1, 31):
+            journal.submit_nowait([entry(1, i, 1024)])
+        # 30 queued KiB make three full groups; this last one waits for company
+        last_done = trio.Event()
+        last = entry(1, 31, 1024)
+        last.on_done = lambda _r: last_done.set()
+        journal.submit_nowait([last])
+        recorder.gate.set()
+        await last_done.wait()
+        elapsed = trio.current_time() - started
+    sizes = [len(g) for g in recorder.groups]
+    assert sizes[0] == 1
+    assert sizes[1:3] == [10, 10]  # full groups closed by bytes, not by time
+    assert sum(sizes) == 32
+    # only the last, partial group waited for company
+    assert elapsed == pytest.approx(1.0, abs=0.01)
+
+
+async def test_full_channel_is_backpressure(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    recorder = Recorder()
+    recorder.gate = trio.Event()
+    async with running_journal(
+        tmp_path, recorder, channel_batches_max=3, group_wait_ms_max=0.0
+    ) as journal:
+        await journal.submit([entry(1, 0)])
+        await trio.sleep(0.01)  # group 1 is stuck in dispatch
+        for i in range(1, 4):
+            journal.submit_nowait([entry(1, i)])
+        with pytest.raises(trio.WouldBlock):
+            journal.submit_nowait([entry(1, 4)])
+        unblocked = trio.Event()
+
+        async def blocked_submitter() -> None:
+            await journal.submit([entry(1, 4)])
+            unblocked.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(blocked_submitter)
+            await trio.sleep(1.0)
+            assert not unblocked.is_set()  # still waiting for room
+            recorder.gate.set()
+            await unblocked.wait()
+    assert sum(len(g) for g in recorder.groups) == 5
+
+
+async def test_a_full_disk_fails_every_queued_request_and_refuses_more(
+    tiny_filesystem: Path,
+) -> None:
+    recorder = Recorder()
+    errors: list[BaseException | None] = []
+    config = GroupCommitConfig(segment_bytes=256 * 1024, group_wait_ms_max=0.0)
+    journal = Journal(tiny_filesystem, config, first_seq=0, dispatch=recorder)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        # 64 KiB entries, one at a time: segments roll until the 1 MiB disk is full
+        for i in range(64):
+            done = trio.Event()
+            request = entry(1, i, 64 * 1024)
+
+            def finished(r: Request, done: trio.Event = done) -> None:
+                errors.append(r.error)
+                done.set()
+
+            request.on_done = finished
+            try:
+                await journal.submit([request])
+            except JournalError:
+                break
+            await done.wait()
+            if errors[-1] is not None:
+                break
+    failure = errors[-1]
+    assert isinstance(failure, JournalError), errors
+    assert "No space left on device" in str(failure)
+    assert "restart the node" in str(failure)
+    acknowledged = [e for e in errors if e is None]
+    assert len(acknowledged) == sum(len(g) for g in recorder.groups) > 0
+    with pytest.raises(JournalError, match="no longer accepts writes"):
+        await journal.submit([entry(1, 999)])
+    # everything acknowledged before the disk filled reads back
+    records = [r for batch in JournalScanner(tiny_filesystem).batches() for r in batch]
+    assert [r.entry_id for r in records] == list(range(len(acknowledged)))

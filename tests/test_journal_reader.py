@@ -1,0 +1,448 @@
+"""Replay: round trips, and byte-editing real segment files (LevelDB's log_test style).
+
+Each editing test writes a real journal, changes bytes on disk the way a crash or a
+bad disk would, and checks that the scanner calls it a torn tail (the normal end of
+the log) or corruption (reported with file and offset), exactly as the rules say.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from journal.errors import JournalCorruption, JournalFormatError
+from journal.format import (
+    BATCH_HEADER,
+    BATCH_HEADER_SIZE,
+    BLOCK_SIZE,
+    RECORD_HEADER_SIZE,
+    SEGMENT_HEADER,
+    SEGMENT_HEADER_SIZE,
+    RecordFlag,
+    RecordKind,
+    record_crc,
+)
+from journal.reader import JournalRecord, JournalScanner, ScanSummary
+from journal.request import Request
+from journal.segment import (
+    SegmentInfo,
+    SegmentWriter,
+    batch_header_crc,
+    list_segments,
+    segment_header_crc,
+)
+
+PAYLOAD = b"p" * 100
+
+
+def entry(entry_id: int, payload: bytes = PAYLOAD) -> Request:
+    return Request(RecordKind.ENTRY, 7, entry_id, payload)
+
+
+def write_journal(
+    directory: Path,
+    batch_sizes: Sequence[int],
+    *,
+    segment_bytes: int = 1 << 16,
+    first_seq: int = 0,
+    payload: bytes = PAYLOAD,
+) -> list[list[Request]]:
+    """Write batches of `batch_sizes` records, syncing each as the journal task does."""
+    writer = SegmentWriter(directory, segment_bytes=segment_bytes, first_seq=first_seq)
+    batches = []
+    seq = first_seq
+    for size in batch_sizes:
+        batch = [entry(seq + i, payload) for i in range(size)]
+        writer.write_batch(batch, seq)
+        writer.sync()
+        batches.append(batch)
+        seq += size
+    writer.close()
+    return batches
+
+
+def scan(directory: Path, from_seq: int = 0) -> tuple[list[list[JournalRecord]], ScanSummary]:
+    scanner = JournalScanner(directory, from_seq=from_seq)
+    batches = list(scanner.batches())
+    return batches, scanner.summary
+
+
+def seqs(batches: list[list[JournalRecord]]) -> list[int]:
+    return [record.seq for batch in batches for record in batch]
+
+
+def batch_offsets(directory: Path) -> dict[Path, list[int]]:
+    """Where each batch starts, per segment, read from an intact journal."""
+    offsets: dict[Path, list[int]] = {}
+    for batch in JournalScanner(directory).batches():
+        first = batch[0]
+        offsets.setdefault(first.segment, []).append(first.offset - BATCH_HEADER_SIZE)
+    return offsets
+
+
+def edit(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as file:
+        file.seek(offset)
+        file.write(data)
+
+
+def flip_bit(path: Path, offset: int) -> None:
+    with open(path, "r+b") as file:
+        file.seek(offset)
+        byte = file.read(1)[0]
+        file.seek(offset)
+        file.write(bytes([byte ^ 0x10]))
+
+
+# --- round trips --------------------------------------------------------------------------
+
+requests_strategy = st.builds(
+    Request,
+    st.sampled_from(list(RecordKind)),
+    st.integers(0, 2**64 - 1),
+    st.integers(-(2**63), 2**63 - 1),
+    st.binary(max_size=1200),
+    st.sampled_from([RecordFlag.NONE, RecordFlag.RECOVERY_ADD]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batches=st.lists(st.lists(requests_strategy, min_size=1, max_size=8), min_size=1, max_size=8),
+    first_seq=st.integers(0, 2**48),
+    segment_bytes=st.sampled_from([1024, 4096, 1 << 20]),
+)
+def test_records_come_back_identical_and_consecutive(
+    batches: list[list[Request]], first_seq: int, segment_bytes: int
+) -> None:
+    with tempfile.TemporaryDirectory() as temporary:
+        directory = Path(temporary)
+        writer = SegmentWriter(
+            directory, segment_bytes=segment_bytes, first_seq=first_seq, fsync=False
+        )
+        seq = first_seq
+        for batch in batches:
+            writer.write_batch(batch, seq)
+            seq += len(batch)
+        writer.close()
+        read, summary = scan(directory)
+    assert [
+        [(r.seq, r.kind, r.flags, r.ledger_id, r.entry_id, r.payload) for r in b] for b in read
+    ] == [
+        [(r.seq, r.kind, r.flags, r.ledger_id, r.entry_id, r.payload) for r in b] for b in batches
+    ]
+    assert seqs(read) == list(range(first_seq, seq))
+    assert (summary.first_seq, summary.last_seq, summary.batches) == (
+        first_seq,
+        seq - 1,
+        len(batches),
+    )
+    assert summary.torn_tail is None
+    assert summary.record_bytes == sum(
+        RECORD_HEADER_SIZE + len(r.payload) for b in batches for r in b
+    )
+
+
+def test_a_rolled_journal_reads_back_in_order(tmp_path: Path) -> None:
+    # a 2048-byte segment holds its header block and three one-block batches
+    write_journal(tmp_path, [3] * 30, segment_bytes=2048, first_seq=1000)
+    segments = list_segments(tmp_path)
+    assert [s.first_seq for s in segments] == list(range(1000, 1090, 9))
+    read, summary = scan(tmp_path)
+    assert seqs(read) == list(range(1000, 1090))
+    assert [r.entry_id for b in read for r in b] == list(range(1000, 1090))
+    assert summary.segments == 10
+    assert summary.records == 90
+    # records point at their place on disk
+    for record in (read[0][0], read[-1][-1]):
+        data = record.segment.read_bytes()
+        start = record.offset + RECORD_HEADER_SIZE
+        assert data[start : start + len(record.payload)] == record.payload
+
+
+def test_an_empty_or_missing_journal_has_no_batches(tmp_path: Path) -> None:
+    assert scan(tmp_path / "missing") == ([], ScanSummary())
+    write_journal(tmp_path, [], first_seq=5)  # a segment with a header and nothing else
+    read, summary = scan(tmp_path)
+    assert read == []
+    assert (summary.segments, summary.records, summary.torn_tail) == (1, 0, None)
+
+
+# --- from_seq ---------------------------------------------------------------------------
+
+
+def test_from_seq_leaves_out_earlier_records(tmp_path: Path) -> None:
+    write_journal(tmp_path, [4] * 10, segment_bytes=4096)
+    read, summary = scan(tmp_path, from_seq=10)
+    assert seqs(read) == list(range(10, 40))
+    assert [len(b) for b in read][:2] == [2, 4]  # the batch holding seq 10 is cut
+    # the summary still describes the whole journal
+    assert (summary.first_seq, summary.last_seq, summary.records) == (0, 39, 40)
+    assert scan(tmp_path, from_seq=40)[0] == []
+
+
+def test_from_seq_skips_earlier_batches_without_reading_their_records(tmp_path: Path) -> None:
+    write_journal(tmp_path, [2, 2, 2])
+    first_batch = batch_offsets(tmp_path)[list_segments(tmp_path)[0].path][0]
+    path = list_segments(tmp_path)[0].path
+    flip_bit(path, first_batch + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE)
+    # skipped by its header: the damage is not looked at
+    assert seqs(scan(tmp_path, from_seq=2)[0]) == [2, 3, 4, 5]
+    with pytest.raises(JournalCorruption):
+        scan(tmp_path)
+
+
+def test_from_seq_still_checks_the_last_batch(tmp_path: Path) -> None:
+    write_journal(tmp_path, [2, 2, 2])
+    path = list_segments(tmp_path)[0].path
+    last_batch = batch_offsets(tmp_path)[path][-1]
+    flip_bit(path, last_batch + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE)
+    read, summary = scan(tmp_path, from_seq=100)
+    assert read == []
+    assert summary.torn_tail is not None
+    assert summary.torn_tail.offset == last_batch
+    assert summary.last_seq == 3  # the torn batch's records were never there
+
+
+# --- torn tails ---------------------------------------------------------------------------
+
+
+def test_a_last_segment_cut_mid_batch_is_a_torn_tail(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3, 3, 3], payload=b"t" * 300)
+    path = list_segments(tmp_path)[0].path
+    last_batch = batch_offsets(tmp_path)[path][-1]
+    os.truncate(path, last_batch + BATCH_HEADER_SIZE + 200)
+    read, summary = scan(tmp_path)
+    assert seqs(read) == list(range(6))
+    assert summary.torn_tail is not None
+    assert (summary.torn_tail.segment, summary.torn_tail.offset) == (path, last_batch)
+    assert "runs past the end of the file" in summary.torn_tail.reason
+
+
+def test_a_zeroed_tail_batch_is_a_torn_tail(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3, 3, 3])
+    path = list_segments(tmp_path)[0].path
+    last_batch = batch_offsets(tmp_path)[path][-1]
+    # the header reached the disk, the records did not
+    edit(path, last_batch + BATCH_HEADER_SIZE, bytes(3 * (RECORD_HEADER_SIZE + len(PAYLOAD))))
+    read, summary = scan(tmp_path)
+    assert seqs(read) == list(range(6))
+    assert summary.torn_tail is not None
+    assert summary.torn_tail.offset == last_batch
+    assert "crc mismatch" in summary.torn_tail.reason
+
+
+def test_a_wholly_zeroed_tail_batch_is_a_clean_end(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3, 3, 3])
+    path = list_segments(tmp_path)[0].path
+    last_batch = batch_offsets(tmp_path)[path][-1]
+    edit(path, last_batch, bytes(BLOCK_SIZE))  # as if never written: nothing to report
+    read, summary = scan(tmp_path)
+    assert seqs(read) == list(range(6))
+    assert summary.torn_tail is None
+
+
+def test_a_flipped_bit_in_the_last_batch_is_a_torn_tail(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3, 3, 3])
+    path = list_segments(tmp_path)[0].path
+    last_batch = batch_offsets(tmp_path)[path][-1]
+    second_record = last_batch + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + len(PAYLOAD)
+    flip_bit(path, second_record + RECORD_HEADER_SIZE + 50)
+    read, summary = scan(tmp_path)
+    assert seqs(read) == list(range(6))  # none of the torn batch, not even its first record
+    assert summary.torn_tail is not None
+    assert summary.torn_tail.offset == last_batch
+    assert f"record 7 at byte {second_record}: crc mismatch" == summary.torn_tail.reason
+    assert summary.last_seq == 5
+
+
+def test_a_damaged_batch_header_at_the_end_is_a_torn_tail(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3, 3])
+    path = list_segments(tmp_path)[0].path
+    last_batch = batch_offsets(tmp_path)[path][-1]
+    flip_bit(path, last_batch + 12)  # record_count
+    read, summary = scan(tmp_path)
+    assert seqs(read) == [0, 1, 2]
+    assert summary.torn_tail is not None
+    assert "batch header crc" in summary.torn_tail.reason
+
+
+def test_a_last_segment_with_a_zero_header_is_a_torn_tail(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3] * 6, segment_bytes=1024)
+    segments = list_segments(tmp_path)
+    edit(segments[-1].path, 0, bytes(SEGMENT_HEADER_SIZE))
+    edit(segments[-1].path, SEGMENT_HEADER_SIZE, bytes(BLOCK_SIZE))  # its batch never came
+    read, summary = scan(tmp_path)
+    assert seqs(read) == list(range(15))
+    assert summary.torn_tail is not None
+    assert (summary.torn_tail.segment, summary.torn_tail.offset) == (segments[-1].path, 0)
+
+
+def test_a_last_segment_with_an_incomplete_header_is_a_torn_tail(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3] * 6, segment_bytes=1024)
+    last = list_segments(tmp_path)[-1].path
+    os.truncate(last, 100)
+    read, summary = scan(tmp_path)
+    assert seqs(read) == list(range(15))
+    assert summary.torn_tail is not None
+    assert summary.torn_tail.offset == 0
+    assert "only 100 bytes" in summary.torn_tail.reason
+
+
+# --- corruption -------------------------------------------------------------------------
+
+
+def test_a_damaged_batch_followed_by_a_valid_one_is_corruption(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3, 3, 3])
+    path = list_segments(tmp_path)[0].path
+    offsets = batch_offsets(tmp_path)[path]
+    flip_bit(path, offsets[1] + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + 10)
+    with pytest.raises(JournalCorruption) as caught:
+        scan(tmp_path)
+    assert (caught.value.path, caught.value.offset) == (path, offsets[1])
+    assert f"a valid batch follows at byte {offsets[2]}" in caught.value.reason
+    assert str(path) in str(caught.value) and "pora journal verify" in str(caught.value)
+
+
+def test_the_record_crc_is_what_decides(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3, 3])
+    path = list_segments(tmp_path)[0].path
+    last_batch = batch_offsets(tmp_path)[path][-1]
+    record = last_batch + BATCH_HEADER_SIZE
+    flip_bit(path, record + RECORD_HEADER_SIZE)
+    data = path.read_bytes()
+    crc = record_crc(data, record, record + RECORD_HEADER_SIZE + len(PAYLOAD))
+    edit(path, record, crc.to_bytes(4, "little"))
+    read, summary = scan(tmp_path)
+    assert summary.torn_tail is None
+    assert read[-1][0].payload == bytes([PAYLOAD[0] ^ 0x10]) + PAYLOAD[1:]
+    assert seqs(read) == list(range(6))
+
+
+def test_damage_in_a_segment_that_is_not_the_last_is_corruption(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3] * 6, segment_bytes=1024)
+    segments = list_segments(tmp_path)
+    last_batch_of_first = batch_offsets(tmp_path)[segments[0].path][-1]
+    flip_bit(segments[0].path, last_batch_of_first + BATCH_HEADER_SIZE + 40)
+    with pytest.raises(JournalCorruption, match="later segments follow") as caught:
+        scan(tmp_path)
+    assert (caught.value.path, caught.value.offset) == (segments[0].path, last_batch_of_first)
+
+
+def test_a_missing_middle_segment_is_a_gap(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3] * 6, segment_bytes=1024)
+    segments = list_segments(tmp_path)
+    segments[1].path.unlink()
+    with pytest.raises(JournalCorruption, match="a segment may be missing") as caught:
+        scan(tmp_path)
+    assert (caught.value.path, caught.value.offset) == (segments[2].path, 0)
+    assert "starts at seq 6" in caught.value.reason and "ends at seq 2" in caught.value.reason
+
+
+def test_a_zero_header_followed_by_a_valid_batch_is_a_hole(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3, 3, 3])
+    path = list_segments(tmp_path)[0].path
+    offsets = batch_offsets(tmp_path)[path]
+    edit(path, offsets[1], bytes(BATCH_HEADER_SIZE))
+    with pytest.raises(JournalCorruption, match="a hole in the journal") as caught:
+        scan(tmp_path)
+    assert caught.value.offset == offsets[1]
+
+
+def test_a_zero_header_segment_before_the_last_is_corruption(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3] * 6, segment_bytes=1024)
+    segments = list_segments(tmp_path)
+    edit(segments[1].path, 0, bytes(SEGMENT_HEADER_SIZE))
+    with pytest.raises(JournalCorruption, match="later segments follow") as caught:
+        scan(tmp_path)
+    assert (caught.value.path, caught.value.offset) == (segments[1].path, 0)
+
+
+def test_an_intact_batch_with_the_wrong_seq_is_corruption_even_at_the_end(
+    tmp_path: Path,
+) -> None:
+    write_journal(tmp_path, [3, 3])
+    path = list_segments(tmp_path)[0].path
+    last_batch = batch_offsets(tmp_path)[path][-1]
+    data = bytearray(path.read_bytes()[last_batch : last_batch + BATCH_HEADER_SIZE])
+    magic, _crc, length, count, _first_seq = BATCH_HEADER.unpack_from(data)
+    BATCH_HEADER.pack_into(data, 0, magic, 0, length, count, 4)
+    BATCH_HEADER.pack_into(data, 0, magic, batch_header_crc(data, 0), length, count, 4)
+    edit(path, last_batch, bytes(data))
+    with pytest.raises(JournalCorruption, match="starts at seq 4, expected 3"):
+        scan(tmp_path)
+
+
+# --- segment headers ----------------------------------------------------------------------
+
+
+def rewrite_segment_header(segment: SegmentInfo, *, version: int, fix_crc: bool) -> None:
+    block = bytearray(segment.path.read_bytes()[:SEGMENT_HEADER_SIZE])
+    fields = list(SEGMENT_HEADER.unpack_from(block))
+    fields[1] = version
+    SEGMENT_HEADER.pack_into(block, 0, *fields)
+    if fix_crc:
+        fields[-1] = segment_header_crc(block)
+        SEGMENT_HEADER.pack_into(block, 0, *fields)
+    edit(segment.path, 0, bytes(block))
+
+
+@pytest.mark.parametrize("fix_crc", [True, False])
+def test_an_unknown_format_version_is_named(tmp_path: Path, fix_crc: bool) -> None:
+    write_journal(tmp_path, [3] * 6, segment_bytes=1024)
+    segment = list_segments(tmp_path)[-1]  # the last segment too: never a torn tail
+    rewrite_segment_header(segment, version=7, fix_crc=fix_crc)
+    with pytest.raises(JournalFormatError, match="format version 7; this build reads version 1"):
+        scan(tmp_path)
+
+
+def test_a_bad_segment_magic_is_a_format_error(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3])
+    path = list_segments(tmp_path)[0].path
+    edit(path, 0, b"NOTPORA!")
+    with pytest.raises(JournalFormatError, match="not a journal segment: magic") as caught:
+        scan(tmp_path)
+    assert caught.value.path == path
+
+
+def test_a_damaged_segment_header_is_a_format_error(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3])
+    path = list_segments(tmp_path)[0].path
+    flip_bit(path, 20)  # in first_seq
+    with pytest.raises(JournalFormatError, match="segment header crc"):
+        scan(tmp_path)
+
+
+def test_a_renamed_segment_is_a_format_error(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3], first_seq=10)
+    segment = list_segments(tmp_path)[0]
+    segment.path.rename(tmp_path / segment.path.name.replace("10-", "11-"))
+    with pytest.raises(JournalFormatError, match="the file was renamed"):
+        scan(tmp_path)
+
+
+def test_a_last_segment_with_a_zero_header_but_a_batch_is_a_hole(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3] * 3, segment_bytes=1024)
+    last = list_segments(tmp_path)[-1].path
+    edit(last, 0, bytes(SEGMENT_HEADER_SIZE))
+    with pytest.raises(JournalCorruption, match="a hole in the journal") as caught:
+        scan(tmp_path)
+    assert (caught.value.path, caught.value.offset) == (last, 0)
+
+
+def test_a_batch_header_cut_by_the_end_of_the_file_is_a_torn_tail(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3, 3])
+    path = list_segments(tmp_path)[0].path
+    last_batch = batch_offsets(tmp_path)[path][-1]
+    os.truncate(path, last_batch + 10)
+    read, summary = scan(tmp_path)
+    assert seqs(read) == [0, 1, 2]
+    assert summary.torn_tail is not None
+    assert summary.torn_tail.offset == last_batch
+    assert summary.torn_tail.reason == "batch header cut short by the end of the file"

@@ -1,0 +1,209 @@
+"""The in-process node API: what an embedding application relies on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+import pora
+from journal.format import RecordFlag, RecordKind
+from journal.request import Request
+
+
+async def test_add_then_read_returns_the_same_bytes(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+        await node.add_entry(7, 0, b"hello")
+        await node.add_entry(7, 1, b"")
+        await node.add_entry(7, 2, bytes(range(256)) * 40)
+        assert await node.read_entry(7, 0) == b"hello"
+        assert await node.read_entry(7, 1) == b""
+        assert await node.read_entry(7, 2) == bytes(range(256)) * 40
+        assert await node.last_entry_id(7) == 2
+
+
+async def test_entries_survive_a_clean_restart(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+        for i in range(100):
+            await node.add_entry(1, i, f"entry-{i}".encode())
+        await node.close_ledger(1)
+    async with pora.open_node(data_dir) as node:
+        assert [await node.read_entry(1, i) for i in range(100)] == [
+            f"entry-{i}".encode() for i in range(100)
+        ]
+        info = node.ledger_info(1)
+        assert (info.state, info.first_entry_id, info.last_entry_id, info.entry_count) == (
+            "closed",
+            0,
+            99,
+            100,
+        )
+        # a clean stop leaves nothing to replay
+        assert node.statistics().recovery.records_replayed == 0
+
+
+async def test_reads_after_flush_come_from_the_entry_log(data_dir: Path) -> None:
+    async with pora.open_node(data_dir, memtable_flush_bytes=4096, recent_bytes_max=0) as node:
+        payloads = [bytes([i]) * 1000 for i in range(50)]
+        for i, p in enumerate(payloads):
+            await node.add_entry(3, i, p)
+        await node._registry.flush_all()
+        worker = node._registry.active[3]
+        assert not worker.memtable.unflushed and worker.memtable.get(0) is None
+        assert [await node.read_entry(3, i) for i in range(50)] == payloads
+
+
+async def test_retry_with_same_bytes_succeeds_and_other_bytes_conflict(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+        await node.add_entry(1, 5, b"abc")
+        await node.add_entry(1, 5, b"abc")  # an idempotent retry
+        with pytest.raises(pora.EntryConflict, match="entry 5 of ledger 1"):
+            await node.add_entry(1, 5, b"abd")
+        await node._registry.flush_all()
+        await node.add_entry(1, 5, b"abc")  # still idempotent once flushed
+        with pytest.raises(pora.EntryConflict):
+            await node.add_entry(1, 5, b"xyz")
+        assert node.ledger_info(1).entry_count == 1
+        assert await node.read_entry(1, 5) == b"abc"
+
+
+async def test_out_of_order_and_sparse_entry_ids(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+        for entry_id in (9, 3, 6, 0):  # striping gives each node a subset, in any order
+            await node.add_entry(2, entry_id, str(entry_id).encode())
+        assert await node.last_entry_id(2) == 9
+        info = node.ledger_info(2)
+        assert (info.first_entry_id, info.entry_count) == (0, 4)
+        with pytest.raises(pora.NoSuchEntry):
+            await node.read_entry(2, 4)
+        assert await node.read_entry(2, 3) == b"3"
+
+
+async def test_closed_ledger_refuses_adds_and_reads_past_the_seal(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+        for i in range(5):
+            await node.add_entry(4, i, b"x")
+        assert await node.close_ledger(4, last_entry_id=2) == 2
+        with pytest.raises(pora.LedgerClosed, match="ledger 4 is closed"):
+            await node.add_entry(4, 5, b"y")
+        assert await node.read_entry(4, 2) == b"x"
+        with pytest.raises(pora.NoSuchEntry):
+            await node.read_entry(4, 3)
+        assert await node.last_entry_id(4) == 2
+        assert await node.close_ledger(4) == 2  # closing again agrees
+        with pytest.raises(pora.LedgerClosed):
+            await node.close_ledger(4, last_entry_id=4)
+    async with pora.open_node(data_dir) as node:
+        with pytest.raises(pora.LedgerClosed):
+            await node.add_entry(4, 6, b"z")
+        assert node.ledger_info(4).state == "closed"
+
+
+async def test_fence_shuts_out_the_writer_but_not_recovery_adds(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+        await node.add_entry(5, 0, b"a")
+        await node.add_entry(5, 1, b"b")
+        assert await node.fence_ledger(5) == 1
+        with pytest.raises(pora.LedgerFenced):
+            await node.add_entry(5, 2, b"c")
+        done = trio.Event()
+        recovery_add = Request(
+            RecordKind.ENTRY, 5, 2, b"c", RecordFlag.RECOVERY_ADD, on_done=lambda r: done.set()
+        )
+        await node.submit([recovery_add])
+        await done.wait()
+        assert recovery_add.error is None
+        assert await node.read_entry(5, 2) == b"c"
+    async with pora.open_node(data_dir) as node:  # the fence is durable
+        assert node.ledger_info(5).state == "fenced"
+        with pytest.raises(pora.LedgerFenced):
+            await node.add_entry(5, 3, b"d")
+
+
+async def test_fencing_an_unknown_ledger_creates_it_fenced(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+        assert await node.fence_ledger(11) == -1
+        with pytest.raises(pora.LedgerFenced):
+            await node.add_entry(11, 0, b"late writer")
+
+
+async def test_delete_removes_entries_and_files(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+        for i in range(10):
+            await node.add_entry(8, i, b"doomed")
+        await node._registry.flush_all()
+        log_path = node._registry.storage.entrylog_path(8)
+        assert log_path.exists()
+        await node.delete_ledger(8)
+        with pytest.raises(pora.NoSuchLedger):
+            await node.read_entry(8, 0)
+        with pytest.raises(pora.NoSuchLedger):
+            await node.delete_ledger(8)
+        await node._registry.flush_all()
+        assert not log_path.exists()
+        # the id can be used again, starting empty
+        await node.add_entry(8, 3, b"reborn")
+        with pytest.raises(pora.NoSuchEntry):
+            await node.read_entry(8, 0)
+    async with pora.open_node(data_dir) as node:
+        assert await node.read_entry(8, 3) == b"reborn"
+        assert node.ledger_info(8).entry_count == 1
+        with pytest.raises(pora.NoSuchEntry):
+            await node.read_entry(8, 0)
+
+
+async def test_bad_arguments_get_clear_errors(data_dir: Path) -> None:
+    async with pora.open_node(data_dir, entry_bytes_max=1024) as node:
+        with pytest.raises(pora.EntryTooLarge, match=r"2000 bytes .* limit of 1024"):
+            await node.add_entry(1, 0, b"x" * 2000)
+        with pytest.raises(pora.InvalidArgument, match="entry_id"):
+            await node.add_entry(1, -1, b"x")
+        with pytest.raises(pora.InvalidArgument, match="ledger_id"):
+            await node.add_entry(2**63, 0, b"x")
+        with pytest.raises(pora.NoSuchLedger, match="ledger 99 does not exist"):
+            await node.read_entry(99, 0)
+        with pytest.raises(pora.NoSuchLedger):
+            await node.last_entry_id(99)
+    with pytest.raises(TypeError, match="unknown node option 'group_wait_ms'"):
+        async with pora.open_node(data_dir, group_wait_ms=1):
+            pass
+
+
+async def test_two_nodes_cannot_open_one_data_dir(data_dir: Path) -> None:
+    async with pora.open_node(data_dir):
+        with pytest.raises(pora.DataDirLocked, match="in use by another Pora process"):
+            async with pora.open_node(data_dir):
+                pass
+    async with pora.open_node(data_dir):  # released on exit
+        pass
+
+
+async def test_a_foreign_directory_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
+    with pytest.raises(pora.DataDirError, match="is not a Pora data dir"):
+        async with pora.open_node(tmp_path / "photos"):
+            pass
+    assert sorted(p.name for p in (tmp_path / "photos").iterdir()) == ["cat.jpg"]
+
+
+async def test_many_concurrent_writers_over_many_ledgers(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+
+        async def writer(ledger_id: int) -> None:
+            for entry_id in range(50):
+                await node.add_entry(ledger_id, entry_id, f"{ledger_id}:{entry_id}".encode())
+
+        async with trio.open_nursery() as nursery:
+            for ledger_id in range(40):
+                nursery.start_soon(writer, ledger_id)
+        stats = node.statistics()
+        assert stats.journal.records == 2000
+        # group commit: far fewer syncs than adds
+        assert stats.journal.commits < 1000
+        for ledger_id in range(40):
+            assert await node.read_entry(ledger_id, 49) == f"{ledger_id}:49".encode()
+    async with pora.open_node(data_dir) as node:
+        assert len(node.ledgers()) == 40
+        assert all(info.entry_count == 50 for info in node.ledgers())
