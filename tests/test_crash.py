@@ -37,11 +37,14 @@ def run_writer_until_killed(data_dir: Path, kill_after_s: float) -> set[tuple[in
         env=env,
     )
     assert child.stdout is not None
+    stdout_fd = child.stdout.fileno()
     chunks: list[bytes] = []
-    # drain stdout as it comes so the child never blocks on a full pipe
-    reader = threading.Thread(
-        target=lambda: chunks.extend(iter(lambda: child.stdout.read1(65536), b""))
-    )  # type: ignore[union-attr]
+
+    def drain() -> None:  # so the child never blocks on a full pipe
+        while chunk := os.read(stdout_fd, 65536):
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=drain)
     reader.start()
     time.sleep(kill_after_s)
     child.send_signal(signal.SIGKILL)

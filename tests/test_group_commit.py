@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -43,14 +44,9 @@ def entry(ledger_id: int, entry_id: int, size: int = 100) -> Request:
 
 @asynccontextmanager
 async def running_journal(
-    directory: Path, recorder: Recorder, **config: object
+    directory: Path, recorder: Recorder, **config: Any
 ) -> AsyncIterator[Journal]:
-    journal = Journal(
-        directory,
-        GroupCommitConfig(**config),
-        first_seq=0,
-        dispatch=recorder,  # type: ignore[arg-type]
-    )
+    journal = Journal(directory, GroupCommitConfig(**config), first_seq=0, dispatch=recorder)
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)
         yield journal
