@@ -157,19 +157,22 @@ def encode_batch(requests: Sequence[Request], first_seq: int) -> bytearray:
         payload = request.payload
         payload_start = position + RECORD_HEADER_SIZE
         end = payload_start + len(payload)
-        # crc 0 for now: the crc covers the bytes after its own field
-        pack_record(
-            buf,
-            position,
-            0,
-            len(payload),
-            request.kind,
-            request.flags,
-            0,
-            seq,
-            request.ledger_id,
-            request.entry_id,
-        )
+        try:
+            # crc 0 for now: the crc covers the bytes after its own field
+            pack_record(
+                buf,
+                position,
+                0,
+                len(payload),
+                request.kind,
+                request.flags,
+                0,
+                seq,
+                request.ledger_id,
+                request.entry_id,
+            )
+        except struct.error as error:  # an id out of range: refuse it, not the journal
+            raise ValueError(f"{request!r} cannot be journalled: {error}") from None
         view[payload_start:end] = payload
         pack_crc(buf, position, checksum(view[position + 4 : end]))
         request.seq = seq

@@ -260,3 +260,12 @@ def test_a_failed_roll_leaves_no_file_and_keeps_the_open_segment(
     assert writer.next_seq == 1
     writer.write_batch([entry(1)], 1)  # a batch that fits still goes in
     writer.close()
+
+
+def test_ids_out_of_range_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    writer = SegmentWriter(tmp_path, segment_bytes=4096, first_seq=0, fsync=False)
+    with pytest.raises(ValueError, match="cannot be journalled"):
+        writer.write_batch([entry(0), entry(1, ledger_id=-1)], 0)
+    assert writer.next_seq == 0
+    writer.write_batch([entry(0)], 0)
+    writer.close()
