@@ -72,13 +72,28 @@ class Memtable:
 
     def end_flush(self) -> None:
         """The flushing entries are in the entry log and indexed: keep some as recent."""
+        flushing, self.flushing = self.flushing, {}
+        limit = self._recent_bytes_max
+        # keep only the newest flushed entries (dicts keep insertion order, which is
+        # journal order): walk back from the end until the byte budget is spent,
+        # rather than copying everything in and evicting most of it again
+        tail: list[tuple[int, bytes]] = []
+        tail_bytes = 0
+        for entry_id in reversed(flushing):
+            payload = flushing[entry_id]
+            if tail_bytes + len(payload) > limit:
+                break
+            tail.append((entry_id, payload))
+            tail_bytes += len(payload)
         recent = self._recent
-        for entry_id, payload in self.flushing.items():
+        if tail_bytes >= limit // 2:
+            # the new tail alone fills (most of) the budget: it replaces the old one
+            recent.clear()
+            self._recent_bytes = 0
+        for entry_id, payload in reversed(tail):
             recent[entry_id] = payload
             self._recent_bytes += len(payload)
-        self.flushing = {}
-        # dicts keep insertion order: the oldest flushed entries go first
-        while self._recent_bytes > self._recent_bytes_max and recent:
+        while self._recent_bytes > limit and recent:
             oldest = next(iter(recent))
             self._recent_bytes -= len(recent.pop(oldest))
 

@@ -130,11 +130,19 @@ class Node:
         return request.result
 
     def _entry_request(self, ledger_id: int, entry_id: int, payload: bytes) -> Request:
-        _check_id("ledger_id", ledger_id)
-        _check_id("entry_id", entry_id)
+        if not (
+            type(ledger_id) is int
+            and type(entry_id) is int
+            and 0 <= ledger_id <= ID_MAX
+            and 0 <= entry_id <= ID_MAX
+        ):
+            _check_id("ledger_id", ledger_id)
+            _check_id("entry_id", entry_id)
         if len(payload) > self.config.entry_bytes_max:
             raise EntryTooLarge(ledger_id, len(payload), self.config.entry_bytes_max)
-        return Request(RecordKind.ENTRY, ledger_id, entry_id, bytes(payload))
+        if type(payload) is not bytes:  # the journal keeps it: it must not change
+            payload = bytes(payload)
+        return Request(RecordKind.ENTRY, ledger_id, entry_id, payload)
 
     async def add_entry(self, ledger_id: int, entry_id: int, payload: bytes) -> None:
         """Store an entry; returns once it is journalled (fdatasync) and readable.

@@ -80,27 +80,21 @@ async def replay_journal(
                 break
         return chunk
 
-    while chunk := await trio.to_thread.run_sync(next_chunk):
-        for batch in chunk:
-            report.records_scanned += len(batch)
-            group: list[Request] = []
-            for record in batch:
-                size = len(record.payload)
-                report.bytes_scanned += size
-                if record.seq <= durable.get(record.ledger_id, -1):
-                    continue
-                request = Request(
-                    record.kind, record.ledger_id, record.entry_id, record.payload, record.flags
-                )
-                request.seq = record.seq
-                group.append(request)
-                report.ledgers_touched.add(record.ledger_id)
-                report.bytes_replayed += size
-            report.records_replayed += len(group)
-            if group and not dry_run:
-                await registry.dispatch(group)
-        if progress is not None:
-            progress(scanner.summary.record_bytes)
+    # scanning (a thread) runs ahead of applying (the event loop), two chunks deep
+    send_chunk, receive_chunk = trio.open_memory_channel[list[list[JournalRecord]]](2)
+
+    async def scan_ahead() -> None:
+        async with send_chunk:
+            while chunk := await trio.to_thread.run_sync(next_chunk):
+                await send_chunk.send(chunk)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(scan_ahead)
+        async with receive_chunk:
+            async for chunk in receive_chunk:
+                await _apply_chunk(chunk, durable, registry, report, dry_run=dry_run)
+                if progress is not None:
+                    progress(scanner.summary.record_bytes)
     summary = scanner.summary
     report.torn_tail = summary.torn_tail
     if report.torn_tail is not None:
@@ -121,3 +115,34 @@ async def replay_journal(
         await trio.to_thread.run_sync(delete_segments, journal_dir, segments)
     report.seconds = time.perf_counter() - started
     return report
+
+
+async def _apply_chunk(
+    chunk: list[list[JournalRecord]],
+    durable: dict[int, int],
+    registry: LedgerRegistry,
+    report: RecoveryReport,
+    *,
+    dry_run: bool,
+) -> None:
+    """Turn journal records not yet durable into requests and dispatch them, group
+    by group, exactly as the journal task dispatches live groups."""
+    touched = report.ledgers_touched
+    for batch in chunk:
+        report.records_scanned += len(batch)
+        group: list[Request] = []
+        for record in batch:
+            size = len(record.payload)
+            report.bytes_scanned += size
+            if record.seq <= durable.get(record.ledger_id, -1):
+                continue
+            request = Request(
+                record.kind, record.ledger_id, record.entry_id, record.payload, record.flags
+            )
+            request.seq = record.seq
+            group.append(request)
+            touched.add(record.ledger_id)
+            report.bytes_replayed += size
+        report.records_replayed += len(group)
+        if group and not dry_run:
+            await registry.dispatch(group)
