@@ -250,6 +250,15 @@ class Journal:
         except OSError as exc:
             self._fail(group, exc)
             return
+        except ValueError as exc:
+            # the group holds something the format cannot carry (an id out of range,
+            # an oversized payload): the API validates first, so this is a caller's
+            # bug. Nothing was written: refuse this group, keep the journal going.
+            self._next_seq = first_seq
+            refused = JournalError(f"the journal refused a group of {len(group)}: {exc}")
+            for request in group:
+                request.fail(refused)
+            return
         self._commits += 1
         self._records += len(group)
         self._bytes_written += written

@@ -30,6 +30,7 @@ from typing import Final
 import crc32c
 
 from ledger.entrylog_format import (
+    FIRST_CHUNK_BYTES,
     FIRST_RECORD_OFFSET,
     FORMAT_VERSION,
     HEADER,
@@ -122,8 +123,9 @@ class EntryLog:
         _check_chunk(prealloc_chunk_bytes)
         created_dirs = _make_parent_dirs(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        first_chunk_bytes = min(prealloc_chunk_bytes, FIRST_CHUNK_BYTES)
         try:
-            os.posix_fallocate(fd, 0, prealloc_chunk_bytes)
+            os.posix_fallocate(fd, 0, first_chunk_bytes)
             created_ms = time.time_ns() // 1_000_000
             _pwrite_all(fd, _encode_header(ledger_id, created_ms), 0)
             if fsync:
@@ -140,7 +142,7 @@ class EntryLog:
             fd,
             created_ms=created_ms,
             prealloc_chunk_bytes=prealloc_chunk_bytes,
-            allocated_bytes=prealloc_chunk_bytes,
+            allocated_bytes=first_chunk_bytes,
             fsync=fsync,
         )
 
@@ -235,15 +237,21 @@ class EntryLog:
             os.fdatasync(self._fd)
 
     def _ensure_allocated(self, end: int) -> None:
-        """Grows the preallocated space by whole chunks until `end` fits in it."""
+        """Grows the preallocated space until `end` fits in it.
+
+        Growth is geometric: each step doubles the file, from FIRST_CHUNK_BYTES up to
+        the configured chunk size, so a node with 10,000 small ledgers does not
+        reserve 10,000 full chunks, while a busy ledger soon grows in big ones.
+        """
         if end <= self._allocated_bytes:
             return
-        chunks = -(-(end - self._allocated_bytes) // self._chunk_bytes)  # ceiling division
-        grow_bytes = chunks * self._chunk_bytes
+        target = self._allocated_bytes
+        while target < end:
+            target += min(max(target, FIRST_CHUNK_BYTES), self._chunk_bytes)
         # fallocate reserves the blocks (no fragmentation, no ENOSPC mid-flush) and
         # extends the size; fdatasync later persists the new size with the data.
-        os.posix_fallocate(self._fd, self._allocated_bytes, grow_bytes)
-        self._allocated_bytes += grow_bytes
+        os.posix_fallocate(self._fd, self._allocated_bytes, target - self._allocated_bytes)
+        self._allocated_bytes = target
 
     # --- reading ------------------------------------------------------------------
 
@@ -405,7 +413,7 @@ class EntryLog:
 
     @property
     def allocated_bytes(self) -> int:
-        """Bytes preallocated so far (the file's size): a whole number of chunks."""
+        """Bytes preallocated so far (the file's size)."""
         return self._allocated_bytes
 
     @property

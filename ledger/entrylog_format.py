@@ -58,3 +58,8 @@ def header_crc(buf: bytes | bytearray | memoryview) -> int:
 def record_crc(buf: bytes | bytearray | memoryview, start: int, end: int) -> int:
     """CRC32C of a record from just after its crc field up to its end."""
     return int(crc32c.crc32c(memoryview(buf)[start + RECORD_CRC_START : end]))
+
+
+#: the first preallocation of a new entry log; later ones double the file up to the
+#: configured chunk size (most ledgers on a busy node are small)
+FIRST_CHUNK_BYTES: Final = 64 * 1024

@@ -3,6 +3,7 @@ memory budget, the flush thread limit, and where entry logs live."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,8 @@ class LedgerStorage:
         self.files: FileCache[int, EntryLog] = FileCache(config.open_files_max, EntryLog.close)
         self.budget = MemoryBudget(config.memtable_total_bytes_max)
         self.flush_limiter = trio.CapacityLimiter(config.flush_threads_max)
+        #: for thread calls made while already holding a flush_limiter slot
+        self.slot_held = trio.CapacityLimiter(math.inf)
 
     def entrylog_path(self, ledger_id: int) -> Path:
         # 256 subfolders keep directories small with 10,000s of ledgers

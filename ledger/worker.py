@@ -78,6 +78,7 @@ class LedgerWorker:
         self.delete_pending = False
         self._last_flush_failed = False
         self._nursery: trio.Nursery | None = None
+        self._wait_scope: trio.CancelScope | None = None
 
     @property
     def meta(self) -> LedgerMeta | None:
@@ -113,13 +114,17 @@ class LedgerWorker:
                 else:
                     deadline = self._last_activity + idle_retire_s
                 batch = None
-                with trio.move_on_at(deadline):
+                with trio.move_on_at(deadline) as self._wait_scope:
                     try:
                         batch = await receive.receive()
                     except trio.EndOfChannel:
                         return
+                self._wait_scope = None
                 if batch is None:
-                    self._on_timer(deadline)
+                    # woken by the deadline, or by a flush ending (see _flush): the
+                    # deadline is computed afresh either way
+                    if trio.current_time() >= deadline:
+                        self._on_timer(deadline)
                     continue
             except trio.EndOfChannel:
                 return
@@ -357,6 +362,10 @@ class LedgerWorker:
             self._flushing_since = None
             self._flush_running = False
             self._flush_finished.set()
+            if self._wait_scope is not None:
+                # the worker may be sleeping on a deadline computed while this flush
+                # was pending: wake it so it reconsiders (e.g. retiring when idle)
+                self._wait_scope.cancel()
 
     def _undo_flush(self) -> None:
         self.memtable.abort_flush()
@@ -393,11 +402,15 @@ class LedgerWorker:
             )
             snapshot.durable_seq = durable_seq
             return
-        log = await storage.acquire_log(ledger_id, create=create)
-        try:
-            await trio.to_thread.run_sync(write, limiter=storage.flush_limiter)
-        finally:
-            storage.release_log(ledger_id)
+        # take a flush slot first and only then pin the file: with thousands of
+        # ledgers flushing at once, pinning while queued for a slot would hold
+        # thousands of files open, past the open_files_max cap
+        async with storage.flush_limiter:
+            log = await storage.acquire_log(ledger_id, create=create)
+            try:
+                await trio.to_thread.run_sync(write, limiter=storage.slot_held)
+            finally:
+                storage.release_log(ledger_id)
 
     async def _delete_storage(self) -> None:
         storage = self._storage

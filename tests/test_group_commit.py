@@ -199,3 +199,28 @@ async def test_a_full_disk_fails_every_queued_request_and_refuses_more(
     # everything acknowledged before the disk filled reads back
     records = [r for batch in JournalScanner(tiny_filesystem).batches() for r in batch]
     assert [r.entry_id for r in records] == list(range(len(acknowledged)))
+
+
+async def test_a_malformed_group_is_refused_and_the_journal_goes_on(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    recorder = Recorder()
+    outcomes: list[BaseException | None] = []
+    async with running_journal(tmp_path, recorder) as journal:
+        # ledger -1 cannot be encoded (u64); this bypasses the node's own checks
+        for ledger_id, entry_id in ((-1, 0), (1, 1)):
+            done = trio.Event()
+            request = entry(ledger_id, entry_id)
+
+            def finished(r: Request, done: trio.Event = done) -> None:
+                outcomes.append(r.error)
+                done.set()
+
+            request.on_done = finished
+            await journal.submit([request])
+            await done.wait()
+    assert isinstance(outcomes[0], JournalError)
+    assert "refused a group" in str(outcomes[0])
+    assert outcomes[1] is None
+    records = [r for batch in JournalScanner(tmp_path).batches() for r in batch]
+    assert [(r.seq, r.entry_id) for r in records] == [(0, 1)]  # no seq was skipped

@@ -1,0 +1,111 @@
+"""Journal trimming deletes only what is durable elsewhere; 10,000 ledgers work."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+import pora
+from journal.segment import list_segments
+from ledger.worker import FlushBarrier
+from pora.node import Node
+
+
+def crash_image(data_dir: Path, target: Path) -> Path:
+    """What a crash right now would leave on disk: a copy of the files of a node
+    that is still running (quiescent, so the copy is consistent), lock and all."""
+    shutil.copytree(data_dir, target)
+    return target
+
+
+async def flush_ledger(node: Node, ledger_id: int) -> None:
+    barrier = FlushBarrier()
+    await node._registry.active[ledger_id].send.send(barrier)
+    await barrier.done.wait()
+
+
+async def test_trimming_keeps_segments_a_ledger_has_not_flushed(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    options = {
+        "segment_bytes": 64 * 1024,
+        "flush_interval_ms": 3_600_000.0,  # nothing flushes unless we say so
+        "trim_interval_ms": 3_600_000.0,  # nothing trims unless we say so
+    }
+    async with pora.open_node(data_dir, **options) as node:
+        await node.add_entry(1, 0, b"slow ledger, never flushed")
+        for entry_id in range(200):
+            await node.add_entry(2, entry_id, bytes([entry_id % 256]) * 2000)
+        segments_before = list_segments(data_dir / "journal")
+        assert len(segments_before) > 3
+        await flush_ledger(node, 2)
+        # ledger 1's only record sits in the first segment: nothing may go
+        assert await node.trim_journal() == 0
+        assert list_segments(data_dir / "journal") == segments_before
+        image = crash_image(data_dir, tmp_path / "crash-1")
+        await flush_ledger(node, 1)
+        # now everything but the open segment is durable elsewhere
+        assert await node.trim_journal() == len(segments_before) - 1
+        remaining = list_segments(data_dir / "journal")
+        assert [s.path.name for s in remaining] == [segments_before[-1].path.name]
+        image_after_trim = crash_image(data_dir, tmp_path / "crash-2")
+    for crashed in (image, image_after_trim):
+        async with pora.open_node(crashed) as node:
+            assert await node.read_entry(1, 0) == b"slow ledger, never flushed"
+            for entry_id in range(200):
+                assert await node.read_entry(2, entry_id) == bytes([entry_id % 256]) * 2000
+
+
+async def wait_until(condition: Callable[[], bool], timeout_s: float) -> None:
+    """Poll `condition` in real time. Used where the work is done by real threads
+    (fdatasync, LevelDB): trio's autojump clock would jump past them, not wait."""
+    with trio.fail_after(timeout_s):
+        while not condition():  # noqa: ASYNC110 - the state changes in worker threads
+            await trio.sleep(0.02)
+
+
+async def test_the_trimmer_runs_by_itself_once_ledgers_flush(data_dir: Path) -> None:
+    async with pora.open_node(
+        data_dir, segment_bytes=64 * 1024, flush_interval_ms=100.0, trim_interval_ms=100.0
+    ) as node:
+        for entry_id in range(200):  # 400 kB: the journal rolls through 6+ segments
+            await node.add_entry(3, entry_id, b"y" * 2000)
+        await wait_until(lambda: len(list_segments(data_dir / "journal")) == 1, 20.0)
+        assert node.statistics().journal_segments_trimmed > 3
+        assert await node.read_entry(3, 199) == b"y" * 2000
+
+
+async def test_ten_thousand_ledgers_on_one_node(data_dir: Path) -> None:
+    ledgers = 10_000
+    async with pora.open_node(
+        data_dir, open_files_max=256, idle_retire_ms=300.0, flush_interval_ms=3_600_000.0
+    ) as node:
+        for start in range(0, ledgers, 500):
+            outcomes = await node.add_entries(
+                [
+                    (ledger_id, 0, ledger_id.to_bytes(4, "big"))
+                    for ledger_id in range(start, start + 500)
+                ]
+            )
+            assert outcomes == [None] * 500
+        assert node.statistics().ledgers.workers_started == ledgers
+        await node._registry.flush_all()
+        assert node.statistics().ledgers.open_files <= 256
+        # idle, clean workers retire and let go of their files
+        await wait_until(lambda: node.statistics().ledgers.active_workers == 0, 60.0)
+        stats = node.statistics().ledgers
+        assert stats.active_workers == 0
+        assert stats.workers_retired == ledgers
+        assert stats.memtable_unflushed_bytes == 0
+        # every read goes to an entry log now, through the capped file cache
+        for ledger_id in range(ledgers):
+            assert await node.read_entry(ledger_id, 0) == ledger_id.to_bytes(4, "big")
+        assert node.statistics().ledgers.open_files <= 256
+    async with pora.open_node(data_dir) as node:
+        infos = node.ledgers()
+        assert len(infos) == ledgers
+        assert all(info.entry_count == 1 and info.state == "open" for info in infos)
+        assert await node.read_entry(9_999, 0) == (9_999).to_bytes(4, "big")
