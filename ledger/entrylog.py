@@ -1,6 +1,6 @@
 """One ledger's entry log: a preallocated, self-describing file of checksummed records.
 
-The format is in `ledger.entrylog_format` (constants) and docs/formats-ledger.md
+The format is in `ledger.entrylog_format` (constants) and docs/formats.md
 (grammar). Everything here is blocking: call it from worker threads.
 
 Where valid data ends is not derived from the file: the caller keeps it

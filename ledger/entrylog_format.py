@@ -1,6 +1,6 @@
 """The entry log's on-disk format: the one constants module shared by writer and reader.
 
-The grammar is in docs/formats-ledger.md. In short::
+The grammar is in docs/formats.md. In short::
 
     entrylog     := header-block record* zero-fill
     header-block := header-struct, then zeros up to HEADER_SIZE

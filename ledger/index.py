@@ -1,7 +1,7 @@
 """The node's index: one LevelDB (plyvel) holding entry positions and ledger metadata.
 
 Key layout (big-endian, so LevelDB's bytewise order is (ledger, entry) order; the
-grammar is in docs/formats-ledger.md)::
+grammar is in docs/formats.md)::
 
     b"e" ledger_id u64 entry_id u64  ->  offset u64 record_length u32
     b"m" ledger_id u64               ->  LedgerMeta.encode()
