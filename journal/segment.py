@@ -20,6 +20,7 @@ from typing import Final
 import crc32c
 
 from journal.errors import JournalError, JournalFormatError
+from journal.fileio import fsync_directory, pwrite_all
 from journal.format import (
     BATCH_HEADER,
     BATCH_HEADER_SIZE,
@@ -187,29 +188,9 @@ def encode_batch(requests: Sequence[Request], first_seq: int) -> bytearray:
 # --- files ----------------------------------------------------------------------------
 
 
-def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
-    """Write all of `data` at `offset`, looping on short writes."""
-    view = memoryview(data)
-    done = 0
-    while done < len(view):
-        written = os.pwrite(fd, view[done:], offset + done)
-        if written <= 0:  # a regular file never does this, but never loop forever
-            raise OSError(f"pwrite wrote {written} bytes at offset {offset + done}")
-        done += written
-
-
 def write_segment_header(fd: int, first_seq: int, created_ms: int) -> None:
     """Write the header block at the start of a new segment (does not sync)."""
     pwrite_all(fd, encode_segment_header(first_seq, created_ms), 0)
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make the creation or removal of files in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class SegmentWriter:

@@ -12,7 +12,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from journal.segment import SegmentInfo, fsync_directory
+from journal.fileio import fsync_directory
+from journal.segment import SegmentInfo
 
 
 def trimmable_segments(

@@ -29,6 +29,7 @@ from typing import Final
 
 import crc32c
 
+from journal.fileio import fsync_directory, pwrite_all
 from ledger.entrylog_format import (
     FIRST_CHUNK_BYTES,
     FIRST_RECORD_OFFSET,
@@ -127,12 +128,12 @@ class EntryLog:
         try:
             os.posix_fallocate(fd, 0, first_chunk_bytes)
             created_ms = time.time_ns() // 1_000_000
-            _pwrite_all(fd, _encode_header(ledger_id, created_ms), 0)
+            pwrite_all(fd, _encode_header(ledger_id, created_ms), 0)
             if fsync:
                 os.fdatasync(fd)
                 # the new name, and any directory made for it, must survive a crash too
                 for directory in (*created_dirs, path.parent):
-                    _fsync_directory(directory)
+                    fsync_directory(directory)
         except BaseException:
             os.close(fd)
             raise
@@ -226,7 +227,7 @@ class EntryLog:
         assert cursor == total
 
         self._ensure_allocated(position + total)
-        _pwrite_all(fd, view, position)
+        pwrite_all(fd, view, position)
         return positions
 
     def sync(self) -> None:
@@ -505,14 +506,6 @@ def _validate_header(path: Path, fd: int, size: int, ledger_id: int) -> int:
     return int(created_ms)
 
 
-def _pwrite_all(fd: int, data: bytes | memoryview, position: int) -> None:
-    view = memoryview(data)
-    written = 0
-    while written < len(view):
-        # pwrite may write less than asked (signals, some filesystems): continue after it
-        written += os.pwrite(fd, view[written:], position + written)
-
-
 def _make_parent_dirs(path: Path) -> list[Path]:
     """Makes the missing parents of `path`; returns the directories whose entries
     changed (the parent of each new directory), outermost first, for fsync."""
@@ -523,14 +516,6 @@ def _make_parent_dirs(path: Path) -> list[Path]:
         directory = directory.parent
     path.parent.mkdir(parents=True, exist_ok=True)
     return [new.parent for new in reversed(missing)]
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _check_id(what: str, value: int) -> None:

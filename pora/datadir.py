@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from journal.errors import PoraError
+from journal.fileio import fsync_directory
 
 DATA_DIR_FORMAT: Final = "pora-data"
 # Versions of the directory layout and of every file format in it, as one number:
@@ -98,16 +99,8 @@ def _initialise(root: Path) -> DataDir:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, root / MARKER_NAME)
-    fsync_dir(root)
+    fsync_directory(root)
     return DataDir(root, instance_id)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class DataDirLock:
