@@ -30,8 +30,10 @@ class LedgerConfig:
     memtable_total_bytes_max: int = 256 << 20
     #: flushed entries kept in memory per ledger for tail readers
     recent_bytes_max: int = 256 << 10
-    #: unflushed data older than this is flushed (bounds journal growth and replay)
-    flush_interval_ms: float = 1000.0
+    #: unflushed data older than this is flushed: bounds journal growth and replay
+    #: time; each flush costs a thread hop, an fdatasync and an index write per
+    #: ledger, so with thousands of ledgers a short interval costs throughput
+    flush_interval_ms: float = 10_000.0
     #: an idle, clean ledger worker retires after this long
     idle_retire_ms: float = 30_000.0
     #: entry logs grow by preallocated chunks of this size
