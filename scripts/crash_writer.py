@@ -29,10 +29,19 @@ def payload_for(ledger_id: int, entry_id: int) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
+# flush, roll and trim often, so kills land among flushes and trims, not only adds
+NODE_OPTIONS = {
+    "flush_interval_ms": 200.0,
+    "memtable_flush_bytes": 256 * 1024,
+    "segment_bytes": 1 << 20,
+    "trim_interval_ms": 200.0,
+}
+
+
 async def write_until_killed(data_dir: Path, writers: int, ledgers_per_writer: int) -> None:
     acks: list[str] = []
 
-    async with pora.open_node(data_dir) as node:
+    async with pora.open_node(data_dir, **NODE_OPTIONS) as node:
         os.write(1, b"ready\n")
 
         async def report_acks() -> None:
