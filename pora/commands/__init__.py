@@ -1,0 +1,1 @@
+"""Subcommands of `pora`: one module each, found by `pora.cli` (see its docstring)."""
