@@ -259,17 +259,22 @@ class SegmentWriter:
         """
         if self._fd < 0:
             raise JournalError(f"the journal writer of {self._directory} is closed")
+        return self.write_encoded(encode_batch(requests, first_seq), len(requests), first_seq)
+
+    def write_encoded(self, batch: bytearray, record_count: int, first_seq: int) -> int:
+        """Write a batch made by `encode_batch` (rolling first when it does not fit)."""
+        if self._fd < 0:
+            raise JournalError(f"the journal writer of {self._directory} is closed")
         if first_seq != self._next_seq:
             # a gap or an overlap would make the journal unreadable at the next replay
             raise ValueError(f"batch starts at seq {first_seq}, expected {self._next_seq}")
-        batch = encode_batch(requests, first_seq)
         holds_a_batch = self._offset > SEGMENT_HEADER_SIZE
         if holds_a_batch and self._offset + len(batch) > self._segment_bytes:
             self._roll(first_seq)
         pwrite_all(self._fd, batch, self._offset)
         # only now: after a failed write the next batch goes to the same place
         self._offset += len(batch)
-        self._next_seq += len(requests)
+        self._next_seq += record_count
         return len(batch)
 
     def sync(self) -> None:

@@ -22,7 +22,7 @@ import trio
 
 from journal.errors import JournalError
 from journal.request import Request
-from journal.segment import SegmentInfo, SegmentWriter
+from journal.segment import SegmentInfo, SegmentWriter, encode_batch
 
 Dispatch = Callable[[list[Request]], Awaitable[None]]
 
@@ -241,23 +241,26 @@ class Journal:
         writer = self._writer
         assert writer is not None
         first_seq = self._next_seq
-        self._next_seq += len(group)
         self._last_write_started = trio.current_time()
         try:
-            written, sync_seconds = await trio.to_thread.run_sync(
-                _write_and_sync, writer, group, first_seq
-            )
-        except OSError as exc:
-            self._fail(group, exc)
-            return
+            # encoded here, on the event loop, not in the thread: it is pure Python,
+            # and a thread would only take the GIL back and forth with the loop
+            batch = encode_batch(group, first_seq)
         except ValueError as exc:
             # the group holds something the format cannot carry (an id out of range,
             # an oversized payload): the API validates first, so this is a caller's
             # bug. Nothing was written: refuse this group, keep the journal going.
-            self._next_seq = first_seq
             refused = JournalError(f"the journal refused a group of {len(group)}: {exc}")
             for request in group:
                 request.fail(refused)
+            return
+        self._next_seq += len(group)
+        try:
+            written, sync_seconds = await trio.to_thread.run_sync(
+                _write_and_sync, writer, batch, len(group), first_seq
+            )
+        except OSError as exc:
+            self._fail(group, exc)
             return
         self._commits += 1
         self._records += len(group)
@@ -295,9 +298,9 @@ class Journal:
 
 
 def _write_and_sync(
-    writer: SegmentWriter, group: list[Request], first_seq: int
+    writer: SegmentWriter, batch: bytearray, record_count: int, first_seq: int
 ) -> tuple[int, float]:
-    written = writer.write_batch(group, first_seq)
+    written = writer.write_encoded(batch, record_count, first_seq)
     started = time.perf_counter()
     writer.sync()
     return written, time.perf_counter() - started
