@@ -1,0 +1,182 @@
+"""What the operator commands share: the common options, opening a data dir offline
+(refusing one that a running node holds, that is not a Pora data dir, or whose format
+version this build does not know), tables, JSON, and turning errors into exit statuses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from journal.errors import PoraError
+from ledger.index import Index, IndexOpenError
+from pora.datadir import DataDir, DataDirError, DataDirLock, DataDirLocked, open_data_dir
+
+#: the command ran and everything is fine
+EXIT_OK: Final = 0
+#: the command ran and found problems (corruption, damage, data not yet replayed)
+EXIT_PROBLEMS: Final = 1
+#: the command could not run: bad arguments, not a data dir, in use, unknown version
+EXIT_REFUSED: Final = 2
+
+DEFAULT_DATA_DIR: Final = Path("pora-data")
+
+Run = Callable[[argparse.Namespace], int]
+
+
+class CommandError(Exception):
+    """Ends a command with a message on stderr and the given exit status."""
+
+    def __init__(self, message: str, exit_status: int = EXIT_PROBLEMS) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_status = exit_status
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """--data-dir and --json, the same for every command."""
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        metavar="DIR",
+        help="the node's data directory (default: ./pora-data); the node must be stopped",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print JSON for scripts instead of tables"
+    )
+
+
+def command(run: Run) -> Run:
+    """Wraps a command's run function: errors become a message and an exit status."""
+
+    @functools.wraps(run)
+    def wrapper(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except CommandError as error:
+            return fail(error.message, error.exit_status)
+        except PoraError as error:
+            return fail(str(error), EXIT_PROBLEMS)
+        except KeyboardInterrupt:
+            return fail("interrupted", 130)
+        except BrokenPipeError:
+            # the reader went away (`| head`): stop quietly, and let nothing more be
+            # written to the closed pipe when Python flushes stdout at exit
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            return EXIT_PROBLEMS
+
+    return wrapper
+
+
+def fail(message: str, exit_status: int = EXIT_PROBLEMS) -> int:
+    print(f"pora: error: {message}", file=sys.stderr)
+    return exit_status
+
+
+def warn(message: str) -> None:
+    print(f"pora: warning: {message}", file=sys.stderr)
+
+
+# --- opening a data dir offline ------------------------------------------------------------
+
+
+def check_data_dir(root: Path) -> DataDir:
+    """The data dir at `root`, or CommandError if it is not one this build can use."""
+    try:
+        return open_data_dir(root, create=False)
+    except DataDirError as error:
+        raise CommandError(str(error), EXIT_REFUSED) from error
+
+
+@contextlib.contextmanager
+def offline_data_dir(root: Path) -> Iterator[DataDir]:
+    """The data dir at `root`, locked against a node starting on it meanwhile.
+
+    Refuses (CommandError, EXIT_REFUSED) a dir a running node holds, a dir that is
+    not a Pora data dir, and one of an unknown format version.
+    """
+    directory = check_data_dir(root)
+    lock = DataDirLock(directory.root)
+    try:
+        lock.acquire()
+    except DataDirLocked as error:
+        raise CommandError(
+            f"{error}. Operator commands work on a stopped node only", EXIT_REFUSED
+        ) from error
+    try:
+        yield directory
+    finally:
+        lock.release()
+
+
+def ensure_not_locked(directory: DataDir) -> None:
+    """Refuse a data dir a running node holds (without keeping the lock)."""
+    with offline_data_dir(directory.root):
+        pass
+
+
+def open_index(directory: DataDir) -> Index:
+    """The existing index of `directory`; never creates one (an empty index next to
+    existing entry logs would hide every ledger)."""
+    try:
+        return Index(directory.index_dir, create=False)
+    except IndexOpenError as error:
+        advice = ""
+        if not directory.index_dir.exists():
+            advice = (
+                ". If the node had stored data, its index was lost: rebuild it from the "
+                "entry logs and journal with `pora verify --rebuild-index`"
+            )
+        raise CommandError(f"{error}{advice}", EXIT_PROBLEMS) from error
+
+
+# --- output ------------------------------------------------------------------------------
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=False))
+
+
+def print_json_line(value: Any) -> None:
+    print(json.dumps(value, separators=(",", ":")))
+
+
+def print_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Columns padded to their widest cell; numbers right-aligned."""
+    cells = [[str(cell) for cell in row] for row in rows]
+    widths = [len(name) for name in columns]
+    for row in cells:
+        for position, cell in enumerate(row):
+            widths[position] = max(widths[position], len(cell))
+    numeric = [
+        all(isinstance(row[position], int) for row in rows) and bool(rows)
+        for position in range(len(columns))
+    ]
+
+    def line(values: Sequence[str], *, header: bool = False) -> str:
+        padded = [
+            value.rjust(widths[i]) if numeric[i] and not header else value.ljust(widths[i])
+            for i, value in enumerate(values)
+        ]
+        return "  ".join(padded).rstrip()
+
+    print(line(columns, header=True))
+    for row in cells:
+        print(line(row))
+
+
+def print_fields(fields: Sequence[tuple[str, object]]) -> None:
+    """`name: value` lines, names aligned."""
+    width = max((len(name) for name, _ in fields), default=0)
+    for name, value in fields:
+        print(f"{name.ljust(width)}  {value}")

@@ -1,0 +1,253 @@
+"""Rebuilding a lost or damaged index from the self-describing entry logs.
+
+Every entry-log record names its ledger and entry and carries a CRC, and a log's
+header names its ledger, so the positions and most of the metadata of every ledger
+can be recomputed by scanning the logs. What the logs cannot say (how far each
+ledger was durable in the journal) is set to "nothing", so that the journal replay
+that follows (`pora.offline_recovery`) applies every journal record again: records
+already in a log are recognised as retries of the same bytes, the others are added.
+
+The damaged index is moved aside, never deleted: it is an operator's data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import crc32c
+
+from journal.fileio import fsync_directory
+from ledger.entrylog import EntryLog
+from ledger.entrylog_format import (
+    FIRST_RECORD_OFFSET,
+    RECORD_CRC_START,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    RECORD_PAYLOAD_MAX,
+)
+from ledger.errors import StorageCorruption
+from ledger.index import Index
+from ledger.state import NO_ENTRY, LedgerMeta
+from pora.datadir import DataDir
+from pora.inspect import find_entry_logs, open_entry_log
+
+#: positions installed in the index per write batch (bounds memory on huge ledgers)
+_INSTALL_BATCH_ENTRIES: Final = 8192
+#: where the ledger id sits in a record header (after crc and payload_length)
+_LEDGER_ID_AT: Final = 8
+_ZERO_HEADER: Final = bytes(RECORD_HEADER_SIZE)
+_NONZERO_BYTE: Final = re.compile(rb"[^\x00]")
+
+Advance = Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """A stretch of an entry log whose records could not be read."""
+
+    ledger_id: int
+    file: str
+    offset: int
+    #: where readable records start again; None if none follow (the end of the log)
+    resumes_at: int | None
+    reason: str
+
+
+@dataclass(slots=True)
+class RebuildReport:
+    moved_aside: str | None = None
+    ledgers: int = 0
+    entries: int = 0
+    payload_bytes: int = 0
+    state_records: int = 0
+    #: damage with readable records after it: entries in between are lost from this node
+    corruption: list[Damage] = field(default_factory=list)
+    #: a damaged last record with nothing after it: a flush cut by a crash (normal)
+    torn_ends: list[Damage] = field(default_factory=list)
+    #: entry logs that could not be used at all (bad header)
+    unreadable_logs: list[dict[str, Any]] = field(default_factory=list)
+    strays: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.corruption and not self.unreadable_logs
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "moved_aside": self.moved_aside,
+            "ledgers": self.ledgers,
+            "entries": self.entries,
+            "payload_bytes": self.payload_bytes,
+            "state_records": self.state_records,
+            "corruption": [dataclasses.asdict(d) for d in self.corruption],
+            "torn_ends": [dataclasses.asdict(d) for d in self.torn_ends],
+            "unreadable_logs": list(self.unreadable_logs),
+            "strays": list(self.strays),
+        }
+
+
+def entry_log_bytes(directory: DataDir) -> int:
+    """The size of every entry log (the work of a rebuild, for progress)."""
+    logs, _ = find_entry_logs(directory)
+    total = 0
+    for path in logs.values():
+        try:
+            total += path.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total
+
+
+def move_index_aside(directory: DataDir) -> Path | None:
+    """Rename the index directory to index.damaged-<UTC time>; None if there is none."""
+    index_dir = directory.index_dir
+    if not index_dir.exists():
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = index_dir.with_name(f"{index_dir.name}.damaged-{stamp}")
+    suffix = 1
+    while target.exists():
+        suffix += 1
+        target = index_dir.with_name(f"{index_dir.name}.damaged-{stamp}-{suffix}")
+    os.rename(index_dir, target)
+    fsync_directory(directory.root)
+    return target
+
+
+def rebuild_index(directory: DataDir, *, advance: Advance | None = None) -> RebuildReport:
+    """Move the index aside and build a new one from the entry logs (no journal replay:
+    the caller replays afterwards)."""
+    step: Advance = advance if advance is not None else _ignore
+    report = RebuildReport()
+    logs, strays = find_entry_logs(directory)
+    report.strays = [str(path) for path in strays]
+    moved = move_index_aside(directory)
+    report.moved_aside = None if moved is None else str(moved)
+    with Index(directory.index_dir, create=True) as index:
+        for ledger_id, path in sorted(logs.items()):
+            try:
+                log = open_entry_log(path, ledger_id)
+            except StorageCorruption as error:
+                report.unreadable_logs.append(
+                    {"ledger_id": ledger_id, "file": str(path), "reason": error.reason}
+                )
+                continue
+            with log:
+                _rebuild_ledger(index, log, report, step)
+            report.ledgers += 1
+        index.sync()
+    return report
+
+
+def _ignore(_units: int) -> None:
+    pass
+
+
+def _rebuild_ledger(index: Index, log: EntryLog, report: RebuildReport, step: Advance) -> None:
+    ledger_id = log.ledger_id
+    meta = LedgerMeta(ledger_id, created_ms=log.created_ms, durable_seq=-1)
+    positions: list[tuple[int, int, int]] = []
+    end_of_data = FIRST_RECORD_OFFSET
+    start = FIRST_RECORD_OFFSET
+    while True:
+        damaged = None
+        for record in log.scan(start):
+            if not record.crc_ok or record.ledger_id != ledger_id:
+                damaged = record
+                break
+            step(record.record_length)
+            end_of_data = record.offset + record.record_length
+            if record.entry_id < 0:
+                _apply_state_record(log, record.offset, record.record_length, record.entry_id, meta)
+                report.state_records += 1
+                continue
+            entry_id = record.entry_id
+            positions.append((entry_id, record.offset, record.record_length))
+            if meta.first_entry_id == NO_ENTRY or entry_id < meta.first_entry_id:
+                meta.first_entry_id = entry_id
+            meta.last_entry_id = max(meta.last_entry_id, entry_id)
+            meta.entry_count += 1
+            meta.payload_bytes += record.payload_length
+            if len(positions) >= _INSTALL_BATCH_ENTRIES:
+                meta.log_end = end_of_data
+                index.apply_flush(ledger_id, positions, meta)
+                positions = []
+        if damaged is None:
+            break
+        reason = (
+            "checksum fails or the length cannot be right"
+            if not damaged.crc_ok
+            else f"the record names ledger {damaged.ledger_id}"
+        )
+        resumes_at = find_next_record(log.path, ledger_id, damaged.offset + 1)
+        damage = Damage(ledger_id, str(log.path), damaged.offset, resumes_at, reason)
+        if resumes_at is None:
+            report.torn_ends.append(damage)
+            break
+        report.corruption.append(damage)
+        step(resumes_at - damaged.offset)
+        start = resumes_at
+    meta.log_end = end_of_data
+    index.apply_flush(ledger_id, positions, meta)
+    report.entries += meta.entry_count
+    report.payload_bytes += meta.payload_bytes
+
+
+def _apply_state_record(
+    log: EntryLog, offset: int, record_length: int, entry_id: int, meta: LedgerMeta
+) -> None:
+    """A ledger-state record (entry id STATE_ENTRY_ID): the last one in a log wins."""
+    _ = (log, offset, record_length, entry_id, meta)
+
+
+def find_next_record(path: Path, ledger_id: int, start: int) -> int | None:
+    """The offset of the first intact record of `ledger_id` at or after `start`.
+
+    Used past a damaged record, whose length cannot be trusted: every place where the
+    ledger id appears at a record header's ledger-id field is tried, and the first
+    whose CRC matches wins. A CRC32C match by chance is one in four billion.
+    """
+    needle = ledger_id.to_bytes(8, "little")
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        if size <= max(start, FIRST_RECORD_OFFSET):
+            return None
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            found = mapped.find(needle, max(start, FIRST_RECORD_OFFSET) + _LEDGER_ID_AT)
+            while found >= 0:
+                offset = found - _LEDGER_ID_AT
+                if mapped[offset : offset + RECORD_HEADER_SIZE] == _ZERO_HEADER:
+                    # zero fill (a ledger id with zero bytes matches all over it): jump
+                    # to where data starts again, in C rather than byte by byte
+                    data = _NONZERO_BYTE.search(mapped, found)
+                    if data is None:
+                        return None
+                    found = mapped.find(needle, max(data.start() - 16, found + 1))
+                    continue
+                if _intact_record_at(mapped, offset, size):
+                    return offset
+                found = mapped.find(needle, found + 1)
+    return None
+
+
+def _intact_record_at(mapped: mmap.mmap, offset: int, size: int) -> bool:
+    if offset + RECORD_HEADER_SIZE > size:
+        return False
+    stored_crc, payload_length, _ledger_id, _entry_id = RECORD_HEADER.unpack_from(mapped, offset)
+    end = offset + RECORD_HEADER_SIZE + payload_length
+    if payload_length > RECORD_PAYLOAD_MAX or end > size:
+        return False
+    view = memoryview(mapped)
+    try:
+        return bool(int(crc32c.crc32c(view[offset + RECORD_CRC_START : end])) == stored_crc)
+    finally:
+        view.release()
