@@ -61,10 +61,6 @@ def command(run: Run) -> Run:
     def wrapper(args: argparse.Namespace) -> int:
         try:
             return run(args)
-        except CommandError as error:
-            return fail(error.message, error.exit_status)
-        except PoraError as error:
-            return fail(str(error), EXIT_PROBLEMS)
         except KeyboardInterrupt:
             return fail("interrupted", 130)
         except BrokenPipeError:
@@ -74,8 +70,38 @@ def command(run: Run) -> Run:
             os.dup2(devnull, sys.stdout.fileno())
             os.close(devnull)
             return EXIT_PROBLEMS
+        except (CommandError, PoraError, BaseExceptionGroup) as error:
+            # the node's nurseries wrap what its tasks raised (recovery errors, say)
+            leaves = _leaf_exceptions(error) if isinstance(error, BaseExceptionGroup) else [error]
+            if not all(isinstance(leaf, CommandError | PoraError) for leaf in leaves):
+                raise
+            for leaf in leaves[:-1]:
+                fail(_message(leaf))
+            return fail(_message(leaves[-1]), max(_exit_status(leaf) for leaf in leaves))
 
     return wrapper
+
+
+def _message(error: BaseException) -> str:
+    return error.message if isinstance(error, CommandError) else str(error)
+
+
+def _exit_status(error: BaseException) -> int:
+    if isinstance(error, CommandError):
+        return error.exit_status
+    if isinstance(error, DataDirError):  # e.g. a node took the lock after our check
+        return EXIT_REFUSED
+    return EXIT_PROBLEMS
+
+
+def _leaf_exceptions(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for inner in group.exceptions:
+        if isinstance(inner, BaseExceptionGroup):
+            leaves.extend(_leaf_exceptions(inner))
+        else:
+            leaves.append(inner)
+    return leaves
 
 
 def fail(message: str, exit_status: int = EXIT_PROBLEMS) -> int:
@@ -128,16 +154,22 @@ def ensure_not_locked(directory: DataDir) -> None:
 def open_index(directory: DataDir) -> Index:
     """The existing index of `directory`; never creates one (an empty index next to
     existing entry logs would hide every ledger)."""
+    # checked before LevelDB is asked: it creates the directory even when told not to
+    # create the database
+    if not (directory.index_dir / "CURRENT").exists():
+        raise CommandError(
+            f"the index {directory.index_dir} is missing (no LevelDB CURRENT file). If the "
+            "node ever stored data, its index was lost: rebuild it from the entry logs and "
+            "the journal with `pora verify --rebuild-index`",
+            EXIT_PROBLEMS,
+        )
     try:
         return Index(directory.index_dir, create=False)
     except IndexOpenError as error:
-        advice = ""
-        if not directory.index_dir.exists():
-            advice = (
-                ". If the node had stored data, its index was lost: rebuild it from the "
-                "entry logs and journal with `pora verify --rebuild-index`"
-            )
-        raise CommandError(f"{error}{advice}", EXIT_PROBLEMS) from error
+        raise CommandError(
+            f"{error}. If the index is damaged, rebuild it with `pora verify --rebuild-index`",
+            EXIT_PROBLEMS,
+        ) from error
 
 
 # --- output ------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ def _open_existing_index(directory: DataDir) -> Index | None:
     """The index, or None for a node that never stored anything. A missing index next
     to entry logs is refused: recovering into a fresh index would start those ledgers
     over and overwrite their logs."""
-    if not directory.index_dir.exists():
+    if not (directory.index_dir / "CURRENT").exists():
         logs, _ = find_entry_logs(directory)
         if not logs:
             return None

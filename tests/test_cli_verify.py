@@ -1,0 +1,194 @@
+"""`pora verify` finds damage where it is; `pora verify --rebuild-index` restores a
+lost index from the entry logs and the journal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+from cli_support import (
+    CLOSED_LEDGER,
+    ENTRIES_PER_LEDGER,
+    FENCED_LEDGER,
+    OPEN_LEDGER,
+    SEAL_AT,
+    SEALED_LEDGER,
+    assert_every_ack_readable,
+    crashed_copy,
+    make_data_dir,
+    payload,
+    run_cli,
+)
+
+import pora
+from ledger.index import Index
+from pora.datadir import open_data_dir
+from pora.inspect import entrylog_path
+
+Capsys = pytest.CaptureFixture[str]
+
+
+def _position(data_dir: Path, ledger_id: int, entry_id: int) -> tuple[int, int]:
+    with Index(data_dir / "index", create=False) as index:
+        position = index.get_position(ledger_id, entry_id)
+    assert position is not None
+    return position
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    with open(path, "r+b") as file:
+        file.seek(offset)
+        byte = file.read(1)
+        file.seek(offset)
+        file.write(bytes([byte[0] ^ 0x01]))
+
+
+def _log_path(data_dir: Path, ledger_id: int) -> Path:
+    return entrylog_path(open_data_dir(data_dir, create=False), ledger_id)
+
+
+def test_verify_passes_on_a_data_dir_the_engine_made(data_dir: Path, capsys: Capsys) -> None:
+    make_data_dir(data_dir)
+    result = run_cli(capsys, "verify", "--json", "--data-dir", str(data_dir))
+    assert result.status == 0, result.out
+    report = result.json()
+    assert report["ok"] is True
+    assert report["problems"] == []
+    assert report["ledgers"] == 4
+    assert report["entries"] == 4 * ENTRIES_PER_LEDGER
+    table = run_cli(capsys, "verify", "--data-dir", str(data_dir))
+    assert table.status == 0
+    assert "result: OK" in table.out
+    assert f"entries          {report['entries']}" in table.out
+
+
+def test_a_flipped_byte_is_reported_with_its_ledger_entry_file_and_offset(
+    data_dir: Path, capsys: Capsys
+) -> None:
+    make_data_dir(data_dir)
+    offset, record_length = _position(data_dir, CLOSED_LEDGER, 4)
+    log = _log_path(data_dir, CLOSED_LEDGER)
+    _flip_byte(log, offset + record_length - 1)  # the payload's last byte
+
+    result = run_cli(capsys, "verify", "--json", "--data-dir", str(data_dir))
+    assert result.status == 1
+    problems = result.json()["problems"]
+    assert problems, "the damage must be found"
+    assert {(p["ledger_id"], p["entry_id"], p["file"], p["offset"]) for p in problems} == {
+        (CLOSED_LEDGER, 4, str(log), offset)
+    }
+    assert problems[0]["kind"] == "bad-record"
+    assert "checksum" in problems[0]["message"]
+
+    table = run_cli(capsys, "verify", "--data-dir", str(data_dir))
+    assert table.status == 1
+    row = next(line for line in table.out.splitlines() if line.startswith("bad-record"))
+    assert row.split()[1:5] == [str(CLOSED_LEDGER), "4", str(log), str(offset)]
+    # reading the damaged entry offline fails the same way, naming the place
+    read = run_cli(capsys, "ledger", "read", str(CLOSED_LEDGER), "--data-dir", str(data_dir))
+    assert read.status == 1
+    assert f"{log} at byte {offset}" in read.err
+
+
+def test_a_lost_index_is_rebuilt_and_every_read_restored(data_dir: Path, capsys: Capsys) -> None:
+    make_data_dir(data_dir)
+    before = run_cli(capsys, "ledger", "list", "--json", "--data-dir", str(data_dir)).json()
+    for path in (data_dir / "index").iterdir():
+        path.unlink()
+    (data_dir / "index").rmdir()
+    refused = run_cli(capsys, "ledger", "list", "--data-dir", str(data_dir))
+    assert refused.status == 1
+    assert "pora verify --rebuild-index" in refused.err
+
+    result = run_cli(capsys, "verify", "--rebuild-index", "--json", "--data-dir", str(data_dir))
+    assert result.status == 0, result.err
+    report = result.json()
+    assert report["ledgers"] == 4
+    assert report["entries"] == 4 * ENTRIES_PER_LEDGER
+    assert report["moved_aside"] is None
+
+    after = run_cli(capsys, "ledger", "list", "--json", "--data-dir", str(data_dir)).json()
+    by_id = {row["ledger_id"]: row for row in after["ledgers"]}
+    for row in before["ledgers"]:
+        got = by_id[row["ledger_id"]]
+        for key in ("first_entry_id", "entry_count", "payload_bytes"):
+            assert got[key] == row[key], (row["ledger_id"], key)
+    assert run_cli(capsys, "verify", "--data-dir", str(data_dir)).status == 0
+
+    async def read_back() -> None:
+        async with pora.open_node(data_dir) as node:
+            for ledger_id in (OPEN_LEDGER, CLOSED_LEDGER, FENCED_LEDGER):
+                for entry_id in range(ENTRIES_PER_LEDGER):
+                    got = await node.read_entry(ledger_id, entry_id)
+                    assert got == payload(ledger_id, entry_id)
+            for entry_id in range(SEAL_AT + 1):
+                assert await node.read_entry(SEALED_LEDGER, entry_id) == payload(
+                    SEALED_LEDGER, entry_id
+                )
+
+    trio.run(read_back)
+
+
+def test_a_damaged_index_is_moved_aside_not_deleted(data_dir: Path, capsys: Capsys) -> None:
+    make_data_dir(data_dir)
+    for table in (data_dir / "index").glob("*.ldb"):
+        table.write_bytes(b"garbage")
+    for log in (data_dir / "index").glob("*.log"):
+        log.write_bytes(b"garbage")
+    kept = sorted(p.name for p in (data_dir / "index").iterdir())
+    result = run_cli(capsys, "verify", "--rebuild-index", "--json", "--data-dir", str(data_dir))
+    assert result.status == 0, result.err
+    moved = Path(result.json()["moved_aside"])
+    assert moved.parent == data_dir
+    assert moved.name.startswith("index.damaged-")
+    assert sorted(p.name for p in moved.iterdir()) == kept
+    assert run_cli(capsys, "verify", "--data-dir", str(data_dir)).status == 0
+
+
+def test_rebuild_after_a_crash_replays_the_journal_too(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, capsys: Capsys
+) -> None:
+    crashed = crashed_copy(tmp_path_factory, tmp_path / "crashed")
+    for path in (crashed.data_dir / "index").iterdir():
+        path.unlink()
+    result = run_cli(
+        capsys, "verify", "--rebuild-index", "--json", "--data-dir", str(crashed.data_dir)
+    )
+    assert result.status == 0, result.err
+    assert result.json()["replay"]["records_scanned"] > 0
+    assert not list((crashed.data_dir / "journal").glob("*.journal"))
+    assert run_cli(capsys, "verify", "--data-dir", str(crashed.data_dir)).status == 0
+    assert_every_ack_readable(crashed.data_dir, crashed.acked)
+
+
+def test_rebuild_indexes_around_a_damaged_record_and_reports_it(
+    data_dir: Path, capsys: Capsys
+) -> None:
+    make_data_dir(data_dir)
+    offset, record_length = _position(data_dir, OPEN_LEDGER, 3)
+    log = _log_path(data_dir, OPEN_LEDGER)
+    _flip_byte(log, offset + 30)
+    result = run_cli(capsys, "verify", "--rebuild-index", "--json", "--data-dir", str(data_dir))
+    assert result.status == 1
+    damage = result.json()["corruption"]
+    assert damage == [
+        {
+            "ledger_id": OPEN_LEDGER,
+            "file": str(log),
+            "offset": offset,
+            "resumes_at": offset + record_length,
+            "reason": "checksum fails or the length cannot be right",
+        }
+    ]
+    table_run = run_cli(capsys, "verify", "--data-dir", str(data_dir), "--json")
+    entries = {
+        r["entry_id"]
+        for r in run_cli(
+            capsys, "ledger", "read", str(OPEN_LEDGER), "--json", "--data-dir", str(data_dir)
+        ).json_lines()
+    }
+    assert entries == set(range(ENTRIES_PER_LEDGER)) - {3}
+    # verify now finds the damaged record, unindexed, inside the log
+    assert table_run.status == 1
+    assert any(p["offset"] == offset for p in table_run.json()["problems"])
