@@ -207,6 +207,40 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
         print(line(row))
 
 
+class TableWriter:
+    """A table printed as rows arrive, for output too long to hold in memory: column
+    widths come from the first `buffer_rows` rows (later, wider cells widen the
+    columns from there on)."""
+
+    def __init__(self, columns: Sequence[str], *, buffer_rows: int = 1000) -> None:
+        self._columns = list(columns)
+        self._buffer_rows = buffer_rows
+        self._rows: list[list[str]] = []
+        self._widths: list[int] | None = None
+
+    def add(self, row: Sequence[object]) -> None:
+        self._rows.append([str(cell) for cell in row])
+        if len(self._rows) >= self._buffer_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._widths is None:
+            self._widths = [len(name) for name in self._columns]
+            print(self._line(self._columns, self._rows))
+        else:
+            self._line([], self._rows)  # widen for these rows
+        for row in self._rows:
+            print(self._line(row, []))
+        self._rows = []
+
+    def _line(self, values: Sequence[str], also: list[list[str]]) -> str:
+        assert self._widths is not None
+        for row in also:
+            for position, cell in enumerate(row):
+                self._widths[position] = max(self._widths[position], len(cell))
+        return "  ".join(v.ljust(w) for v, w in zip(values, self._widths, strict=False)).rstrip()
+
+
 def print_fields(fields: Sequence[tuple[str, object]]) -> None:
     """`name: value` lines, names aligned."""
     width = max((len(name) for name, _ in fields), default=0)

@@ -18,13 +18,13 @@ from journal.reader import JournalRecord, JournalScanner, ScanSummary
 from pora.commands._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
+    TableWriter,
     add_common_arguments,
     command,
     offline_data_dir,
     print_fields,
     print_json,
     print_json_line,
-    print_table,
 )
 from pora.inspect import journal_data_bytes, segment_starts, torn_tail_json
 from pora.progress import Progress
@@ -90,7 +90,7 @@ def _record_json(record: JournalRecord) -> dict[str, Any]:
 def run_dump(args: argparse.Namespace) -> int:
     with offline_data_dir(args.data_dir) as directory:
         scanner = JournalScanner(directory.journal_dir, from_seq=max(args.from_seq, 0))
-        rows: list[dict[str, Any]] = []
+        table = TableWriter(_DUMP_COLUMNS)
         error: JournalError | None = None
         finished = True
         try:
@@ -105,7 +105,7 @@ def run_dump(args: argparse.Namespace) -> int:
                     if args.json:
                         print_json_line(row)
                     else:
-                        rows.append(row)
+                        table.add([row[c] for c in _DUMP_COLUMNS])
                 if not finished:
                     break
         except JournalError as caught:
@@ -115,7 +115,7 @@ def run_dump(args: argparse.Namespace) -> int:
         if args.json:
             print_json_line({"summary": {**_summary_json(summary), "torn_tail": torn}})
         else:
-            print_table(_DUMP_COLUMNS, [[row[c] for c in _DUMP_COLUMNS] for row in rows])
+            table.flush()
             if torn is not None:
                 print(
                     f"-- torn tail in {Path(torn['segment']).name} at byte {torn['offset']}: "
