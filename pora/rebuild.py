@@ -32,6 +32,8 @@ from ledger.entrylog_format import (
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
     RECORD_PAYLOAD_MAX,
+    STATE_ENTRY_ID,
+    decode_state_record,
 )
 from ledger.errors import StorageCorruption
 from ledger.index import Index
@@ -74,11 +76,13 @@ class RebuildReport:
     torn_ends: list[Damage] = field(default_factory=list)
     #: entry logs that could not be used at all (bad header)
     unreadable_logs: list[dict[str, Any]] = field(default_factory=list)
+    #: state records (closed, fenced, master key) that could not be decoded
+    unreadable_state: list[dict[str, Any]] = field(default_factory=list)
     strays: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.corruption and not self.unreadable_logs
+        return not self.corruption and not self.unreadable_logs and not self.unreadable_state
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +95,7 @@ class RebuildReport:
             "corruption": [dataclasses.asdict(d) for d in self.corruption],
             "torn_ends": [dataclasses.asdict(d) for d in self.torn_ends],
             "unreadable_logs": list(self.unreadable_logs),
+            "unreadable_state": list(self.unreadable_state),
             "strays": list(self.strays),
         }
 
@@ -161,14 +166,31 @@ def _rebuild_ledger(index: Index, log: EntryLog, report: RebuildReport, step: Ad
     while True:
         damaged = None
         for record in log.scan(start):
-            if not record.crc_ok or record.ledger_id != ledger_id:
+            if (
+                not record.crc_ok
+                or record.ledger_id != ledger_id
+                or record.entry_id < STATE_ENTRY_ID
+            ):
                 damaged = record
                 break
             step(record.record_length)
             end_of_data = record.offset + record.record_length
-            if record.entry_id < 0:
-                _apply_state_record(log, record.offset, record.record_length, record.entry_id, meta)
-                report.state_records += 1
+            if record.entry_id == STATE_ENTRY_ID:
+                try:
+                    _apply_state_record(
+                        log, record.offset, record.record_length, record.entry_id, meta
+                    )
+                except (StorageCorruption, ValueError) as error:
+                    report.unreadable_state.append(
+                        {
+                            "ledger_id": ledger_id,
+                            "file": str(log.path),
+                            "offset": record.offset,
+                            "reason": str(error),
+                        }
+                    )
+                else:
+                    report.state_records += 1
                 continue
             entry_id = record.entry_id
             positions.append((entry_id, record.offset, record.record_length))
@@ -177,17 +199,19 @@ def _rebuild_ledger(index: Index, log: EntryLog, report: RebuildReport, step: Ad
             meta.last_entry_id = max(meta.last_entry_id, entry_id)
             meta.entry_count += 1
             meta.payload_bytes += record.payload_length
+            meta.lac = max(meta.lac, record.lac)
             if len(positions) >= _INSTALL_BATCH_ENTRIES:
                 meta.log_end = end_of_data
                 index.apply_flush(ledger_id, positions, meta)
                 positions = []
         if damaged is None:
             break
-        reason = (
-            "checksum fails or the length cannot be right"
-            if not damaged.crc_ok
-            else f"the record names ledger {damaged.ledger_id}"
-        )
+        if not damaged.crc_ok:
+            reason = "checksum fails or the length cannot be right"
+        elif damaged.ledger_id != ledger_id:
+            reason = f"the record names ledger {damaged.ledger_id}"
+        else:
+            reason = f"the record names entry {damaged.entry_id}, which no entry can be"
         resumes_at = find_next_record(log.path, ledger_id, damaged.offset + 1)
         damage = Damage(ledger_id, str(log.path), damaged.offset, resumes_at, reason)
         if resumes_at is None:
@@ -205,8 +229,13 @@ def _rebuild_ledger(index: Index, log: EntryLog, report: RebuildReport, step: Ad
 def _apply_state_record(
     log: EntryLog, offset: int, record_length: int, entry_id: int, meta: LedgerMeta
 ) -> None:
-    """A ledger-state record (entry id STATE_ENTRY_ID): the last one in a log wins."""
-    _ = (log, offset, record_length, entry_id, meta)
+    """A ledger-state record (entry id STATE_ENTRY_ID): the last one in a log wins.
+    Raises StorageCorruption / ValueError if it cannot be read."""
+    state = decode_state_record(log.read_record(offset, record_length, entry_id))
+    meta.state = state.state
+    meta.fenced = state.fenced
+    meta.sealed_last_entry_id = state.sealed_last_entry_id
+    meta.master_key = state.master_key
 
 
 def find_next_record(path: Path, ledger_id: int, start: int) -> int | None:
@@ -242,7 +271,8 @@ def find_next_record(path: Path, ledger_id: int, start: int) -> int | None:
 def _intact_record_at(mapped: mmap.mmap, offset: int, size: int) -> bool:
     if offset + RECORD_HEADER_SIZE > size:
         return False
-    stored_crc, payload_length, _ledger_id, _entry_id = RECORD_HEADER.unpack_from(mapped, offset)
+    header = RECORD_HEADER.unpack_from(mapped, offset)
+    stored_crc, payload_length = header[0], header[1]  # crc and length lead every version
     end = offset + RECORD_HEADER_SIZE + payload_length
     if payload_length > RECORD_PAYLOAD_MAX or end > size:
         return False

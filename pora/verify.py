@@ -22,10 +22,16 @@ from typing import Any, Final
 
 from journal.errors import JournalCorruption, JournalError, JournalFormatError
 from ledger.entrylog import EntryLog
-from ledger.entrylog_format import FIRST_RECORD_OFFSET, RECORD_HEADER_SIZE
+from ledger.entrylog_format import (
+    FIRST_RECORD_OFFSET,
+    RECORD_HEADER_SIZE,
+    STATE_ENTRY_ID,
+    LedgerStateRecord,
+    decode_state_record,
+)
 from ledger.errors import StorageCorruption
 from ledger.index import Index
-from ledger.state import NO_ENTRY, LedgerMeta
+from ledger.state import NO_ENTRY, LedgerMeta, LedgerState
 from pora.datadir import DataDir
 from pora.inspect import (
     durable_seqs,
@@ -188,10 +194,12 @@ def _verify_ledger(
     with log:
         reported_offsets: set[int] = set()
         _check_positions(index, log, meta, indexed, report, reported_offsets, step)
-        _check_records(index, log, meta, report, reported_offsets, step)
+        logged = _check_records(index, log, meta, report, reported_offsets, step)
     report.entries += indexed.count
     report.entry_log_bytes += max(meta.log_end - FIRST_RECORD_OFFSET, 0)
     _check_meta(meta, indexed, report, path)
+    if logged.complete:
+        _check_logged_state(meta, logged, report, path)
 
 
 @dataclass(slots=True)
@@ -266,6 +274,19 @@ def _check_positions(
         step(sum(record_length for _, _, record_length in chunk) // 2)
 
 
+@dataclass(slots=True)
+class _LoggedFacts:
+    """What a scan of an entry log found besides entries."""
+
+    #: the scan reached log_end (no damage stopped it)
+    complete: bool = True
+    #: the last state record (None: there is none)
+    state: LedgerStateRecord | None = None
+    state_offset: int = -1
+    #: the highest last-add-confirmed carried by an entry
+    lac: int = -1
+
+
 def _check_records(
     index: Index,
     log: EntryLog,
@@ -273,8 +294,9 @@ def _check_records(
     report: VerifyReport,
     reported_offsets: set[int],
     step: Advance,
-) -> None:
+) -> _LoggedFacts:
     """Every record up to log_end is intact and indexed where it lies; they end at log_end."""
+    logged = _LoggedFacts()
     ledger_id = meta.ledger_id
     path = str(log.path)
     end_of_records = FIRST_RECORD_OFFSET
@@ -310,8 +332,37 @@ def _check_records(
                 )
             )
             continue
-        if record.entry_id < 0:
-            continue  # a ledger-state record (entry id STATE_ENTRY_ID), not an entry
+        if record.entry_id < STATE_ENTRY_ID:
+            report.problems.append(
+                Problem(
+                    "bad-record",
+                    f"the record names entry {record.entry_id}, which no entry can be",
+                    ledger_id,
+                    record.entry_id,
+                    path,
+                    record.offset,
+                )
+            )
+            continue
+        if record.entry_id == STATE_ENTRY_ID:  # the ledger's state, not an entry
+            try:
+                payload = log.read_record(record.offset, record.record_length, STATE_ENTRY_ID)
+                logged.state = decode_state_record(payload)
+                logged.state_offset = record.offset
+            except (StorageCorruption, ValueError) as error:
+                report.problems.append(
+                    Problem(
+                        "bad-state-record",
+                        f"the ledger-state record cannot be read: {error}",
+                        ledger_id,
+                        None,
+                        path,
+                        record.offset,
+                    )
+                )
+                logged.complete = False
+            continue
+        logged.lac = max(logged.lac, record.lac)
         position = index.get_position(ledger_id, record.entry_id)
         if position != (record.offset, record.record_length):
             where = (
@@ -323,7 +374,9 @@ def _check_records(
             report.problems.append(
                 Problem("unindexed-record", where, ledger_id, record.entry_id, path, record.offset)
             )
-    if not stopped and end_of_records != meta.log_end:
+    if stopped:
+        logged.complete = False
+    elif end_of_records != meta.log_end:
         report.problems.append(
             Problem(
                 "log-end-mismatch",
@@ -341,6 +394,61 @@ def _check_records(
             f"{path}: {left_over} records past the log's end (byte {meta.log_end}): written by "
             "a flush a crash cut short, never indexed; the next flush overwrites them"
         )
+    return logged
+
+
+def _check_logged_state(
+    meta: LedgerMeta, logged: _LoggedFacts, report: VerifyReport, path: Path
+) -> None:
+    """The ledger's state (closed, fenced, seal, master key) and LAC in the metadata
+    agree with what the entry log says, from which a rebuilt index would take them."""
+    in_meta = LedgerStateRecord(meta.state, meta.fenced, meta.sealed_last_entry_id, meta.master_key)
+    state = logged.state
+    if state is None:
+        if in_meta != LedgerStateRecord(LedgerState.OPEN, False, NO_ENTRY, None):
+            report.problems.append(
+                Problem(
+                    "state-mismatch",
+                    f"the metadata says {_describe(in_meta)}, but the entry log holds no "
+                    "state record: a rebuilt index would lose that",
+                    meta.ledger_id,
+                    None,
+                    str(path),
+                )
+            )
+    elif state != in_meta:
+        report.problems.append(
+            Problem(
+                "state-mismatch",
+                f"the metadata says {_describe(in_meta)}, the entry log's last state record "
+                f"says {_describe(state)}",
+                meta.ledger_id,
+                None,
+                str(path),
+                logged.state_offset,
+            )
+        )
+    if logged.lac != meta.lac:
+        report.problems.append(
+            Problem(
+                "metadata-mismatch",
+                f"the metadata says last_add_confirmed = {meta.lac}, the entries in the entry "
+                f"log carry at most {logged.lac}",
+                meta.ledger_id,
+                None,
+                str(path),
+            )
+        )
+
+
+def _describe(state: LedgerStateRecord) -> str:
+    words = [state.state.name.lower()]
+    if state.state is LedgerState.CLOSED:
+        words.append(f"at entry {state.sealed_last_entry_id}")
+    if state.fenced:
+        words.append("fenced")
+    words.append("with a master key" if state.master_key is not None else "without a master key")
+    return " ".join(words)
 
 
 def _check_meta(meta: LedgerMeta, indexed: _IndexedFacts, report: VerifyReport, path: Path) -> None:

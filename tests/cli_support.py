@@ -31,6 +31,10 @@ WRITER = ROOT / "scripts" / "crash_writer.py"
 OPEN_LEDGER, CLOSED_LEDGER, FENCED_LEDGER, SEALED_LEDGER = 7, 8, 9, 300
 ENTRIES_PER_LEDGER = 12
 SEAL_AT = 5
+#: the master key of the fenced ledger (the others have the empty key)
+FENCED_KEY = b"fence-key"
+#: the last-add-confirmed piggybacked on the open ledger's adds
+LAC_LAG = 2
 
 
 def payload(ledger_id: int, entry_id: int) -> bytes:
@@ -40,10 +44,17 @@ def payload(ledger_id: int, entry_id: int) -> bytes:
 async def _populate(data_dir: Path) -> None:
     async with pora.open_node(data_dir) as node:
         for ledger_id in (OPEN_LEDGER, CLOSED_LEDGER, FENCED_LEDGER, SEALED_LEDGER):
+            key = FENCED_KEY if ledger_id == FENCED_LEDGER else b""
             for entry_id in range(ENTRIES_PER_LEDGER):
-                await node.add_entry(ledger_id, entry_id, payload(ledger_id, entry_id))
+                await node.add_entry(
+                    ledger_id,
+                    entry_id,
+                    payload(ledger_id, entry_id),
+                    master_key=key,
+                    last_add_confirmed=max(entry_id - LAC_LAG, -1),
+                )
         await node.close_ledger(CLOSED_LEDGER)
-        await node.fence_ledger(FENCED_LEDGER)
+        await node.fence_ledger(FENCED_LEDGER, master_key=FENCED_KEY)
         await node.close_ledger(SEALED_LEDGER, SEAL_AT)
 
 

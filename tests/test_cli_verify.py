@@ -10,7 +10,9 @@ import trio
 from cli_support import (
     CLOSED_LEDGER,
     ENTRIES_PER_LEDGER,
+    FENCED_KEY,
     FENCED_LEDGER,
+    LAC_LAG,
     OPEN_LEDGER,
     SEAL_AT,
     SEALED_LEDGER,
@@ -109,11 +111,13 @@ def test_a_lost_index_is_rebuilt_and_every_read_restored(data_dir: Path, capsys:
     assert report["moved_aside"] is None
 
     after = run_cli(capsys, "ledger", "list", "--json", "--data-dir", str(data_dir)).json()
-    by_id = {row["ledger_id"]: row for row in after["ledgers"]}
-    for row in before["ledgers"]:
-        got = by_id[row["ledger_id"]]
-        for key in ("first_entry_id", "entry_count", "payload_bytes"):
-            assert got[key] == row[key], (row["ledger_id"], key)
+    # states (open, closed at the seal, fenced) come back from the logs' state records
+    assert after == before
+    for ledger_id in (OPEN_LEDGER, SEALED_LEDGER):
+        shown = run_cli(
+            capsys, "ledger", "show", str(ledger_id), "--json", "--data-dir", str(data_dir)
+        ).json()
+        assert shown["sealed_last_entry_id"] == (SEAL_AT if ledger_id == SEALED_LEDGER else None)
     assert run_cli(capsys, "verify", "--data-dir", str(data_dir)).status == 0
 
     async def read_back() -> None:
@@ -126,6 +130,18 @@ def test_a_lost_index_is_rebuilt_and_every_read_restored(data_dir: Path, capsys:
                 assert await node.read_entry(SEALED_LEDGER, entry_id) == payload(
                     SEALED_LEDGER, entry_id
                 )
+            with pytest.raises(pora.NoSuchEntry):
+                await node.read_entry(SEALED_LEDGER, SEAL_AT + 1)
+            assert node.last_add_confirmed(OPEN_LEDGER) == ENTRIES_PER_LEDGER - 1 - LAC_LAG
+            with pytest.raises(pora.LedgerClosed):
+                await node.add_entry(CLOSED_LEDGER, ENTRIES_PER_LEDGER, b"late")
+            with pytest.raises(pora.LedgerFenced):
+                await node.add_entry(
+                    FENCED_LEDGER, ENTRIES_PER_LEDGER, b"late", master_key=FENCED_KEY
+                )
+            # the master key came back too: another key is refused
+            with pytest.raises(pora.Unauthorized):
+                await node.fence_ledger(FENCED_LEDGER, master_key=b"intruder")
 
     trio.run(read_back)
 

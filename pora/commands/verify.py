@@ -152,6 +152,12 @@ def _print_rebuild(report: RebuildReport, replay: dict[str, Any]) -> None:
             f"{damage.resumes_at} cannot be read ({damage.reason}); the entries stored "
             "there are not indexed: restore them from the ledger's replicas"
         )
+    for bad_state in report.unreadable_state:
+        print(
+            f"UNREADABLE STATE: ledger {bad_state['ledger_id']}: {bad_state['file']} at byte "
+            f"{bad_state['offset']}: {bad_state['reason']}; check its state with "
+            "`pora ledger show` (it may be closed or fenced on its other replicas)"
+        )
     for unreadable in report.unreadable_logs:
         print(
             f"UNREADABLE: ledger {unreadable['ledger_id']}: {unreadable['file']}: "
