@@ -236,6 +236,9 @@ def ledger_details(meta: LedgerMeta, directory: DataDir) -> dict[str, Any]:
         if meta.state is LedgerState.CLOSED
         else None,
         "stored_last_entry_id": meta.last_entry_id,
+        "last_add_confirmed": meta.lac,
+        # whether one is fixed, not the key: it is the writers' credential
+        "master_key_set": meta.master_key is not None,
         "log_end": meta.log_end,
         "durable_seq": meta.durable_seq,
         "created_ms": meta.created_ms,
