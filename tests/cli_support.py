@@ -37,6 +37,11 @@ FENCED_KEY = b"fence-key"
 LAC_LAG = 2
 
 
+def acked_payload(ledger_id: int, entry_id: int) -> bytes:
+    """What the crash writer adds as (ledger_id, entry_id)."""
+    return payload_for(ledger_id, entry_id)
+
+
 def payload(ledger_id: int, entry_id: int) -> bytes:
     return f"ledger {ledger_id} entry {entry_id} ".encode() * (1 + entry_id % 4)
 

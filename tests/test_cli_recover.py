@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -13,6 +14,7 @@ import pytest
 import trio
 from cli_support import (
     ROOT,
+    acked_payload,
     assert_every_ack_readable,
     crashed_copy,
     make_data_dir,
@@ -82,6 +84,13 @@ def test_recover_replays_what_a_sigkilled_writer_acknowledged(
     last = {row["ledger_id"]: row["last_entry_id"] for row in listing["ledgers"]}
     for ledger_id, entry_id in crashed.acked:
         assert last[ledger_id] >= entry_id
+    for ledger_id in sorted({ledger_id for ledger_id, _ in crashed.acked}):
+        read = run_cli(capsys, "ledger", "read", str(ledger_id), "--json", "--data-dir", directory)
+        assert read.status == 0
+        stored = {r["entry_id"]: base64.b64decode(r["payload_base64"]) for r in read.json_lines()}
+        for acked_ledger, entry_id in crashed.acked:
+            if acked_ledger == ledger_id:
+                assert stored[entry_id] == acked_payload(ledger_id, entry_id)
     assert_every_ack_readable(crashed.data_dir, crashed.acked)
 
 
@@ -189,3 +198,18 @@ def test_the_installed_command_runs_as_a_process(data_dir: Path) -> None:
     )
     assert refused.returncode == 2
     assert "is not a Pora data dir" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["recover"], ["journal", "dump"], ["journal", "verify"], ["ledger", "list"],
+     ["ledger", "show"], ["ledger", "read"], ["verify"]],
+    ids=" ".join,
+)  # fmt: skip
+def test_every_command_explains_itself(command: list[str], capsys: Capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--data-dir" in out
+    assert "--json" in out
