@@ -24,6 +24,7 @@ from cli_support import (
 )
 
 import pora
+from journal.reader import JournalScanner
 from ledger.index import Index
 from pora.datadir import open_data_dir
 from pora.inspect import entrylog_path
@@ -208,3 +209,23 @@ def test_rebuild_indexes_around_a_damaged_record_and_reports_it(
     # verify now finds the damaged record, unindexed, inside the log
     assert table_run.status == 1
     assert any(p["offset"] == offset for p in table_run.json()["problems"])
+
+
+def test_rebuild_reports_a_corrupt_journal_it_cannot_replay(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, capsys: Capsys
+) -> None:
+    crashed = crashed_copy(tmp_path_factory, tmp_path / "crashed")
+    first = next(iter(JournalScanner(crashed.data_dir / "journal").batches()))[0]
+    _flip_byte(first.segment, first.offset)
+    for path in (crashed.data_dir / "index").iterdir():
+        path.unlink()
+    result = run_cli(
+        capsys, "verify", "--rebuild-index", "--json", "--data-dir", str(crashed.data_dir)
+    )
+    assert result.status == 1
+    report = result.json()
+    assert report["ledgers"] > 0
+    assert report["replay"] is None
+    assert "journal corruption" in report["replay_error"]
+    assert "the index was rebuilt, but replaying the journal failed" in result.err
+    assert first.segment.exists(), "the journal is kept for the operator"

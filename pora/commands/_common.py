@@ -18,6 +18,7 @@ from typing import Any, Final
 from journal.errors import PoraError
 from ledger.index import Index, IndexOpenError
 from pora.datadir import DataDir, DataDirError, DataDirLock, DataDirLocked, open_data_dir
+from pora.inspect import find_entry_logs
 
 #: the command ran and everything is fine
 EXIT_OK: Final = 0
@@ -94,6 +95,15 @@ def _exit_status(error: BaseException) -> int:
     return EXIT_PROBLEMS
 
 
+def pora_error_message(error: BaseException) -> str | None:
+    """The message of a PoraError, or of the PoraErrors an exception group holds (the
+    node's nurseries wrap what its tasks raise); None if it holds anything else."""
+    leaves = _leaf_exceptions(error) if isinstance(error, BaseExceptionGroup) else [error]
+    if not all(isinstance(leaf, PoraError) for leaf in leaves):
+        return None
+    return "; ".join(str(leaf) for leaf in leaves)
+
+
 def _leaf_exceptions(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     leaves: list[BaseException] = []
     for inner in group.exceptions:
@@ -157,6 +167,13 @@ def open_index(directory: DataDir) -> Index:
     # checked before LevelDB is asked: it creates the directory even when told not to
     # create the database
     if not (directory.index_dir / "CURRENT").exists():
+        logs, _ = find_entry_logs(directory)
+        if not logs:
+            raise CommandError(
+                f"{directory.root} has no index and no entry logs: the node never stored "
+                "anything (nothing to inspect)",
+                EXIT_PROBLEMS,
+            )
         raise CommandError(
             f"the index {directory.index_dir} is missing (no LevelDB CURRENT file). If the "
             "node ever stored data, its index was lost: rebuild it from the entry logs and "

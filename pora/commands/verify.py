@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from journal.errors import PoraError
 from ledger.state import LedgerMeta
 from pora.commands._common import (
     EXIT_OK,
@@ -16,8 +17,10 @@ from pora.commands._common import (
     CommandError,
     add_common_arguments,
     command,
+    fail,
     offline_data_dir,
     open_index,
+    pora_error_message,
     print_fields,
     print_json,
     print_table,
@@ -115,27 +118,43 @@ def _rebuild(args: argparse.Namespace) -> int:
     ):
         rebuilt = rebuild_index(directory, advance=bar.advance)
     # the node takes the lock itself for the replay
-    replay = recover(directory)
-    result: dict[str, Any] = {**rebuilt.to_json(), "replay": report_json(replay)}
+    replay: dict[str, Any] | None = None
+    replay_error: str | None = None
+    try:
+        replay = report_json(recover(directory))
+    except (PoraError, BaseExceptionGroup) as error:
+        replay_error = pora_error_message(error)
+        if replay_error is None:
+            raise
+    result: dict[str, Any] = {**rebuilt.to_json(), "replay": replay, "replay_error": replay_error}
     if args.json:
         print_json(result)
     else:
-        _print_rebuild(rebuilt, result["replay"])
+        _print_rebuild(rebuilt, replay)
+    if replay_error is not None:
+        return fail(
+            f"the index was rebuilt, but replaying the journal failed: {replay_error}. "
+            "See docs/operations.md, 'Journal corruption'; once the journal is repaired, "
+            "run `pora recover`",
+            EXIT_PROBLEMS,
+        )
     return EXIT_OK if rebuilt.ok else EXIT_PROBLEMS
 
 
-def _print_rebuild(report: RebuildReport, replay: dict[str, Any]) -> None:
+def _print_rebuild(report: RebuildReport, replay: dict[str, Any] | None) -> None:
+    replayed = (
+        "not done (see the error below)"
+        if replay is None
+        else f"{replay['records_replayed']} of {replay['records_scanned']} records, "
+        f"{len(replay['ledgers_touched'])} ledgers, {replay['segments']} segments"
+    )
     print_fields(
         [
             ("old index", report.moved_aside or "none (it was missing)"),
             ("ledgers rebuilt", report.ledgers),
             ("entries indexed", f"{report.entries} ({report.payload_bytes} payload bytes)"),
             ("state records", report.state_records),
-            (
-                "journal replayed",
-                f"{replay['records_replayed']} of {replay['records_scanned']} records, "
-                f"{len(replay['ledgers_touched'])} ledgers, {replay['segments']} segments",
-            ),
+            ("journal replayed", replayed),
         ]
     )
     for damage in report.torn_ends:
