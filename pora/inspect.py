@@ -53,10 +53,10 @@ class ReplayPlan:
 def journal_data_bytes(journal_dir: Path) -> int:
     """Bytes of written data in the journal's segments (not the preallocated rest),
     as the total for a progress bar."""
-    return sum(_data_bytes(segment.path) for segment in list_segments(journal_dir))
+    return sum(data_bytes(segment.path) for segment in list_segments(journal_dir))
 
 
-def _data_bytes(path: Path) -> int:
+def data_bytes(path: Path) -> int:
     """Bytes up to the end of the last data region of `path` (its size where the file
     system cannot tell data from holes)."""
     try:
@@ -124,7 +124,7 @@ def segment_starts(journal_dir: Path) -> dict[Path, int]:
     position = 0
     for segment in list_segments(journal_dir):
         starts[segment.path] = position
-        position += _data_bytes(segment.path)
+        position += data_bytes(segment.path)
     return starts
 
 

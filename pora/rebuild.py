@@ -39,7 +39,7 @@ from ledger.errors import StorageCorruption
 from ledger.index import Index
 from ledger.state import NO_ENTRY, LedgerMeta
 from pora.datadir import DataDir
-from pora.inspect import find_entry_logs, open_entry_log
+from pora.inspect import data_bytes, find_entry_logs, open_entry_log
 
 #: positions installed in the index per write batch (bounds memory on huge ledgers)
 _INSTALL_BATCH_ENTRIES: Final = 8192
@@ -101,15 +101,10 @@ class RebuildReport:
 
 
 def entry_log_bytes(directory: DataDir) -> int:
-    """The size of every entry log (the work of a rebuild, for progress)."""
+    """The written bytes of every entry log, not their preallocated rest (the work of
+    a rebuild, for progress)."""
     logs, _ = find_entry_logs(directory)
-    total = 0
-    for path in logs.values():
-        try:
-            total += path.stat().st_size
-        except FileNotFoundError:
-            continue
-    return total
+    return sum(max(data_bytes(path) - FIRST_RECORD_OFFSET, 0) for path in logs.values())
 
 
 def move_index_aside(directory: DataDir) -> Path | None:
@@ -139,18 +134,38 @@ def rebuild_index(directory: DataDir, *, advance: Advance | None = None) -> Rebu
     report.moved_aside = None if moved is None else str(moved)
     with Index(directory.index_dir, create=True) as index:
         for ledger_id, path in sorted(logs.items()):
+            share = _Share(step, max(data_bytes(path) - FIRST_RECORD_OFFSET, 0))
             try:
                 log = open_entry_log(path, ledger_id)
             except StorageCorruption as error:
                 report.unreadable_logs.append(
                     {"ledger_id": ledger_id, "file": str(path), "reason": error.reason}
                 )
+                share.finish()
                 continue
             with log:
-                _rebuild_ledger(index, log, report, step)
+                _rebuild_ledger(index, log, report, share.advance)
+            share.finish()
             report.ledgers += 1
         index.sync()
     return report
+
+
+class _Share:
+    """One log's share of the rebuild's progress: it advances by exactly its size
+    (`entry_log_bytes` counts it so), however much of it the scan reads."""
+
+    def __init__(self, step: Advance, size: int) -> None:
+        self._step = step
+        self._left = size
+
+    def advance(self, units: int) -> None:
+        units = min(units, self._left)
+        self._left -= units
+        self._step(units)
+
+    def finish(self) -> None:
+        self.advance(self._left)
 
 
 def _ignore(_units: int) -> None:
