@@ -61,6 +61,28 @@ class Damage:
     #: where readable records start again; None if none follow (the end of the log)
     resumes_at: int | None
     reason: str
+    #: the entry id and record length the damaged record's header names (the header
+    #: may be damaged too: then they are wrong)
+    claimed_entry_id: int
+    claimed_record_length: int
+    #: a state record, with an intact state record after it (which wins anyway)
+    superseded: bool = False
+
+    @property
+    def kind(self) -> str:
+        """torn-end: nothing readable follows (what a flush cut by a crash leaves);
+        corruption: readable records follow."""
+        return "torn-end" if self.resumes_at is None else "corruption"
+
+    @property
+    def single_record(self) -> bool:
+        """Whether the damaged stretch is exactly the one record its header describes."""
+        return self.resumes_at is None or (
+            self.resumes_at == self.offset + self.claimed_record_length
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, **dataclasses.asdict(self)}
 
 
 @dataclass(slots=True)
@@ -70,10 +92,9 @@ class RebuildReport:
     entries: int = 0
     payload_bytes: int = 0
     state_records: int = 0
-    #: damage with readable records after it: entries in between are lost from this node
-    corruption: list[Damage] = field(default_factory=list)
-    #: a damaged last record with nothing after it: a flush cut by a crash (normal)
-    torn_ends: list[Damage] = field(default_factory=list)
+    #: damaged records: their entries are not indexed (the journal replay that follows
+    #: may restore them: see `unrestored`)
+    damage: list[Damage] = field(default_factory=list)
     #: entry logs that could not be used at all (bad header)
     unreadable_logs: list[dict[str, Any]] = field(default_factory=list)
     #: state records (closed, fenced, master key) that could not be decoded
@@ -82,7 +103,8 @@ class RebuildReport:
 
     @property
     def ok(self) -> bool:
-        return not self.corruption and not self.unreadable_logs and not self.unreadable_state
+        """No unreadable logs or state records (damage is judged after the replay)."""
+        return not self.unreadable_logs and not self.unreadable_state
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -92,8 +114,7 @@ class RebuildReport:
             "entries": self.entries,
             "payload_bytes": self.payload_bytes,
             "state_records": self.state_records,
-            "corruption": [dataclasses.asdict(d) for d in self.corruption],
-            "torn_ends": [dataclasses.asdict(d) for d in self.torn_ends],
+            "damage": [d.to_json() for d in self.damage],
             "unreadable_logs": list(self.unreadable_logs),
             "unreadable_state": list(self.unreadable_state),
             "strays": list(self.strays),
@@ -178,6 +199,8 @@ def _rebuild_ledger(index: Index, log: EntryLog, report: RebuildReport, step: Ad
     positions: list[tuple[int, int, int]] = []
     end_of_data = FIRST_RECORD_OFFSET
     start = FIRST_RECORD_OFFSET
+    last_state_at = -1
+    damage: list[Damage] = []
     while True:
         damaged = None
         for record in log.scan(start):
@@ -206,6 +229,7 @@ def _rebuild_ledger(index: Index, log: EntryLog, report: RebuildReport, step: Ad
                     )
                 else:
                     report.state_records += 1
+                    last_state_at = record.offset
                 continue
             entry_id = record.entry_id
             positions.append((entry_id, record.offset, record.record_length))
@@ -228,13 +252,24 @@ def _rebuild_ledger(index: Index, log: EntryLog, report: RebuildReport, step: Ad
         else:
             reason = f"the record names entry {damaged.entry_id}, which no entry can be"
         resumes_at = find_next_record(log.path, ledger_id, damaged.offset + 1)
-        damage = Damage(ledger_id, str(log.path), damaged.offset, resumes_at, reason)
+        damage.append(
+            Damage(
+                ledger_id,
+                str(log.path),
+                damaged.offset,
+                resumes_at,
+                reason,
+                damaged.entry_id,
+                damaged.record_length,
+            )
+        )
         if resumes_at is None:
-            report.torn_ends.append(damage)
             break
-        report.corruption.append(damage)
         step(resumes_at - damaged.offset)
         start = resumes_at
+    for found in damage:
+        superseded = found.claimed_entry_id == STATE_ENTRY_ID and last_state_at > found.offset
+        report.damage.append(dataclasses.replace(found, superseded=superseded))
     meta.log_end = end_of_data
     index.apply_flush(ledger_id, positions, meta)
     report.entries += meta.entry_count
@@ -251,6 +286,46 @@ def _apply_state_record(
     meta.fenced = state.fenced
     meta.sealed_last_entry_id = state.sealed_last_entry_id
     meta.master_key = state.master_key
+
+
+def unrestored(index: Index, damage: list[Damage]) -> list[Damage]:
+    """The damage that the journal replay after the rebuild did not make good.
+
+    A flush cut by a crash leaves damaged records (usually at the end of the log, but
+    pages may reach the disk out of order); the journal then still holds what that
+    flush was writing, so the replay adds those entries again (a rebuild never indexes
+    a damaged record, so an indexed entry afterwards is an intact copy) and writes a
+    fresh state record. Damage is made good when it is one record whose entry is
+    indexed after the replay, or a state record that a later one supersedes or that
+    the replay wrote over. Anything else (several records in one damaged stretch, a
+    header too damaged to name its entry, an entry the journal no longer held) may
+    have lost data on this node.
+    """
+    left: list[Damage] = []
+    for found in damage:
+        entry_id = found.claimed_entry_id
+        if entry_id >= 0 and found.single_record:
+            restored = index.get_position(found.ledger_id, entry_id) is not None
+        elif entry_id == STATE_ENTRY_ID and found.single_record:
+            restored = found.superseded or _intact_record_in_file(Path(found.file), found.offset)
+        else:
+            restored = False
+        if not restored:
+            left.append(found)
+    return left
+
+
+def _intact_record_in_file(path: Path, offset: int) -> bool:
+    try:
+        file = open(path, "rb")  # noqa: SIM115 -- closed below, mmap needs its fd
+    except FileNotFoundError:
+        return False
+    with file:
+        size = os.fstat(file.fileno()).st_size
+        if size <= offset:
+            return False
+        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            return _intact_record_at(mapped, offset, size)
 
 
 def find_next_record(path: Path, ledger_id: int, start: int) -> int | None:

@@ -3,6 +3,7 @@ lost index from the entry logs and the journal."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,10 +25,12 @@ from cli_support import (
 )
 
 import pora
+from journal.format import RecordKind
 from journal.reader import JournalScanner
+from ledger.entrylog_format import STATE_ENTRY_ID
 from ledger.index import Index
 from pora.datadir import open_data_dir
-from pora.inspect import entrylog_path
+from pora.inspect import entrylog_path, open_entry_log
 
 Capsys = pytest.CaptureFixture[str]
 
@@ -188,14 +191,20 @@ def test_rebuild_indexes_around_a_damaged_record_and_reports_it(
     _flip_byte(log, offset + 30)
     result = run_cli(capsys, "verify", "--rebuild-index", "--json", "--data-dir", str(data_dir))
     assert result.status == 1
-    damage = result.json()["corruption"]
+    damage = result.json()["damage"]
     assert damage == [
         {
+            "kind": "corruption",
             "ledger_id": OPEN_LEDGER,
             "file": str(log),
             "offset": offset,
             "resumes_at": offset + record_length,
             "reason": "checksum fails or the length cannot be right",
+            "claimed_entry_id": 3,
+            "claimed_record_length": record_length,
+            "superseded": False,
+            # the journal was trimmed at the clean shutdown: nothing can bring it back
+            "restored": False,
         }
     ]
     table_run = run_cli(capsys, "verify", "--data-dir", str(data_dir), "--json")
@@ -229,3 +238,62 @@ def test_rebuild_reports_a_corrupt_journal_it_cannot_replay(
     assert "journal corruption" in report["replay_error"]
     assert "the index was rebuilt, but replaying the journal failed" in result.err
     assert first.segment.exists(), "the journal is kept for the operator"
+
+
+def _last_state_record(log: Path, ledger_id: int) -> tuple[int, int]:
+    with open_entry_log(log, ledger_id) as entry_log:
+        states = [
+            (r.offset, r.record_length) for r in entry_log.scan() if r.entry_id == STATE_ENTRY_ID
+        ]
+    return states[-1]
+
+
+def test_rebuild_flags_a_damaged_last_state_record_it_cannot_restore(
+    data_dir: Path, capsys: Capsys
+) -> None:
+    make_data_dir(data_dir)
+    log = _log_path(data_dir, CLOSED_LEDGER)
+    offset, record_length = _last_state_record(log, CLOSED_LEDGER)
+    _flip_byte(log, offset + record_length - 1)
+    shutil.rmtree(data_dir / "index")
+    result = run_cli(capsys, "verify", "--rebuild-index", "--data-dir", str(data_dir))
+    assert result.status == 1
+    assert f"DAMAGED: ledger {CLOSED_LEDGER}: {log} at byte {offset}: a state record" in result.out
+
+
+def test_rebuild_after_a_torn_flush_restores_it_from_the_journal(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, capsys: Capsys
+) -> None:
+    crashed = crashed_copy(tmp_path_factory, tmp_path / "crashed")
+    with Index(crashed.data_dir / "index", create=False) as index:
+        metas = index.load_all_meta()
+    # an entry the crash left only in the journal, and where its flush would have gone
+    pending = next(
+        record
+        for batch in JournalScanner(crashed.data_dir / "journal").batches()
+        for record in batch
+        if record.kind is RecordKind.ENTRY
+        and record.ledger_id in metas
+        and record.seq > metas[record.ledger_id].durable_seq
+        and metas[record.ledger_id].log_end > 0
+    )
+    meta = metas[pending.ledger_id]
+    log = _log_path(crashed.data_dir, pending.ledger_id)
+    torn = bytearray(pending.body)  # a journal body is byte for byte an entry-log record
+    torn[-1] ^= 0xFF  # the record's last page never reached the disk
+    with open(log, "r+b") as file:
+        file.seek(meta.log_end)
+        file.write(torn)
+    shutil.rmtree(crashed.data_dir / "index")
+
+    result = run_cli(
+        capsys, "verify", "--rebuild-index", "--json", "--data-dir", str(crashed.data_dir)
+    )
+    assert result.status == 0, result.out + result.err
+    report = result.json()
+    assert report["ok"] is True
+    assert [(d["offset"], d["claimed_entry_id"], d["restored"]) for d in report["damage"]] == [
+        (meta.log_end, pending.entry_id, True)
+    ]
+    assert run_cli(capsys, "verify", "--data-dir", str(crashed.data_dir)).status == 0
+    assert_every_ack_readable(crashed.data_dir, crashed.acked)

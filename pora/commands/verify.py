@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from journal.errors import PoraError
+from ledger.entrylog_format import STATE_ENTRY_ID
 from ledger.state import LedgerMeta
 from pora.commands._common import (
     EXIT_OK,
@@ -27,7 +28,13 @@ from pora.commands._common import (
 )
 from pora.offline_recovery import recover, report_json
 from pora.progress import Progress
-from pora.rebuild import RebuildReport, entry_log_bytes, rebuild_index
+from pora.rebuild import (
+    Damage,
+    RebuildReport,
+    entry_log_bytes,
+    rebuild_index,
+    unrestored,
+)
 from pora.verify import VerifyReport, verify_data_dir, verify_total_bytes
 
 _PROBLEM_COLUMNS = ("kind", "ledger", "entry", "file", "offset", "problem")
@@ -126,11 +133,23 @@ def _rebuild(args: argparse.Namespace) -> int:
         replay_error = pora_error_message(error)
         if replay_error is None:
             raise
-    result: dict[str, Any] = {**rebuilt.to_json(), "replay": replay, "replay_error": replay_error}
+    lost = rebuilt.damage
+    if replay is not None and rebuilt.damage:
+        with offline_data_dir(args.data_dir) as directory, open_index(directory) as index:
+            lost = unrestored(index, rebuilt.damage)
+    damage = [{**d.to_json(), "restored": d not in lost} for d in rebuilt.damage]
+    ok = rebuilt.ok and not lost and replay_error is None
+    result: dict[str, Any] = {
+        **rebuilt.to_json(),
+        "ok": ok,
+        "damage": damage,
+        "replay": replay,
+        "replay_error": replay_error,
+    }
     if args.json:
         print_json(result)
     else:
-        _print_rebuild(rebuilt, replay)
+        _print_rebuild(rebuilt, replay, lost, ok=ok)
     if replay_error is not None:
         return fail(
             f"the index was rebuilt, but replaying the journal failed: {replay_error}. "
@@ -138,10 +157,12 @@ def _rebuild(args: argparse.Namespace) -> int:
             "run `pora recover`",
             EXIT_PROBLEMS,
         )
-    return EXIT_OK if rebuilt.ok else EXIT_PROBLEMS
+    return EXIT_OK if ok else EXIT_PROBLEMS
 
 
-def _print_rebuild(report: RebuildReport, replay: dict[str, Any] | None) -> None:
+def _print_rebuild(
+    report: RebuildReport, replay: dict[str, Any] | None, lost: list[Damage], *, ok: bool
+) -> None:
     replayed = (
         "not done (see the error below)"
         if replay is None
@@ -157,20 +178,28 @@ def _print_rebuild(report: RebuildReport, replay: dict[str, Any] | None) -> None
             ("journal replayed", replayed),
         ]
     )
-    for damage in report.torn_ends:
-        print(
-            f"note: ledger {damage.ledger_id}: {damage.file} ends with a damaged record at "
-            f"byte {damage.offset} ({damage.reason}) and nothing readable after it: the "
-            "usual trace of a flush cut by a crash (the journal replay restores its entries)"
+    for damage in report.damage:
+        where = f"ledger {damage.ledger_id}: {damage.file} at byte {damage.offset}"
+        if damage.resumes_at is not None:
+            where += f" (unreadable up to byte {damage.resumes_at})"
+        what = (
+            "a state record"
+            if damage.claimed_entry_id == STATE_ENTRY_ID
+            else f"a record naming entry {damage.claimed_entry_id}"
         )
+        if damage in lost:
+            print(
+                f"DAMAGED: {where}: {what} ({damage.reason}) that the journal did not restore: "
+                "what it held (entries, or the ledger's closed/fenced state and key) may be "
+                "lost on this node; compare the ledger with its replicas"
+            )
+        else:
+            print(
+                f"note: {where}: {what} ({damage.reason}), restored by the journal replay "
+                "(the trace of a flush cut by a crash)"
+            )
     for path in report.strays:
         print(f"note: {path} is not an entry log (by its name); ignored")
-    for damage in report.corruption:
-        print(
-            f"CORRUPTION: ledger {damage.ledger_id}: {damage.file} bytes {damage.offset}.."
-            f"{damage.resumes_at} cannot be read ({damage.reason}); the entries stored "
-            "there are not indexed: restore them from the ledger's replicas"
-        )
     for bad_state in report.unreadable_state:
         print(
             f"UNREADABLE STATE: ledger {bad_state['ledger_id']}: {bad_state['file']} at byte "
@@ -182,4 +211,4 @@ def _print_rebuild(report: RebuildReport, replay: dict[str, Any] | None) -> None
             f"UNREADABLE: ledger {unreadable['ledger_id']}: {unreadable['file']}: "
             f"{unreadable['reason']}; the ledger was not rebuilt"
         )
-    print("result: " + ("OK" if report.ok else "rebuilt with problems (see above)"))
+    print("result: " + ("OK" if ok else "rebuilt with problems (see above)"))
