@@ -53,7 +53,7 @@ class Request:
         self.master_key = master_key
         #: the record's body as journalled (an entry-log record, set by the journal
         #: task): a flush copies it into the entry log as it is
-        self.body: memoryview | bytes = b""
+        self.body: bytes = b""
         #: journal sequence number, set by the journal task (-1 until then)
         self.seq = -1
         #: the error the request failed with, or None on success

@@ -135,8 +135,8 @@ def encode_batch(requests: Sequence[Request], first_seq: int) -> bytearray:
     """One batch, padded to whole blocks; sets each request's seq and body.
 
     Hot path: one exact allocation, headers packed in place, crcs over views. Each
-    request's `body` becomes a view of its body in the returned buffer (which must
-    not be changed afterwards): the ledger's flush writes it to the entry log as is.
+    request's `body` becomes a copy of its body: the ledger's flush writes it to the
+    entry log as it is.
     """
     count = len(requests)
     if count == 0:
@@ -186,7 +186,10 @@ def encode_batch(requests: Sequence[Request], first_seq: int) -> bytearray:
         pack_crc(buf, body_start, checksum(view[body_start + BODY_CRC_START : end]))
         pack_crc(buf, position, checksum(view[position + 4 : position + PREFIX_CRC_END]))
         request.seq = seq
-        request.body = view[body_start:end]
+        # a copy, not a view: a view would keep the whole group's buffer alive until
+        # every ledger in it has flushed, and (being garbage-collected) would make
+        # every full collection walk the memtables
+        request.body = bytes(view[body_start:end])
         seq += 1
         position = end
     BATCH_HEADER.pack_into(buf, 0, BATCH_MAGIC, 0, records_length, count, first_seq)

@@ -233,7 +233,7 @@ class EntryLog:
         return positions
 
     def write_bodies(
-        self, bodies: Sequence[tuple[int, bytes | memoryview]], position: int
+        self, bodies: Sequence[tuple[int, bytes | bytearray]], position: int
     ) -> list[tuple[int, int, int]]:
         """Writes already-encoded records (journal bodies) back to back from `position`.
 

@@ -18,8 +18,8 @@ from typing import TypeAlias
 
 from journal.format import BODY_HEADER_SIZE
 
-#: an entry's record body as journalled: a view of the journal's buffer, or bytes
-Body: TypeAlias = bytes | memoryview
+#: an entry's record body as journalled (a copy made by the journal, or read back)
+Body: TypeAlias = bytes | bytearray
 
 
 class MemoryBudget:
@@ -75,7 +75,7 @@ class Memtable:
             body = self.flushing.get(entry_id)
             if body is None:
                 return self._recent.get(entry_id)
-        return bytes(body[BODY_HEADER_SIZE:])
+        return bytes(memoryview(body)[BODY_HEADER_SIZE:])
 
     def items_between(self, first: int, last: int) -> dict[int, bytes]:
         """Payloads of the held entries with ids in [first, last]."""
@@ -83,7 +83,7 @@ class Memtable:
         for generation in (self.flushing, self.unflushed):
             for entry_id, body in generation.items():
                 if first <= entry_id <= last:
-                    found[entry_id] = bytes(body[BODY_HEADER_SIZE:])
+                    found[entry_id] = bytes(memoryview(body)[BODY_HEADER_SIZE:])
         return found
 
     def begin_flush(self) -> dict[int, Body]:
@@ -109,7 +109,7 @@ class Memtable:
             size = len(body) - BODY_HEADER_SIZE
             if tail_bytes + size > limit:
                 break
-            tail.append((entry_id, bytes(body[BODY_HEADER_SIZE:])))
+            tail.append((entry_id, bytes(memoryview(body)[BODY_HEADER_SIZE:])))
             tail_bytes += size
         recent = self._recent
         if tail_bytes >= limit // 2:

@@ -207,7 +207,8 @@ class LedgerWorker:
                     meta.last_entry_id = entry_id
                     meta.entry_count += 1
                     meta.payload_bytes += len(request.payload)
-                    meta.lac = max(meta.lac, request.lac)
+                    if request.lac > meta.lac:  # noqa: PLR1730 (a compare is cheaper than max())
+                        meta.lac = request.lac
                     on_done = request.on_done
                     if on_done is not None:
                         on_done(request)
