@@ -1,0 +1,280 @@
+"""`pora ledger list | show | read`: what a stopped node stores, from its index and
+entry logs.
+
+The index and entry logs hold what was flushed; records still only in the journal
+(a node that crashed and was not recovered yet) are not there. These commands scan
+the journal for such records and say so ("run `pora recover` first") rather than
+show stale data as if it were all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+from pathlib import Path
+from typing import Any
+
+from journal.errors import JournalError
+from ledger.index import Index
+from ledger.state import NO_ENTRY, LedgerMeta
+from pora.commands._common import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    CommandError,
+    add_common_arguments,
+    command,
+    offline_data_dir,
+    open_index,
+    print_fields,
+    print_json,
+    print_json_line,
+    print_table,
+    warn,
+)
+from pora.datadir import DataDir
+from pora.inspect import (
+    ReplayPlan,
+    durable_seqs,
+    entrylog_path,
+    journal_data_bytes,
+    ledger_details,
+    ledger_row,
+    open_entry_log,
+    plan_replay,
+    read_entries,
+    visible_last_entry,
+)
+from pora.progress import Progress
+
+_LIST_COLUMNS = (
+    "ledger_id",
+    "state",
+    "first_entry_id",
+    "last_entry_id",
+    "entry_count",
+    "payload_bytes",
+)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "ledger",
+        help="inspect ledgers (list, show, read)",
+        description="Inspect the ledgers of a stopped node, from its index and entry logs.",
+    )
+    commands = parser.add_subparsers(dest="ledger_command", metavar="COMMAND")
+    parser.set_defaults(run=lambda _args: _usage(parser))
+
+    listing = commands.add_parser(
+        "list",
+        help="every ledger: state, first and last entry, entry count, bytes",
+        description="List every ledger: id, state (open, closed, fenced), first and last "
+        "entry id (for a closed ledger: the sealed last entry), entry count and payload "
+        "bytes. Warns about journal records not yet replayed into them.",
+    )
+    add_common_arguments(listing)
+    listing.set_defaults(run=run_list)
+
+    show = commands.add_parser(
+        "show",
+        help="one ledger's metadata",
+        description="Print one ledger's metadata as the index stores it.",
+    )
+    add_common_arguments(show)
+    show.add_argument("ledger_id", type=int, metavar="ID")
+    show.set_defaults(run=run_show)
+
+    read = commands.add_parser(
+        "read",
+        help="a ledger's entries (hex, raw bytes to a file, or JSON lines)",
+        description="Print a ledger's stored entries in [--from, --to]: one line per entry "
+        "with its id, size and payload as hex; or --raw FILE to write the payloads' raw "
+        "bytes (concatenated, in entry order) to FILE; or --json for JSON lines with the "
+        "payload in base64. Every record is checked against its checksum. Refuses when the "
+        "journal holds records of the ledger not yet replayed (run `pora recover` first).",
+    )
+    add_common_arguments(read)
+    read.add_argument("ledger_id", type=int, metavar="ID")
+    read.add_argument("--from", dest="first", type=int, default=0, metavar="N")
+    read.add_argument("--to", dest="last", type=int, metavar="M", help="inclusive")
+    read.add_argument("--raw", type=Path, metavar="FILE", help="write raw payload bytes here")
+    read.add_argument(
+        "--allow-stale",
+        action="store_true",
+        help="read what is stored even if the journal holds newer records of the ledger",
+    )
+    read.set_defaults(run=run_read)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _pending(directory: DataDir, metas: dict[int, LedgerMeta]) -> ReplayPlan | None:
+    """What the journal holds that the index does not show yet; None (with a warning)
+    if the journal cannot be read."""
+    try:
+        with Progress("scanning journal", journal_data_bytes(directory.journal_dir)) as bar:
+            return plan_replay(directory.journal_dir, durable_seqs(metas), progress=bar.update)
+    except JournalError as error:
+        warn(
+            f"the journal cannot be read ({error}); what it holds is not shown. "
+            "Check it with `pora journal verify`"
+        )
+        return None
+
+
+def _load_metas(index: Index) -> dict[int, LedgerMeta]:
+    try:
+        return index.load_all_meta()
+    except ValueError as error:
+        raise CommandError(f"ledger metadata cannot be read: {error}") from error
+
+
+@command
+def run_list(args: argparse.Namespace) -> int:
+    with offline_data_dir(args.data_dir) as directory, open_index(directory) as index:
+        metas = _load_metas(index)
+        plan = _pending(directory, metas)
+    rows = [ledger_row(metas[ledger_id]) for ledger_id in sorted(metas)]
+    pending = {} if plan is None else {i: plan.pending_for(i) for i in plan.ledgers}
+    if args.json:
+        print_json(
+            {
+                "ledgers": rows,
+                "unreplayed_journal_records": {str(k): v for k, v in sorted(pending.items())},
+            }
+        )
+    else:
+        print_table(_LIST_COLUMNS, [[row[c] for c in _LIST_COLUMNS] for row in rows])
+    if pending:
+        unknown = sorted(set(pending) - set(metas))
+        message = (
+            f"the journal holds {sum(pending.values())} records of {len(pending)} ledgers "
+            "not yet replayed into the index, so these figures are out of date"
+        )
+        if unknown:
+            message += f" (ledgers only in the journal: {_few(unknown)})"
+        warn(message + ": run `pora recover` first")
+    return EXIT_OK
+
+
+def _few(ids: list[int]) -> str:
+    text = ", ".join(str(i) for i in ids[:10])
+    return text + (f", ... ({len(ids) - 10} more)" if len(ids) > 10 else "")
+
+
+def _meta_or_fail(index: Index, ledger_id: int, plan: ReplayPlan | None) -> LedgerMeta:
+    if ledger_id < 0:
+        raise CommandError(f"ledger id {ledger_id} is negative", EXIT_REFUSED)
+    try:
+        meta = index.get_meta(ledger_id)
+    except ValueError as error:
+        raise CommandError(f"ledger metadata cannot be read: {error}") from error
+    if meta is None:
+        hint = ""
+        if plan is not None and plan.pending_for(ledger_id):
+            hint = (
+                f"; the journal holds {plan.pending_for(ledger_id)} records of it not yet "
+                "replayed: run `pora recover` first"
+            )
+        raise CommandError(f"ledger {ledger_id} is not in the index{hint}")
+    return meta
+
+
+@command
+def run_show(args: argparse.Namespace) -> int:
+    with offline_data_dir(args.data_dir) as directory, open_index(directory) as index:
+        metas = _load_metas(index)
+        plan = _pending(directory, metas)
+        meta = _meta_or_fail(index, args.ledger_id, plan)
+        details = ledger_details(meta, directory)
+        details["indexed_entries"] = index.count_positions(meta.ledger_id)
+    pending = 0 if plan is None else plan.pending_for(meta.ledger_id)
+    details["unreplayed_journal_records"] = pending
+    if args.json:
+        print_json(details)
+    else:
+        created = datetime.datetime.fromtimestamp(details["created_ms"] / 1000, tz=datetime.UTC)
+        fields: list[tuple[str, object]] = [(name, value) for name, value in details.items()]
+        fields.append(("created", created.isoformat(timespec="milliseconds")))
+        print_fields(fields)
+    if pending:
+        warn(
+            f"the journal holds {pending} records of ledger {meta.ledger_id} not yet "
+            "replayed: run `pora recover` first"
+        )
+    return EXIT_OK
+
+
+@command
+def run_read(args: argparse.Namespace) -> int:
+    if args.raw is not None and args.json:
+        raise CommandError("--raw and --json exclude each other", EXIT_REFUSED)
+    if args.first < 0 or (args.last is not None and args.last < args.first):
+        raise CommandError(
+            f"bad range --from {args.first} --to {args.last}: need 0 <= from <= to", EXIT_REFUSED
+        )
+    with offline_data_dir(args.data_dir) as directory, open_index(directory) as index:
+        metas = _load_metas(index)
+        plan = _pending(directory, metas)
+        meta = _meta_or_fail(index, args.ledger_id, plan)
+        pending = None if plan is None else plan.pending_for(meta.ledger_id)
+        if pending != 0 and not args.allow_stale:
+            what = (
+                "the journal cannot be read, so it may hold newer records of it"
+                if pending is None
+                else f"the journal holds {pending} records of it not yet replayed"
+            )
+            raise CommandError(
+                f"ledger {meta.ledger_id}: {what}; run `pora recover` first (or pass "
+                "--allow-stale to read what the entry log holds now)"
+            )
+        last = visible_last_entry(meta)
+        if args.last is not None:
+            last = min(last, args.last)
+        count = 0
+        if last == NO_ENTRY or last < args.first or meta.log_end == 0:
+            entries: list[tuple[int, bytes]] = []
+            log = None
+        else:
+            log = open_entry_log(entrylog_path(directory, meta.ledger_id), meta.ledger_id)
+        try:
+            source = (
+                entries
+                if log is None
+                else read_entries(index, log, meta.ledger_id, args.first, last)
+            )
+            if args.raw is not None:
+                with open(args.raw, "wb") as out:
+                    total = 0
+                    for _entry_id, payload in source:
+                        out.write(payload)
+                        total += len(payload)
+                        count += 1
+                print(
+                    f"wrote {count} entries ({total} bytes) of ledger {meta.ledger_id} "
+                    f"to {args.raw}"
+                )
+            else:
+                for entry_id, payload in source:
+                    count += 1
+                    if args.json:
+                        print_json_line(_entry_json(meta.ledger_id, entry_id, payload))
+                    else:
+                        print(f"{entry_id}\t{len(payload)}\t{payload.hex()}")
+        finally:
+            if log is not None:
+                log.close()
+    return EXIT_OK
+
+
+def _entry_json(ledger_id: int, entry_id: int, payload: bytes) -> dict[str, Any]:
+    return {
+        "ledger_id": ledger_id,
+        "entry_id": entry_id,
+        "size": len(payload),
+        "payload_base64": base64.b64encode(payload).decode("ascii"),
+    }

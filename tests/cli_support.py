@@ -1,0 +1,162 @@
+"""Helpers of the CLI tests: data dirs made by the real engine, crashed ones made by
+SIGKILLing the real crash writer, and running `pora.cli.main` in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import pora
+from pora.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from crash_writer import payload_for  # noqa: E402
+
+WRITER = ROOT / "scripts" / "crash_writer.py"
+
+#: the ledgers `make_data_dir` writes, and what it does to them
+OPEN_LEDGER, CLOSED_LEDGER, FENCED_LEDGER, SEALED_LEDGER = 7, 8, 9, 300
+ENTRIES_PER_LEDGER = 12
+SEAL_AT = 5
+#: the master key of the fenced ledger (the others have the empty key)
+FENCED_KEY = b"fence-key"
+#: the last-add-confirmed piggybacked on the open ledger's adds
+LAC_LAG = 2
+
+
+def acked_payload(ledger_id: int, entry_id: int) -> bytes:
+    """What the crash writer adds as (ledger_id, entry_id)."""
+    return payload_for(ledger_id, entry_id)
+
+
+def payload(ledger_id: int, entry_id: int) -> bytes:
+    return f"ledger {ledger_id} entry {entry_id} ".encode() * (1 + entry_id % 4)
+
+
+async def _populate(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+        for ledger_id in (OPEN_LEDGER, CLOSED_LEDGER, FENCED_LEDGER, SEALED_LEDGER):
+            key = FENCED_KEY if ledger_id == FENCED_LEDGER else b""
+            for entry_id in range(ENTRIES_PER_LEDGER):
+                await node.add_entry(
+                    ledger_id,
+                    entry_id,
+                    payload(ledger_id, entry_id),
+                    master_key=key,
+                    last_add_confirmed=max(entry_id - LAC_LAG, -1),
+                )
+        await node.close_ledger(CLOSED_LEDGER)
+        await node.fence_ledger(FENCED_LEDGER, master_key=FENCED_KEY)
+        await node.close_ledger(SEALED_LEDGER, SEAL_AT)
+
+
+def make_data_dir(data_dir: Path) -> Path:
+    """A data dir written and cleanly closed by the engine: an open, a closed, a fenced
+    ledger, and one closed below its last stored entry."""
+    trio.run(_populate, data_dir)
+    return data_dir
+
+
+@dataclass(frozen=True)
+class CliResult:
+    status: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+    def json_lines(self) -> list[Any]:
+        return [json.loads(line) for line in self.out.splitlines() if line]
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> CliResult:
+    capsys.readouterr()  # drop anything printed before
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return CliResult(status, captured.out, captured.err)
+
+
+# --- a node killed mid-write ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Crashed:
+    data_dir: Path
+    acked: frozenset[tuple[int, int]]
+
+
+_crashed_template: Crashed | None = None
+
+
+def start_writer(data_dir: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [sys.executable, str(WRITER), str(data_dir), "--writers", "8", "--ledgers-per-writer", "2"],
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+
+
+def _kill_writer_after(data_dir: Path, seconds: float) -> frozenset[tuple[int, int]]:
+    child = start_writer(data_dir)
+    assert child.stdout is not None
+    stdout_fd = child.stdout.fileno()
+    chunks: list[bytes] = []
+
+    def drain() -> None:  # so the child never blocks on a full pipe
+        while chunk := os.read(stdout_fd, 65536):
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while b"ready" not in b"".join(chunks) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(seconds)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    reader.join()
+    child.stdout.close()
+    acked: set[tuple[int, int]] = set()
+    for line in b"".join(chunks).split(b"\n")[:-1]:  # the last piece may be cut short
+        if line.startswith(b"ack "):
+            _, ledger_id, entry_id = line.split()
+            acked.add((int(ledger_id), int(entry_id)))
+    return frozenset(acked)
+
+
+def crashed_copy(tmp_path_factory: pytest.TempPathFactory, destination: Path) -> Crashed:
+    """A copy of a data dir whose writer was SIGKILLed mid-load (made once per run)."""
+    global _crashed_template  # noqa: PLW0603 -- one crash serves every test of the run
+    if _crashed_template is None:
+        template = tmp_path_factory.mktemp("crashed") / "pora-data"
+        acked = _kill_writer_after(template, 0.8)
+        assert acked, "the writer acknowledged nothing before it was killed"
+        _crashed_template = Crashed(template, acked)
+    shutil.copytree(_crashed_template.data_dir, destination)
+    return Crashed(destination, _crashed_template.acked)
+
+
+async def _read_acked(data_dir: Path, acked: frozenset[tuple[int, int]]) -> None:
+    async with pora.open_node(data_dir) as node:
+        for ledger_id, entry_id in sorted(acked):
+            got = await node.read_entry(ledger_id, entry_id)
+            assert got == payload_for(ledger_id, entry_id), (ledger_id, entry_id)
+
+
+def assert_every_ack_readable(data_dir: Path, acked: frozenset[tuple[int, int]]) -> None:
+    trio.run(_read_acked, data_dir, acked)
