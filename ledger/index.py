@@ -118,6 +118,20 @@ class Index:
             offset, record_length = unpack_position(value)
             yield unpack_entry_id(key, _ENTRY_ID_AT)[0], offset, record_length
 
+    def ledgers_with_positions(self) -> Iterator[int]:
+        """The ids of ledgers that have at least one indexed entry, ascending.
+
+        Jumps from ledger to ledger (one seek each) rather than walking every key;
+        for `pora verify`, which looks for positions whose ledger has no metadata.
+        """
+        start = _LEDGER_KEY.pack(ENTRY_PREFIX, 0)
+        stop = _LEDGER_KEY.pack(ENTRY_PREFIX, 2**63)
+        with self._db.iterator(start=start, stop=stop, include_value=False) as keys:
+            for key in keys:
+                ledger_id: int = _LEDGER_KEY.unpack_from(key)[1]
+                yield ledger_id
+                keys.seek(_LEDGER_KEY.pack(ENTRY_PREFIX, ledger_id + 1))
+
     def count_positions(self, ledger_id: int) -> int:
         """How many entries of the ledger are indexed (walks its keys)."""
         _check_id("ledger id", ledger_id)

@@ -38,7 +38,7 @@ from ledger.state import LedgerInfo, LedgerState
 from ledger.storage import LedgerStorage
 from pora.config import NodeConfig
 from pora.datadir import DataDir, DataDirLock, open_data_dir
-from pora.recovery import RecoveryReport, replay_journal
+from pora.recovery import ProgressCallback, RecoveryReport, replay_journal
 
 _log = logging.getLogger("pora.node")
 
@@ -438,11 +438,18 @@ class Node:
 
 
 @contextlib.asynccontextmanager
-async def open_node(data_dir: str | Path = "pora-data", **options: Any) -> AsyncIterator[Node]:
+async def open_node(
+    data_dir: str | Path = "pora-data",
+    *,
+    recovery_progress: ProgressCallback | None = None,
+    **options: Any,
+) -> AsyncIterator[Node]:
     """Run a node on `data_dir` for the duration of the `async with` block.
 
     Options are the fields of NodeConfig, GroupCommitConfig and LedgerConfig, by
     name (for example `group_wait_ms_max=2`, `memtable_flush_bytes=8 << 20`).
+    `recovery_progress`, if given, is called now and then during recovery with the
+    journal bytes scanned so far (for progress bars).
     """
     config = NodeConfig.from_options(**options)
     root = Path(data_dir)
@@ -458,7 +465,7 @@ async def open_node(data_dir: str | Path = "pora-data", **options: Any) -> Async
             )
         )
         try:
-            async with _running_node(directory, config, index) as node:
+            async with _running_node(directory, config, index, recovery_progress) as node:
                 yield node
         finally:
             await trio.to_thread.run_sync(index.close)
@@ -468,7 +475,10 @@ async def open_node(data_dir: str | Path = "pora-data", **options: Any) -> Async
 
 @contextlib.asynccontextmanager
 async def _running_node(
-    directory: DataDir, config: NodeConfig, index: Index
+    directory: DataDir,
+    config: NodeConfig,
+    index: Index,
+    recovery_progress: ProgressCallback | None,
 ) -> AsyncIterator[Node]:
     metas = await trio.to_thread.run_sync(index.load_all_meta)
     storage = LedgerStorage(directory.ledgers_dir, index, config.ledger)
@@ -478,7 +488,9 @@ async def _running_node(
         async with trio.open_nursery() as nursery:
             await nursery.start(registry.run)
             _log.info("recovering %s: %d ledgers known", directory.root, len(metas))
-            report = await replay_journal(directory.journal_dir, registry)
+            report = await replay_journal(
+                directory.journal_dir, registry, progress=recovery_progress
+            )
             _log.info(
                 "recovered in %.2fs: %d segments, %d of %d records replayed into %d ledgers",
                 report.seconds,

@@ -16,6 +16,7 @@ import hashlib
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -30,7 +31,7 @@ def payload_for(ledger_id: int, entry_id: int) -> bytes:
 
 
 # flush, roll and trim often, so kills land among flushes and trims, not only adds
-NODE_OPTIONS = {
+NODE_OPTIONS: dict[str, Any] = {
     "flush_interval_ms": 200.0,
     "memtable_flush_bytes": 256 * 1024,
     "segment_bytes": 1 << 20,

@@ -351,3 +351,11 @@ def test_close_is_idempotent_and_releases_the_lock(index_path: Path) -> None:
     first.close()
     with Index(index_path) as second:
         assert second.load_all_meta() == {}
+
+
+def test_ledgers_with_positions_lists_each_ledger_once(index: Index) -> None:
+    for ledger_id in (3, 70, 2**40):
+        positions = [(entry_id, 512 + 100 * entry_id, 100) for entry_id in range(5)]
+        index.apply_flush(ledger_id, positions, meta_for(ledger_id))
+    index.put_meta(meta_for(9))  # metadata alone: no positions
+    assert list(index.ledgers_with_positions()) == [3, 70, 2**40]

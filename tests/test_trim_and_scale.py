@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -30,7 +31,7 @@ async def flush_ledger(node: Node, ledger_id: int) -> None:
 async def test_trimming_keeps_segments_a_ledger_has_not_flushed(
     data_dir: Path, tmp_path: Path
 ) -> None:
-    options = {
+    options: dict[str, Any] = {
         "segment_bytes": 64 * 1024,
         "flush_interval_ms": 3_600_000.0,  # nothing flushes unless we say so
         "trim_interval_ms": 3_600_000.0,  # nothing trims unless we say so
