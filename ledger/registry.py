@@ -46,9 +46,29 @@ class LedgerRegistry:
         """Host the ledger workers until `close` and until every worker has drained."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            housekeeping = trio.CancelScope()
+
+            async def keep_house() -> None:
+                with housekeeping:
+                    await self._keep_house()
+
+            nursery.start_soon(keep_house)
             task_status.started()
             await self._closed.wait()
+            housekeeping.cancel()
             # the workers drain their channels, flush, and return; the nursery waits
+
+    async def _keep_house(self) -> None:
+        """Give every active worker a periodic look at its timers (flush interval,
+        idle retirement): one task for all, rather than a deadline on every wait."""
+        config = self.storage.config
+        shorter_ms = min(config.flush_interval_ms, config.idle_retire_ms)
+        interval_s = min(1.0, max(0.01, shorter_ms / 4 / 1000))
+        while True:
+            await trio.sleep(interval_s)
+            now = trio.current_time()
+            for worker in list(self.active.values()):
+                worker.on_tick(now)
 
     def close(self) -> None:
         """Stop the workers once they have applied and flushed everything queued."""

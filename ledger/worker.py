@@ -84,7 +84,6 @@ class LedgerWorker:
         self.delete_pending = False
         self._last_flush_failed = False
         self._nursery: trio.Nursery | None = None
-        self._wait_scope: trio.CancelScope | None = None
         #: the ledger state this worker last wrote to the entry log (None: not yet)
         self._logged_state: LedgerStateRecord | None = None
 
@@ -112,31 +111,18 @@ class LedgerWorker:
         config = self._storage.config
         receive = self._receive
         flush_interval_s = config.flush_interval_ms / 1000.0
-        idle_retire_s = config.idle_retire_ms / 1000.0
         while True:
+            # no deadline on the wait: timers are the registry's housekeeping task
+            # (`on_tick`), so waiting costs no cancel scope per batch
             try:
-                batch: list[Request] | None = receive.receive_nowait()
+                batch = receive.receive_nowait()
             except trio.WouldBlock:
-                if self._unflushed_since is not None:
-                    deadline = self._dirty_since + flush_interval_s
-                else:
-                    deadline = self._last_activity + idle_retire_s
-                batch = None
-                with trio.move_on_at(deadline) as self._wait_scope:
-                    try:
-                        batch = await receive.receive()
-                    except trio.EndOfChannel:
-                        return
-                self._wait_scope = None
-                if batch is None:
-                    # woken by the deadline, or by a flush ending (see _flush): the
-                    # deadline is computed afresh either way
-                    if trio.current_time() >= deadline:
-                        self._on_timer(deadline)
-                    continue
+                try:
+                    batch = await receive.receive()
+                except trio.EndOfChannel:
+                    return
             except trio.EndOfChannel:
                 return
-            assert batch is not None  # both paths above leave a batch or continue/return
             self._handle(batch)
             if self.memtable.unflushed_bytes >= config.memtable_ledger_bytes_max:
                 # flushes fall behind: stop taking entries, so the channel fills and
@@ -159,24 +145,26 @@ class LedgerWorker:
         ):
             self._nursery_start(self._flush)
 
-    def _on_timer(self, deadline: float) -> None:
+    def on_tick(self, now: float) -> None:
+        """The registry's periodic look: flush what has waited `flush_interval_ms`,
+        retire when idle `idle_retire_ms` with nothing unflushed or queued."""
+        config = self._storage.config
         if self._unflushed_since is not None:
-            if self._flush_running:
-                # one flush at a time: look again one interval from now
-                self._dirty_since = trio.current_time()
-            else:
+            if (
+                not self._flush_running
+                and now >= self._dirty_since + config.flush_interval_ms / 1e3
+            ):
                 self._nursery_start(self._flush)
             return
         if (
             not self._flush_running
             and not self.delete_pending
+            and now >= self._last_activity + config.idle_retire_ms / 1e3
             and self._receive.statistics().current_buffer_used == 0
         ):
             # idle and clean: retire (the registry forgets us and closes our input,
             # so the next request for this ledger starts a fresh worker)
             self._retire(self)
-        else:
-            self._last_activity = deadline
 
     def _nursery_start(self, fn: Callable[..., object], *args: object) -> None:
         assert self._nursery is not None
@@ -382,10 +370,6 @@ class LedgerWorker:
             self._flushing_since = None
             self._flush_running = False
             self._flush_finished.set()
-            if self._wait_scope is not None:
-                # the worker may be sleeping on a deadline computed while this flush
-                # was pending: wake it so it reconsiders (e.g. retiring when idle)
-                self._wait_scope.cancel()
 
     def _undo_flush(self) -> None:
         self.memtable.abort_flush()
