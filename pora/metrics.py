@@ -168,44 +168,51 @@ def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily
 
 
 def _server_metrics(stats: object) -> Iterable[Metric]:
-    """Connections, requests and errors by status code from `Server.statistics()`.
+    """Connections, requests and responses by status from `Server.statistics()`.
 
-    Reads the fields it knows by name so a new server field never breaks a scrape.
+    Reads fields by name, so a field the server drops never breaks a scrape.
     """
     for name, documentation, kind in (
-        ("connections", "Open client connections", "gauge"),
         ("connections_open", "Open client connections", "gauge"),
-        ("connections_total", "Client connections accepted", "counter"),
         ("connections_accepted", "Client connections accepted", "counter"),
-        ("requests_in_flight", "Requests being served", "gauge"),
-        ("in_flight", "Requests being served", "gauge"),
-        ("requests_total", "Requests received", "counter"),
-        ("requests", "Requests received", "counter"),
-        ("bad_frames", "Malformed frames received", "counter"),
+        ("connections_refused", "Connections turned away at the connection limit", "counter"),
+        ("protocol_errors", "Connections closed for bytes that are not the protocol", "counter"),
+        ("requests_inflight", "Requests being served", "gauge"),
         ("bytes_received", "Bytes received from clients", "counter"),
         ("bytes_sent", "Bytes sent to clients", "counter"),
+        ("bytes_buffered", "Bytes received and not yet decoded", "gauge"),
     ):
         value = _number(stats, name)
         if value is None:
             continue
-        metric_name = f"pora_server_{name.removesuffix('_total')}"
+        metric_name = f"pora_server_{name}"
         if kind == "counter":
             yield _counter(metric_name, documentation, value)
         else:
             yield GaugeMetricFamily(metric_name, documentation, value=value)
-    for field_name, metric_name, documentation in (
-        ("errors_by_status", "pora_server_errors", "Responses with a failure status, by status"),
-        ("responses_by_status", "pora_server_responses", "Responses sent, by status"),
-        ("requests_by_op", "pora_server_requests_by_op", "Requests received, by operation"),
-    ):
-        mapping = getattr(stats, field_name, None)
-        if not isinstance(mapping, Mapping):
-            continue
-        label = "op" if field_name == "requests_by_op" else "status"
-        family = CounterMetricFamily(metric_name, documentation, labels=[label])
-        for key, count in sorted(mapping.items(), key=lambda kv: str(kv[0])):
+    by_opcode = getattr(stats, "requests_by_opcode", None)
+    if isinstance(by_opcode, Mapping):
+        family = CounterMetricFamily(
+            "pora_server_requests", "Requests received, by operation", labels=["op"]
+        )
+        for key, count in sorted(by_opcode.items(), key=lambda kv: _label(kv[0])):
             family.add_metric([_label(key)], float(count))
         yield family
+    by_status = getattr(stats, "responses_by_status", None)
+    if isinstance(by_status, Mapping):
+        responses = CounterMetricFamily(
+            "pora_server_responses", "Responses sent, by status", labels=["status"]
+        )
+        errors = CounterMetricFamily(
+            "pora_server_errors", "Responses with a failure status, by status", labels=["status"]
+        )
+        for key, count in sorted(by_status.items(), key=lambda kv: _label(kv[0])):
+            label = _label(key)
+            responses.add_metric([label], float(count))
+            if label != "ok":
+                errors.add_metric([label], float(count))
+        yield responses
+        yield errors
 
 
 def _label(key: object) -> str:
@@ -294,7 +301,12 @@ async def serve_metrics(
             try:
                 with trio.move_on_after(REQUEST_TIMEOUT_S):
                     head = await _read_head(stream)
-                    await stream.send_all(answer(metrics, head))
+                    try:
+                        response = answer(metrics, head)
+                    except Exception:  # a scrape must never take the node down
+                        _log.exception("metrics request failed")
+                        response = _response("500 Internal Server Error", "text/plain", b"")
+                    await stream.send_all(response)
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 pass  # the scraper went away
 

@@ -205,7 +205,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
             "log lines as one JSON object each (json) or as key=value pairs (logfmt)",
             "|".join(LOG_FORMATS), "json"),
     Setting("log_level", "info", _parse_choice(LOG_LEVELS),
-            "least severe level logged", "|".join(LOG_LEVELS), "info"),
+            "least severe level logged (debug, info, warning, error)", "|".join(LOG_LEVELS),
+            "info"),
     Setting("drain_timeout_s", 10.0, _parse_float,
             "on SIGINT/SIGTERM, how long in-flight requests may take to finish", "SECONDS", "10"),
     Setting("disk_check_interval_ms", 1000.0, _parse_float,
@@ -243,6 +244,8 @@ def server_option_types() -> dict[str, type]:
         return {}
     types: dict[str, type] = {}
     for f in dataclasses.fields(ServerConfig):
+        if f.name in ("host", "port"):
+            continue  # from `listen`
         if f.default is not dataclasses.MISSING:
             default = f.default
         elif f.default_factory is not dataclasses.MISSING:
