@@ -7,8 +7,9 @@ warm-up) count. Latency is from just before the request is written to the socket
 until its reply has been read.
 
 Pora: a `pora serve` subprocess on a fresh temp data dir (or `--connect` to a
-running node), loaded through `pora.connect_node`. Each connection writes its own
-ledger.
+running node), loaded with pipelined ADD_ENTRY frames built by the `netio` codec
+(the same kind of raw pipelined client as the Redis side), or through
+`pora.connect_node` with `--library-client`. Each connection writes its own ledger.
 
 Redis: `redis-server` from PATH on a free loopback port, in a temp dir, with
 `--appendonly yes --appendfsync always --save ''` (every write fsynced before the
@@ -259,13 +260,65 @@ async def _pora_connection(address: str, ledger_id: int, window: Window, payload
                 nursery.start_soon(writer)
 
 
-async def run_pora_load(address: str, config: LoadConfig, ledger_base: int) -> LoadResult:
+async def _pora_raw_connection(
+    address: str, ledger_id: int, window: Window, payload: bytes
+) -> None:
+    """One connection keeping `depth` ADD_ENTRY frames in flight, straight on the codec.
+
+    The same closed loop as the Redis client: frames for every free slot are encoded
+    and written with one `send_all`; replies may come back in any order and are
+    matched by request id.
+    """
+    from netio.codec import ResponseDecoder, encode_add_entry  # noqa: PLC0415
+    from netio.messages import ErrorResponse  # noqa: PLC0415
+
+    host, _, port = address.rpartition(":")
+    stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+    decoder = ResponseDecoder()
+    sent_at: dict[int, float] = {}
+    next_id = 0
+    errors: list[str] = []
+
+    def frames(count: int, now: float) -> bytes:
+        nonlocal next_id
+        out = []
+        for _ in range(count):
+            out.append(encode_add_entry(next_id, ledger_id, next_id, payload))
+            sent_at[next_id] = now
+            next_id += 1
+        return b"".join(out)
+
+    async with stream:
+        await stream.send_all(frames(window.config.depth, time.perf_counter()))
+        while sent_at:
+            data = await stream.receive_some(1 << 18)
+            if not data:
+                raise RuntimeError(f"the node at {address} closed the connection")
+            decoder.receive_data(data)
+            responses = decoder.next_responses()
+            now = time.perf_counter()
+            for response in responses:
+                window.done(sent_at.pop(response.request_id), now)
+                if isinstance(response, ErrorResponse):
+                    window.errors += 1
+                    errors.append(response.message)
+            if responses and not window.finished:
+                await stream.send_all(frames(len(responses), now))
+    if errors:
+        raise RuntimeError(f"{len(errors)} adds failed; the last: {errors[-1]}")
+
+
+async def run_pora_load(
+    address: str, config: LoadConfig, ledger_base: int, *, library_client: bool = False
+) -> LoadResult:
     payload = os.urandom(config.payload_bytes)
     window = Window(config)
+    connection = _pora_connection if library_client else _pora_raw_connection
     async with trio.open_nursery() as nursery:
         for index in range(config.connections):
-            nursery.start_soon(_pora_connection, address, ledger_base + index, window, payload)
-    return window.result("pora add_entry (fdatasync)")
+            nursery.start_soon(connection, address, ledger_base + index, window, payload)
+    how = "pora.connect_node" if library_client else "raw pipelined frames"
+    return window.result(f"pora ADD_ENTRY (fdatasync), {how}")
 
 
 # --- the run ----------------------------------------------------------------------------------
@@ -289,6 +342,7 @@ async def run_bench(
     connect: str | None = None,
     redis: bool = True,
     pora_load: bool = True,
+    library_client: bool = False,
     say: Callable[[str], None] = print,
 ) -> BenchReport:
     ledger_base = int.from_bytes(os.urandom(5), "big") << 8 if connect else 1
@@ -297,12 +351,16 @@ async def run_bench(
         say("pora: skipped (--redis-only)")
     elif connect:
         say(f"pora: loading the node at {connect}")
-        pora_result = await run_pora_load(connect, config, ledger_base)
+        pora_result = await run_pora_load(
+            connect, config, ledger_base, library_client=library_client
+        )
     else:
         say("pora: starting `pora serve` on a temp data dir")
         async with pora_server() as address:
             say(f"pora: loading {address}")
-            pora_result = await run_pora_load(address, config, ledger_base)
+            pora_result = await run_pora_load(
+                address, config, ledger_base, library_client=library_client
+            )
     redis_result: LoadResult | None = None
     skipped = ""
     redis_path = shutil.which("redis-server")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -322,7 +322,7 @@ def _split_assignment(text: str, flag: str) -> tuple[str, str]:
 
 def _options(
     kind: str,
-    types: Mapping[str, type],
+    option_types: Callable[[], Mapping[str, type]],
     from_file: Mapping[str, Any],
     file_where: str,
     environ: Mapping[str, str],
@@ -342,6 +342,7 @@ def _options(
         raw[name] = (value, f"{flag} {assignment}")
     options: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    types = option_types() if raw else {}  # the server module loads only when needed
     for name, (value, where) in raw.items():
         if name not in types:
             known = ", ".join(sorted(types)) or "(none available)"
@@ -408,10 +409,10 @@ def load_settings(
             f"unknown setting {sorted(from_file)[0]!r} in {file_where}; known: {known}"
         )
     node_options, node_sources = _options(
-        "node", node_option_types(), tables["node"], file_where, environ, node_option_flags
+        "node", node_option_types, tables["node"], file_where, environ, node_option_flags
     )
     server_options, server_sources = _options(
-        "server", server_option_types(), tables["server"], file_where, environ, server_option_flags
+        "server", server_option_types, tables["server"], file_where, environ, server_option_flags
     )
     try:
         NodeConfig.from_options(**node_options)

@@ -40,6 +40,12 @@ def register(subparsers: Any) -> None:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--no-redis", action="store_true", help="skip the Redis run")
     which.add_argument("--redis-only", action="store_true", help="skip the Pora run")
+    parser.add_argument(
+        "--library-client",
+        action="store_true",
+        help="load Pora through pora.connect_node (one task per in-flight add) instead of "
+        "raw pipelined frames",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(run=run)
 
@@ -71,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
             connect=args.connect,
             redis=not args.no_redis,
             pora_load=not args.redis_only,
+            library_client=args.library_client,
             say=say,
         )
     )
