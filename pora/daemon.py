@@ -14,6 +14,7 @@ Lifecycle:
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
@@ -136,6 +137,12 @@ async def _run_node(
                 host, port = await nursery.start(server.run)
                 ready: dict[str, Any] = {"listen": f"{host}:{port}"}
                 if settings.metrics_listen is not None:
+                    if not _is_loopback(settings.metrics_listen.host):
+                        _log.warning(
+                            "metrics listen on %s, which is not loopback: /metrics and "
+                            "/health have no authentication",
+                            settings.metrics_listen,
+                        )
                     m_host, m_port = await nursery.start(
                         serve_metrics, metrics, settings.metrics_listen.host,
                         settings.metrics_listen.port,
@@ -159,6 +166,13 @@ async def _run_node(
                 nursery.cancel_scope.cancel()
     if stopper.requested.is_set() and not stopper.started:
         _log.info("stopped during startup")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _server_fields(stats: object) -> dict[str, Any]:
