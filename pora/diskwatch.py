@@ -92,16 +92,19 @@ class DiskMonitor:
             )
             self.node.set_read_only(reason)
             _log.warning(
-                "node is read-only: %s",
-                reason,
+                "disk check: %s free on %s, under %s: turning read-only",
+                _mib(space.free_bytes),
+                self.path,
+                _mib(enter),
                 extra={"fields": {"free_bytes": space.free_bytes, "threshold_bytes": enter}},
             )
         elif ours and space.free_bytes >= self.thresholds.leave_above(space.total_bytes):
             self.node.set_read_only(None)
             _log.warning(
-                "node takes writes again: %s free on %s",
+                "disk check: %s free on %s, at least %s: taking writes again",
                 _mib(space.free_bytes),
                 self.path,
+                _mib(self.thresholds.leave_above(space.total_bytes)),
                 extra={"fields": {"free_bytes": space.free_bytes}},
             )
 

@@ -75,8 +75,8 @@ class CommitMetrics:
             registry=registry,
         )
         self.bytes = Counter(
-            "pora_journal_payload_bytes",
-            "Payload bytes made durable in the journal",
+            "pora_journal_bytes",
+            "Bytes made durable in the journal (records with their headers)",
             registry=registry,
         )
         self.group_records = Histogram(
@@ -92,9 +92,9 @@ class CommitMetrics:
             registry=registry,
         )
 
-    def on_commit(self, records: int, payload_bytes: int, fsync_seconds: float) -> None:
+    def on_commit(self, records: int, written_bytes: int, fsync_seconds: float) -> None:
         self.records.inc(records)
-        self.bytes.inc(payload_bytes)
+        self.bytes.inc(written_bytes)
         self.group_records.observe(records)
         self.fsync_seconds.observe(fsync_seconds)
 

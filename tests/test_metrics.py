@@ -32,7 +32,7 @@ async def test_scrape_moves_with_adds_and_health_follows_read_only(data_dir: Pat
         _, after_text = await http_get(port, "/metrics")
         after = samples(after_text)
         assert after["pora_journal_records_total"] == 20
-        assert after["pora_journal_payload_bytes_total"] == 20 * 1024
+        assert after["pora_journal_bytes_total"] > 20 * 1024
         assert after["pora_group_commit_records_count"] >= 1
         assert after["pora_group_commit_records_sum"] == 20
         assert after["pora_journal_fsync_seconds_count"] == after["pora_journal_commits_total"]

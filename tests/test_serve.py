@@ -165,7 +165,7 @@ async def test_metrics_health_and_read_only_mode_of_a_served_node(
         assert status == 200
         values = samples(text)
         assert values["pora_journal_records_total"] >= 50
-        assert values["pora_journal_payload_bytes_total"] >= 50 * 1024
+        assert values["pora_journal_bytes_total"] >= 50 * 1024
         assert values["pora_journal_fsync_seconds_count"] >= 1
         errors = {k: v for k, v in values.items() if k.startswith("pora_server_errors_total")}
         assert sum(errors.values()) >= 1, sorted(values)
