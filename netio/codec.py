@@ -317,13 +317,16 @@ class _FrameBuffer:
 
     def _too_large(self, length: int, position: int) -> ProtocolError:
         request_id = None
+        opcode = 0
         if len(self._buffer) - position >= _HB:
-            request_id = f.HEADER.unpack_from(self._buffer, position)[5]
+            header = f.HEADER.unpack_from(self._buffer, position)
+            opcode, request_id = header[2], header[5]
         return ProtocolError(
             f"frame of {length} bytes exceeds this peer's limit of {self._frame_bytes_max} "
             "bytes (frame_bytes_max); send smaller entries or raise the limit on both sides",
             status=f.Status.TOO_LARGE,
             request_id=request_id,
+            opcode=opcode,
         )
 
     def _poison(self, error: ProtocolError) -> ProtocolError:
@@ -428,14 +431,21 @@ def _invalid_add(
         reason = f"ADD_ENTRY with unknown flags 0x{flags:02x}"
     else:
         reason = "ADD_ENTRY master key runs past the end of the frame" if key_overflows else "?"
-    return ProtocolError(f"bad request {request_id}: {reason}", status=_BAD, request_id=request_id)
+    return ProtocolError(
+        f"bad request {request_id}: {reason}",
+        status=_BAD,
+        request_id=request_id,
+        opcode=f.Opcode.ADD_ENTRY,
+    )
 
 
 def _decode_request(buf: bytes, pos: int, frame_end: int) -> RequestMessage:  # noqa: PLR0911 (one return per opcode)
     _, version, opcode, flags, status, rid = f.HEADER.unpack_from(buf, pos)
 
     def bad(reason: str) -> ProtocolError:
-        return ProtocolError(f"bad request {rid}: {reason}", status=_BAD, request_id=rid)
+        return ProtocolError(
+            f"bad request {rid}: {reason}", status=_BAD, request_id=rid, opcode=opcode
+        )
 
     if version != _V:
         raise bad(f"protocol version {version}; this node speaks version {_V}")

@@ -13,9 +13,12 @@ class ProtocolError(PoraError):
     `status` is the status code to answer with (bad request, or too large).
     """
 
-    def __init__(self, message: str, *, status: int, request_id: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int, request_id: int | None = None, opcode: int = 0
+    ) -> None:
         self.status = status
         self.request_id = request_id
+        self.opcode = opcode
         super().__init__(message)
 
 

@@ -340,7 +340,9 @@ class _Connection:
                 self.server.protocol_errors += 1
                 _log.info("closing a connection that sent a bad frame: %s", error)
                 if error.request_id is not None:
-                    self._queue(encode_error(error.request_id, 0, error.status, str(error)), 0)
+                    self._queue(
+                        encode_error(error.request_id, error.opcode, error.status, str(error)), 0
+                    )
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 nursery.cancel_scope.cancel()  # nobody to answer
             finally:
