@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Final, Protocol
+from typing import Final, Protocol, TypeVar
 
 from netio import frames as f
 from netio.errors import ProtocolError
@@ -45,6 +45,7 @@ from netio.messages import (
 )
 from netio.security import MASTER_KEY_BYTES_MAX
 
+_M = TypeVar("_M")
 _U32: Final = struct.Struct(">I")
 _EMPTY: Final = struct.Struct("")
 _V: Final = f.PROTOCOL_VERSION
@@ -329,12 +330,18 @@ class _FrameBuffer:
             opcode=opcode,
         )
 
-    def _poison(self, error: ProtocolError) -> ProtocolError:
-        # after a bad frame the stream has no trustworthy frame boundary: stay failed
+    def _fail(self, error: ProtocolError, decoded: list[_M]) -> list[_M]:
+        """Give out the good frames before a bad one; the next call raises `error`.
+
+        After a bad frame the stream has no trustworthy frame boundary: the decoder
+        stays failed and drops what it holds.
+        """
         self._poisoned = error
         self._buffer = b""
         self._position = 0
-        return error
+        if decoded:
+            return decoded
+        raise error
 
 
 def _short_frame(length: int) -> ProtocolError:
@@ -365,8 +372,9 @@ class RequestDecoder(_FrameBuffer):
         """Every complete request buffered, up to `count_max`, in order.
 
         Raises ProtocolError for a frame that is not a valid request (its
-        `request_id` says which, when known); the decoder then stays failed, since
-        the stream's framing can no longer be trusted.
+        `request_id` says which, when known), once the good requests before it
+        were returned; the decoder then stays failed, since the stream's framing
+        can no longer be trusted.
         """
         if self._poisoned is not None:
             raise self._poisoned
@@ -410,9 +418,9 @@ class RequestDecoder(_FrameBuffer):
                     out.append(_decode_request(buf, pos, frame_end))
                 pos = frame_end
         except ProtocolError as error:
-            raise self._poison(error) from None
+            return self._fail(error, out)
         except struct.error as error:  # a fixed part longer than the frame: bad request
-            raise self._poison(ProtocolError(f"malformed frame: {error}", status=_BAD)) from None
+            return self._fail(ProtocolError(f"malformed frame: {error}", status=_BAD), out)
         self._position = pos
         if pos == end:
             self._buffer = b""
@@ -546,9 +554,9 @@ class ResponseDecoder(_FrameBuffer):
                     out.append(_decode_response(buf, pos, frame_end))
                 pos = frame_end
         except ProtocolError as error:
-            raise self._poison(error) from None
+            return self._fail(error, out)
         except (struct.error, ValueError, KeyError) as error:
-            raise self._poison(ProtocolError(f"malformed response: {error}", status=_BAD)) from None
+            return self._fail(ProtocolError(f"malformed response: {error}", status=_BAD), out)
         self._position = pos
         if pos == end:
             self._buffer = b""
