@@ -4,14 +4,22 @@ The grammar is in docs/formats.md. In short::
 
     segment      := segment-header-block batch* zero-fill
     batch        := batch-header record* zero-pad-to-block
-    record       := record-header payload
+    record       := record-prefix body
+    body         := body-header payload
+
+The body is exactly an entry-log record: a flush copies the bodies of ENTRY records
+into the ledger's entry log verbatim, with no re-encoding and no second checksum
+over the payload. The prefix adds what only the journal needs (kind, flags, seq) and
+its crc also covers the body's crc, so one chain of checksums protects both.
 
 All integers are little-endian. A batch is what one group commit writes and syncs;
 it always starts on a BLOCK_SIZE boundary so that, after a crash, a reader can look
 for valid batches past a damaged one at block granularity (torn tail vs corruption).
 
 Format versions (bump on any change of layout, keep readers for old ones):
-    1: initial format.
+    1: initial format (one 36-byte record header, one crc over header and payload).
+    2: record = prefix + body; the body is an entry-log record (with the entry's
+       last-add-confirmed); KEY records.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import Final
 
 import crc32c
 
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
 BLOCK_SIZE: Final = 512
 
 # --- segment header: the whole first block of every segment file -----------------
@@ -37,14 +45,31 @@ BATCH_MAGIC: Final = 0x54414250  # b"PBAT" read as little-endian u32
 BATCH_HEADER: Final = struct.Struct("<IIIIQ")
 BATCH_HEADER_SIZE: Final = BATCH_HEADER.size  # 24
 
-# --- record header: one per journalled operation --------------------------------------
+# --- record prefix: what only the journal needs ------------------------------------
+# crc32c (of the prefix fields after it and the body's crc field), kind, flags,
+# reserved, seq
+RECORD_PREFIX: Final = struct.Struct("<IBBHQ")
+RECORD_PREFIX_SIZE: Final = RECORD_PREFIX.size  # 16
+
+# --- body header: an entry-log record header ---------------------------------------
 # crc32c (of everything after it: the header's other fields and the payload),
-# payload_length, kind, flags, reserved, seq, ledger_id, entry_id
-RECORD_HEADER: Final = struct.Struct("<IIBBHQQq")
-RECORD_HEADER_SIZE: Final = RECORD_HEADER.size  # 36
+# payload_length, ledger_id, entry_id, last_add_confirmed
+BODY_HEADER: Final = struct.Struct("<IIQqq")
+BODY_HEADER_SIZE: Final = BODY_HEADER.size  # 32
+#: a body's crc covers its bytes from here on, relative to the body
+BODY_CRC_START: Final = 4
+
+#: prefix and body header as one struct, for packing and unpacking a record at once
+RECORD_HEADER: Final = struct.Struct("<IBBHQIIQqq")
+RECORD_HEADER_SIZE: Final = RECORD_HEADER.size  # 48
+assert RECORD_HEADER_SIZE == RECORD_PREFIX_SIZE + BODY_HEADER_SIZE
+#: the prefix crc covers record bytes [4, PREFIX_CRC_END): kind .. seq, and the body crc
+PREFIX_CRC_END: Final = RECORD_PREFIX_SIZE + 4
 
 #: the largest payload one record may carry; a node's own limit is lower (config)
 RECORD_PAYLOAD_MAX: Final = 64 * 1024 * 1024
+#: the longest master key a KEY record may carry
+MASTER_KEY_BYTES_MAX: Final = 64
 
 
 class RecordKind(enum.IntEnum):
@@ -54,7 +79,7 @@ class RecordKind(enum.IntEnum):
     FENCE = 2  # fence ledger_id: its writer is shut out; recovery adds still pass
     CLOSE = 3  # close ledger_id; entry_id is the last entry id it keeps (see CLOSE_KEEP_ALL)
     DELETE = 4  # delete ledger_id and all its entries
-    # 5 is reserved for KEY (the ledger's master key), added with the network layer.
+    KEY = 5  # ledger_id's master key is the payload; the first one journalled wins
 
 
 #: CLOSE's entry_id when the ledger keeps every entry it stores (-1 would mean "sealed
@@ -74,6 +99,11 @@ def round_up_to_block(n: int) -> int:
     return (n + BLOCK_SIZE - 1) // BLOCK_SIZE * BLOCK_SIZE
 
 
-def record_crc(buf: bytes | bytearray | memoryview, start: int, end: int) -> int:
-    """CRC32C of a record from just after its crc field up to its end."""
-    return int(crc32c.crc32c(memoryview(buf)[start + 4 : end]))
+def body_crc(buf: bytes | bytearray | memoryview, start: int, end: int) -> int:
+    """CRC32C of the body at buf[start:end], from just after its crc field to its end."""
+    return int(crc32c.crc32c(memoryview(buf)[start + BODY_CRC_START : end]))
+
+
+def prefix_crc(buf: bytes | bytearray | memoryview, record_start: int) -> int:
+    """CRC32C of a record's prefix fields after its crc, and of its body's crc field."""
+    return int(crc32c.crc32c(memoryview(buf)[record_start + 4 : record_start + PREFIX_CRC_END]))

@@ -30,9 +30,12 @@ from journal.format import (
     BATCH_HEADER_SIZE,
     BATCH_MAGIC,
     BLOCK_SIZE,
+    BODY_CRC_START,
     FORMAT_VERSION,
+    PREFIX_CRC_END,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
+    RECORD_PREFIX_SIZE,
     SEGMENT_HEADER,
     SEGMENT_HEADER_SIZE,
     SEGMENT_MAGIC,
@@ -52,6 +55,8 @@ class JournalRecord(NamedTuple):
     payload: bytes
     segment: Path
     offset: int  # byte offset of the record header within its segment
+    lac: int  # the last-add-confirmed an ENTRY carried (-1 for none and other kinds)
+    body: bytes  # the record's body: an entry-log record, header and payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,9 +340,18 @@ class JournalScanner:
                     f"record {seq} at byte {position}: its header runs past the batch end",
                     valid_header=True,
                 )
-            crc, length, kind, flags, _reserved, record_seq, ledger_id, entry_id = unpack(
-                mapped, position
-            )
+            (
+                crc,
+                kind,
+                flags,
+                _reserved,
+                record_seq,
+                stored_body_crc,
+                length,
+                ledger_id,
+                entry_id,
+                lac,
+            ) = unpack(mapped, position)
             end = payload_start + length
             if end > records_end:
                 raise _Damage(
@@ -345,8 +359,15 @@ class JournalScanner:
                     "the batch end",
                     valid_header=True,
                 )
-            if checksum(view[position + 4 : end]) != crc:
-                raise _Damage(f"record {seq} at byte {position}: crc mismatch", valid_header=True)
+            if checksum(view[position + 4 : position + PREFIX_CRC_END]) != crc:
+                raise _Damage(
+                    f"record {seq} at byte {position}: prefix crc mismatch", valid_header=True
+                )
+            body_start = position + RECORD_PREFIX_SIZE
+            if checksum(view[body_start + BODY_CRC_START : end]) != stored_body_crc:
+                raise _Damage(
+                    f"record {seq} at byte {position}: body crc mismatch", valid_header=True
+                )
             if record_seq != seq:
                 raise _Damage(
                     f"record at byte {position} has seq {record_seq}, expected {seq}",
@@ -370,6 +391,8 @@ class JournalScanner:
                             mapped[payload_start:end],
                             path,
                             position,
+                            lac,
+                            mapped[body_start:end],
                         ),
                     )
                 )

@@ -16,11 +16,14 @@ from journal.format import RecordFlag, RecordKind
 
 class Request:
     __slots__ = (
+        "body",
         "entry_id",
         "error",
         "flags",
         "kind",
+        "lac",
         "ledger_id",
+        "master_key",
         "on_done",
         "payload",
         "result",
@@ -35,12 +38,22 @@ class Request:
         payload: bytes = b"",
         flags: RecordFlag = RecordFlag.NONE,
         on_done: Callable[[Request], None] | None = None,
+        lac: int = -1,
+        master_key: bytes | None = None,
     ) -> None:
         self.kind = kind
         self.flags = flags
         self.ledger_id = ledger_id
         self.entry_id = entry_id
         self.payload = payload
+        #: the last-add-confirmed the writer piggybacked on this add (-1: none)
+        self.lac = lac
+        #: the ledger's master key this request claims to know (None: not checked,
+        #: for records replayed from the journal, which were checked when written)
+        self.master_key = master_key
+        #: the record's body as journalled (an entry-log record, set by the journal
+        #: task): a flush copies it into the entry log as it is
+        self.body: memoryview | bytes = b""
         #: journal sequence number, set by the journal task (-1 until then)
         self.seq = -1
         #: the error the request failed with, or None on success

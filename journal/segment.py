@@ -26,10 +26,13 @@ from journal.format import (
     BATCH_HEADER_SIZE,
     BATCH_MAGIC,
     BLOCK_SIZE,
+    BODY_CRC_START,
     FORMAT_VERSION,
+    PREFIX_CRC_END,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
     RECORD_PAYLOAD_MAX,
+    RECORD_PREFIX_SIZE,
     SEGMENT_HEADER,
     SEGMENT_HEADER_SIZE,
     SEGMENT_MAGIC,
@@ -129,9 +132,11 @@ def batch_header_crc(buf: Buffer, offset: int) -> int:
 
 
 def encode_batch(requests: Sequence[Request], first_seq: int) -> bytearray:
-    """One batch, padded to whole blocks; sets each request's seq.
+    """One batch, padded to whole blocks; sets each request's seq and body.
 
-    Hot path: one exact allocation, headers packed in place, crcs over views.
+    Hot path: one exact allocation, headers packed in place, crcs over views. Each
+    request's `body` becomes a view of its body in the returned buffer (which must
+    not be changed afterwards): the ledger's flush writes it to the entry log as is.
     """
     count = len(requests)
     if count == 0:
@@ -156,32 +161,36 @@ def encode_batch(requests: Sequence[Request], first_seq: int) -> bytearray:
     seq = first_seq
     for request in requests:
         payload = request.payload
+        body_start = position + RECORD_PREFIX_SIZE
         payload_start = position + RECORD_HEADER_SIZE
         end = payload_start + len(payload)
         try:
-            # crc 0 for now: the crc covers the bytes after its own field
+            # crcs 0 for now: each covers bytes after its own field
             pack_record(
                 buf,
                 position,
                 0,
-                len(payload),
                 request.kind,
                 request.flags,
                 0,
                 seq,
+                0,
+                len(payload),
                 request.ledger_id,
                 request.entry_id,
+                request.lac,
             )
         except struct.error as error:  # an id out of range: refuse it, not the journal
             raise ValueError(f"{request!r} cannot be journalled: {error}") from None
         view[payload_start:end] = payload
-        pack_crc(buf, position, checksum(view[position + 4 : end]))
+        pack_crc(buf, body_start, checksum(view[body_start + BODY_CRC_START : end]))
+        pack_crc(buf, position, checksum(view[position + 4 : position + PREFIX_CRC_END]))
         request.seq = seq
+        request.body = view[body_start:end]
         seq += 1
         position = end
     BATCH_HEADER.pack_into(buf, 0, BATCH_MAGIC, 0, records_length, count, first_seq)
     pack_crc(buf, 4, checksum(view[_BATCH_HEADER_CRC_START:BATCH_HEADER_SIZE]))
-    view.release()
     return buf
 
 

@@ -74,6 +74,8 @@ class ScannedRecord:
     record_length: int
     payload_length: int
     crc_ok: bool
+    #: the last-add-confirmed the entry carried (-1: none)
+    lac: int = -1
 
 
 class EntryLog:
@@ -219,7 +221,7 @@ class EntryLog:
         for entry_id, payload in entries:
             payload_start = cursor + RECORD_HEADER_SIZE
             end = payload_start + len(payload)
-            pack_header(buf, cursor, 0, len(payload), ledger_id, entry_id)
+            pack_header(buf, cursor, 0, len(payload), ledger_id, entry_id, -1)
             buf[payload_start:end] = payload
             pack_crc(buf, cursor, checksum(view[cursor + 4 : end]))
             positions.append((entry_id, position + cursor, end - cursor))
@@ -228,6 +230,34 @@ class EntryLog:
 
         self._ensure_allocated(position + total)
         pwrite_all(fd, view, position)
+        return positions
+
+    def write_bodies(
+        self, bodies: Sequence[tuple[int, bytes | memoryview]], position: int
+    ) -> list[tuple[int, int, int]]:
+        """Writes already-encoded records (journal bodies) back to back from `position`.
+
+        `bodies` are `(entry_id, record)` pairs; the records were checksummed when they
+        were journalled and are copied as they are: the flush's hot path. Returns
+        `(entry_id, offset, record_length)` per record. Does not sync.
+        """
+        fd = self._fd
+        if fd < 0:
+            raise ValueError(f"{self.path}: entry log is closed")
+        if position < FIRST_RECORD_OFFSET:
+            raise ValueError(
+                f"{self.path}: write position {position} is inside the {HEADER_SIZE}-byte header"
+            )
+        positions: list[tuple[int, int, int]] = []
+        append = positions.append
+        cursor = position
+        for entry_id, body in bodies:
+            length = len(body)
+            append((entry_id, cursor, length))
+            cursor += length
+        data = b"".join([body for _, body in bodies])
+        self._ensure_allocated(cursor)
+        pwrite_all(fd, data, position)
         return positions
 
     def sync(self) -> None:
@@ -345,7 +375,7 @@ class EntryLog:
                 return
             if header == ZERO_RECORD_HEADER:
                 return
-            stored_crc, payload_length, ledger_id, entry_id = RECORD_HEADER.unpack(header)
+            stored_crc, payload_length, ledger_id, entry_id, lac = RECORD_HEADER.unpack(header)
             record_length = RECORD_HEADER_SIZE + payload_length
             record = b""
             if payload_length <= RECORD_PAYLOAD_MAX and offset + record_length <= limit:
@@ -353,7 +383,9 @@ class EntryLog:
             crc_ok = (
                 len(record) == record_length and record_crc(record, 0, record_length) == stored_crc
             )
-            yield ScannedRecord(offset, entry_id, ledger_id, record_length, payload_length, crc_ok)
+            yield ScannedRecord(
+                offset, entry_id, ledger_id, record_length, payload_length, crc_ok, lac
+            )
             if not crc_ok:
                 return
             offset += record_length
@@ -380,7 +412,7 @@ class EntryLog:
             raise StorageCorruption(
                 self.path, offset, "no record here, only zero fill (the index points past the data)"
             )
-        stored_crc, payload_length, ledger_id, stored_entry_id = RECORD_HEADER.unpack(header)
+        stored_crc, payload_length, ledger_id, stored_entry_id, _lac = RECORD_HEADER.unpack(header)
         if RECORD_HEADER_SIZE + payload_length != record_length:
             raise StorageCorruption(
                 self.path,

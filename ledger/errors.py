@@ -82,3 +82,18 @@ class StorageCorruption(PoraError):
             f"corrupt data in {path} at byte {offset}: {reason}; "
             "run `pora verify` on the stopped node"
         )
+
+
+class Unauthorized(LedgerError):
+    """The request's master key is not the ledger's (a wrong ledger password)."""
+
+    def __init__(self, ledger_id: int) -> None:
+        super().__init__(
+            ledger_id,
+            f"wrong master key for ledger {ledger_id}: the ledger's password is not the one "
+            "it was created with",
+        )
+
+
+class NodeReadOnly(PoraError):
+    """The node takes no writes for now (its disk is nearly full); reads go on."""

@@ -14,6 +14,13 @@ the node's memory has a ceiling whatever the number of ledgers.
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
+from journal.format import BODY_HEADER_SIZE
+
+#: an entry's record body as journalled: a view of the journal's buffer, or bytes
+Body: TypeAlias = bytes | memoryview
+
 
 class MemoryBudget:
     """Unflushed bytes across all memtables of a node (single-threaded: trio)."""
@@ -30,6 +37,13 @@ class MemoryBudget:
 
 
 class Memtable:
+    """One ledger's entries in memory, in three generations.
+
+    `unflushed` and `flushing` hold each entry's record body as journalled (an
+    entry-log record: header and payload) so the flush can copy it as it is;
+    `recent` holds payloads of flushed entries for tail readers.
+    """
+
     __slots__ = (
         "_budget",
         "_recent",
@@ -42,27 +56,37 @@ class Memtable:
 
     def __init__(self, budget: MemoryBudget, recent_bytes_max: int) -> None:
         self._budget = budget
-        self.unflushed: dict[int, bytes] = {}
+        self.unflushed: dict[int, Body] = {}
         self.unflushed_bytes = 0
-        self.flushing: dict[int, bytes] = {}
+        self.flushing: dict[int, Body] = {}
         self._recent: dict[int, bytes] = {}
         self._recent_bytes = 0
         self._recent_bytes_max = recent_bytes_max
 
-    def put(self, entry_id: int, payload: bytes) -> None:
-        self.unflushed[entry_id] = payload
-        self.unflushed_bytes += len(payload)
-        self._budget.unflushed_bytes += len(payload)
+    def put(self, entry_id: int, body: Body) -> None:
+        self.unflushed[entry_id] = body
+        self.unflushed_bytes += len(body)
+        self._budget.unflushed_bytes += len(body)
 
     def get(self, entry_id: int) -> bytes | None:
-        payload = self.unflushed.get(entry_id)
-        if payload is None:
-            payload = self.flushing.get(entry_id)
-            if payload is None:
-                payload = self._recent.get(entry_id)
-        return payload
+        """The payload of `entry_id`, if held."""
+        body = self.unflushed.get(entry_id)
+        if body is None:
+            body = self.flushing.get(entry_id)
+            if body is None:
+                return self._recent.get(entry_id)
+        return bytes(body[BODY_HEADER_SIZE:])
 
-    def begin_flush(self) -> dict[int, bytes]:
+    def items_between(self, first: int, last: int) -> dict[int, bytes]:
+        """Payloads of the held entries with ids in [first, last]."""
+        found = {i: p for i, p in self._recent.items() if first <= i <= last}
+        for generation in (self.flushing, self.unflushed):
+            for entry_id, body in generation.items():
+                if first <= entry_id <= last:
+                    found[entry_id] = bytes(body[BODY_HEADER_SIZE:])
+        return found
+
+    def begin_flush(self) -> dict[int, Body]:
         """Move the unflushed entries to the flushing generation and return them."""
         assert not self.flushing, "one flush at a time per ledger"
         self.flushing, self.unflushed = self.unflushed, {}
@@ -76,15 +100,17 @@ class Memtable:
         limit = self._recent_bytes_max
         # keep only the newest flushed entries (dicts keep insertion order, which is
         # journal order): walk back from the end until the byte budget is spent,
-        # rather than copying everything in and evicting most of it again
+        # rather than copying everything in and evicting most of it again. Payloads
+        # are copied out of the journal's buffers so that those can be freed.
         tail: list[tuple[int, bytes]] = []
         tail_bytes = 0
         for entry_id in reversed(flushing):
-            payload = flushing[entry_id]
-            if tail_bytes + len(payload) > limit:
+            body = flushing[entry_id]
+            size = len(body) - BODY_HEADER_SIZE
+            if tail_bytes + size > limit:
                 break
-            tail.append((entry_id, payload))
-            tail_bytes += len(payload)
+            tail.append((entry_id, bytes(body[BODY_HEADER_SIZE:])))
+            tail_bytes += size
         recent = self._recent
         if tail_bytes >= limit // 2:
             # the new tail alone fills (most of) the budget: it replaces the old one
@@ -99,9 +125,9 @@ class Memtable:
 
     def abort_flush(self) -> None:
         """The flush failed: its entries become unflushed again (the journal still has them)."""
-        for entry_id, payload in self.flushing.items():
+        for entry_id, body in self.flushing.items():
             if entry_id not in self.unflushed:
-                self.put(entry_id, payload)
+                self.put(entry_id, body)
         self.flushing = {}
 
     def clear(self) -> None:
@@ -115,7 +141,7 @@ class Memtable:
 
     @property
     def resident_bytes(self) -> int:
-        """Bytes of payload held, all generations."""
+        """Bytes held, all generations (bodies include their record headers)."""
         return (
-            self.unflushed_bytes + sum(len(p) for p in self.flushing.values()) + self._recent_bytes
+            self.unflushed_bytes + sum(len(b) for b in self.flushing.values()) + self._recent_bytes
         )

@@ -153,6 +153,52 @@ class LedgerRegistry:
         finally:
             storage.release_log(ledger_id)
 
+    async def read_range(
+        self, ledger_id: int, first: int, last: int, max_entries: int, max_bytes: int
+    ) -> list[tuple[int, bytes]]:
+        """Stored entries with ids in [first, last] (see Node.read_range)."""
+        meta = self.meta(ledger_id)
+        if meta.state is LedgerState.CLOSED:
+            last = min(last, meta.sealed_last_entry_id)
+        last = min(last, meta.last_entry_id)
+        if last < first:
+            return []
+        found: dict[int, bytes] = {}
+        worker = self.active.get(ledger_id)
+        if worker is not None:
+            found = worker.memtable.items_between(first, last)
+        if meta.log_end > 0 and not (worker is not None and worker.delete_pending):
+            storage = self.storage
+
+            def read_stored() -> list[tuple[int, bytes]]:
+                positions = []
+                wanted_bytes = 0
+                for position in storage.index.iter_positions(ledger_id, first, last):
+                    if position[0] in found:
+                        continue
+                    positions.append(position)
+                    wanted_bytes += position[2]
+                    if len(positions) >= max_entries or wanted_bytes >= max_bytes:
+                        break
+                positions.sort(key=lambda p: p[1])
+                payloads = log.read_records(positions)
+                return [(p[0], payload) for p, payload in zip(positions, payloads, strict=True)]
+
+            log = await storage.acquire_log(ledger_id, create=False)
+            try:
+                found.update(await trio.to_thread.run_sync(read_stored))
+            finally:
+                storage.release_log(ledger_id)
+        entries: list[tuple[int, bytes]] = []
+        total = 0
+        for entry_id in sorted(found):
+            payload = found[entry_id]
+            if entries and (len(entries) >= max_entries or total + len(payload) > max_bytes):
+                break
+            entries.append((entry_id, payload))
+            total += len(payload)
+        return entries
+
     def statistics(self) -> RegistryStatistics:
         return RegistryStatistics(
             ledgers=len(self.metas),

@@ -21,12 +21,14 @@ class LedgerState(enum.IntEnum):
 
 NO_ENTRY: Final = -1  # last_entry_id / first_entry_id of a ledger with no entries
 
-# Metadata encoding, version 1 (big-endian, fixed size):
+# Metadata encoding, version 2 (big-endian):
 # version u8, state u8, fenced u8, reserved u8, last_entry_id i64, first_entry_id i64,
 # sealed_last_entry_id i64, entry_count u64, payload_bytes u64, log_end u64,
-# durable_seq i64, created_ms u64
-_META_V1: Final = struct.Struct(">BBBBqqqQQQqQ")
-_META_VERSION: Final = 1
+# durable_seq i64, created_ms u64, last_add_confirmed i64, key_length u8
+# (_NO_KEY: the ledger has no master key yet), then the master key.
+_META_V2: Final = struct.Struct(">BBBBqqqQQQqQqB")
+_META_VERSION: Final = 2
+_NO_KEY: Final = 0xFF
 
 
 @dataclass(slots=True)
@@ -52,9 +54,14 @@ class LedgerMeta:
     log_end: int = 0
     durable_seq: int = -1
     created_ms: int = 0
+    #: the highest last-add-confirmed writers piggybacked on this ledger's adds
+    lac: int = -1
+    #: fixed by the first add, fence or close (None until then)
+    master_key: bytes | None = None
 
     def encode(self) -> bytes:
-        return _META_V1.pack(
+        key = self.master_key
+        return _META_V2.pack(
             _META_VERSION,
             int(self.state),
             1 if self.fenced else 0,
@@ -67,11 +74,13 @@ class LedgerMeta:
             self.log_end,
             self.durable_seq,
             self.created_ms,
-        )
+            self.lac,
+            _NO_KEY if key is None else len(key),
+        ) + (key or b"")
 
     @classmethod
     def decode(cls, ledger_id: int, data: bytes) -> LedgerMeta:
-        if len(data) != _META_V1.size or data[0] != _META_VERSION:
+        if len(data) < _META_V2.size or data[0] != _META_VERSION:
             raise ValueError(
                 f"ledger {ledger_id}: metadata of {len(data)} bytes, version "
                 f"{data[0] if data else None}; this build reads version {_META_VERSION}"
@@ -89,7 +98,12 @@ class LedgerMeta:
             log_end,
             durable_seq,
             created_ms,
-        ) = _META_V1.unpack(data)
+            lac,
+            key_length,
+        ) = _META_V2.unpack_from(data)
+        key = None if key_length == _NO_KEY else bytes(data[_META_V2.size :])
+        if len(data) != _META_V2.size + (0 if key is None else key_length):
+            raise ValueError(f"ledger {ledger_id}: metadata of {len(data)} bytes is damaged")
         return cls(
             ledger_id=ledger_id,
             state=LedgerState(state),
@@ -102,6 +116,8 @@ class LedgerMeta:
             log_end=log_end,
             durable_seq=durable_seq,
             created_ms=created_ms,
+            lac=lac,
+            master_key=key,
         )
 
     def info(self) -> LedgerInfo:

@@ -69,6 +69,12 @@ class LedgerStorage:
         self.flush_limiter = trio.CapacityLimiter(config.flush_threads_max)
         #: for thread calls made while already holding a flush_limiter slot
         self.slot_held = trio.CapacityLimiter(math.inf)
+        #: every ledger's master key, checked when requests are submitted (before they
+        #: are journalled); fixed by the first add, fence or close of a ledger
+        self.master_keys: dict[int, bytes] = {}
+        #: long-poll readers of a ledger wait on its event; a worker sets and drops it
+        #: after applying anything to that ledger
+        self.arrivals: dict[int, trio.Event] = {}
 
     def entrylog_path(self, ledger_id: int) -> Path:
         # 256 subfolders keep directories small with 10,000s of ledgers

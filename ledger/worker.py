@@ -25,10 +25,16 @@ import trio
 from journal.format import CLOSE_KEEP_ALL, RecordFlag, RecordKind
 from journal.request import Request
 from ledger.entrylog import EntryLog
-from ledger.entrylog_format import FIRST_RECORD_OFFSET
+from ledger.entrylog_format import (
+    FIRST_RECORD_OFFSET,
+    STATE_ENTRY_ID,
+    LedgerStateRecord,
+    encode_record,
+    encode_state_record,
+)
 from ledger.errors import EntryConflict, LedgerClosed, LedgerFenced, NoSuchLedger
 from ledger.filecache import FilePinned
-from ledger.memtable import Memtable
+from ledger.memtable import Body, Memtable
 from ledger.state import NO_ENTRY, LedgerMeta, LedgerState
 
 if TYPE_CHECKING:
@@ -79,6 +85,8 @@ class LedgerWorker:
         self._last_flush_failed = False
         self._nursery: trio.Nursery | None = None
         self._wait_scope: trio.CancelScope | None = None
+        #: the ledger state this worker last wrote to the entry log (None: not yet)
+        self._logged_state: LedgerStateRecord | None = None
 
     @property
     def meta(self) -> LedgerMeta | None:
@@ -193,13 +201,13 @@ class LedgerWorker:
                 ):
                     # the common case, inlined: a new entry past the head of an open
                     # ledger (per-entry cost here bounds the node's add rate)
-                    payload = request.payload
-                    memtable.put(entry_id, payload)
+                    memtable.put(entry_id, request.body)
                     if meta.first_entry_id == NO_ENTRY:
                         meta.first_entry_id = entry_id
                     meta.last_entry_id = entry_id
                     meta.entry_count += 1
-                    meta.payload_bytes += len(payload)
+                    meta.payload_bytes += len(request.payload)
+                    meta.lac = max(meta.lac, request.lac)
                     on_done = request.on_done
                     if on_done is not None:
                         on_done(request)
@@ -213,6 +221,11 @@ class LedgerWorker:
                 self._apply_close(request)
             elif kind is RecordKind.DELETE:
                 self._apply_delete(request)
+            elif kind is RecordKind.KEY:
+                keyed = self._meta_or_create()
+                if keyed.master_key is None:
+                    keyed.master_key = bytes(request.payload)
+                request.complete()
             else:  # the journal reader rejects unknown kinds; this is a bug
                 raise AssertionError(f"unknown record kind {kind!r}")
             meta = metas.get(ledger_id)  # created, or deleted, by the slow path
@@ -220,6 +233,9 @@ class LedgerWorker:
             self._unflushed_since = batch[0].seq
             self._dirty_since = trio.current_time()
         self._applied_seq = batch[-1].seq
+        arrived = self._storage.arrivals.pop(ledger_id, None)
+        if arrived is not None:  # long-poll readers look again
+            arrived.set()
 
     def _meta_or_create(self) -> LedgerMeta:
         meta = self._metas.get(self.ledger_id)
@@ -247,12 +263,13 @@ class LedgerWorker:
                 else:
                     request.fail(EntryConflict(self.ledger_id, entry_id))
                 return
-        self.memtable.put(entry_id, payload)
+        self.memtable.put(entry_id, request.body)
         meta.last_entry_id = max(meta.last_entry_id, entry_id)
         if meta.first_entry_id == NO_ENTRY or entry_id < meta.first_entry_id:
             meta.first_entry_id = entry_id
         meta.entry_count += 1
         meta.payload_bytes += len(payload)
+        meta.lac = max(meta.lac, request.lac)
         request.complete()
 
     def _stored_payload(self, entry_id: int) -> bytes | None:
@@ -304,6 +321,8 @@ class LedgerWorker:
             return
         self.memtable.clear()
         self.delete_pending = True
+        self._logged_state = None
+        self._storage.master_keys.pop(self.ledger_id, None)
         request.complete()
 
     # --- flushing ------------------------------------------------------------------------
@@ -376,26 +395,38 @@ class LedgerWorker:
         self._dirty_since = trio.current_time()
 
     async def _write_flush(
-        self, entries: dict[int, bytes], snapshot: LedgerMeta, durable_seq: int, *, create: bool
+        self, entries: dict[int, Body], snapshot: LedgerMeta, durable_seq: int, *, create: bool
     ) -> None:
         storage = self._storage
         ledger_id = self.ledger_id
         index = storage.index
-        items = sorted(entries.items())  # entry-id order: range reads become sequential
+        # entry-id order: range reads become sequential
+        bodies: list[tuple[int, Body]] = sorted(entries.items())
+        state = LedgerStateRecord(
+            snapshot.state, snapshot.fenced, snapshot.sealed_last_entry_id, snapshot.master_key
+        )
+        if state != self._logged_state:
+            # the entry log carries the ledger's state too, so that a lost index can be
+            # rebuilt from the logs (`pora verify --rebuild-index`); the last one wins
+            bodies.append(
+                (
+                    STATE_ENTRY_ID,
+                    encode_record(ledger_id, STATE_ENTRY_ID, encode_state_record(state)),
+                )
+            )
 
         def write() -> None:
-            if items:
-                # a new log's records start after its header
-                start = max(snapshot.log_end, FIRST_RECORD_OFFSET)
-                positions = log.write_records(items, start)
-                log.sync()  # entry-log bytes are on disk before the index points at them
-                snapshot.log_end = positions[-1][1] + positions[-1][2]
-            else:
-                positions = []
+            # a new log's records start after its header
+            start = max(snapshot.log_end, FIRST_RECORD_OFFSET)
+            positions = log.write_bodies(bodies, start)
+            log.sync()  # entry-log bytes are on disk before the index points at them
+            snapshot.log_end = positions[-1][1] + positions[-1][2]
+            if positions[-1][0] == STATE_ENTRY_ID:
+                positions.pop()  # not an entry: nothing to index
             snapshot.durable_seq = durable_seq
             index.apply_flush(ledger_id, positions, snapshot)
 
-        if not items and not create:
+        if not bodies:
             await trio.to_thread.run_sync(
                 lambda: index.put_meta(dataclasses.replace(snapshot, durable_seq=durable_seq)),
                 limiter=storage.flush_limiter,
@@ -411,6 +442,7 @@ class LedgerWorker:
                 await trio.to_thread.run_sync(write, limiter=storage.slot_held)
             finally:
                 storage.release_log(ledger_id)
+        self._logged_state = state
 
     async def _delete_storage(self) -> None:
         storage = self._storage

@@ -13,9 +13,11 @@ from ledger.errors import (
     LedgerError,
     LedgerFenced,
     NodeClosed,
+    NodeReadOnly,
     NoSuchEntry,
     NoSuchLedger,
     StorageCorruption,
+    Unauthorized,
 )
 from ledger.state import LedgerInfo
 from pora.config import NodeConfig
@@ -42,8 +44,10 @@ __all__ = [
     "Node",
     "NodeClosed",
     "NodeConfig",
+    "NodeReadOnly",
     "NodeStatistics",
     "PoraError",
     "StorageCorruption",
+    "Unauthorized",
     "open_node",
 ]

@@ -8,8 +8,9 @@
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -17,12 +18,20 @@ from typing import Any, Final
 import trio
 
 from journal.errors import PoraError
-from journal.format import CLOSE_KEEP_ALL, RecordKind
+from journal.format import CLOSE_KEEP_ALL, MASTER_KEY_BYTES_MAX, RecordFlag, RecordKind
 from journal.request import Request
 from journal.segment import list_segments
 from journal.task import Journal, JournalStatistics
 from journal.trim import delete_segments, trimmable_segments
-from ledger.errors import EntryTooLarge, InvalidArgument, NodeClosed
+from ledger.errors import (
+    EntryTooLarge,
+    InvalidArgument,
+    NodeClosed,
+    NodeReadOnly,
+    NoSuchEntry,
+    NoSuchLedger,
+    Unauthorized,
+)
 from ledger.index import Index
 from ledger.registry import LedgerRegistry, RegistryStatistics
 from ledger.state import LedgerInfo, LedgerState
@@ -34,6 +43,11 @@ from pora.recovery import RecoveryReport, replay_journal
 _log = logging.getLogger("pora.node")
 
 ID_MAX: Final = 2**63 - 1
+#: read_range's defaults: bound what one call may gather in memory
+RANGE_ENTRIES_MAX: Final = 1024
+RANGE_BYTES_MAX: Final = 4 << 20
+
+CommitListener = Callable[[int, int, float], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,21 +88,63 @@ class Node:
         self._recovery = recovery
         self._closed = False
         self._segments_trimmed = 0
+        self._read_only: str | None = None
+        self._commit_listeners: list[CommitListener] = []
+        self._master_keys = registry.storage.master_keys
+        self._arrivals = registry.storage.arrivals
 
     # --- writes ------------------------------------------------------------------------------
 
     async def submit(self, requests: list[Request]) -> None:
-        """Queue already-validated requests; each completes through its `on_done`.
+        """Queue requests made by `entry_request` (or fence/close requests); each
+        completes through its `on_done`, with `error` None or a PoraError.
 
         The batch entry point for network workers: one channel send for many
-        requests. Waits while the journal channel is full (backpressure).
+        requests. Requests refused at once (read-only node, wrong master key) are
+        completed before this returns and are not journalled. Waits while the
+        journal channel is full (backpressure).
         """
         if self._closed:
             raise NodeClosed("the node is shutting down")
+        if self._read_only is not None:
+            refusal = NodeReadOnly(f"the node takes no writes for now: {self._read_only}")
+            for request in requests:
+                request.fail(refusal)
+            return
+        batch = self._check_master_keys(requests)
+        if not batch:
+            await trio.lowlevel.checkpoint()
+            return
         try:
-            self._journal.submit_nowait(requests)
+            self._journal.submit_nowait(batch)
         except trio.WouldBlock:
-            await self._journal.submit(requests)
+            await self._journal.submit(batch)
+
+    def _check_master_keys(self, requests: list[Request]) -> list[Request]:
+        """Refuse requests with a wrong key; put a KEY record before the first request
+        of a ledger that has no key yet (it fixes the key, durably, in journal order)."""
+        keys = self._master_keys
+        checked: list[Request] | None = None  # made only when the batch must change
+        for index, request in enumerate(requests):
+            claimed = request.master_key
+            if claimed is None:
+                if checked is not None:
+                    checked.append(request)
+                continue
+            known = keys.get(request.ledger_id)
+            if known is not None and (known is claimed or hmac.compare_digest(known, claimed)):
+                if checked is not None:
+                    checked.append(request)
+                continue
+            if checked is None:
+                checked = requests[:index]
+            if known is None:
+                keys[request.ledger_id] = claimed
+                checked.append(Request(RecordKind.KEY, request.ledger_id, -1, claimed))
+                checked.append(request)
+            else:
+                request.fail(Unauthorized(request.ledger_id))
+        return requests if checked is None else checked
 
     async def _perform(self, requests: list[Request]) -> None:
         """Submit `requests` and wait until every one of them has completed.
@@ -101,12 +157,12 @@ class Node:
         await trio.lowlevel.checkpoint_if_cancelled()
         task = trio.lowlevel.current_task()
         pending = len(requests)
-        waiting = True
+        parked = False  # requests refused at submission complete before we park
 
         def on_done(_request: Request) -> None:
             nonlocal pending
             pending -= 1
-            if pending == 0 and waiting:
+            if pending == 0 and parked:
                 trio.lowlevel.reschedule(task)
 
         for request in requests:
@@ -115,10 +171,11 @@ class Node:
         if pending:
 
             def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
-                nonlocal waiting
-                waiting = False
+                nonlocal parked
+                parked = False
                 return trio.lowlevel.Abort.SUCCEEDED
 
+            parked = True
             await trio.lowlevel.wait_task_rescheduled(abort)
         else:
             await trio.lowlevel.cancel_shielded_checkpoint()
@@ -129,7 +186,17 @@ class Node:
             raise request.error
         return request.result
 
-    def _entry_request(self, ledger_id: int, entry_id: int, payload: bytes) -> Request:
+    def entry_request(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        payload: bytes,
+        *,
+        master_key: bytes = b"",
+        recovery: bool = False,
+        last_add_confirmed: int = -1,
+    ) -> Request:
+        """A checked add request for `submit` (raises InvalidArgument, EntryTooLarge)."""
         if not (
             type(ledger_id) is int
             and type(entry_id) is int
@@ -142,18 +209,51 @@ class Node:
             raise EntryTooLarge(ledger_id, len(payload), self.config.entry_bytes_max)
         if type(payload) is not bytes:  # the journal keeps it: it must not change
             payload = bytes(payload)
-        return Request(RecordKind.ENTRY, ledger_id, entry_id, payload)
+        if last_add_confirmed != -1 and not -1 <= last_add_confirmed <= ID_MAX:
+            raise InvalidArgument(f"last_add_confirmed must be >= -1, got {last_add_confirmed}")
+        if len(master_key) > MASTER_KEY_BYTES_MAX:
+            raise InvalidArgument(f"a master key has at most {MASTER_KEY_BYTES_MAX} bytes")
+        return Request(
+            RecordKind.ENTRY,
+            ledger_id,
+            entry_id,
+            payload,
+            RecordFlag.RECOVERY_ADD if recovery else RecordFlag.NONE,
+            None,
+            last_add_confirmed,
+            master_key,
+        )
 
-    async def add_entry(self, ledger_id: int, entry_id: int, payload: bytes) -> None:
+    async def add_entry(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        payload: bytes,
+        *,
+        master_key: bytes = b"",
+        recovery: bool = False,
+        last_add_confirmed: int = -1,
+    ) -> None:
         """Store an entry; returns once it is journalled (fdatasync) and readable.
 
         Adding the same (ledger, entry) again with the same bytes succeeds (a retry);
-        with other bytes it raises EntryConflict.
+        with other bytes it raises EntryConflict. `recovery` marks a recovering
+        client's add, which a fenced ledger still accepts; `last_add_confirmed` is
+        the writer's LAC, piggybacked (see `last_add_confirmed`).
         """
-        await self._perform_one(self._entry_request(ledger_id, entry_id, payload))
+        await self._perform_one(
+            self.entry_request(
+                ledger_id,
+                entry_id,
+                payload,
+                master_key=master_key,
+                recovery=recovery,
+                last_add_confirmed=last_add_confirmed,
+            )
+        )
 
     async def add_entries(
-        self, entries: Sequence[tuple[int, int, bytes]]
+        self, entries: Sequence[tuple[int, int, bytes]], *, master_key: bytes = b""
     ) -> list[PoraError | None]:
         """Store many `(ledger_id, entry_id, payload)` entries with one submission.
 
@@ -162,21 +262,25 @@ class Node:
         costs a fraction of one `add_entry` call per entry. Arguments are checked
         before anything is submitted: a bad one raises and nothing is stored.
         """
-        requests = [self._entry_request(*entry) for entry in entries]
+        requests = [self.entry_request(*entry, master_key=master_key) for entry in entries]
         if not requests:
             await trio.lowlevel.checkpoint()
             return []
         await self._perform(requests)
         return [_as_pora_error(r.error) for r in requests]
 
-    async def fence_ledger(self, ledger_id: int) -> int:
+    async def fence_ledger(self, ledger_id: int, *, master_key: bytes = b"") -> int:
         """Shut the ledger's writer out (durably); returns its last entry id here."""
         _check_id("ledger_id", ledger_id)
-        result = await self._perform_one(Request(RecordKind.FENCE, ledger_id, -1))
+        result = await self._perform_one(
+            Request(RecordKind.FENCE, ledger_id, -1, master_key=master_key)
+        )
         assert result is not None
         return result
 
-    async def close_ledger(self, ledger_id: int, last_entry_id: int | None = None) -> int:
+    async def close_ledger(
+        self, ledger_id: int, last_entry_id: int | None = None, *, master_key: bytes = b""
+    ) -> int:
         """Seal the ledger (durably) at `last_entry_id`, or at its last stored entry.
 
         Returns the last entry id the closed ledger keeps; reads past it fail.
@@ -188,7 +292,9 @@ class Node:
             if not -1 <= last_entry_id <= ID_MAX:
                 raise InvalidArgument(f"last_entry_id must be >= -1, got {last_entry_id}")
             seal = last_entry_id
-        result = await self._perform_one(Request(RecordKind.CLOSE, ledger_id, seal))
+        result = await self._perform_one(
+            Request(RecordKind.CLOSE, ledger_id, seal, master_key=master_key)
+        )
         assert result is not None
         return result
 
@@ -200,10 +306,57 @@ class Node:
 
     # --- reads -------------------------------------------------------------------------------
 
-    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+    async def read_entry(self, ledger_id: int, entry_id: int, *, wait_s: float = 0.0) -> bytes:
+        """The entry's payload. With `wait_s` > 0, a long poll: if the entry is not
+        stored yet, wait for it up to `wait_s` seconds (then NoSuchEntry); a tail
+        reader's way to follow a ledger without polling."""
         _check_id("ledger_id", ledger_id)
         _check_id("entry_id", entry_id)
-        return await self._registry.read_entry(ledger_id, entry_id)
+        if wait_s <= 0:
+            return await self._registry.read_entry(ledger_id, entry_id)
+        deadline = trio.current_time() + wait_s
+        while True:
+            arrived = self._arrivals.get(ledger_id)
+            if arrived is None:
+                arrived = self._arrivals[ledger_id] = trio.Event()
+            try:
+                return await self._registry.read_entry(ledger_id, entry_id)
+            except (NoSuchEntry, NoSuchLedger):
+                meta = self._registry.metas.get(ledger_id)
+                if meta is not None and meta.state is LedgerState.CLOSED:
+                    raise  # nothing more will come
+                with trio.move_on_at(deadline):
+                    await arrived.wait()
+                    continue
+                raise
+
+    async def read_range(
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        *,
+        max_entries: int = RANGE_ENTRIES_MAX,
+        max_bytes: int = RANGE_BYTES_MAX,
+    ) -> list[tuple[int, bytes]]:
+        """The entries stored with ids in [first, last], ascending, as `(entry_id,
+        payload)`: at most `max_entries`, and stopping before `max_bytes` of payload
+        is passed (but always at least one entry when there is one). Ids that are not
+        stored here (striping leaves gaps) are simply absent."""
+        _check_id("ledger_id", ledger_id)
+        _check_id("first_entry_id", first_entry_id)
+        _check_id("last_entry_id", last_entry_id)
+        if max_entries < 1 or max_bytes < 1:
+            raise InvalidArgument("max_entries and max_bytes must be >= 1")
+        return await self._registry.read_range(
+            ledger_id, first_entry_id, last_entry_id, max_entries, max_bytes
+        )
+
+    def last_add_confirmed(self, ledger_id: int) -> int:
+        """The highest last-add-confirmed the ledger's writers piggybacked on adds
+        here (-1 if none): every entry up to it is on an ack quorum of nodes."""
+        _check_id("ledger_id", ledger_id)
+        return self._registry.meta(ledger_id).lac
 
     async def last_entry_id(self, ledger_id: int) -> int:
         """The highest entry id stored (for a closed ledger: the sealed last entry)."""
@@ -219,6 +372,31 @@ class Node:
     def ledgers(self) -> list[LedgerInfo]:
         """Every ledger on the node, by id."""
         return [self._registry.metas[i].info() for i in sorted(self._registry.metas)]
+
+    @property
+    def read_only(self) -> str | None:
+        """Why the node takes no writes now, or None when it does."""
+        return self._read_only
+
+    def set_read_only(self, reason: str | None) -> None:
+        """Refuse adds, fences and closes with NodeReadOnly (reason given), or take
+        them again (None). Reads go on either way. Requests already accepted finish."""
+        if reason is not None and self._read_only is None:
+            _log.warning("node is read-only: %s", reason)
+        elif reason is None and self._read_only is not None:
+            _log.warning("node takes writes again")
+        self._read_only = reason
+
+    def add_commit_listener(self, listener: CommitListener) -> None:
+        """Call `listener(records, bytes, fsync_seconds)` after every group commit
+        (metrics). It runs on the journal task: it must be quick and not raise."""
+        self._commit_listeners.append(listener)
+
+        def notify(records: int, written: int, seconds: float) -> None:
+            for each in self._commit_listeners:
+                each(records, written, seconds)
+
+        self._journal.on_commit = notify
 
     def statistics(self) -> NodeStatistics:
         return NodeStatistics(
@@ -308,6 +486,12 @@ async def _running_node(
                 report.records_replayed,
                 report.records_scanned,
                 len(report.ledgers_touched),
+            )
+            # the keys replay restored, and those the index had, are checked from now on
+            storage.master_keys.update(
+                (ledger_id, meta.master_key)
+                for ledger_id, meta in registry.metas.items()
+                if meta.master_key is not None
             )
             journal = Journal(
                 directory.journal_dir,

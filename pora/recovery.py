@@ -137,9 +137,16 @@ async def _apply_chunk(
             if record.seq <= durable.get(record.ledger_id, -1):
                 continue
             request = Request(
-                record.kind, record.ledger_id, record.entry_id, record.payload, record.flags
+                record.kind,
+                record.ledger_id,
+                record.entry_id,
+                record.payload,
+                record.flags,
+                None,
+                record.lac,
             )
             request.seq = record.seq
+            request.body = record.body
             group.append(request)
             touched.add(record.ledger_id)
             report.bytes_replayed += size

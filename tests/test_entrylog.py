@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from ledger.entrylog import EntryLog, ScannedRecord
 from ledger.entrylog_format import (
     FIRST_RECORD_OFFSET,
+    FORMAT_VERSION,
     HEADER,
     HEADER_SIZE,
     MAGIC,
@@ -243,13 +244,13 @@ def test_record_of_another_ledger_is_corruption(tmp_path: Path) -> None:
 def test_read_in_zero_fill_is_corruption(make_log: MakeLog) -> None:
     log = make_log()
     with pytest.raises(StorageCorruption, match="zero fill"):
-        log.read_record(FIRST_RECORD_OFFSET, 30, 0)
+        log.read_record(FIRST_RECORD_OFFSET, RECORD_HEADER_SIZE + 6, 0)
 
 
 def test_read_past_the_end_of_the_file_is_corruption(make_log: MakeLog) -> None:
     log = make_log()
     with pytest.raises(StorageCorruption, match="runs past the end"):
-        log.read_record(CHUNK - 10, 30, 0)
+        log.read_record(CHUNK - 10, RECORD_HEADER_SIZE + 6, 0)
 
 
 # --- range reads ------------------------------------------------------------------------
@@ -439,7 +440,7 @@ def test_header_layout(make_log: MakeLog) -> None:
     log = make_log(ledger_id=2**40 + 3)
     block = log.path.read_bytes()[:HEADER_SIZE]
     magic, version, reserved, ledger_id, created_ms, stored_crc = HEADER.unpack_from(block)
-    assert (magic, version, reserved, ledger_id) == (MAGIC, 1, 0, 2**40 + 3)
+    assert (magic, version, reserved, ledger_id) == (MAGIC, FORMAT_VERSION, 0, 2**40 + 3)
     assert created_ms == log.created_ms > 0
     assert stored_crc == crc32c.crc32c(block[: HEADER.size - 4])
     assert block[HEADER.size :] == bytes(HEADER_SIZE - HEADER.size)

@@ -179,8 +179,8 @@ def test_load_all_meta_refuses_an_unknown_meta_version(index: Index, index_path:
     index.close()
     with plyvel.DB(str(index_path)) as db:
         key = b"m" + (1).to_bytes(8, "big")
-        db.put(key, b"\x02" + db.get(key)[1:])
-    with Index(index_path) as reopened, pytest.raises(ValueError, match="version 2"):
+        db.put(key, b"\x09" + db.get(key)[1:])
+    with Index(index_path) as reopened, pytest.raises(ValueError, match="version 9"):
         reopened.load_all_meta()
 
 
@@ -224,6 +224,8 @@ def test_delete_of_an_unknown_ledger_is_harmless(index: Index) -> None:
     log_end=st.integers(0, 2**64 - 1),
     durable_seq=st.integers(-1, MAX_ID),
     created_ms=st.integers(0, 2**64 - 1),
+    lac=st.integers(-1, MAX_ID),
+    master_key=st.none() | st.binary(max_size=64),
 )
 def test_ledger_meta_encode_decode_round_trip(
     ledger_id: int,
@@ -237,6 +239,8 @@ def test_ledger_meta_encode_decode_round_trip(
     log_end: int,
     durable_seq: int,
     created_ms: int,
+    lac: int,
+    master_key: bytes | None,
 ) -> None:
     meta = LedgerMeta(
         ledger_id=ledger_id,
@@ -250,9 +254,12 @@ def test_ledger_meta_encode_decode_round_trip(
         log_end=log_end,
         durable_seq=durable_seq,
         created_ms=created_ms,
+        lac=lac,
+        master_key=master_key,
     )
     encoded = meta.encode()
-    assert len(encoded) == 68  # version 1: four u8 fields, eight 64-bit fields
+    # version 2: four u8 fields, nine 64-bit fields, the key's length, the key
+    assert len(encoded) == 77 + (0 if master_key is None else len(master_key))
     assert LedgerMeta.decode(ledger_id, encoded) == meta
 
 

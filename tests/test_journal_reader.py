@@ -21,12 +21,15 @@ from journal.format import (
     BATCH_HEADER,
     BATCH_HEADER_SIZE,
     BLOCK_SIZE,
+    FORMAT_VERSION,
     RECORD_HEADER_SIZE,
+    RECORD_PREFIX_SIZE,
     SEGMENT_HEADER,
     SEGMENT_HEADER_SIZE,
     RecordFlag,
     RecordKind,
-    record_crc,
+    body_crc,
+    prefix_crc,
 )
 from journal.reader import JournalRecord, JournalScanner, ScanSummary
 from journal.request import Request
@@ -258,7 +261,7 @@ def test_a_flipped_bit_in_the_last_batch_is_a_torn_tail(tmp_path: Path) -> None:
     assert seqs(read) == list(range(6))  # none of the torn batch, not even its first record
     assert summary.torn_tail is not None
     assert summary.torn_tail.offset == last_batch
-    assert f"record 7 at byte {second_record}: crc mismatch" == summary.torn_tail.reason
+    assert f"record 7 at byte {second_record}: body crc mismatch" == summary.torn_tail.reason
     assert summary.last_seq == 5
 
 
@@ -310,15 +313,19 @@ def test_a_damaged_batch_followed_by_a_valid_one_is_corruption(tmp_path: Path) -
     assert str(path) in str(caught.value) and "pora journal verify" in str(caught.value)
 
 
-def test_the_record_crc_is_what_decides(tmp_path: Path) -> None:
+def test_the_record_crcs_are_what_decides(tmp_path: Path) -> None:
     write_journal(tmp_path, [3, 3])
     path = list_segments(tmp_path)[0].path
     last_batch = batch_offsets(tmp_path)[path][-1]
     record = last_batch + BATCH_HEADER_SIZE
     flip_bit(path, record + RECORD_HEADER_SIZE)
     data = path.read_bytes()
-    crc = record_crc(data, record, record + RECORD_HEADER_SIZE + len(PAYLOAD))
-    edit(path, record, crc.to_bytes(4, "little"))
+    # fix both links of the chain: the body's crc, then the prefix crc that covers it
+    body = record + RECORD_PREFIX_SIZE
+    crc = body_crc(data, body, record + RECORD_HEADER_SIZE + len(PAYLOAD))
+    edit(path, body, crc.to_bytes(4, "little"))
+    data = path.read_bytes()
+    edit(path, record, prefix_crc(data, record).to_bytes(4, "little"))
     read, summary = scan(tmp_path)
     assert summary.torn_tail is None
     assert read[-1][0].payload == bytes([PAYLOAD[0] ^ 0x10]) + PAYLOAD[1:]
@@ -398,7 +405,9 @@ def test_an_unknown_format_version_is_named(tmp_path: Path, fix_crc: bool) -> No
     write_journal(tmp_path, [3] * 6, segment_bytes=1024)
     segment = list_segments(tmp_path)[-1]  # the last segment too: never a torn tail
     rewrite_segment_header(segment, version=7, fix_crc=fix_crc)
-    with pytest.raises(JournalFormatError, match="format version 7; this build reads version 1"):
+    with pytest.raises(
+        JournalFormatError, match=f"format version 7; this build reads version {FORMAT_VERSION}"
+    ):
         scan(tmp_path)
 
 

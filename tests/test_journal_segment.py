@@ -20,12 +20,14 @@ from journal.format import (
     FORMAT_VERSION,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
+    RECORD_PREFIX_SIZE,
     SEGMENT_HEADER,
     SEGMENT_HEADER_SIZE,
     SEGMENT_MAGIC,
     RecordFlag,
     RecordKind,
-    record_crc,
+    body_crc,
+    prefix_crc,
 )
 from journal.request import Request
 from journal.segment import (
@@ -107,17 +109,22 @@ def test_encode_batch_lays_out_header_records_and_padding() -> None:
     for seq, request in enumerate(requests, start=1000):
         fields = RECORD_HEADER.unpack_from(batch, position)
         end = position + RECORD_HEADER_SIZE + len(request.payload)
+        body_start = position + RECORD_PREFIX_SIZE
         assert fields == (
-            record_crc(batch, position, end),
-            len(request.payload),
+            prefix_crc(batch, position),
             request.kind,
             request.flags,
             0,
             seq,
+            body_crc(batch, body_start, end),
+            len(request.payload),
             request.ledger_id,
             request.entry_id,
+            -1,
         )
         assert batch[position + RECORD_HEADER_SIZE : end] == request.payload
+        # the body is what a flush copies into the entry log, as it is
+        assert bytes(request.body) == bytes(batch[body_start:end])
         position = end
     assert not any(batch[position:])  # zero padding to the block boundary
 

@@ -1,0 +1,156 @@
+"""The node API the network layer stands on: master keys, LAC, long polls, range
+reads, read-only mode, commit listeners, and the state records in entry logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+import pora
+from ledger.entrylog import EntryLog
+from ledger.entrylog_format import STATE_ENTRY_ID, decode_state_record
+from ledger.state import LedgerState
+
+
+async def test_the_first_key_fixes_the_ledger_key_and_survives_restart(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+        await node.add_entry(1, 0, b"a", master_key=b"k1")
+        with pytest.raises(pora.Unauthorized, match="wrong master key for ledger 1"):
+            await node.add_entry(1, 1, b"b", master_key=b"k2")
+        with pytest.raises(pora.Unauthorized):
+            await node.fence_ledger(1, master_key=b"")
+        with pytest.raises(pora.Unauthorized):
+            await node.close_ledger(1, master_key=b"k2")
+        # the refused add was not stored, and another ledger may have its own key
+        assert await node.last_entry_id(1) == 0
+        await node.add_entry(2, 0, b"x", master_key=b"k2")
+    async with pora.open_node(data_dir) as node:  # clean restart: key from the index
+        with pytest.raises(pora.Unauthorized):
+            await node.add_entry(1, 1, b"b", master_key=b"k2")
+        await node.add_entry(1, 1, b"b", master_key=b"k1")
+        assert node.ledger_info(1).last_entry_id == 1
+
+
+async def test_a_deleted_ledger_forgets_its_key(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+        await node.add_entry(5, 0, b"a", master_key=b"old")
+        await node.delete_ledger(5)
+        await node.add_entry(5, 0, b"new", master_key=b"new")
+        assert await node.read_entry(5, 0) == b"new"
+
+
+async def test_last_add_confirmed_is_the_highest_piggybacked(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+        await node.add_entry(3, 0, b"a")
+        assert node.last_add_confirmed(3) == -1
+        await node.add_entry(3, 2, b"c", last_add_confirmed=1)
+        await node.add_entry(3, 1, b"b", last_add_confirmed=0)  # late and lower: kept max
+        assert node.last_add_confirmed(3) == 1
+        with pytest.raises(pora.NoSuchLedger):
+            node.last_add_confirmed(99)
+    async with pora.open_node(data_dir) as node:
+        assert node.last_add_confirmed(3) == 1
+
+
+async def test_long_poll_returns_when_the_entry_arrives(
+    data_dir: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    # jump only after 0.1 s of real idleness: the journal's fdatasync runs in a
+    # thread, which the clock would otherwise not wait for
+    mock_clock.autojump_threshold = 0.1
+    async with pora.open_node(data_dir) as node:
+        await node.add_entry(7, 0, b"zero")
+        got: list[bytes] = []
+
+        async def tail() -> None:
+            got.append(await node.read_entry(7, 1, wait_s=30))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tail)
+            await trio.sleep(5)
+            assert got == []  # still waiting: the entry is not there
+            await node.add_entry(7, 1, b"one")
+        assert got == [b"one"]
+        started = trio.current_time()
+        with pytest.raises(pora.NoSuchEntry):
+            await node.read_entry(7, 2, wait_s=10)
+        assert trio.current_time() - started == pytest.approx(10, abs=0.5)
+
+
+async def test_long_poll_on_a_closed_ledger_fails_at_once(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+        await node.add_entry(8, 0, b"a")
+        await node.close_ledger(8)
+        with trio.fail_after(1):
+            with pytest.raises(pora.NoSuchEntry):
+                await node.read_entry(8, 1, wait_s=60)
+
+
+async def test_read_range_merges_memory_and_disk_and_honours_limits(data_dir: Path) -> None:
+    async with pora.open_node(data_dir, memtable_flush_bytes=4096) as node:
+        # even ids only (striping), enough to flush some of them to the entry log
+        for entry_id in range(0, 200, 2):
+            await node.add_entry(9, entry_id, bytes([entry_id % 256]) * 100)
+        got = await node.read_range(9, 10, 30)
+        assert [e for e, _ in got] == list(range(10, 31, 2))
+        assert all(p == bytes([e % 256]) * 100 for e, p in got)
+        assert [e for e, _ in await node.read_range(9, 0, 10**6, max_entries=3)] == [0, 2, 4]
+        by_bytes = await node.read_range(9, 0, 10**6, max_bytes=250)
+        assert [e for e, _ in by_bytes] == [0, 2]
+        assert len(await node.read_range(9, 0, 10**6, max_bytes=1)) == 1  # at least one
+        assert await node.read_range(9, 500, 600) == []
+    async with pora.open_node(data_dir) as node:  # all from the entry log now
+        got = await node.read_range(9, 0, 198, max_entries=1000)
+        assert [e for e, _ in got] == list(range(0, 200, 2))
+
+
+async def test_read_only_refuses_writes_and_serves_reads(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+        await node.add_entry(1, 0, b"a")
+        node.set_read_only("free disk 1 MiB is under 2 GiB")
+        assert node.read_only == "free disk 1 MiB is under 2 GiB"
+        with pytest.raises(pora.NodeReadOnly, match="free disk 1 MiB"):
+            await node.add_entry(1, 1, b"b")
+        with pytest.raises(pora.NodeReadOnly):
+            await node.close_ledger(1)
+        outcomes = await node.add_entries([(1, 1, b"b"), (2, 0, b"c")])
+        assert all(isinstance(o, pora.NodeReadOnly) for o in outcomes)
+        assert await node.read_entry(1, 0) == b"a"
+        node.set_read_only(None)
+        await node.add_entry(1, 1, b"b")
+        assert await node.last_entry_id(1) == 1
+
+
+async def test_commit_listeners_see_every_group(data_dir: Path) -> None:
+    seen: list[tuple[int, int, float]] = []
+    async with pora.open_node(data_dir) as node:
+        node.add_commit_listener(lambda r, b, s: seen.append((r, b, s)))
+        await node.add_entries([(1, i, b"x" * 10) for i in range(20)])
+    assert sum(r for r, _, _ in seen) == 21  # 20 adds and the ledger's KEY record
+    assert all(b > 0 and s >= 0 for _, b, s in seen)
+
+
+async def test_entry_logs_carry_the_ledger_state(data_dir: Path) -> None:
+    async with pora.open_node(data_dir) as node:
+        await node.add_entry(4, 0, b"a", master_key=b"secret")
+        await node.add_entry(4, 1, b"b", master_key=b"secret")
+        await node.fence_ledger(4, master_key=b"secret")
+        await node.close_ledger(4, 0, master_key=b"secret")
+    log_path = data_dir / "ledgers" / "04" / f"{4:016x}.log"
+    with EntryLog.open(log_path, 4, prealloc_chunk_bytes=1 << 20, fsync=False) as log:
+        records = list(log.scan())
+        states = [r for r in records if r.entry_id == STATE_ENTRY_ID]
+        assert [r.entry_id for r in records if r.entry_id >= 0] == [0, 1]
+        assert states and all(r.crc_ok for r in records)
+        last = states[-1]
+        payload = log.read_record(last.offset, last.record_length, STATE_ENTRY_ID)
+    state = decode_state_record(payload)
+    assert (state.state, state.fenced, state.sealed_last_entry_id, state.master_key) == (
+        LedgerState.CLOSED,
+        True,
+        0,
+        b"secret",
+    )
