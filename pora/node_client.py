@@ -20,7 +20,6 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 
-import pora
 from journal.errors import PoraError
 from ledger.errors import (
     EntryConflict,
@@ -29,15 +28,16 @@ from ledger.errors import (
     LedgerClosed,
     LedgerFenced,
     NodeClosed,
+    NodeReadOnly,
     NoSuchEntry,
     NoSuchLedger,
+    Unauthorized,
 )
 from netio import frames as f
 from netio.codec import ResponseDecoder, encode_add_entry, encode_request
 from netio.errors import ConnectionLost, NodeOverloaded, ProtocolError, RemoteError, RequestTimeout
 from netio.frames import Status
 from netio.messages import (
-    AddEntryResponse,
     Close,
     CloseResponse,
     Delete,
@@ -69,9 +69,9 @@ _ERROR_TYPES: Final[dict[int, type[PoraError]]] = {
     Status.FENCED: LedgerFenced,
     Status.CLOSED: LedgerClosed,
     Status.BAD_REQUEST: ProtocolError,
-    Status.UNAUTHORIZED: pora.Unauthorized,
+    Status.UNAUTHORIZED: Unauthorized,
     Status.TOO_LARGE: EntryTooLarge,
-    Status.READ_ONLY: pora.NodeReadOnly,
+    Status.READ_ONLY: NodeReadOnly,
     Status.OVERLOADED: NodeOverloaded,
     Status.INTERNAL_ERROR: RemoteError,
     Status.ENTRY_CONFLICT: EntryConflict,
@@ -213,13 +213,16 @@ class NodeClient:
                 delay_s = min(delay_s * 2, self._backoff_max_s)
             try:
                 with anyio.fail_after(self.connect_timeout_s):
-                    stream: anyio.abc.ByteStream = await anyio.connect_tcp(
-                        self.host,
-                        self.port,
-                        ssl_context=self._ssl_context,
-                        tls=self._ssl_context is not None,
-                        tls_standard_compatible=False,
-                    )
+                    stream: anyio.abc.ByteStream
+                    if self._ssl_context is None:
+                        stream = await anyio.connect_tcp(self.host, self.port)
+                    else:
+                        stream = await anyio.connect_tcp(
+                            self.host,
+                            self.port,
+                            ssl_context=self._ssl_context,
+                            tls_standard_compatible=False,
+                        )
             except (OSError, TimeoutError, ssl.SSLError, anyio.BrokenResourceError) as error:
                 last_error = error
                 continue
@@ -240,7 +243,7 @@ class NodeClient:
         finally:
             session.alive = False
             error = session.error
-            lost = ConnectionLost(
+            lost: PoraError = ConnectionLost(
                 f"connection to node {self.address} lost"
                 + (f": {error}" if error is not None else "")
                 + "; requests in flight may or may not have been performed"
@@ -269,8 +272,9 @@ class NodeClient:
                     slot = pending.pop(response.request_id, None)
                     if slot is None:
                         if response.request_id == 0 and isinstance(response, ErrorResponse):
-                            raise error_from_response(response)  # about the connection
-                        continue  # its caller gave up (timeout): drop it
+                            # about the connection itself (too many): the node closes it
+                            session.error = error_from_response(response)
+                        continue  # else its caller gave up (timeout): drop it
                     waiter, index = slot
                     waiter.responses[index] = response
                     waiter.remaining -= 1

@@ -40,8 +40,10 @@ from ledger.errors import (
     LedgerClosed,
     LedgerFenced,
     NodeClosed,
+    NodeReadOnly,
     NoSuchEntry,
     NoSuchLedger,
+    Unauthorized,
 )
 from netio import frames as f
 from netio.codec import RequestDecoder, encode_add_responses, encode_error, encode_response
@@ -153,8 +155,8 @@ _STATUS_BY_ERROR: Final[tuple[tuple[type[BaseException], Status], ...]] = (
     (EntryConflict, Status.ENTRY_CONFLICT),
     (EntryTooLarge, Status.TOO_LARGE),
     (InvalidArgument, Status.INVALID_ARGUMENT),
-    (pora.Unauthorized, Status.UNAUTHORIZED),
-    (pora.NodeReadOnly, Status.READ_ONLY),
+    (Unauthorized, Status.UNAUTHORIZED),
+    (NodeReadOnly, Status.READ_ONLY),
     (NodeClosed, Status.SHUTTING_DOWN),
 )
 

@@ -24,14 +24,16 @@ async def serving(
     data_dir: Path, *, node_options: dict[str, Any] | None = None, **server_options: Any
 ) -> AsyncIterator[tuple[Node, Server, str]]:
     """A node on `data_dir` and a Server for it on 127.0.0.1, an ephemeral port."""
-    async with pora.open_node(data_dir, **(node_options or {})) as node:
-        async with trio.open_nursery() as nursery:
-            server = Server(node, ServerConfig(port=0, **server_options))
-            host, port = await nursery.start(server.run)
-            try:
-                yield node, server, f"{host}:{port}"
-            finally:
-                await server.shutdown(drain_timeout_s=5.0)
+    async with (
+        pora.open_node(data_dir, **(node_options or {})) as node,
+        trio.open_nursery() as nursery,
+    ):
+        server = Server(node, ServerConfig(port=0, **server_options))
+        host, port = await nursery.start(server.run)
+        try:
+            yield node, server, f"{host}:{port}"
+        finally:
+            await server.shutdown(drain_timeout_s=5.0)
 
 
 async def raw_connection(address: str) -> trio.SocketStream:
@@ -56,7 +58,7 @@ async def receive_responses(
                 return responses, True
             if not data:
                 return responses, True
-            decoder.receive_data(data)
+            decoder.receive_data(bytes(data))
             responses.extend(decoder.next_responses())
     return responses, False
 
@@ -95,10 +97,10 @@ def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
         import datetime  # noqa: PLC0415 (only when openssl is absent)
         import ipaddress  # noqa: PLC0415
 
-        from cryptography import x509  # noqa: PLC0415
-        from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
-        from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
-        from cryptography.x509.oid import NameOID  # noqa: PLC0415
+        from cryptography import x509  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+        from cryptography.hazmat.primitives import hashes, serialization  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+        from cryptography.hazmat.primitives.asymmetric import ec  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+        from cryptography.x509.oid import NameOID  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
     except ImportError:
         pytest.skip("neither the openssl CLI nor the cryptography package is present")
     private_key = ec.generate_private_key(ec.SECP256R1())

@@ -223,6 +223,7 @@ def test_malformed_requests_are_bad_requests_naming_their_id(frame: bytes, reaso
     decoder = codec.RequestDecoder()
     good = codec.encode_request(Info(1))
     decoder.receive_data(good + frame + good)
+    assert decoder.next_requests(10) == [Info(1)]  # the good frame before it is served
     with pytest.raises(ProtocolError, match=reason) as caught:
         decoder.next_requests(10)
     assert (caught.value.status, caught.value.request_id) == (f.Status.BAD_REQUEST, 7)

@@ -8,9 +8,9 @@ import tracemalloc
 from pathlib import Path
 
 import trio
+from net_helpers import raw_connection, receive_responses, serving
 
 import pora
-from net_helpers import raw_connection, receive_responses, serving
 from netio import codec
 from netio import frames as f
 from netio.messages import (
@@ -182,28 +182,28 @@ async def test_garbage_on_many_connections_does_not_disturb_a_good_client(
                 async def abuser(seed: int) -> None:
                     rounds.append(await _abuse(address, seed, stop))
 
-                for seed in range(20):
+                for seed in range(10):
                     nursery.start_soon(abuser, seed)
                 async with connect_node(address) as client:
-                    for i in range(200):
+                    for i in range(100):
                         await client.add_entry(5, i, f"good-{i}".encode())
                         if i % 20 == 0:
                             peak_buffered = max(peak_buffered, server.statistics().bytes_buffered)
-                    assert [e for _, e in await client.read_range(5, 0, 199)] == [
-                        f"good-{i}".encode() for i in range(200)
+                    assert [e for _, e in await client.read_range(5, 0, 99)] == [
+                        f"good-{i}".encode() for i in range(100)
                     ]
                 stop.set()
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
         stats = server.statistics()
-        assert sum(rounds) >= 40
+        assert sum(rounds) >= 20
         assert stats.protocol_errors >= 10
         # each connection holds at most one frame plus one read, and they all went away
-        assert peak_buffered <= 21 * (frame_max + receive_max)
+        assert peak_buffered <= 11 * (frame_max + receive_max)
         assert peak - baseline < 64 * 1024 * 1024
         with trio.fail_after(5):
-            while server.statistics().connections_open:
+            while server.statistics().connections_open:  # noqa: ASYNC110 (a stat, no event)
                 await trio.sleep(0.01)
         assert server.statistics().bytes_buffered == 0
 
@@ -215,7 +215,7 @@ async def test_shutdown_answers_requests_in_flight_then_closes(data_dir: Path) -
             b"".join(codec.encode_add_entry(i, 2, i, b"y" * 100) for i in range(500))
         )
         with trio.fail_after(10):
-            while server.statistics().requests_by_opcode["add_entry"] < 500:
+            while server.statistics().requests_by_opcode["add_entry"] < 500:  # noqa: ASYNC110
                 await trio.sleep(0.001)
         await server.shutdown(drain_timeout_s=5.0)
         responses, closed = await receive_responses(stream, 501)
