@@ -607,24 +607,32 @@ async def connect_node(
     re-made on the next call, up to `reconnect_attempts` tries with exponential
     backoff from `backoff_initial_s` to `backoff_max_s`.
     """
-    async with anyio.create_task_group() as task_group:
-        client = NodeClient(
-            address,
-            task_group,
-            timeout_s=timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            ssl_context=_ssl_context(tls, tls_ca_file),
-            inflight_max=inflight_max,
-            frame_bytes_max=frame_bytes_max,
-            reconnect_attempts=reconnect_attempts,
-            backoff_initial_s=backoff_initial_s,
-            backoff_max_s=backoff_max_s,
-        )
-        try:
-            await client._connected()
-            yield client
-        finally:
-            await client.aclose()
+    try:
+        async with anyio.create_task_group() as task_group:
+            client = NodeClient(
+                address,
+                task_group,
+                timeout_s=timeout_s,
+                connect_timeout_s=connect_timeout_s,
+                ssl_context=_ssl_context(tls, tls_ca_file),
+                inflight_max=inflight_max,
+                frame_bytes_max=frame_bytes_max,
+                reconnect_attempts=reconnect_attempts,
+                backoff_initial_s=backoff_initial_s,
+                backoff_max_s=backoff_max_s,
+            )
+            try:
+                await client._connected()
+                yield client
+            finally:
+                await client.aclose()
+    except BaseExceptionGroup as group:
+        # the client's own tasks never raise: a lone exception is the caller's (or a
+        # failed connect), and it should surface as itself, not wrapped in a group
+        if len(group.exceptions) != 1:
+            raise
+        error = group.exceptions[0]
+        raise error from error.__cause__
 
 
 __all__ = ["NodeClient", "NodeInfo", "connect_node", "error_from_response"]
