@@ -388,14 +388,14 @@ def format_table(report: BenchReport) -> str:
         f"{config.payload_bytes}-byte payloads, {config.duration_s:g}s measured "
         f"after {config.warmup_s:g}s warm-up",
         "",
-        f"{'system':<34} {'adds/s':>10} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'system':<46} {'adds/s':>10} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
         f"{'p999 ms':>8} {'errors':>7}",
     ]
     for result in (report.pora, report.redis):  # either may be skipped
         if result is None:
             continue
         lines.append(
-            f"{result.system:<34} {result.ops_per_s:>10,.0f} {result.mb_per_s:>8.1f} "
+            f"{result.system:<46} {result.ops_per_s:>10,.0f} {result.mb_per_s:>8.1f} "
             f"{result.p50_ms:>8.2f} {result.p99_ms:>8.2f} {result.p999_ms:>8.2f} "
             f"{result.errors:>7}"
         )

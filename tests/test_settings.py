@@ -127,3 +127,23 @@ def test_every_setting_is_documented() -> None:
     for setting in SETTINGS:
         assert f"`{setting.flag}`" in docs, setting.name
         assert f"`{setting.env}`" in docs, setting.name
+
+
+def test_server_options_reach_the_server_config(tmp_path: Path) -> None:
+    config = _write(
+        tmp_path / "pora.toml", '[server]\nconnections_max = 10\ntls_cert_file = "c.pem"\n'
+    )
+    settings = load_settings(
+        {},
+        environ={"PORA_SERVER_IDLE_TIMEOUT_S": "5"},
+        config_path=config,
+        server_option_flags=["inflight_per_connection_max=128"],
+    )
+    assert settings.server_options == {
+        "connections_max": 10,
+        "tls_cert_file": "c.pem",
+        "idle_timeout_s": 5.0,
+        "inflight_per_connection_max": 128,
+    }
+    with pytest.raises(SettingsError, match="unknown server option 'port'"):
+        load_settings({}, environ={}, server_option_flags=["port=1"])  # that is --listen
