@@ -316,6 +316,8 @@ class _Connection:
         #: responses ready to send, and how many responses they hold
         self.outgoing: list[bytes | bytearray] = []
         self.outgoing_count = 0
+        #: bytes of queued frames other than add responses (counted in inflight_bytes)
+        self.outgoing_bytes = 0
         #: adds the node completed, waiting for the writer to encode their responses
         self.adds_done: list[Request] = []
         #: wire request id of each add in the node
@@ -425,7 +427,13 @@ class _Connection:
                     continue
                 room -= 1
                 server.inflight += 1
-                self.nursery.start_soon(self._perform, message, opcode)
+                # a range read may bring up to its byte limit back: count it before
+                # it runs, so a pipeline of them cannot pile up unbounded responses
+                charge = 0
+                if type(message) is ReadRange:
+                    charge = self._range_bytes_max(message)
+                    self.inflight_bytes += charge
+                self.nursery.start_soon(self._perform, message, opcode, charge)
         if adds:
             server.inflight += len(adds)
             self.inflight_bytes += add_bytes
@@ -457,7 +465,11 @@ class _Connection:
         if not self.writer_wakeup.is_set():
             self.writer_wakeup.set()
 
-    async def _perform(self, message: RequestMessage, opcode: int) -> None:
+    def _range_bytes_max(self, message: ReadRange) -> int:
+        # keep the response within a frame the client accepts
+        return max(1, min(message.max_bytes, self.config.frame_bytes_max // 2))
+
+    async def _perform(self, message: RequestMessage, opcode: int, charge: int) -> None:
         try:
             frame = await self._execute(message)
         except PoraError as error:
@@ -469,6 +481,7 @@ class _Connection:
             )
         finally:
             self.server.inflight -= 1
+            self.inflight_bytes -= charge
         self._queue(frame, 1)
 
     async def _execute(self, message: RequestMessage) -> bytes:  # noqa: PLR0911 (one per op)
@@ -484,14 +497,12 @@ class _Connection:
                 ReadEntryResponse(rid, message.ledger_id, message.entry_id, lac, payload)
             )
         if isinstance(message, ReadRange):
-            # keep the response within a frame the client accepts
-            bytes_max = min(message.max_bytes, self.config.frame_bytes_max // 2)
             entries = await node.read_range(
                 message.ledger_id,
                 message.first_entry_id,
                 message.last_entry_id,
                 max_entries=max(1, min(message.max_entries, RANGE_ENTRIES_MAX)),
-                max_bytes=max(1, bytes_max),
+                max_bytes=self._range_bytes_max(message),
             )
             lac = node.last_add_confirmed(message.ledger_id)
             return encode_response(ReadRangeResponse(rid, message.ledger_id, lac, entries))
@@ -545,6 +556,9 @@ class _Connection:
         answers (0 for the answer to a frame that never became a request)."""
         self.outgoing.append(frame)
         self.outgoing_count += responses
+        # responses waiting to be sent count as bytes in flight until they are
+        self.outgoing_bytes += len(frame)
+        self.inflight_bytes += len(frame)
         self.server.responses_by_status[frame[7]] += 1
         self._wake_writer()
 
@@ -591,6 +605,8 @@ class _Connection:
                 continue
             frames = self.outgoing
             count = self.outgoing_count
+            sent_bytes = self.outgoing_bytes
+            self.outgoing_bytes = 0
             self.outgoing = []
             self.outgoing_count = 0
             data = frames[0] if len(frames) == 1 else b"".join(frames)
@@ -601,6 +617,7 @@ class _Connection:
                 raise trio.BrokenResourceError("peer does not read its responses")
             server.bytes_sent += len(data)
             self.inflight -= count
+            self.inflight_bytes -= sent_bytes
             if not self.space.is_set():
                 self.space.set()
 

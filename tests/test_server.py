@@ -233,3 +233,30 @@ async def test_info_over_the_wire_describes_the_node(data_dir: Path) -> None:
         assert info.entry_bytes_max == node.config.entry_bytes_max
         assert info.ledger_count == 1
         assert info.read_only_reason is None
+
+
+async def test_pipelined_range_reads_are_bounded_and_all_answered(data_dir: Path) -> None:
+    budget = 64 * 1024
+    async with serving(data_dir, inflight_bytes_per_connection_max=budget) as (
+        node,
+        server,
+        address,
+    ):
+        await node.add_entries([(6, i, bytes([i]) * 1024) for i in range(100)])
+        stream = await raw_connection(address)
+        count = 300
+        await stream.send_all(
+            b"".join(
+                codec.encode_request(ReadRange(i, 6, 0, 99, 1000, budget)) for i in range(count)
+            )
+        )
+        responses, closed = await receive_responses(stream, count)
+        assert not closed
+        assert sorted(r.request_id for r in responses) == list(range(count))
+        for response in responses:
+            assert isinstance(response, ReadRangeResponse)
+            # each response keeps within its byte limit, and starts at the first entry
+            assert response.entries[0] == (0, bytes(1024))
+            assert sum(len(p) for _, p in response.entries) <= budget
+        assert server.statistics().responses_by_status["ok"] == count
+        await stream.aclose()
