@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -131,9 +131,10 @@ def free_loopback_port() -> int:
 
 
 @contextmanager
-def redis_server(redis_path: str) -> Any:
-    """Run redis-server with durable AOF on a free loopback port; yields the port."""
-    with tempfile.TemporaryDirectory(prefix="pora-bench-redis-") as directory:
+def redis_server(redis_path: str, parent_dir: Path | None = None) -> Any:
+    """Run redis-server with durable AOF on a free loopback port, in a temp dir under
+    `parent_dir` (the same disk as the node's); yields the port."""
+    with tempfile.TemporaryDirectory(prefix="pora-bench-redis-", dir=parent_dir) as directory:
         port = free_loopback_port()
         process = subprocess.Popen(
             [
@@ -212,16 +213,21 @@ async def run_redis_load(port: int, config: LoadConfig) -> LoadResult:
 
 
 @asynccontextmanager
-async def pora_server(data_dir: Path | None = None) -> AsyncIterator[str]:
-    """Run `pora serve` as a subprocess on a fresh data dir; yields its address."""
-    with tempfile.TemporaryDirectory(prefix="pora-bench-") as directory:
+async def pora_server(
+    parent_dir: Path | None = None, node_options: Sequence[str] = ()
+) -> AsyncIterator[str]:
+    """Run `pora serve` as a subprocess on a fresh data dir (a temp dir under
+    `parent_dir`, removed afterwards); yields its address."""
+    with tempfile.TemporaryDirectory(prefix="pora-bench-", dir=parent_dir) as directory:
         root = Path(directory)
         ready = root / "ready.json"
         command = [
             sys.executable, "-m", "pora.cli", "serve",
-            "--data-dir", str(data_dir or root / "data"), "--listen", "127.0.0.1:0",
+            "--data-dir", str(root / "data"), "--listen", "127.0.0.1:0",
             "--ready-file", str(ready), "--log-level", "warning",
         ]  # fmt: skip
+        for option in node_options:
+            command += ["--node-option", option]
         process = await trio.lowlevel.open_process(command)
         try:
             with trio.fail_after(STARTUP_TIMEOUT_S):
@@ -343,6 +349,8 @@ async def run_bench(
     redis: bool = True,
     pora_load: bool = True,
     library_client: bool = False,
+    parent_dir: Path | None = None,
+    node_options: Sequence[str] = (),
     say: Callable[[str], None] = print,
 ) -> BenchReport:
     ledger_base = int.from_bytes(os.urandom(5), "big") << 8 if connect else 1
@@ -356,7 +364,7 @@ async def run_bench(
         )
     else:
         say("pora: starting `pora serve` on a temp data dir")
-        async with pora_server() as address:
+        async with pora_server(parent_dir, node_options) as address:
             say(f"pora: loading {address}")
             pora_result = await run_pora_load(
                 address, config, ledger_base, library_client=library_client
@@ -373,7 +381,7 @@ async def run_bench(
         )
     else:
         say(f"redis: starting {redis_path} (appendonly yes, appendfsync always)")
-        with redis_server(redis_path) as port:
+        with redis_server(redis_path, parent_dir) as port:
             redis_result = await run_redis_load(port, config)
     ratio = None
     if pora_result is not None and redis_result is not None and redis_result.ops_per_s > 0:

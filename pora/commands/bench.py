@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -46,6 +47,20 @@ def register(subparsers: Any) -> None:
         help="load Pora through pora.connect_node (one task per in-flight add) instead of "
         "raw pipelined frames",
     )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where the started node's temp data dir goes (default: the system temp dir); "
+        "pick the disk you want to measure",
+    )
+    parser.add_argument(
+        "--node-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="node option for the started node (repeatable), as for `pora serve`",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(run=run)
 
@@ -78,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
             redis=not args.no_redis,
             pora_load=not args.redis_only,
             library_client=args.library_client,
+            parent_dir=args.dir,
+            node_options=args.node_option,
             say=say,
         )
     )
