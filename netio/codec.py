@@ -54,6 +54,11 @@ _HB: Final = f.HEADER_BYTES
 _LMIN: Final = f.LENGTH_MIN
 _BAD: Final = int(f.Status.BAD_REQUEST)
 
+_ADD_PACK: Final = f.ADD_REQUEST.pack
+_ADD_LENGTH_BASE: Final = _LMIN + f.ADD_REQUEST_FIXED.size
+_OP_ADD: Final = int(f.Opcode.ADD_ENTRY)
+_FLAG_RECOVERY: Final = int(f.Flag.RECOVERY)
+
 #: Bytes a receiver asks its socket for at a time (and so the most one feed adds).
 RECEIVE_BYTES_DEFAULT: Final = 64 * 1024
 
@@ -84,21 +89,65 @@ def encode_add_entry(
     recovery: bool = False,
 ) -> bytes:
     """One ADD_ENTRY frame."""
-    _check_key(master_key)
-    body_bytes = f.ADD_REQUEST_FIXED.size + len(master_key) + len(payload)
-    head = f.ADD_REQUEST.pack(
-        _LMIN + body_bytes,
+    key_bytes = len(master_key)
+    if key_bytes > MASTER_KEY_BYTES_MAX:
+        _check_key(master_key)
+    head = _ADD_PACK(
+        _ADD_LENGTH_BASE + key_bytes + len(payload),
         _V,
-        f.Opcode.ADD_ENTRY,
-        f.Flag.RECOVERY if recovery else 0,
+        _OP_ADD,
+        _FLAG_RECOVERY if recovery else 0,
         0,
         request_id,
         ledger_id,
         entry_id,
         last_add_confirmed,
-        len(master_key),
+        key_bytes,
     )
-    return b"".join((head, master_key, payload))
+    if key_bytes:
+        return b"".join((head, master_key, payload))
+    return head + payload
+
+
+def encode_add_entries(
+    first_request_id: int,
+    ledger_id: int,
+    entries: Sequence[tuple[int, bytes]],
+    *,
+    master_key: bytes = b"",
+    last_add_confirmed: int = -1,
+    recovery: bool = False,
+) -> bytes:
+    """ADD_ENTRY frames for many `(entry_id, payload)` of one ledger, with request ids
+    `first_request_id`, `first_request_id + 1`, ..., joined into one buffer."""
+    key_bytes = len(master_key)
+    _check_key(master_key)
+    base = _ADD_LENGTH_BASE + key_bytes
+    flags = _FLAG_RECOVERY if recovery else 0
+    pack = _ADD_PACK
+    parts: list[bytes] = []
+    append = parts.append
+    request_id = first_request_id
+    for entry_id, payload in entries:
+        append(
+            pack(
+                base + len(payload),
+                _V,
+                _OP_ADD,
+                flags,
+                0,
+                request_id,
+                ledger_id,
+                entry_id,
+                last_add_confirmed,
+                key_bytes,
+            )
+        )
+        if key_bytes:
+            append(master_key)
+        append(payload)
+        request_id += 1
+    return b"".join(parts)
 
 
 def encode_request(message: RequestMessage) -> bytes:  # noqa: PLR0911 (one return per opcode)

@@ -34,7 +34,12 @@ from ledger.errors import (
     Unauthorized,
 )
 from netio import frames as f
-from netio.codec import ResponseDecoder, encode_add_entry, encode_request
+from netio.codec import (
+    ResponseDecoder,
+    encode_add_entries,
+    encode_add_entry,
+    encode_request,
+)
 from netio.errors import ConnectionLost, NodeOverloaded, ProtocolError, RemoteError, RequestTimeout
 from netio.frames import Status
 from netio.messages import (
@@ -315,14 +320,15 @@ class NodeClient:
     async def _call(
         self, frames: list[bytes], request_ids: list[int], timeout_s: float | None
     ) -> list[ResponseMessage | PoraError]:
-        """Send frames and wait for their responses (errors as values, in order)."""
+        """Send frames (one buffer may hold many) for `request_ids` and wait for their
+        responses (errors as values, in the order of `request_ids`)."""
         while True:
             session = await self._connected()
             if len(session.pending) < self._inflight_max:
                 break
             self._space = anyio.Event()
             await self._space.wait()
-        waiter = _Waiter(len(frames))
+        waiter = _Waiter(len(request_ids))
         pending = session.pending
         for index, request_id in enumerate(request_ids):
             pending[request_id] = (waiter, index)
@@ -417,19 +423,16 @@ class NodeClient:
         entry, in order (None: stored)."""
         if not entries:
             return []
-        key = self._key(master_key, password)
         request_ids = self._ids(len(entries))
         frames = [
-            encode_add_entry(
-                request_id,
+            encode_add_entries(
+                request_ids[0],
                 ledger_id,
-                entry_id,
-                payload,
-                master_key=key,
+                entries,
+                master_key=self._key(master_key, password),
                 last_add_confirmed=last_add_confirmed,
                 recovery=recovery,
             )
-            for request_id, (entry_id, payload) in zip(request_ids, entries, strict=True)
         ]
         results = await self._call(frames, request_ids, timeout_s)
         return [r if isinstance(r, PoraError) else None for r in results]

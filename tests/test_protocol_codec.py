@@ -278,3 +278,30 @@ def test_master_key_derivation_is_stable_and_domain_separated() -> None:
     # a fixed vector: changing the derivation would lock every existing ledger
     assert key.hex() == "bae544f6f2e776f761b258777bc7c7062e723f0d0ba90978f413b48a57903649"
     assert key != hashlib.sha256(b"secret").digest()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(i64, payloads), max_size=30),
+    keys,
+    i64,
+    st.booleans(),
+)
+def test_a_batch_of_add_frames_is_the_same_as_one_frame_each(
+    entries: list[tuple[int, bytes]], key: bytes, lac: int, recovery: bool
+) -> None:
+    batch = codec.encode_add_entries(
+        100, 7, entries, master_key=key, last_add_confirmed=lac, recovery=recovery
+    )
+    one_by_one = b"".join(
+        codec.encode_add_entry(
+            100 + i, 7, e, p, master_key=key, last_add_confirmed=lac, recovery=recovery
+        )
+        for i, (e, p) in enumerate(entries)
+    )
+    assert batch == one_by_one
+    decoder = codec.RequestDecoder()
+    decoder.receive_data(batch)
+    assert decoder.next_requests(100) == [
+        AddEntry(100 + i, 7, e, lac, key, p, recovery) for i, (e, p) in enumerate(entries)
+    ]
