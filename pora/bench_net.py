@@ -275,7 +275,7 @@ async def _pora_raw_connection(
     and written with one `send_all`; replies may come back in any order and are
     matched by request id.
     """
-    from netio.codec import ResponseDecoder, encode_add_entry  # noqa: PLC0415
+    from netio.codec import ResponseDecoder, encode_add_entries  # noqa: PLC0415
     from netio.messages import ErrorResponse  # noqa: PLC0415
 
     host, _, port = address.rpartition(":")
@@ -286,13 +286,13 @@ async def _pora_raw_connection(
     errors: list[str] = []
 
     def frames(count: int, now: float) -> bytes:
+        """`count` more adds; request id and entry id are the same counter."""
         nonlocal next_id
-        out = []
-        for _ in range(count):
-            out.append(encode_add_entry(next_id, ledger_id, next_id, payload))
-            sent_at[next_id] = now
-            next_id += 1
-        return b"".join(out)
+        first = next_id
+        next_id += count
+        for request_id in range(first, next_id):
+            sent_at[request_id] = now
+        return encode_add_entries(first, ledger_id, [(e, payload) for e in range(first, next_id)])
 
     async with stream:
         await stream.send_all(frames(window.config.depth, time.perf_counter()))
