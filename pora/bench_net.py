@@ -333,13 +333,25 @@ async def run_pora_load(
 @dataclass(frozen=True, slots=True)
 class BenchReport:
     config: LoadConfig
+    #: the median round of each system (by adds/s)
     pora: LoadResult | None
     redis: LoadResult | None
     redis_skipped: str
     ratio: float | None
+    #: every round, in the order they ran (systems alternate)
+    pora_rounds: list[LoadResult]
+    redis_rounds: list[LoadResult]
 
     def as_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
+
+
+def median_result(results: Sequence[LoadResult]) -> LoadResult | None:
+    """The round with the median adds/s (the lower middle one for an even count)."""
+    if not results:
+        return None
+    ordered = sorted(results, key=lambda r: r.ops_per_s)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 async def run_bench(
@@ -351,27 +363,16 @@ async def run_bench(
     library_client: bool = False,
     parent_dir: Path | None = None,
     node_options: Sequence[str] = (),
+    rounds: int = 1,
     say: Callable[[str], None] = print,
 ) -> BenchReport:
+    """Run `rounds` rounds, each Pora then Redis, so both see the same machine
+    conditions over time; report the median round of each."""
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
     ledger_base = int.from_bytes(os.urandom(5), "big") << 8 if connect else 1
-    pora_result: LoadResult | None = None
-    if not pora_load:
-        say("pora: skipped (--redis-only)")
-    elif connect:
-        say(f"pora: loading the node at {connect}")
-        pora_result = await run_pora_load(
-            connect, config, ledger_base, library_client=library_client
-        )
-    else:
-        say("pora: starting `pora serve` on a temp data dir")
-        async with pora_server(parent_dir, node_options) as address:
-            say(f"pora: loading {address}")
-            pora_result = await run_pora_load(
-                address, config, ledger_base, library_client=library_client
-            )
-    redis_result: LoadResult | None = None
-    skipped = ""
     redis_path = shutil.which("redis-server")
+    skipped = ""
     if not redis:
         skipped = "Redis run not requested (--no-redis)"
     elif redis_path is None:
@@ -379,14 +380,35 @@ async def run_bench(
             "redis-server is not on PATH: Redis comparison skipped "
             "(install it, e.g. `apt-get install redis-server`)"
         )
-    else:
-        say(f"redis: starting {redis_path} (appendonly yes, appendfsync always)")
-        with redis_server(redis_path, parent_dir) as port:
-            redis_result = await run_redis_load(port, config)
+    pora_rounds: list[LoadResult] = []
+    redis_rounds: list[LoadResult] = []
+    for round_index in range(rounds):
+        prefix = f"round {round_index + 1}/{rounds}: " if rounds > 1 else ""
+        base = ledger_base + round_index * config.connections
+        if not pora_load:
+            say("pora: skipped (--redis-only)")
+        elif connect:
+            say(f"{prefix}pora: loading the node at {connect}")
+            pora_rounds.append(
+                await run_pora_load(connect, config, base, library_client=library_client)
+            )
+        else:
+            say(f"{prefix}pora: starting `pora serve` on a temp data dir")
+            async with pora_server(parent_dir, node_options) as address:
+                say(f"{prefix}pora: loading {address}")
+                pora_rounds.append(
+                    await run_pora_load(address, config, base, library_client=library_client)
+                )
+        if redis and redis_path is not None:
+            say(f"{prefix}redis: starting {redis_path} (appendonly yes, appendfsync always)")
+            with redis_server(redis_path, parent_dir) as port:
+                redis_rounds.append(await run_redis_load(port, config))
+    pora_result = median_result(pora_rounds)
+    redis_result = median_result(redis_rounds)
     ratio = None
     if pora_result is not None and redis_result is not None and redis_result.ops_per_s > 0:
         ratio = pora_result.ops_per_s / redis_result.ops_per_s
-    return BenchReport(config, pora_result, redis_result, skipped, ratio)
+    return BenchReport(config, pora_result, redis_result, skipped, ratio, pora_rounds, redis_rounds)
 
 
 def format_table(report: BenchReport) -> str:
@@ -407,6 +429,13 @@ def format_table(report: BenchReport) -> str:
             f"{result.p50_ms:>8.2f} {result.p99_ms:>8.2f} {result.p999_ms:>8.2f} "
             f"{result.errors:>7}"
         )
+    if len(report.pora_rounds) > 1 or len(report.redis_rounds) > 1:
+        lines.append("")
+        lines.append("(the median round of each; adds/s of every round:")
+        for name, results in (("pora", report.pora_rounds), ("redis", report.redis_rounds)):
+            if results:
+                lines.append(f"  {name}: " + ", ".join(f"{r.ops_per_s:,.0f}" for r in results))
+        lines.append(")")
     lines.append("")
     if report.ratio is not None:
         lines.append(f"pora / redis: {report.ratio:.2f}x")

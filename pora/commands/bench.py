@@ -33,6 +33,13 @@ def register(subparsers: Any) -> None:
         "--warmup-s", type=float, default=1.0, help="unmeasured seconds first (default 1)"
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="alternate Pora and Redis this many times and report each one's median "
+        "round (steadier figures on a shared machine; default 1)",
+    )
+    parser.add_argument(
         "--connect",
         metavar="HOST:PORT",
         default=None,
@@ -81,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"pora bench: {error}", file=sys.stderr)
         return 2
+    if args.rounds < 1:
+        print("pora bench: --rounds must be >= 1", file=sys.stderr)
+        return 2
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -95,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
             library_client=args.library_client,
             parent_dir=args.dir,
             node_options=args.node_option,
+            rounds=args.rounds,
             say=say,
         )
     )
