@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 import pora
 from pora.diskwatch import DiskMonitor, DiskThresholds, disk_space
+from pora.metrics import node_health
 
 HUGE = 1 << 60
 
@@ -91,3 +93,25 @@ async def test_tiny_filesystem_fills_and_frees(tiny_filesystem: Path) -> None:
         assert node.read_only is None
         await node.add_entry(3, 1, b"stored")
         assert await node.read_entry(3, 1) == b"stored"
+
+
+async def test_health_reports_a_journal_that_failed_on_a_full_disk(tiny_filesystem: Path) -> None:
+    data_dir = tiny_filesystem / "pora-data"
+    async with pora.open_node(
+        data_dir, segment_bytes=512 << 10, preallocate=False, entrylog_prealloc_bytes=4096
+    ) as node:
+        await node.add_entry(4, 0, b"kept")
+        assert node_health(node).ok
+        filler = tiny_filesystem / "filler"
+        # fill the filesystem to the last byte (unbuffered: every write reaches it)
+        with filler.open("wb", buffering=0) as handle, contextlib.suppress(OSError):
+            while True:
+                handle.write(b"\0" * 4096)
+        with pytest.raises(pora.JournalError):
+            for entry_id in range(1, 200):
+                await node.add_entry(4, entry_id, b"y" * 4096)
+        health = node_health(node)
+        assert not health.ok
+        assert "journal failed" in health.reason
+        assert await node.read_entry(4, 0) == b"kept"  # reads go on
+        filler.unlink()

@@ -119,6 +119,7 @@ async def test_signal_stops_cleanly_and_nothing_acknowledged_is_lost(
     acknowledged: list[int] = []
     async with serve(data_dir, tmp_path) as daemon:
         async with trio.open_nursery() as nursery:
+            assert daemon.metrics_port is None  # metrics are off by default
             enough = trio.Event()
             nursery.start_soon(write_until_stopped, daemon.address, 5, acknowledged, enough, 300)
             await enough.wait()
