@@ -1,1 +1,26 @@
-"""The wire protocol (a sans-io codec) and the trio transport. Arrives with the network issue."""
+"""The wire protocol of a Pora node, as a pure sans-io codec (no sockets, no clocks).
+
+`docs/protocol.md` is the grammar; `netio.frames` holds its constants, `netio.messages`
+the decoded messages, `netio.codec` the encoders and the bounded decoders, and
+`netio.security` the master-key derivation. The server (`pora.server`) and the client
+(`pora.node_client`) drive this codec over trio and anyio streams.
+"""
+
+from netio.codec import RequestDecoder, ResponseDecoder
+from netio.errors import ConnectionLost, NodeOverloaded, ProtocolError, RemoteError, RequestTimeout
+from netio.frames import Flag, Opcode, Status
+from netio.security import master_key_from_password
+
+__all__ = [
+    "ConnectionLost",
+    "Flag",
+    "NodeOverloaded",
+    "Opcode",
+    "ProtocolError",
+    "RemoteError",
+    "RequestDecoder",
+    "RequestTimeout",
+    "ResponseDecoder",
+    "Status",
+    "master_key_from_password",
+]

@@ -20,13 +20,17 @@ from ledger.errors import (
     Unauthorized,
 )
 from ledger.state import LedgerInfo
+from netio.errors import ConnectionLost, NodeOverloaded, ProtocolError, RemoteError, RequestTimeout
+from netio.security import master_key_from_password
 from pora.config import NodeConfig
 from pora.datadir import DataDirError, DataDirLocked
 from pora.node import Node, NodeStatistics, open_node
+from pora.node_client import NodeClient, NodeInfo, connect_node
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConnectionLost",
     "DataDirError",
     "DataDirLocked",
     "EntryConflict",
@@ -42,12 +46,20 @@ __all__ = [
     "NoSuchEntry",
     "NoSuchLedger",
     "Node",
+    "NodeClient",
     "NodeClosed",
     "NodeConfig",
+    "NodeInfo",
+    "NodeOverloaded",
     "NodeReadOnly",
     "NodeStatistics",
     "PoraError",
+    "ProtocolError",
+    "RemoteError",
+    "RequestTimeout",
     "StorageCorruption",
     "Unauthorized",
+    "connect_node",
+    "master_key_from_password",
     "open_node",
 ]

@@ -1,0 +1,688 @@
+"""Encoders and bounded decoders of frames: bytes in, messages out; messages in, bytes out.
+
+Pure code, no I/O (in the manner of h11): a server feeds what its socket gave to a
+`RequestDecoder` and takes back every complete request; a client does the same with
+a `ResponseDecoder`. The decoders hold at most one incomplete frame plus one received
+chunk, and refuse a frame whose length prefix exceeds the configured maximum before
+any of its body is buffered.
+
+Speed: one `unpack_from` per add frame (header and fixed body together), payloads
+sliced once from the receive buffer, one message object per frame; the encoders of
+add frames and add responses pack straight into one buffer for many frames.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Final, Protocol, TypeVar
+
+from netio import frames as f
+from netio.errors import ProtocolError
+from netio.messages import (
+    AddEntry,
+    AddEntryResponse,
+    Close,
+    CloseResponse,
+    Delete,
+    DeleteResponse,
+    ErrorResponse,
+    Fence,
+    FenceResponse,
+    Info,
+    InfoResponse,
+    LacResponse,
+    LedgerSummary,
+    ListLedgers,
+    ListLedgersResponse,
+    ReadEntry,
+    ReadEntryResponse,
+    ReadLac,
+    ReadRange,
+    ReadRangeResponse,
+    RequestMessage,
+    ResponseMessage,
+)
+from netio.security import MASTER_KEY_BYTES_MAX
+
+_M = TypeVar("_M")
+_U32: Final = struct.Struct(">I")
+_EMPTY: Final = struct.Struct("")
+_V: Final = f.PROTOCOL_VERSION
+_RESPONSE: Final = int(f.Flag.RESPONSE)
+_HB: Final = f.HEADER_BYTES
+_LMIN: Final = f.LENGTH_MIN
+_BAD: Final = int(f.Status.BAD_REQUEST)
+
+_ADD_PACK: Final = f.ADD_REQUEST.pack
+_ADD_LENGTH_BASE: Final = _LMIN + f.ADD_REQUEST_FIXED.size
+_OP_ADD: Final = int(f.Opcode.ADD_ENTRY)
+_FLAG_RECOVERY: Final = int(f.Flag.RECOVERY)
+
+#: Bytes a receiver asks its socket for at a time (and so the most one feed adds).
+RECEIVE_BYTES_DEFAULT: Final = 64 * 1024
+
+
+def _header(opcode: int, flags: int, status: int, request_id: int, body_bytes: int) -> bytes:
+    return f.HEADER.pack(_LMIN + body_bytes, _V, opcode, flags, status, request_id)
+
+
+def _check_key(master_key: bytes) -> None:
+    if len(master_key) > MASTER_KEY_BYTES_MAX:
+        raise ValueError(
+            f"master key of {len(master_key)} bytes; the protocol carries at most "
+            f"{MASTER_KEY_BYTES_MAX} (derive one with master_key_from_password)"
+        )
+
+
+# --- encoding requests -------------------------------------------------------------------------
+
+
+def encode_add_entry(
+    request_id: int,
+    ledger_id: int,
+    entry_id: int,
+    payload: bytes,
+    *,
+    master_key: bytes = b"",
+    last_add_confirmed: int = -1,
+    recovery: bool = False,
+) -> bytes:
+    """One ADD_ENTRY frame."""
+    key_bytes = len(master_key)
+    if key_bytes > MASTER_KEY_BYTES_MAX:
+        _check_key(master_key)
+    head = _ADD_PACK(
+        _ADD_LENGTH_BASE + key_bytes + len(payload),
+        _V,
+        _OP_ADD,
+        _FLAG_RECOVERY if recovery else 0,
+        0,
+        request_id,
+        ledger_id,
+        entry_id,
+        last_add_confirmed,
+        key_bytes,
+    )
+    if key_bytes:
+        return b"".join((head, master_key, payload))
+    return head + payload
+
+
+def encode_add_entries(
+    first_request_id: int,
+    ledger_id: int,
+    entries: Sequence[tuple[int, bytes]],
+    *,
+    master_key: bytes = b"",
+    last_add_confirmed: int = -1,
+    recovery: bool = False,
+) -> bytes:
+    """ADD_ENTRY frames for many `(entry_id, payload)` of one ledger, with request ids
+    `first_request_id`, `first_request_id + 1`, ..., joined into one buffer."""
+    key_bytes = len(master_key)
+    _check_key(master_key)
+    base = _ADD_LENGTH_BASE + key_bytes
+    flags = _FLAG_RECOVERY if recovery else 0
+    pack = _ADD_PACK
+    parts: list[bytes] = []
+    append = parts.append
+    request_id = first_request_id
+    for entry_id, payload in entries:
+        append(
+            pack(
+                base + len(payload),
+                _V,
+                _OP_ADD,
+                flags,
+                0,
+                request_id,
+                ledger_id,
+                entry_id,
+                last_add_confirmed,
+                key_bytes,
+            )
+        )
+        if key_bytes:
+            append(master_key)
+        append(payload)
+        request_id += 1
+    return b"".join(parts)
+
+
+def encode_request(message: RequestMessage) -> bytes:  # noqa: PLR0911 (one return per opcode)
+    """The frame of any request message."""
+    m = message
+    if isinstance(m, AddEntry):
+        return encode_add_entry(
+            m.request_id,
+            m.ledger_id,
+            m.entry_id,
+            m.payload,
+            master_key=m.master_key,
+            last_add_confirmed=m.last_add_confirmed,
+            recovery=m.recovery,
+        )
+    if isinstance(m, ReadEntry):
+        _check_key(m.master_key)
+        body = (
+            f.READ_ENTRY_REQUEST.pack(m.ledger_id, m.entry_id, m.wait_ms, len(m.master_key))
+            + m.master_key
+        )
+        flags = f.Flag.FENCE if m.fence else 0
+        return _header(f.Opcode.READ_ENTRY, flags, 0, m.request_id, len(body)) + body
+    if isinstance(m, ReadRange):
+        body = f.READ_RANGE_REQUEST.pack(
+            m.ledger_id, m.first_entry_id, m.last_entry_id, m.max_entries, m.max_bytes
+        )
+        return _header(f.Opcode.READ_RANGE, 0, 0, m.request_id, len(body)) + body
+    if isinstance(m, ReadLac):
+        body = f.LEDGER_ONLY.pack(m.ledger_id)
+        return _header(f.Opcode.READ_LAC, 0, 0, m.request_id, len(body)) + body
+    if isinstance(m, Fence):
+        _check_key(m.master_key)
+        body = f.FENCE_REQUEST.pack(m.ledger_id, len(m.master_key)) + m.master_key
+        return _header(f.Opcode.FENCE, 0, 0, m.request_id, len(body)) + body
+    if isinstance(m, Close):
+        _check_key(m.master_key)
+        last = f.CLOSE_AT_LAST_STORED if m.last_entry_id is None else m.last_entry_id
+        body = f.CLOSE_REQUEST.pack(m.ledger_id, last, len(m.master_key)) + m.master_key
+        return _header(f.Opcode.CLOSE, 0, 0, m.request_id, len(body)) + body
+    if isinstance(m, Delete):
+        body = f.LEDGER_ONLY.pack(m.ledger_id)
+        return _header(f.Opcode.DELETE, 0, 0, m.request_id, len(body)) + body
+    if isinstance(m, ListLedgers):
+        body = f.LIST_REQUEST.pack(m.after_ledger_id, m.max_count)
+        return _header(f.Opcode.LIST_LEDGERS, 0, 0, m.request_id, len(body)) + body
+    return _header(f.Opcode.INFO, 0, 0, m.request_id, 0)
+
+
+# --- encoding responses ------------------------------------------------------------------------
+
+
+class EntryIds(Protocol):
+    """Anything naming an entry: the engine's journal request, an AddEntry message."""
+
+    ledger_id: int
+    entry_id: int
+
+
+def encode_add_responses(request_ids: Sequence[int], entries: Sequence[EntryIds]) -> bytearray:
+    """OK responses to many adds, packed into one buffer (one `send_all` for all)."""
+    count = len(request_ids)
+    out = bytearray(count * f.ADD_RESPONSE_BYTES)
+    pack = f.ADD_RESPONSE.pack_into
+    length = f.ADD_RESPONSE_BYTES - 4
+    op = int(f.Opcode.ADD_ENTRY)
+    offset = 0
+    for i in range(count):
+        entry = entries[i]
+        pack(
+            out,
+            offset,
+            length,
+            _V,
+            op,
+            _RESPONSE,
+            0,
+            request_ids[i],
+            entry.ledger_id,
+            entry.entry_id,
+        )
+        offset += f.ADD_RESPONSE_BYTES
+    return out
+
+
+def encode_error(
+    request_id: int,
+    opcode: int,
+    status: int,
+    message: str,
+    *,
+    ledger_id: int = -1,
+    entry_id: int = -1,
+) -> bytes:
+    """An error response; the message is cut to ERROR_MESSAGE_BYTES_MAX bytes of UTF-8."""
+    text = message.encode("utf-8", "replace")[: f.ERROR_MESSAGE_BYTES_MAX]
+    body = f.ERROR_RESPONSE.pack(ledger_id, entry_id) + text
+    return _header(opcode, _RESPONSE, status, request_id, len(body)) + body
+
+
+def _ok(opcode: int, request_id: int, body: bytes, flags: int = 0) -> bytes:
+    return _header(opcode, _RESPONSE | flags, 0, request_id, len(body)) + body
+
+
+def encode_response(message: ResponseMessage) -> bytes:  # noqa: PLR0911 (one return per opcode)
+    """The frame of any response message."""
+    m = message
+    if isinstance(m, AddEntryResponse):
+        return bytes(encode_add_responses((m.request_id,), (m,)))
+    if isinstance(m, ErrorResponse):
+        return encode_error(
+            m.request_id,
+            m.opcode,
+            m.status,
+            m.message,
+            ledger_id=m.ledger_id,
+            entry_id=m.entry_id,
+        )
+    if isinstance(m, ReadEntryResponse):
+        body = f.READ_ENTRY_RESPONSE.pack(m.ledger_id, m.entry_id, m.last_add_confirmed) + m.payload
+        return _ok(f.Opcode.READ_ENTRY, m.request_id, body)
+    if isinstance(m, ReadRangeResponse):
+        parts = [f.READ_RANGE_RESPONSE.pack(m.ledger_id, m.last_add_confirmed, len(m.entries))]
+        for entry_id, payload in m.entries:
+            parts.append(f.RANGE_ITEM.pack(entry_id, len(payload)))
+            parts.append(payload)
+        return _ok(f.Opcode.READ_RANGE, m.request_id, b"".join(parts))
+    if isinstance(m, LacResponse):
+        body = f.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_add_confirmed)
+        return _ok(f.Opcode.READ_LAC, m.request_id, body)
+    if isinstance(m, FenceResponse):
+        body = f.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_entry_id)
+        return _ok(f.Opcode.FENCE, m.request_id, body)
+    if isinstance(m, CloseResponse):
+        body = f.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_entry_id)
+        return _ok(f.Opcode.CLOSE, m.request_id, body)
+    if isinstance(m, DeleteResponse):
+        return _ok(f.Opcode.DELETE, m.request_id, f.LEDGER_ONLY.pack(m.ledger_id))
+    if isinstance(m, ListLedgersResponse):
+        parts = [f.LIST_RESPONSE.pack(len(m.ledgers))]
+        for s in m.ledgers:
+            parts.append(
+                f.LEDGER_SUMMARY.pack(
+                    s.ledger_id,
+                    f.LEDGER_STATES[s.state],
+                    s.first_entry_id,
+                    s.last_entry_id,
+                    s.entry_count,
+                    s.payload_bytes,
+                    s.created_ms,
+                )
+            )
+        more = int(f.Flag.MORE) if m.more else 0
+        return _ok(f.Opcode.LIST_LEDGERS, m.request_id, b"".join(parts), more)
+    version = m.server_version.encode("utf-8")[:255]
+    reason = (m.read_only_reason or "").encode("utf-8")[: f.ERROR_MESSAGE_BYTES_MAX]
+    body = (
+        f.INFO_RESPONSE.pack(
+            m.protocol_version,
+            1 if m.read_only_reason is not None else 0,
+            m.frame_bytes_max,
+            m.entry_bytes_max,
+            m.ledger_count,
+            len(version),
+        )
+        + version
+        + reason
+    )
+    return _ok(f.Opcode.INFO, m.request_id, body)
+
+
+# --- decoding ----------------------------------------------------------------------------------
+
+
+class _FrameBuffer:
+    """The bounded receive buffer shared by both decoders.
+
+    Holds the bytes not yet decoded: after `next_*` returns, at most one incomplete
+    frame (bounded by the frame maximum, checked on its length prefix) plus whatever
+    complete frames the caller chose not to take yet. Feeding more while complete
+    frames wait is the caller's choice; the buffer refuses to grow past
+    `frame_bytes_max + 4 + receive_bytes_max` so that a caller bug cannot become a
+    memory leak either.
+    """
+
+    __slots__ = ("_buffer", "_buffer_bytes_max", "_frame_bytes_max", "_poisoned", "_position")
+
+    def __init__(self, frame_bytes_max: int, receive_bytes_max: int) -> None:
+        if frame_bytes_max < _LMIN:
+            raise ValueError(f"frame_bytes_max must be at least {_LMIN}, got {frame_bytes_max}")
+        self._frame_bytes_max = frame_bytes_max
+        self._buffer_bytes_max = frame_bytes_max + 4 + receive_bytes_max
+        self._buffer = b""
+        self._position = 0
+        self._poisoned: ProtocolError | None = None
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received and not yet decoded."""
+        return len(self._buffer) - self._position
+
+    def receive_data(self, data: bytes) -> None:
+        """Append bytes from the peer (any split: frames may straddle calls)."""
+        if not data:
+            return
+        pending = len(self._buffer) - self._position
+        if pending + len(data) > self._buffer_bytes_max:
+            raise RuntimeError(
+                f"decoder buffer would hold {pending + len(data)} bytes, over its bound of "
+                f"{self._buffer_bytes_max}: take the complete frames before feeding more"
+            )
+        if pending == 0:
+            self._buffer = data  # the common case: no copy
+        else:
+            self._buffer = self._buffer[self._position :] + data
+        self._position = 0
+
+    def _too_large(self, length: int, position: int) -> ProtocolError:
+        request_id = None
+        opcode = 0
+        if len(self._buffer) - position >= _HB:
+            header = f.HEADER.unpack_from(self._buffer, position)
+            opcode, request_id = header[2], header[5]
+        return ProtocolError(
+            f"frame of {length} bytes exceeds this peer's limit of {self._frame_bytes_max} "
+            "bytes (frame_bytes_max); send smaller entries or raise the limit on both sides",
+            status=f.Status.TOO_LARGE,
+            request_id=request_id,
+            opcode=opcode,
+        )
+
+    def _fail(self, error: ProtocolError, decoded: list[_M]) -> list[_M]:
+        """Give out the good frames before a bad one; the next call raises `error`.
+
+        After a bad frame the stream has no trustworthy frame boundary: the decoder
+        stays failed and drops what it holds.
+        """
+        self._poisoned = error
+        self._buffer = b""
+        self._position = 0
+        if decoded:
+            return decoded
+        raise error
+
+
+def _short_frame(length: int) -> ProtocolError:
+    return ProtocolError(f"frame length {length} is below the header's {_LMIN} bytes", status=_BAD)
+
+
+def _bad_add_response(request_id: int, version: int, flags: int) -> ProtocolError:
+    return ProtocolError(
+        f"bad ADD_ENTRY response {request_id}: version {version}, flags 0x{flags:02x}",
+        status=_BAD,
+        request_id=request_id,
+    )
+
+
+class RequestDecoder(_FrameBuffer):
+    """The server side: bytes in, request messages out."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        frame_bytes_max: int = f.FRAME_BYTES_MAX_DEFAULT,
+        receive_bytes_max: int = RECEIVE_BYTES_DEFAULT,
+    ) -> None:
+        super().__init__(frame_bytes_max, receive_bytes_max)
+
+    def next_requests(self, count_max: int) -> list[RequestMessage]:
+        """Every complete request buffered, up to `count_max`, in order.
+
+        Raises ProtocolError for a frame that is not a valid request (its
+        `request_id` says which, when known), once the good requests before it
+        were returned; the decoder then stays failed, since the stream's framing
+        can no longer be trusted.
+        """
+        if self._poisoned is not None:
+            raise self._poisoned
+        buf = self._buffer
+        pos = self._position
+        end = len(buf)
+        out: list[RequestMessage] = []
+        frame_max = self._frame_bytes_max
+        add_unpack = f.ADD_REQUEST.unpack_from
+        add_fixed = f.ADD_REQUEST.size
+        add_op = int(f.Opcode.ADD_ENTRY)
+        recovery = int(f.Flag.RECOVERY)
+        try:
+            while len(out) < count_max and end - pos >= 4:
+                (length,) = _U32.unpack_from(buf, pos)
+                if length > frame_max:
+                    raise self._too_large(length, pos)
+                if length < _LMIN:
+                    raise _short_frame(length)
+                frame_end = pos + 4 + length
+                if frame_end > end:
+                    break
+                if buf[pos + 5] == add_op and length >= add_fixed - 4:
+                    # the hot path: header and fixed body in one call
+                    _, version, _, flags, status, rid, lid, eid, lac, klen = add_unpack(buf, pos)
+                    key_end = pos + add_fixed + klen
+                    if version != _V or flags & ~recovery or status or key_end > frame_end:
+                        raise _invalid_add(version, flags, status, rid, key_end > frame_end)
+                    out.append(
+                        AddEntry(
+                            rid,
+                            lid,
+                            eid,
+                            lac,
+                            buf[pos + add_fixed : key_end] if klen else b"",
+                            buf[key_end:frame_end],
+                            flags == recovery,
+                        )
+                    )
+                else:
+                    out.append(_decode_request(buf, pos, frame_end))
+                pos = frame_end
+        except ProtocolError as error:
+            return self._fail(error, out)
+        except struct.error as error:  # a fixed part longer than the frame: bad request
+            return self._fail(ProtocolError(f"malformed frame: {error}", status=_BAD), out)
+        self._position = pos
+        if pos == end:
+            self._buffer = b""
+            self._position = 0
+        return out
+
+
+def _invalid_add(
+    version: int, flags: int, status: int, request_id: int, key_overflows: bool
+) -> ProtocolError:
+    if version != _V:
+        reason = f"protocol version {version}; this node speaks version {_V}"
+    elif status:
+        reason = f"a request carries status {status}; requests carry 0"
+    elif flags & ~int(f.Flag.RECOVERY):
+        reason = f"ADD_ENTRY with unknown flags 0x{flags:02x}"
+    else:
+        reason = "ADD_ENTRY master key runs past the end of the frame" if key_overflows else "?"
+    return ProtocolError(
+        f"bad request {request_id}: {reason}",
+        status=_BAD,
+        request_id=request_id,
+        opcode=f.Opcode.ADD_ENTRY,
+    )
+
+
+def _decode_request(buf: bytes, pos: int, frame_end: int) -> RequestMessage:  # noqa: PLR0911 (one return per opcode)
+    _, version, opcode, flags, status, rid = f.HEADER.unpack_from(buf, pos)
+
+    def bad(reason: str) -> ProtocolError:
+        return ProtocolError(
+            f"bad request {rid}: {reason}", status=_BAD, request_id=rid, opcode=opcode
+        )
+
+    if version != _V:
+        raise bad(f"protocol version {version}; this node speaks version {_V}")
+    if status:
+        raise bad(f"a request carries status {status}; requests carry 0")
+    if flags & _RESPONSE:
+        raise bad("the response flag is set on a request")
+    body = pos + _HB
+    body_bytes = frame_end - body
+
+    def fixed(layout: struct.Struct, allow_flags: int = 0, tail: bool = False) -> tuple[int, ...]:
+        if flags & ~allow_flags:
+            raise bad(f"{f.Opcode(opcode).name} with unknown flags 0x{flags:02x}")
+        if body_bytes < layout.size or (not tail and body_bytes != layout.size):
+            raise bad(
+                f"{f.Opcode(opcode).name} body of {body_bytes} bytes; expected "
+                f"{'at least ' if tail else ''}{layout.size}"
+            )
+        return layout.unpack_from(buf, body)
+
+    def key(start: int, length: int) -> bytes:
+        if start + length != frame_end:
+            raise bad(f"{f.Opcode(opcode).name} master key does not end the frame")
+        return buf[start:frame_end]
+
+    if opcode == f.Opcode.ADD_ENTRY:  # short frame: the fast path could not unpack it
+        raise bad(f"ADD_ENTRY body of {body_bytes} bytes; expected at least 25")
+    if opcode == f.Opcode.READ_ENTRY:
+        lid, eid, wait_ms, klen = fixed(f.READ_ENTRY_REQUEST, int(f.Flag.FENCE), tail=True)
+        master_key = key(body + f.READ_ENTRY_REQUEST.size, klen)
+        return ReadEntry(rid, lid, eid, wait_ms, bool(flags & f.Flag.FENCE), master_key)
+    if opcode == f.Opcode.READ_RANGE:
+        lid, first, last, max_entries, max_bytes = fixed(f.READ_RANGE_REQUEST)
+        return ReadRange(rid, lid, first, last, max_entries, max_bytes)
+    if opcode == f.Opcode.READ_LAC:
+        (lid,) = fixed(f.LEDGER_ONLY)
+        return ReadLac(rid, lid)
+    if opcode == f.Opcode.FENCE:
+        lid, klen = fixed(f.FENCE_REQUEST, tail=True)
+        return Fence(rid, lid, key(body + f.FENCE_REQUEST.size, klen))
+    if opcode == f.Opcode.CLOSE:
+        lid, last, klen = fixed(f.CLOSE_REQUEST, tail=True)
+        master_key = key(body + f.CLOSE_REQUEST.size, klen)
+        return Close(rid, lid, None if last == f.CLOSE_AT_LAST_STORED else last, master_key)
+    if opcode == f.Opcode.DELETE:
+        (lid,) = fixed(f.LEDGER_ONLY)
+        return Delete(rid, lid)
+    if opcode == f.Opcode.LIST_LEDGERS:
+        after, max_count = fixed(f.LIST_REQUEST)
+        return ListLedgers(rid, after, max_count)
+    if opcode == f.Opcode.INFO:
+        fixed(_EMPTY)
+        return Info(rid)
+    raise bad(f"unknown opcode {opcode}")
+
+
+class ResponseDecoder(_FrameBuffer):
+    """The client side: bytes in, response messages out."""
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        frame_bytes_max: int = f.FRAME_BYTES_MAX_DEFAULT,
+        receive_bytes_max: int = RECEIVE_BYTES_DEFAULT,
+    ) -> None:
+        super().__init__(frame_bytes_max, receive_bytes_max)
+
+    def next_responses(self) -> list[ResponseMessage]:
+        """Every complete response buffered, in order. Raises ProtocolError for bytes
+        that are not a valid response (the connection must then be dropped)."""
+        if self._poisoned is not None:
+            raise self._poisoned
+        buf = self._buffer
+        pos = self._position
+        end = len(buf)
+        out: list[ResponseMessage] = []
+        frame_max = self._frame_bytes_max
+        add_unpack = f.ADD_RESPONSE.unpack_from
+        add_length = f.ADD_RESPONSE_BYTES - 4
+        add_op = int(f.Opcode.ADD_ENTRY)
+        try:
+            while end - pos >= 4:
+                (length,) = _U32.unpack_from(buf, pos)
+                if length > frame_max:
+                    raise self._too_large(length, pos)
+                if length < _LMIN:
+                    raise _short_frame(length)
+                frame_end = pos + 4 + length
+                if frame_end > end:
+                    break
+                if length == add_length and buf[pos + 5] == add_op and buf[pos + 7] == 0:
+                    _, version, _, flags, _, rid, lid, eid = add_unpack(buf, pos)
+                    if version != _V or flags != _RESPONSE:
+                        raise _bad_add_response(rid, version, flags)
+                    out.append(AddEntryResponse(rid, lid, eid))
+                else:
+                    out.append(_decode_response(buf, pos, frame_end))
+                pos = frame_end
+        except ProtocolError as error:
+            return self._fail(error, out)
+        except (struct.error, ValueError, KeyError) as error:
+            return self._fail(ProtocolError(f"malformed response: {error}", status=_BAD), out)
+        self._position = pos
+        if pos == end:
+            self._buffer = b""
+            self._position = 0
+        return out
+
+
+def _decode_response(buf: bytes, pos: int, frame_end: int) -> ResponseMessage:  # noqa: PLR0911 (one return per opcode)
+    _, version, opcode, flags, status, rid = f.HEADER.unpack_from(buf, pos)
+    if version != _V or not flags & _RESPONSE:
+        raise ProtocolError(
+            f"bad response {rid}: version {version}, flags 0x{flags:02x}",
+            status=_BAD,
+            request_id=rid,
+        )
+    body = pos + _HB
+    if status != f.Status.OK:
+        lid, eid = f.ERROR_RESPONSE.unpack_from(buf, body)
+        message = buf[body + f.ERROR_RESPONSE.size : frame_end].decode("utf-8", "replace")
+        return ErrorResponse(rid, opcode, status, lid, eid, message)
+    if opcode == f.Opcode.ADD_ENTRY:
+        lid, eid = f.LEDGER_AND_VALUE.unpack_from(buf, body)
+        return AddEntryResponse(rid, lid, eid)
+    if opcode == f.Opcode.READ_ENTRY:
+        lid, eid, lac = f.READ_ENTRY_RESPONSE.unpack_from(buf, body)
+        return ReadEntryResponse(rid, lid, eid, lac, buf[body + 24 : frame_end])
+    if opcode == f.Opcode.READ_RANGE:
+        lid, lac, count = f.READ_RANGE_RESPONSE.unpack_from(buf, body)
+        at = body + f.READ_RANGE_RESPONSE.size
+        entries: list[tuple[int, bytes]] = []
+        for _ in range(count):
+            eid, size = f.RANGE_ITEM.unpack_from(buf, at)
+            at += f.RANGE_ITEM.size
+            if at + size > frame_end:
+                raise ProtocolError(f"range response {rid} overruns its frame", status=_BAD)
+            entries.append((eid, buf[at : at + size]))
+            at += size
+        return ReadRangeResponse(rid, lid, lac, entries)
+    if opcode in (f.Opcode.READ_LAC, f.Opcode.FENCE, f.Opcode.CLOSE):
+        lid, value = f.LEDGER_AND_VALUE.unpack_from(buf, body)
+        if opcode == f.Opcode.READ_LAC:
+            return LacResponse(rid, lid, value)
+        if opcode == f.Opcode.FENCE:
+            return FenceResponse(rid, lid, value)
+        return CloseResponse(rid, lid, value)
+    if opcode == f.Opcode.DELETE:
+        (lid,) = f.LEDGER_ONLY.unpack_from(buf, body)
+        return DeleteResponse(rid, lid)
+    if opcode == f.Opcode.LIST_LEDGERS:
+        (count,) = f.LIST_RESPONSE.unpack_from(buf, body)
+        at = body + f.LIST_RESPONSE.size
+        if at + count * f.LEDGER_SUMMARY.size > frame_end:
+            raise ProtocolError(f"list response {rid} overruns its frame", status=_BAD)
+        ledgers = []
+        for _ in range(count):
+            lid, state, first, last, entries_n, payload_bytes, created = (
+                f.LEDGER_SUMMARY.unpack_from(buf, at)
+            )
+            at += f.LEDGER_SUMMARY.size
+            ledgers.append(
+                LedgerSummary(
+                    lid,
+                    f.LEDGER_STATE_NAMES[state],
+                    first,
+                    last,
+                    entries_n,
+                    payload_bytes,
+                    created,
+                )
+            )
+        return ListLedgersResponse(rid, ledgers, bool(flags & f.Flag.MORE))
+    if opcode == f.Opcode.INFO:
+        proto, read_only, frame_max, entry_max, ledger_count, vlen = f.INFO_RESPONSE.unpack_from(
+            buf, body
+        )
+        at = body + f.INFO_RESPONSE.size
+        version = buf[at : at + vlen].decode("utf-8", "replace")
+        reason = buf[at + vlen : frame_end].decode("utf-8", "replace") if read_only else None
+        return InfoResponse(rid, proto, reason, frame_max, entry_max, ledger_count, version)
+    raise ProtocolError(f"response {rid} has unknown opcode {opcode}", status=_BAD)

@@ -1,0 +1,131 @@
+"""Constants of the wire protocol, shared by encoder and decoder.
+
+docs/protocol.md gives the grammar; this module must agree with it. All integers
+are big-endian (network order). Every frame is
+
+    length u32 | version u8 | opcode u8 | flags u8 | status u8 | request_id u64 | body
+
+where `length` counts the bytes after itself (header rest + body). The structs
+below are precompiled once: encoding and decoding are the hot path of every add.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Final
+
+#: Protocol version carried by every frame. Version 1 is this document.
+PROTOCOL_VERSION: Final = 1
+
+#: length u32, version u8, opcode u8, flags u8, status u8, request_id u64
+HEADER: Final = struct.Struct(">IBBBBQ")
+HEADER_BYTES: Final = HEADER.size  # 16
+#: what `length` counts at least: the header after the length field
+LENGTH_MIN: Final = HEADER_BYTES - 4  # 12
+
+#: A frame's `length` may not exceed this unless configured otherwise: 4 MiB of
+#: payload (the engine's default entry_bytes_max) plus room for the headers.
+FRAME_BYTES_MAX_DEFAULT: Final = 4 * 1024 * 1024 + 64 * 1024
+
+#: An error response's message is cut to this many bytes of UTF-8.
+ERROR_MESSAGE_BYTES_MAX: Final = 1024
+
+#: `last_entry_id` of a close request that seals at the last entry stored.
+CLOSE_AT_LAST_STORED: Final = -2
+
+
+class Opcode(enum.IntEnum):
+    """What a frame asks for. A response carries its request's opcode. Values are
+    on the wire: never reuse one."""
+
+    ADD_ENTRY = 1
+    READ_ENTRY = 2
+    READ_RANGE = 3
+    READ_LAC = 4
+    FENCE = 5
+    CLOSE = 6
+    DELETE = 7
+    LIST_LEDGERS = 8
+    INFO = 9
+
+
+class Flag(enum.IntFlag):
+    """Bits of the flags byte. Meanings of the low bits depend on the opcode."""
+
+    NONE = 0
+    #: ADD_ENTRY: a recovery add (accepted by a fenced ledger)
+    RECOVERY = 0x01
+    #: READ_ENTRY: fence the ledger before reading (a recovery read)
+    FENCE = 0x01
+    #: LIST_LEDGERS response: more ledgers follow the last one listed
+    MORE = 0x01
+    #: set on every response, clear on every request
+    RESPONSE = 0x80
+
+
+class Status(enum.IntEnum):
+    """Outcome of a request, in a response's status byte. Requests carry OK (0)."""
+
+    OK = 0
+    NO_SUCH_LEDGER = 1
+    NO_SUCH_ENTRY = 2
+    FENCED = 3
+    CLOSED = 4
+    BAD_REQUEST = 5
+    UNAUTHORIZED = 6
+    TOO_LARGE = 7
+    READ_ONLY = 8
+    OVERLOADED = 9
+    INTERNAL_ERROR = 10
+    ENTRY_CONFLICT = 11
+    INVALID_ARGUMENT = 12
+    SHUTTING_DOWN = 13
+
+
+# --- bodies (after the 16-byte header) ---------------------------------------------------------
+
+#: ADD_ENTRY request: ledger_id i64, entry_id i64, last_add_confirmed i64, key_len u8
+#: (then key, then payload to the end of the frame). Decoded with the header in one call.
+ADD_REQUEST: Final = struct.Struct(">IBBBBQqqqB")
+ADD_REQUEST_FIXED: Final = struct.Struct(">qqqB")
+#: ADD_ENTRY response, whole frame: header + ledger_id i64, entry_id i64
+ADD_RESPONSE: Final = struct.Struct(">IBBBBQqq")
+ADD_RESPONSE_BYTES: Final = ADD_RESPONSE.size  # 32
+
+#: READ_ENTRY request: ledger_id, entry_id, wait_ms u32, key_len u8 (then key)
+READ_ENTRY_REQUEST: Final = struct.Struct(">qqIB")
+#: READ_ENTRY response: ledger_id, entry_id, last_add_confirmed (then payload)
+READ_ENTRY_RESPONSE: Final = struct.Struct(">qqq")
+#: READ_RANGE request: ledger_id, first_entry_id, last_entry_id, max_entries u32, max_bytes u32
+READ_RANGE_REQUEST: Final = struct.Struct(">qqqII")
+#: READ_RANGE response: ledger_id, last_add_confirmed, count u32, then count x RANGE_ITEM
+READ_RANGE_RESPONSE: Final = struct.Struct(">qqI")
+#: one entry of a READ_RANGE response: entry_id i64, payload_len u32 (then payload)
+RANGE_ITEM: Final = struct.Struct(">qI")
+#: READ_LAC request: ledger_id. DELETE request and response: ledger_id.
+LEDGER_ONLY: Final = struct.Struct(">q")
+#: READ_LAC response: ledger_id, last_add_confirmed. FENCE/CLOSE response: ledger_id,
+#: last_entry_id.
+LEDGER_AND_VALUE: Final = struct.Struct(">qq")
+#: FENCE request: ledger_id, key_len u8 (then key)
+FENCE_REQUEST: Final = struct.Struct(">qB")
+#: CLOSE request: ledger_id, last_entry_id (CLOSE_AT_LAST_STORED: at the last stored), key_len
+CLOSE_REQUEST: Final = struct.Struct(">qqB")
+#: LIST_LEDGERS request: after_ledger_id i64 (exclusive; -1 from the start), max_count u32
+LIST_REQUEST: Final = struct.Struct(">qI")
+#: LIST_LEDGERS response: count u32, then count x LEDGER_SUMMARY
+LIST_RESPONSE: Final = struct.Struct(">I")
+#: ledger_id, state u8, first_entry_id, last_entry_id, entry_count u64, payload_bytes u64,
+#: created_ms u64
+LEDGER_SUMMARY: Final = struct.Struct(">qBqqQQQ")
+#: INFO response: protocol_version u8, read_only u8, frame_bytes_max u32, entry_bytes_max u32,
+#: ledger_count u64, version_len u8 (then server version UTF-8, then read-only reason UTF-8)
+INFO_RESPONSE: Final = struct.Struct(">BBIIQB")
+#: error response (any opcode, status != OK): ledger_id i64, entry_id i64 (-1 where
+#: none applies), then the message, UTF-8, to the end of the frame
+ERROR_RESPONSE: Final = struct.Struct(">qq")
+
+#: ledger states in a LEDGER_SUMMARY
+LEDGER_STATES: Final = {"open": 1, "closed": 2, "fenced": 3}
+LEDGER_STATE_NAMES: Final = {v: k for k, v in LEDGER_STATES.items()}

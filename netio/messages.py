@@ -1,0 +1,202 @@
+"""The messages of the wire protocol, as plain slotted records.
+
+A decoder makes exactly one of these per frame (the only per-frame object on
+the hot path besides the payload bytes). Field meanings are in docs/protocol.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# --- requests ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class AddEntry:
+    request_id: int
+    ledger_id: int
+    entry_id: int
+    last_add_confirmed: int
+    master_key: bytes
+    payload: bytes
+    recovery: bool = False
+
+
+@dataclass(slots=True)
+class ReadEntry:
+    request_id: int
+    ledger_id: int
+    entry_id: int
+    #: long poll: wait up to this long for the entry to arrive (0: answer at once)
+    wait_ms: int = 0
+    #: fence the ledger before reading (a recovery read); needs the master key
+    fence: bool = False
+    master_key: bytes = b""
+
+
+@dataclass(slots=True)
+class ReadRange:
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    last_entry_id: int
+    max_entries: int
+    max_bytes: int
+
+
+@dataclass(slots=True)
+class ReadLac:
+    request_id: int
+    ledger_id: int
+
+
+@dataclass(slots=True)
+class Fence:
+    request_id: int
+    ledger_id: int
+    master_key: bytes = b""
+
+
+@dataclass(slots=True)
+class Close:
+    request_id: int
+    ledger_id: int
+    #: seal here; None seals at the last entry stored on the node
+    last_entry_id: int | None = None
+    master_key: bytes = b""
+
+
+@dataclass(slots=True)
+class Delete:
+    request_id: int
+    ledger_id: int
+
+
+@dataclass(slots=True)
+class ListLedgers:
+    request_id: int
+    #: list ledgers with ids above this one (-1: from the first)
+    after_ledger_id: int = -1
+    max_count: int = 1000
+
+
+@dataclass(slots=True)
+class Info:
+    request_id: int
+
+
+RequestMessage = (
+    AddEntry | ReadEntry | ReadRange | ReadLac | Fence | Close | Delete | ListLedgers | Info
+)
+
+# --- responses ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class AddEntryResponse:
+    request_id: int
+    ledger_id: int
+    entry_id: int
+
+
+@dataclass(slots=True)
+class ReadEntryResponse:
+    request_id: int
+    ledger_id: int
+    entry_id: int
+    #: the ledger's last-add-confirmed as this node knows it (piggybacked by adds)
+    last_add_confirmed: int
+    payload: bytes
+
+
+@dataclass(slots=True)
+class ReadRangeResponse:
+    request_id: int
+    ledger_id: int
+    last_add_confirmed: int
+    entries: list[tuple[int, bytes]]
+
+
+@dataclass(slots=True)
+class LacResponse:
+    request_id: int
+    ledger_id: int
+    last_add_confirmed: int
+
+
+@dataclass(slots=True)
+class FenceResponse:
+    request_id: int
+    ledger_id: int
+    last_entry_id: int
+
+
+@dataclass(slots=True)
+class CloseResponse:
+    request_id: int
+    ledger_id: int
+    last_entry_id: int
+
+
+@dataclass(slots=True)
+class DeleteResponse:
+    request_id: int
+    ledger_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSummary:
+    ledger_id: int
+    state: str  # "open", "closed" or "fenced"
+    first_entry_id: int
+    last_entry_id: int
+    entry_count: int
+    payload_bytes: int
+    created_ms: int
+
+
+@dataclass(slots=True)
+class ListLedgersResponse:
+    request_id: int
+    ledgers: list[LedgerSummary]
+    #: more ledgers follow the last one listed: ask again after its id
+    more: bool = False
+
+
+@dataclass(slots=True)
+class InfoResponse:
+    request_id: int
+    protocol_version: int
+    #: why the node refuses writes, or None when it takes them
+    read_only_reason: str | None
+    frame_bytes_max: int
+    entry_bytes_max: int
+    ledger_count: int
+    server_version: str
+
+
+@dataclass(slots=True)
+class ErrorResponse:
+    """Any request's failure: `status` says what kind, `message` says what, where and
+    what to do. `ledger_id`/`entry_id` are -1 where none applies."""
+
+    request_id: int
+    opcode: int
+    status: int
+    ledger_id: int
+    entry_id: int
+    message: str
+
+
+ResponseMessage = (
+    AddEntryResponse
+    | ReadEntryResponse
+    | ReadRangeResponse
+    | LacResponse
+    | FenceResponse
+    | CloseResponse
+    | DeleteResponse
+    | ListLedgersResponse
+    | InfoResponse
+    | ErrorResponse
+)

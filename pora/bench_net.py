@@ -1,0 +1,444 @@
+"""`pora bench`: durable 1 KiB adds over loopback, against Redis streams in the same run.
+
+Both systems get the same closed-loop load: `connections` TCP connections, each
+keeping `depth` requests in flight (a reply lets the next request go), payloads of
+`payload_bytes`. Only requests completing inside the measured window (after the
+warm-up) count. Latency is from just before the request is written to the socket
+until its reply has been read.
+
+Pora: a `pora serve` subprocess on a fresh temp data dir (or `--connect` to a
+running node), loaded with pipelined ADD_ENTRY frames built by the `netio` codec
+(the same kind of raw pipelined client as the Redis side), or through
+`pora.connect_node` with `--library-client`. Each connection writes its own ledger.
+
+Redis: `redis-server` from PATH on a free loopback port, in a temp dir, with
+`--appendonly yes --appendfsync always --save ''` (every write fsynced before the
+reply, like a Pora add), loaded with `XADD` through a small pipelined RESP client
+on trio sockets (`pora.resp`). Skipped with a message when redis-server is absent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import trio
+
+from pora.resp import ReplyCounter, encode_command
+
+LATENCY_SAMPLES_MAX: Final = 5_000_000
+STARTUP_TIMEOUT_S: Final = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    connections: int = 8
+    depth: int = 64
+    payload_bytes: int = 1024
+    duration_s: float = 5.0
+    warmup_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.connections < 1 or self.depth < 1:
+            raise ValueError("connections and depth must be >= 1")
+        if not 0 < self.payload_bytes <= 4 << 20:
+            raise ValueError("payload_bytes must be in (0, 4 MiB]")
+        if self.duration_s <= 0 or self.warmup_s < 0:
+            raise ValueError("duration_s must be > 0 and warmup_s >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    system: str
+    ops: int
+    seconds: float
+    ops_per_s: float
+    mb_per_s: float
+    p50_ms: float
+    p99_ms: float
+    p999_ms: float
+    errors: int
+    note: str = ""
+
+
+class Window:
+    """Counts completions and latencies inside [start, end) of the run."""
+
+    def __init__(self, config: LoadConfig) -> None:
+        self.config = config
+        now = time.perf_counter()
+        self.start = now + config.warmup_s
+        self.end = self.start + config.duration_s
+        self.latencies: list[float] = []
+        self.ops = 0
+        self.errors = 0
+
+    def done(self, sent_at: float, now: float) -> None:
+        if self.start <= now < self.end:
+            self.ops += 1
+            if len(self.latencies) < LATENCY_SAMPLES_MAX:
+                self.latencies.append(now - sent_at)
+
+    @property
+    def finished(self) -> bool:
+        return time.perf_counter() >= self.end
+
+    def result(self, system: str, note: str = "") -> LoadResult:
+        seconds = self.config.duration_s
+        ordered = sorted(self.latencies)
+
+        def quantile(q: float) -> float:
+            if not ordered:
+                return math.nan
+            return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0
+
+        rate = self.ops / seconds
+        return LoadResult(
+            system=system,
+            ops=self.ops,
+            seconds=seconds,
+            ops_per_s=rate,
+            mb_per_s=rate * self.config.payload_bytes / 1e6,
+            p50_ms=quantile(0.50),
+            p99_ms=quantile(0.99),
+            p999_ms=quantile(0.999),
+            errors=self.errors,
+            note=note,
+        )
+
+
+def free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+# --- Redis ------------------------------------------------------------------------------------
+
+
+@contextmanager
+def redis_server(redis_path: str, parent_dir: Path | None = None) -> Any:
+    """Run redis-server with durable AOF on a free loopback port, in a temp dir under
+    `parent_dir` (the same disk as the node's); yields the port."""
+    with tempfile.TemporaryDirectory(prefix="pora-bench-redis-", dir=parent_dir) as directory:
+        port = free_loopback_port()
+        process = subprocess.Popen(
+            [
+                redis_path,
+                "--port", str(port), "--bind", "127.0.0.1", "--dir", directory,
+                "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+                "--daemonize", "no", "--protected-mode", "yes", "--logfile", "",
+                "--loglevel", "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            _wait_for_port(port, process)
+            yield port
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            stderr = process.stderr.read().decode() if process.stderr else ""
+            raise RuntimeError(f"redis-server exited with {process.returncode}: {stderr}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"redis-server did not listen on port {port}")
+
+
+async def _redis_connection(port: int, index: int, window: Window, payload: bytes) -> None:
+    """One connection keeping `depth` XADDs in flight until the window ends."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    key = b"pora-bench-%d" % index
+    command = encode_command([b"XADD", key, b"MAXLEN", b"~", b"100000", b"*", b"d", payload])
+    counter = ReplyCounter()
+    in_flight: deque[float] = deque()
+    async with stream:
+        sent_at = time.perf_counter()
+        in_flight.extend([sent_at] * window.config.depth)
+        await stream.send_all(command * window.config.depth)
+        while in_flight:
+            data = await stream.receive_some(1 << 16)
+            if not data:
+                raise RuntimeError("redis-server closed the connection")
+            replies = counter.feed(data)
+            now = time.perf_counter()
+            for _ in range(replies):
+                window.done(in_flight.popleft(), now)
+            if replies and not window.finished:
+                in_flight.extend([now] * replies)
+                await stream.send_all(command * replies)
+    window.errors += counter.errors_total
+    if counter.errors:
+        raise RuntimeError(f"redis-server replied with errors: {counter.errors[-1]}")
+
+
+async def run_redis_load(port: int, config: LoadConfig) -> LoadResult:
+    payload = os.urandom(config.payload_bytes)
+    window = Window(config)
+    async with trio.open_nursery() as nursery:
+        for index in range(config.connections):
+            nursery.start_soon(_redis_connection, port, index, window, payload)
+    return window.result("redis XADD (appendfsync always)")
+
+
+# --- Pora -------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def pora_server(
+    parent_dir: Path | None = None, node_options: Sequence[str] = ()
+) -> AsyncIterator[str]:
+    """Run `pora serve` as a subprocess on a fresh data dir (a temp dir under
+    `parent_dir`, removed afterwards); yields its address."""
+    with tempfile.TemporaryDirectory(prefix="pora-bench-", dir=parent_dir) as directory:
+        root = Path(directory)
+        ready = root / "ready.json"
+        command = [
+            sys.executable, "-m", "pora.cli", "serve",
+            "--data-dir", str(root / "data"), "--listen", "127.0.0.1:0",
+            "--ready-file", str(ready), "--log-level", "warning",
+        ]  # fmt: skip
+        for option in node_options:
+            command += ["--node-option", option]
+        process = await trio.lowlevel.open_process(command)
+        try:
+            with trio.fail_after(STARTUP_TIMEOUT_S):
+                while not ready.exists():
+                    if process.poll() is not None:
+                        raise RuntimeError(f"pora serve exited with {process.returncode}")
+                    await trio.sleep(0.05)
+            yield str(json.loads(ready.read_text())["listen"])
+        finally:
+            process.terminate()
+            with trio.move_on_after(30):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+
+
+async def _pora_connection(address: str, ledger_id: int, window: Window, payload: bytes) -> None:
+    import pora  # noqa: PLC0415
+
+    next_entry = 0
+
+    async with pora.connect_node(address) as client:
+
+        async def writer() -> None:
+            nonlocal next_entry
+            while not window.finished:
+                entry_id = next_entry
+                next_entry += 1
+                sent_at = time.perf_counter()
+                await client.add_entry(ledger_id, entry_id, payload)
+                window.done(sent_at, time.perf_counter())
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(window.config.depth):
+                nursery.start_soon(writer)
+
+
+async def _pora_raw_connection(
+    address: str, ledger_id: int, window: Window, payload: bytes
+) -> None:
+    """One connection keeping `depth` ADD_ENTRY frames in flight, straight on the codec.
+
+    The same closed loop as the Redis client: frames for every free slot are encoded
+    and written with one `send_all`; replies may come back in any order and are
+    matched by request id.
+    """
+    from netio.codec import ResponseDecoder, encode_add_entries  # noqa: PLC0415
+    from netio.messages import ErrorResponse  # noqa: PLC0415
+
+    host, _, port = address.rpartition(":")
+    stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+    decoder = ResponseDecoder()
+    sent_at: dict[int, float] = {}
+    next_id = 0
+    errors: list[str] = []
+
+    def frames(count: int, now: float) -> bytes:
+        """`count` more adds; request id and entry id are the same counter."""
+        nonlocal next_id
+        first = next_id
+        next_id += count
+        for request_id in range(first, next_id):
+            sent_at[request_id] = now
+        return encode_add_entries(first, ledger_id, [(e, payload) for e in range(first, next_id)])
+
+    async with stream:
+        await stream.send_all(frames(window.config.depth, time.perf_counter()))
+        while sent_at:
+            data = await stream.receive_some(1 << 18)
+            if not data:
+                raise RuntimeError(f"the node at {address} closed the connection")
+            decoder.receive_data(data)
+            responses = decoder.next_responses()
+            now = time.perf_counter()
+            for response in responses:
+                window.done(sent_at.pop(response.request_id), now)
+                if isinstance(response, ErrorResponse):
+                    window.errors += 1
+                    errors.append(response.message)
+            if responses and not window.finished:
+                await stream.send_all(frames(len(responses), now))
+    if errors:
+        raise RuntimeError(f"{len(errors)} adds failed; the last: {errors[-1]}")
+
+
+async def run_pora_load(
+    address: str, config: LoadConfig, ledger_base: int, *, library_client: bool = False
+) -> LoadResult:
+    payload = os.urandom(config.payload_bytes)
+    window = Window(config)
+    connection = _pora_connection if library_client else _pora_raw_connection
+    async with trio.open_nursery() as nursery:
+        for index in range(config.connections):
+            nursery.start_soon(connection, address, ledger_base + index, window, payload)
+    how = "pora.connect_node" if library_client else "raw pipelined frames"
+    return window.result(f"pora ADD_ENTRY (fdatasync), {how}")
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BenchReport:
+    config: LoadConfig
+    #: the median round of each system (by adds/s)
+    pora: LoadResult | None
+    redis: LoadResult | None
+    redis_skipped: str
+    ratio: float | None
+    #: every round, in the order they ran (systems alternate)
+    pora_rounds: list[LoadResult]
+    redis_rounds: list[LoadResult]
+
+    def as_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def median_result(results: Sequence[LoadResult]) -> LoadResult | None:
+    """The round with the median adds/s (the lower middle one for an even count)."""
+    if not results:
+        return None
+    ordered = sorted(results, key=lambda r: r.ops_per_s)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+async def run_bench(
+    config: LoadConfig,
+    *,
+    connect: str | None = None,
+    redis: bool = True,
+    pora_load: bool = True,
+    library_client: bool = False,
+    parent_dir: Path | None = None,
+    node_options: Sequence[str] = (),
+    rounds: int = 1,
+    say: Callable[[str], None] = print,
+) -> BenchReport:
+    """Run `rounds` rounds, each Pora then Redis, so both see the same machine
+    conditions over time; report the median round of each."""
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
+    ledger_base = int.from_bytes(os.urandom(5), "big") << 8 if connect else 1
+    redis_path = shutil.which("redis-server")
+    skipped = ""
+    if not redis:
+        skipped = "Redis run not requested (--no-redis)"
+    elif redis_path is None:
+        skipped = (
+            "redis-server is not on PATH: Redis comparison skipped "
+            "(install it, e.g. `apt-get install redis-server`)"
+        )
+    pora_rounds: list[LoadResult] = []
+    redis_rounds: list[LoadResult] = []
+    for round_index in range(rounds):
+        prefix = f"round {round_index + 1}/{rounds}: " if rounds > 1 else ""
+        base = ledger_base + round_index * config.connections
+        if not pora_load:
+            say("pora: skipped (--redis-only)")
+        elif connect:
+            say(f"{prefix}pora: loading the node at {connect}")
+            pora_rounds.append(
+                await run_pora_load(connect, config, base, library_client=library_client)
+            )
+        else:
+            say(f"{prefix}pora: starting `pora serve` on a temp data dir")
+            async with pora_server(parent_dir, node_options) as address:
+                say(f"{prefix}pora: loading {address}")
+                pora_rounds.append(
+                    await run_pora_load(address, config, base, library_client=library_client)
+                )
+        if redis and redis_path is not None:
+            say(f"{prefix}redis: starting {redis_path} (appendonly yes, appendfsync always)")
+            with redis_server(redis_path, parent_dir) as port:
+                redis_rounds.append(await run_redis_load(port, config))
+    pora_result = median_result(pora_rounds)
+    redis_result = median_result(redis_rounds)
+    ratio = None
+    if pora_result is not None and redis_result is not None and redis_result.ops_per_s > 0:
+        ratio = pora_result.ops_per_s / redis_result.ops_per_s
+    return BenchReport(config, pora_result, redis_result, skipped, ratio, pora_rounds, redis_rounds)
+
+
+def format_table(report: BenchReport) -> str:
+    config = report.config
+    lines = [
+        f"{config.connections} connections x depth {config.depth}, "
+        f"{config.payload_bytes}-byte payloads, {config.duration_s:g}s measured "
+        f"after {config.warmup_s:g}s warm-up",
+        "",
+        f"{'system':<46} {'adds/s':>10} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'p999 ms':>8} {'errors':>7}",
+    ]
+    for result in (report.pora, report.redis):  # either may be skipped
+        if result is None:
+            continue
+        lines.append(
+            f"{result.system:<46} {result.ops_per_s:>10,.0f} {result.mb_per_s:>8.1f} "
+            f"{result.p50_ms:>8.2f} {result.p99_ms:>8.2f} {result.p999_ms:>8.2f} "
+            f"{result.errors:>7}"
+        )
+    if len(report.pora_rounds) > 1 or len(report.redis_rounds) > 1:
+        lines.append("")
+        lines.append("(the median round of each; adds/s of every round:")
+        for name, results in (("pora", report.pora_rounds), ("redis", report.redis_rounds)):
+            if results:
+                lines.append(f"  {name}: " + ", ".join(f"{r.ops_per_s:,.0f}" for r in results))
+        lines.append(")")
+    lines.append("")
+    if report.ratio is not None:
+        lines.append(f"pora / redis: {report.ratio:.2f}x")
+    else:
+        lines.append(report.redis_skipped)
+    return "\n".join(lines)

@@ -1,0 +1,113 @@
+"""`pora bench`: durable adds over loopback, compared with Redis streams."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "bench",
+        help="benchmark durable adds over loopback (and Redis XADD in the same run)",
+        description="Start `pora serve` on a temp data dir (or --connect to a running "
+        "node), run CONNECTIONS x DEPTH pipelined adds of PAYLOAD bytes, and print adds/s, "
+        "MB/s and p50/p99/p999 latency. Then run the same load against redis-server "
+        "(from PATH, started on loopback with appendfsync always) with XADD and print "
+        "the ratio; without redis-server that part is skipped with a message.",
+    )
+    parser.add_argument("--connections", type=int, default=8, help="TCP connections (default 8)")
+    parser.add_argument(
+        "--depth", type=int, default=64, help="requests in flight per connection (default 64)"
+    )
+    parser.add_argument(
+        "--payload-bytes", type=int, default=1024, help="bytes per add (default 1024)"
+    )
+    parser.add_argument(
+        "--duration-s", type=float, default=5.0, help="measured seconds per system (default 5)"
+    )
+    parser.add_argument(
+        "--warmup-s", type=float, default=1.0, help="unmeasured seconds first (default 1)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="alternate Pora and Redis this many times and report each one's median "
+        "round (steadier figures on a shared machine; default 1)",
+    )
+    parser.add_argument(
+        "--connect",
+        metavar="HOST:PORT",
+        default=None,
+        help="load this running node instead of starting one (writes fresh ledgers)",
+    )
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--no-redis", action="store_true", help="skip the Redis run")
+    which.add_argument("--redis-only", action="store_true", help="skip the Pora run")
+    parser.add_argument(
+        "--library-client",
+        action="store_true",
+        help="load Pora through pora.connect_node (one task per in-flight add) instead of "
+        "raw pipelined frames",
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where the started node's temp data dir goes (default: the system temp dir); "
+        "pick the disk you want to measure",
+    )
+    parser.add_argument(
+        "--node-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="node option for the started node (repeatable), as for `pora serve`",
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import trio  # noqa: PLC0415
+
+    from pora.bench_net import LoadConfig, format_table, run_bench  # noqa: PLC0415
+
+    try:
+        config = LoadConfig(
+            connections=args.connections,
+            depth=args.depth,
+            payload_bytes=args.payload_bytes,
+            duration_s=args.duration_s,
+            warmup_s=args.warmup_s,
+        )
+    except ValueError as error:
+        print(f"pora bench: {error}", file=sys.stderr)
+        return 2
+    if args.rounds < 1:
+        print("pora bench: --rounds must be >= 1", file=sys.stderr)
+        return 2
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    report = trio.run(
+        functools.partial(
+            run_bench,
+            config,
+            connect=args.connect,
+            redis=not args.no_redis,
+            pora_load=not args.redis_only,
+            library_client=args.library_client,
+            parent_dir=args.dir,
+            node_options=args.node_option,
+            rounds=args.rounds,
+            say=say,
+        )
+    )
+    print(report.as_json() if args.json else format_table(report))
+    return 0

@@ -1,0 +1,184 @@
+"""The `pora serve` daemon: a node, its network server, metrics and disk monitor.
+
+Lifecycle:
+
+1. Signals (SIGINT, SIGTERM) are watched from the first moment, so a signal during
+   recovery stops the process cleanly too.
+2. `open_node` locks the data dir and runs recovery (progress in the log).
+3. The network server starts on `listen`; metrics/health on `metrics_listen` if
+   set; the free-space monitor starts.
+4. On the first signal: stop accepting, let in-flight requests finish (up to
+   `drain_timeout_s`), then leave `open_node`, which writes what is queued, flushes
+   every ledger and closes the node. A second signal cuts the drain short.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+import pora
+from pora.diskwatch import DiskMonitor, DiskThresholds
+from pora.metrics import NodeMetrics, serve_metrics
+from pora.settings import Settings
+
+_log = logging.getLogger("pora.serve")
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _settings_fields(settings: Settings) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "data_dir": str(settings.data_dir),
+        "listen": str(settings.listen),
+        "metrics_listen": str(settings.metrics_listen) if settings.metrics_listen else "off",
+        "read_only_free_bytes_min": settings.read_only_free_bytes_min,
+        "read_only_free_percent_min": settings.read_only_free_percent_min,
+        "pid": os.getpid(),
+    }
+    fields.update({f"node.{k}": v for k, v in settings.node_options.items()})
+    fields.update({f"server.{k}": v for k, v in settings.server_options.items()})
+    return fields
+
+
+def _make_server(node: pora.Node, settings: Settings) -> Any:
+    from pora.server import Server, ServerConfig  # noqa: PLC0415 (keeps `--help` light)
+
+    config = ServerConfig(
+        host=settings.listen.host, port=settings.listen.port, **settings.server_options
+    )
+    return Server(node, config)
+
+
+class _Stopper:
+    """Turns signals into 'stop gracefully' (first) and 'stop now' (second)."""
+
+    def __init__(self) -> None:
+        self.requested = trio.Event()
+        self.signal_name = ""
+        self.drain_scope = trio.CancelScope()
+        #: cancelled on a signal that arrives before startup finished
+        self.startup_scope = trio.CancelScope()
+        self.started = False
+
+    async def watch(self, signals: Any) -> None:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if not self.requested.is_set():
+                self.signal_name = name
+                self.requested.set()
+                _log.info("received %s: shutting down", name, extra={"fields": {"signal": name}})
+                if not self.started:
+                    self.startup_scope.cancel()
+            else:
+                _log.warning("received %s again: cutting the drain short", name)
+                self.drain_scope.cancel()
+
+
+async def run_daemon(
+    settings: Settings,
+    *,
+    on_ready: Callable[[dict[str, Any]], None] | None = None,
+) -> int:
+    """Run until a stop signal; returns the process exit status (0 after a clean stop)."""
+    started_at = time.monotonic()
+    stopper = _Stopper()
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        async with trio.open_nursery() as watcher:
+            watcher.start_soon(stopper.watch, signals)
+            try:
+                await _run_node(settings, stopper, on_ready)
+            finally:
+                watcher.cancel_scope.cancel()
+    _log.info(
+        "stopped cleanly after %.1fs",
+        time.monotonic() - started_at,
+        extra={"fields": {"signal": stopper.signal_name}},
+    )
+    return 0
+
+
+async def _run_node(
+    settings: Settings,
+    stopper: _Stopper,
+    on_ready: Callable[[dict[str, Any]], None] | None,
+) -> None:
+    _log.info(
+        "starting pora %s on %s",
+        pora.__version__,
+        settings.data_dir,
+        extra={"fields": _settings_fields(settings)},
+    )
+    with stopper.startup_scope:
+        async with pora.open_node(settings.data_dir, **settings.node_options) as node:
+            server = _make_server(node, settings)
+            metrics = NodeMetrics(node, node.data_dir.journal_dir, server.statistics)
+            node.add_commit_listener(metrics.commits.on_commit)
+            monitor = DiskMonitor(
+                node,
+                settings.data_dir,
+                DiskThresholds(
+                    settings.read_only_free_bytes_min,
+                    settings.read_only_free_percent_min,
+                    settings.read_only_hysteresis_bytes,
+                ),
+                settings.disk_check_interval_ms,
+            )
+            async with trio.open_nursery() as nursery:
+                await monitor.check()  # start read-only if the disk is already full
+                nursery.start_soon(monitor.run)
+                host, port = await nursery.start(server.run)
+                ready: dict[str, Any] = {"listen": f"{host}:{port}"}
+                if settings.metrics_listen is not None:
+                    if not _is_loopback(settings.metrics_listen.host):
+                        _log.warning(
+                            "metrics listen on %s, which is not loopback: /metrics and "
+                            "/health have no authentication",
+                            settings.metrics_listen,
+                        )
+                    m_host, m_port = await nursery.start(
+                        serve_metrics, metrics, settings.metrics_listen.host,
+                        settings.metrics_listen.port,
+                    )  # fmt: skip
+                    ready["metrics_listen"] = f"{m_host}:{m_port}"
+                stopper.started = True
+                _log.info("serving on %s", ready["listen"], extra={"fields": ready})
+                if on_ready is not None:
+                    on_ready(ready)
+                await stopper.requested.wait()
+                _log.info(
+                    "stopping: no new connections; draining in-flight requests (up to %.1fs)",
+                    settings.drain_timeout_s,
+                )
+                with stopper.drain_scope:
+                    await server.shutdown(settings.drain_timeout_s)
+                _log.info(
+                    "drained; flushing and closing the node",
+                    extra={"fields": _server_fields(server.statistics())},
+                )
+                nursery.cancel_scope.cancel()
+    if stopper.requested.is_set() and not stopper.started:
+        _log.info("stopped during startup")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _server_fields(stats: object) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for name in ("connections_total", "connections_accepted", "requests_total", "requests"):
+        value = getattr(stats, name, None)
+        if isinstance(value, int):
+            fields[name] = value
+    return fields

@@ -1,0 +1,641 @@
+"""The client of one node: `connect_node("host:port")` (asyncio or trio, through anyio).
+
+Every operation of the in-process node, over one pipelined connection: any number
+of tasks call at once, their frames are coalesced into few sends by one writer
+task, and one reader task hands each response to its caller by request id
+(responses come back in completion order, not request order). Failures raise the
+engine's own exception types (`pora.NoSuchEntry`, `pora.LedgerFenced`, ...), with
+the node's message. A broken connection fails what was in flight with
+`ConnectionLost` and the next call reconnects, with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+
+from journal.errors import PoraError
+from ledger.errors import (
+    EntryConflict,
+    EntryTooLarge,
+    InvalidArgument,
+    LedgerClosed,
+    LedgerFenced,
+    NodeClosed,
+    NodeReadOnly,
+    NoSuchEntry,
+    NoSuchLedger,
+    Unauthorized,
+)
+from netio import frames as f
+from netio.codec import (
+    ResponseDecoder,
+    encode_add_entries,
+    encode_add_entry,
+    encode_request,
+)
+from netio.errors import ConnectionLost, NodeOverloaded, ProtocolError, RemoteError, RequestTimeout
+from netio.frames import Status
+from netio.messages import (
+    Close,
+    CloseResponse,
+    Delete,
+    ErrorResponse,
+    Fence,
+    FenceResponse,
+    Info,
+    InfoResponse,
+    LacResponse,
+    LedgerSummary,
+    ListLedgers,
+    ListLedgersResponse,
+    ReadEntry,
+    ReadEntryResponse,
+    ReadLac,
+    ReadRange,
+    ReadRangeResponse,
+    ResponseMessage,
+)
+from netio.security import master_key_from_password
+
+DEFAULT_PORT: Final = 3181
+_RECEIVE_BYTES: Final = 256 * 1024
+
+#: The engine error each status code stands for.
+_ERROR_TYPES: Final[dict[int, type[PoraError]]] = {
+    Status.NO_SUCH_LEDGER: NoSuchLedger,
+    Status.NO_SUCH_ENTRY: NoSuchEntry,
+    Status.FENCED: LedgerFenced,
+    Status.CLOSED: LedgerClosed,
+    Status.BAD_REQUEST: ProtocolError,
+    Status.UNAUTHORIZED: Unauthorized,
+    Status.TOO_LARGE: EntryTooLarge,
+    Status.READ_ONLY: NodeReadOnly,
+    Status.OVERLOADED: NodeOverloaded,
+    Status.INTERNAL_ERROR: RemoteError,
+    Status.ENTRY_CONFLICT: EntryConflict,
+    Status.INVALID_ARGUMENT: InvalidArgument,
+    Status.SHUTTING_DOWN: NodeClosed,
+}
+
+
+def error_from_response(response: ErrorResponse) -> PoraError:
+    """The typed exception of an error response, carrying the node's own message.
+
+    Built without calling the type's constructor: the node already wrote the
+    message (what, where, what to do), and the constructors want arguments (a
+    size limit, say) that only the node knows.
+    """
+    error_type = _ERROR_TYPES.get(response.status, RemoteError)
+    error = error_type.__new__(error_type)
+    Exception.__init__(error, response.message)
+    error.ledger_id = response.ledger_id  # type: ignore[attr-defined]
+    error.entry_id = response.entry_id  # type: ignore[attr-defined]
+    if isinstance(error, ProtocolError):
+        error.status = response.status
+        error.request_id = response.request_id
+    if isinstance(error, EntryTooLarge):
+        error.size = error.limit = -1  # not carried by the protocol
+    return error
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    protocol_version: int
+    server_version: str
+    #: why the node refuses writes, or None when it takes them
+    read_only_reason: str | None
+    frame_bytes_max: int
+    entry_bytes_max: int
+    ledger_count: int
+
+
+class _Waiter:
+    """One caller waiting for `remaining` responses (one, or a batch of adds)."""
+
+    __slots__ = ("error", "event", "remaining", "responses")
+
+    def __init__(self, count: int) -> None:
+        self.event = anyio.Event()
+        self.remaining = count
+        self.responses: list[ResponseMessage | None] = [None] * count
+        self.error: PoraError | None = None
+
+
+class _Session:
+    """One connection: its stream, its requests in flight, its frames to send."""
+
+    def __init__(self, stream: anyio.abc.ByteStream, frame_bytes_max: int) -> None:
+        self.stream = stream
+        self.decoder = ResponseDecoder(frame_bytes_max, _RECEIVE_BYTES)
+        #: request id -> (waiter, index of the response in the waiter)
+        self.pending: dict[int, tuple[_Waiter, int]] = {}
+        self.outbox: list[bytes] = []
+        self.outbox_ready = anyio.Event()
+        self.error: BaseException | None = None
+        self.alive = True
+        self.cancel_scope = anyio.CancelScope()
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        return address, DEFAULT_PORT
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        return host, int(port)
+    except ValueError:
+        raise InvalidArgument(f"node address {address!r} is not host:port") from None
+
+
+class NodeClient:
+    """A pipelined connection to one node. Make one with `connect_node`."""
+
+    def __init__(
+        self,
+        address: str,
+        task_group: anyio.abc.TaskGroup,
+        *,
+        timeout_s: float,
+        connect_timeout_s: float,
+        ssl_context: ssl.SSLContext | None,
+        inflight_max: int,
+        frame_bytes_max: int,
+        reconnect_attempts: int,
+        backoff_initial_s: float,
+        backoff_max_s: float,
+    ) -> None:
+        self.address = address
+        self.host, self.port = _split_address(address)
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._task_group = task_group
+        self._ssl_context = ssl_context
+        self._inflight_max = inflight_max
+        self._frame_bytes_max = frame_bytes_max
+        self._reconnect_attempts = reconnect_attempts
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self._session: _Session | None = None
+        self._connect_lock = anyio.Lock()
+        self._next_request_id = 1  # 0 is for messages about the connection itself
+        self._space = anyio.Event()
+        self._closed = False
+        self.reconnects = 0
+
+    # --- connection --------------------------------------------------------------------------
+
+    async def _connected(self) -> _Session:
+        session = self._session
+        if session is not None and session.alive:
+            return session
+        async with self._connect_lock:
+            session = self._session
+            if session is not None and session.alive:
+                return session
+            if self._closed:
+                raise ConnectionLost(f"the client of {self.address} is closed")
+            stream = await self._open_stream()
+            session = _Session(stream, self._frame_bytes_max)
+            self._session = session
+            self._task_group.start_soon(self._run_session, session)
+            return session
+
+    async def _open_stream(self) -> anyio.abc.ByteStream:
+        delay_s = self._backoff_initial_s
+        attempts = max(1, self._reconnect_attempts)
+        last_error: BaseException | None = None
+        for attempt in range(attempts):
+            if attempt:
+                await anyio.sleep(delay_s)
+                delay_s = min(delay_s * 2, self._backoff_max_s)
+            try:
+                with anyio.fail_after(self.connect_timeout_s):
+                    stream: anyio.abc.ByteStream
+                    if self._ssl_context is None:
+                        stream = await anyio.connect_tcp(self.host, self.port)
+                    else:
+                        stream = await anyio.connect_tcp(
+                            self.host,
+                            self.port,
+                            ssl_context=self._ssl_context,
+                            tls_standard_compatible=False,
+                        )
+            except (OSError, TimeoutError, ssl.SSLError, anyio.BrokenResourceError) as error:
+                last_error = error
+                continue
+            if self._session is not None:
+                self.reconnects += 1
+            return stream
+        raise ConnectionLost(
+            f"cannot connect to node {self.address} after {attempts} attempts: {last_error}; "
+            "is `pora serve` running there, and is the address (and TLS setting) right?"
+        )
+
+    async def _run_session(self, session: _Session) -> None:
+        try:
+            with session.cancel_scope:
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(self._write_loop, session, tasks.cancel_scope)
+                    await self._read_loop(session, tasks.cancel_scope)
+        finally:
+            session.alive = False
+            error = session.error
+            lost: PoraError = ConnectionLost(
+                f"connection to node {self.address} lost"
+                + (f": {error}" if error is not None else "")
+                + "; requests in flight may or may not have been performed"
+            )
+            if isinstance(error, PoraError) and not isinstance(error, ProtocolError):
+                lost = error  # the node said why (it is overloaded, say)
+            pending = session.pending
+            session.pending = {}
+            for waiter, _index in pending.values():
+                if waiter.error is None:
+                    waiter.error = lost
+                    waiter.event.set()
+            self._space.set()
+            with anyio.CancelScope(shield=True):
+                await anyio.aclose_forcefully(session.stream)
+
+    async def _read_loop(self, session: _Session, tasks: anyio.CancelScope) -> None:
+        stream = session.stream
+        decoder = session.decoder
+        try:
+            while True:
+                data = await stream.receive(_RECEIVE_BYTES)
+                decoder.receive_data(data)
+                pending = session.pending
+                for response in decoder.next_responses():
+                    slot = pending.pop(response.request_id, None)
+                    if slot is None:
+                        if response.request_id == 0 and isinstance(response, ErrorResponse):
+                            # about the connection itself (too many): the node closes it
+                            session.error = error_from_response(response)
+                        continue  # else its caller gave up (timeout): drop it
+                    waiter, index = slot
+                    waiter.responses[index] = response
+                    waiter.remaining -= 1
+                    if waiter.remaining == 0:
+                        waiter.event.set()
+                if len(pending) < self._inflight_max:
+                    self._space.set()
+        except (anyio.EndOfStream, anyio.ClosedResourceError) as error:
+            session.error = error if not isinstance(error, anyio.EndOfStream) else None
+        except Exception as error:
+            session.error = error
+        finally:
+            tasks.cancel()
+
+    async def _write_loop(self, session: _Session, tasks: anyio.CancelScope) -> None:
+        stream = session.stream
+        try:
+            while True:
+                if not session.outbox:
+                    session.outbox_ready = anyio.Event()
+                    await session.outbox_ready.wait()
+                    continue
+                frames = session.outbox
+                session.outbox = []
+                await stream.send(frames[0] if len(frames) == 1 else b"".join(frames))
+        except Exception as error:
+            session.error = error
+            tasks.cancel()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        session = self._session
+        if session is not None:
+            session.cancel_scope.cancel()
+
+    # --- calls -------------------------------------------------------------------------------
+
+    async def _call(
+        self, frames: list[bytes], request_ids: list[int], timeout_s: float | None
+    ) -> list[ResponseMessage | PoraError]:
+        """Send frames (one buffer may hold many) for `request_ids` and wait for their
+        responses (errors as values, in the order of `request_ids`)."""
+        while True:
+            session = await self._connected()
+            if len(session.pending) < self._inflight_max:
+                break
+            self._space = anyio.Event()
+            await self._space.wait()
+        waiter = _Waiter(len(request_ids))
+        pending = session.pending
+        for index, request_id in enumerate(request_ids):
+            pending[request_id] = (waiter, index)
+        session.outbox.extend(frames)
+        session.outbox_ready.set()
+        try:
+            with anyio.fail_after(self.timeout_s if timeout_s is None else timeout_s):
+                await waiter.event.wait()
+        except TimeoutError:
+            raise RequestTimeout(
+                f"no response from node {self.address} within "
+                f"{self.timeout_s if timeout_s is None else timeout_s} s; the request may "
+                "or may not have been performed"
+            ) from None
+        finally:
+            if waiter.remaining:
+                for request_id in request_ids:
+                    pending.pop(request_id, None)
+        if waiter.error is not None:
+            raise waiter.error
+        results: list[ResponseMessage | PoraError] = []
+        for response in waiter.responses:
+            assert response is not None
+            if isinstance(response, ErrorResponse):
+                results.append(error_from_response(response))
+            else:
+                results.append(response)
+        return results
+
+    async def _call_one(self, frame: bytes, request_id: int, timeout_s: float | None) -> Any:
+        (result,) = await self._call([frame], [request_id], timeout_s)
+        if isinstance(result, PoraError):
+            raise result
+        return result
+
+    def _ids(self, count: int) -> list[int]:
+        first = self._next_request_id
+        self._next_request_id = first + count
+        return list(range(first, first + count))
+
+    def _new_id(self) -> int:
+        request_id = self._next_request_id
+        self._next_request_id = request_id + 1
+        return request_id
+
+    @staticmethod
+    def _key(master_key: bytes, password: str | bytes | None) -> bytes:
+        return master_key_from_password(password) if password is not None else master_key
+
+    async def add_entry(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        payload: bytes,
+        *,
+        master_key: bytes = b"",
+        password: str | bytes | None = None,
+        last_add_confirmed: int = -1,
+        recovery: bool = False,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Store an entry on the node; returns once it is durable there.
+
+        `password` (or an already derived `master_key`) must match the ledger's;
+        `last_add_confirmed` piggybacks the writer's LAC for tail readers;
+        `recovery` marks an add of a recovery, which a fenced ledger accepts.
+        """
+        request_id = self._new_id()
+        frame = encode_add_entry(
+            request_id,
+            ledger_id,
+            entry_id,
+            payload,
+            master_key=self._key(master_key, password),
+            last_add_confirmed=last_add_confirmed,
+            recovery=recovery,
+        )
+        await self._call_one(frame, request_id, timeout_s)
+
+    async def add_entries(
+        self,
+        ledger_id: int,
+        entries: Sequence[tuple[int, bytes]],
+        *,
+        master_key: bytes = b"",
+        password: str | bytes | None = None,
+        last_add_confirmed: int = -1,
+        recovery: bool = False,
+        timeout_s: float | None = None,
+    ) -> list[PoraError | None]:
+        """Store many `(entry_id, payload)` of one ledger, pipelined; one outcome per
+        entry, in order (None: stored)."""
+        if not entries:
+            return []
+        request_ids = self._ids(len(entries))
+        frames = [
+            encode_add_entries(
+                request_ids[0],
+                ledger_id,
+                entries,
+                master_key=self._key(master_key, password),
+                last_add_confirmed=last_add_confirmed,
+                recovery=recovery,
+            )
+        ]
+        results = await self._call(frames, request_ids, timeout_s)
+        return [r if isinstance(r, PoraError) else None for r in results]
+
+    async def read_entry(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        wait_s: float = 0.0,
+        fence: bool = False,
+        master_key: bytes = b"",
+        password: str | bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> bytes:
+        """The entry's payload. `wait_s` > 0: long poll (wait for the entry to arrive,
+        else NoSuchEntry); `fence`: fence the ledger first (a recovery read)."""
+        payload, _lac = await self.read_entry_and_lac(
+            ledger_id,
+            entry_id,
+            wait_s=wait_s,
+            fence=fence,
+            master_key=master_key,
+            password=password,
+            timeout_s=timeout_s,
+        )
+        return payload
+
+    async def read_entry_and_lac(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        wait_s: float = 0.0,
+        fence: bool = False,
+        master_key: bytes = b"",
+        password: str | bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[bytes, int]:
+        """`read_entry`, plus the ledger's last-add-confirmed as the node knows it."""
+        request_id = self._new_id()
+        wait_ms = max(0, min(round(wait_s * 1000), 2**32 - 1))
+        frame = encode_request(
+            ReadEntry(
+                request_id,
+                ledger_id,
+                entry_id,
+                wait_ms,
+                fence,
+                self._key(master_key, password),
+            )
+        )
+        timeout = (self.timeout_s if timeout_s is None else timeout_s) + wait_s
+        response: ReadEntryResponse = await self._call_one(frame, request_id, timeout)
+        return response.payload, response.last_add_confirmed
+
+    async def read_range(
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        *,
+        max_entries: int = 1000,
+        max_bytes: int = 1 << 20,
+        timeout_s: float | None = None,
+    ) -> list[tuple[int, bytes]]:
+        """The entries stored in [first, last], in order, up to the limits (the node
+        may return fewer: ask again after the last one returned)."""
+        request_id = self._new_id()
+        frame = encode_request(
+            ReadRange(request_id, ledger_id, first_entry_id, last_entry_id, max_entries, max_bytes)
+        )
+        response: ReadRangeResponse = await self._call_one(frame, request_id, timeout_s)
+        return response.entries
+
+    async def last_add_confirmed(self, ledger_id: int, *, timeout_s: float | None = None) -> int:
+        request_id = self._new_id()
+        frame = encode_request(ReadLac(request_id, ledger_id))
+        response: LacResponse = await self._call_one(frame, request_id, timeout_s)
+        return response.last_add_confirmed
+
+    async def fence_ledger(
+        self,
+        ledger_id: int,
+        *,
+        master_key: bytes = b"",
+        password: str | bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> int:
+        """Shut the ledger's writer out; returns the last entry id stored on the node."""
+        request_id = self._new_id()
+        frame = encode_request(Fence(request_id, ledger_id, self._key(master_key, password)))
+        response: FenceResponse = await self._call_one(frame, request_id, timeout_s)
+        return response.last_entry_id
+
+    async def close_ledger(
+        self,
+        ledger_id: int,
+        last_entry_id: int | None = None,
+        *,
+        master_key: bytes = b"",
+        password: str | bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> int:
+        """Seal the ledger at `last_entry_id` (or at its last stored entry)."""
+        request_id = self._new_id()
+        frame = encode_request(
+            Close(request_id, ledger_id, last_entry_id, self._key(master_key, password))
+        )
+        response: CloseResponse = await self._call_one(frame, request_id, timeout_s)
+        return response.last_entry_id
+
+    async def delete_ledger(self, ledger_id: int, *, timeout_s: float | None = None) -> None:
+        request_id = self._new_id()
+        await self._call_one(encode_request(Delete(request_id, ledger_id)), request_id, timeout_s)
+
+    async def list_ledgers(
+        self, *, page_size: int = 1000, timeout_s: float | None = None
+    ) -> list[LedgerSummary]:
+        """Every ledger on the node, by id (fetched a page at a time)."""
+        ledgers: list[LedgerSummary] = []
+        after = -1
+        while True:
+            request_id = self._new_id()
+            frame = encode_request(ListLedgers(request_id, after, page_size))
+            response: ListLedgersResponse = await self._call_one(frame, request_id, timeout_s)
+            ledgers.extend(response.ledgers)
+            if not response.more or not response.ledgers:
+                return ledgers
+            after = response.ledgers[-1].ledger_id
+
+    async def info(self, *, timeout_s: float | None = None) -> NodeInfo:
+        """What the node says about itself (also a ping)."""
+        request_id = self._new_id()
+        response: InfoResponse = await self._call_one(
+            encode_request(Info(request_id)), request_id, timeout_s
+        )
+        return NodeInfo(
+            protocol_version=response.protocol_version,
+            server_version=response.server_version,
+            read_only_reason=response.read_only_reason,
+            frame_bytes_max=response.frame_bytes_max,
+            entry_bytes_max=response.entry_bytes_max,
+            ledger_count=response.ledger_count,
+        )
+
+
+def _ssl_context(tls: bool | ssl.SSLContext, tls_ca_file: str | None) -> ssl.SSLContext | None:
+    if isinstance(tls, ssl.SSLContext):
+        return tls
+    if not tls and tls_ca_file is None:
+        return None
+    return ssl.create_default_context(cafile=tls_ca_file)
+
+
+@contextlib.asynccontextmanager
+async def connect_node(
+    address: str,
+    *,
+    timeout_s: float = 30.0,
+    connect_timeout_s: float = 10.0,
+    tls: bool | ssl.SSLContext = False,
+    tls_ca_file: str | None = None,
+    inflight_max: int = 65_536,
+    frame_bytes_max: int = f.FRAME_BYTES_MAX_DEFAULT,
+    reconnect_attempts: int = 5,
+    backoff_initial_s: float = 0.05,
+    backoff_max_s: float = 2.0,
+) -> AsyncIterator[NodeClient]:
+    """Connect to the node at "host:port" (port 3181 if omitted) for the block.
+
+    `timeout_s` bounds each request (long polls add their wait); `tls=True` checks
+    the node's certificate against the system's CAs, `tls_ca_file` against a
+    file's (a self-signed node), or pass your own SSLContext. A lost connection is
+    re-made on the next call, up to `reconnect_attempts` tries with exponential
+    backoff from `backoff_initial_s` to `backoff_max_s`.
+    """
+    try:
+        async with anyio.create_task_group() as task_group:
+            client = NodeClient(
+                address,
+                task_group,
+                timeout_s=timeout_s,
+                connect_timeout_s=connect_timeout_s,
+                ssl_context=_ssl_context(tls, tls_ca_file),
+                inflight_max=inflight_max,
+                frame_bytes_max=frame_bytes_max,
+                reconnect_attempts=reconnect_attempts,
+                backoff_initial_s=backoff_initial_s,
+                backoff_max_s=backoff_max_s,
+            )
+            try:
+                await client._connected()
+                yield client
+            finally:
+                await client.aclose()
+    except BaseExceptionGroup as group:
+        # the client's own tasks never raise: a lone exception is the caller's (or a
+        # failed connect), and it should surface as itself, not wrapped in a group
+        if len(group.exceptions) != 1:
+            raise
+        error = group.exceptions[0]
+        raise error from error.__cause__
+
+
+__all__ = ["NodeClient", "NodeInfo", "connect_node", "error_from_response"]

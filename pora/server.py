@@ -1,0 +1,635 @@
+"""The node's network workers: frames from sockets to the Node API and back.
+
+One trio task per connection reads, decodes (`netio`, sans-io) and dispatches in
+batches: the adds of one read go to `node.submit` as ONE list of journal requests,
+whose completions (`on_done`, called by the ledger workers) only append to a list
+and wake the connection's writer; the writer packs every finished response into
+one buffer and sends it with one `send_all`. Other operations (reads that may
+long-poll, fences, closes, ...) run as tasks of the connection, so responses go
+out in completion order, matched by request id.
+
+Limits (all in `ServerConfig`): connections, requests and request bytes in flight
+per connection (past them the connection's reader stops reading: TCP pushes back
+on the peer), requests in flight node-wide (past it: OVERLOADED), frame size
+(refused on its length prefix), an idle timeout. A malformed frame gets a
+bad-request response when its request id is known, then its connection is
+closed; other connections never notice.
+
+This module maps messages to Node calls and engine errors to status codes; the
+protocol itself (`netio`) knows nothing of the engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+
+import pora
+from journal.errors import PoraError
+from journal.request import Request
+from ledger.errors import (
+    EntryConflict,
+    EntryTooLarge,
+    InvalidArgument,
+    LedgerClosed,
+    LedgerFenced,
+    NodeClosed,
+    NodeReadOnly,
+    NoSuchEntry,
+    NoSuchLedger,
+    Unauthorized,
+)
+from netio import frames as f
+from netio.codec import RequestDecoder, encode_add_responses, encode_error, encode_response
+from netio.errors import ProtocolError
+from netio.frames import Opcode, Status
+from netio.messages import (
+    AddEntry,
+    Close,
+    CloseResponse,
+    Delete,
+    DeleteResponse,
+    Fence,
+    FenceResponse,
+    Info,
+    InfoResponse,
+    LacResponse,
+    LedgerSummary,
+    ListLedgers,
+    ListLedgersResponse,
+    ReadEntry,
+    ReadEntryResponse,
+    ReadLac,
+    ReadRange,
+    ReadRangeResponse,
+    RequestMessage,
+)
+from pora.node import Node
+
+_log = logging.getLogger("pora.server")
+
+#: Longest long poll a read may ask for; longer waits are cut to this.
+LONG_POLL_MS_MAX: Final = 60_000
+#: Most entries one READ_RANGE response carries.
+RANGE_ENTRIES_MAX: Final = 10_000
+#: Most ledgers one LIST_LEDGERS response carries.
+LIST_LEDGERS_MAX: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """How the network workers listen and what they bound. Defaults suit one node
+    on a developer machine; `pora serve` maps its flags and config file onto these."""
+
+    host: str = "127.0.0.1"
+    port: int = 3181
+    connections_max: int = 1024
+    #: requests read from one connection and not yet answered
+    inflight_per_connection_max: int = 4096
+    #: payload bytes of those requests (a few huge entries count as much as many small)
+    inflight_bytes_per_connection_max: int = 64 * 1024 * 1024
+    #: requests in the node from all connections; past it new ones get OVERLOADED
+    inflight_node_max: int = 65_536
+    frame_bytes_max: int = f.FRAME_BYTES_MAX_DEFAULT
+    #: bytes asked of a socket at a time
+    receive_bytes_max: int = 256 * 1024
+    #: a connection with nothing in flight and no bytes for this long is closed
+    idle_timeout_s: float = 600.0
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "connections_max",
+            "inflight_per_connection_max",
+            "inflight_bytes_per_connection_max",
+            "inflight_node_max",
+            "receive_bytes_max",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ServerConfig.{name} must be at least 1")
+        if self.frame_bytes_max < 64:
+            raise ValueError("ServerConfig.frame_bytes_max must be at least 64")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("TLS needs both tls_cert_file and tls_key_file, or neither")
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The server's TLS context, or None when TLS is off."""
+        if self.tls_cert_file is None or self.tls_key_file is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        return context
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStatistics:
+    connections_open: int
+    connections_accepted: int
+    #: connections turned away because connections_max were open
+    connections_refused: int
+    #: connections closed for sending bytes that are not the protocol
+    protocol_errors: int
+    requests_inflight: int
+    requests_by_opcode: Mapping[str, int]
+    responses_by_status: Mapping[str, int]
+    bytes_received: int
+    bytes_sent: int
+    #: bytes received and not yet decoded, over all connections (bounded by
+    #: connections x (frame_bytes_max + receive_bytes_max))
+    bytes_buffered: int
+
+
+#: Engine errors and the status codes that carry them; subclasses before their bases.
+_STATUS_BY_ERROR: Final[tuple[tuple[type[BaseException], Status], ...]] = (
+    (NoSuchEntry, Status.NO_SUCH_ENTRY),
+    (NoSuchLedger, Status.NO_SUCH_LEDGER),
+    (LedgerFenced, Status.FENCED),
+    (LedgerClosed, Status.CLOSED),
+    (EntryConflict, Status.ENTRY_CONFLICT),
+    (EntryTooLarge, Status.TOO_LARGE),
+    (InvalidArgument, Status.INVALID_ARGUMENT),
+    (Unauthorized, Status.UNAUTHORIZED),
+    (NodeReadOnly, Status.READ_ONLY),
+    (NodeClosed, Status.SHUTTING_DOWN),
+)
+
+
+def status_of(error: BaseException) -> Status:
+    """The status code that tells a client which engine error happened."""
+    for error_type, status in _STATUS_BY_ERROR:
+        if isinstance(error, error_type):
+            return status
+    return Status.INTERNAL_ERROR
+
+
+def _error_frame(request_id: int, opcode: int, error: BaseException) -> bytes:
+    return encode_error(
+        request_id,
+        opcode,
+        status_of(error),
+        str(error) or type(error).__name__,
+        ledger_id=getattr(error, "ledger_id", -1),
+        entry_id=getattr(error, "entry_id", -1),
+    )
+
+
+class Server:
+    """Serves one node over TCP (optionally TLS). `run` it in a nursery with
+    `nursery.start`, which returns the bound (host, port)."""
+
+    def __init__(self, node: Node, config: ServerConfig | None = None) -> None:
+        self.node = node
+        self.config = config if config is not None else ServerConfig()
+        self._connections: set[_Connection] = set()
+        self._accept_scope = trio.CancelScope()
+        self._connections_scope = trio.CancelScope()
+        self._stopped = trio.Event()
+        self._drained = trio.Event()
+        self._shutting_down = False
+        self.inflight = 0
+        self.connections_accepted = 0
+        self.connections_refused = 0
+        self.protocol_errors = 0
+        self.requests_by_opcode = [0] * 256
+        self.responses_by_status = [0] * 256
+        self.bytes_received = 0
+        self.bytes_sent = 0
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Listen and serve until `shutdown` (or cancellation)."""
+        config = self.config
+        context = config.ssl_context()
+        tcp_listeners = await trio.open_tcp_listeners(config.port, host=config.host)
+        host, port = tcp_listeners[0].socket.getsockname()[:2]
+        listeners: list[trio.abc.Listener[trio.abc.Stream]] = []
+        for tcp_listener in tcp_listeners:
+            if context is None:
+                listeners.append(tcp_listener)
+            else:
+                listeners.append(trio.SSLListener(tcp_listener, context, https_compatible=False))
+        try:
+            with self._connections_scope:
+                async with trio.open_nursery() as connections:
+                    with self._accept_scope:
+                        async with trio.open_nursery() as acceptors:
+                            for listener in listeners:
+                                acceptors.start_soon(self._accept, listener, connections)
+                            _log.info("serving on %s:%d%s", host, port, " (TLS)" if context else "")
+                            task_status.started((host, port))
+        finally:
+            for listener in listeners:
+                with contextlib.suppress(Exception):
+                    await trio.aclose_forcefully(listener)
+            self._stopped.set()
+
+    async def _accept(
+        self, listener: trio.abc.Listener[trio.abc.Stream], connections: trio.Nursery
+    ) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as error:  # out of file descriptors and the like: wait it out
+                _log.warning("accept failed: %s; retrying in 0.1 s", error)
+                await trio.sleep(0.1)
+                continue
+            self.connections_accepted += 1
+            connections.start_soon(self._serve, stream)
+
+    async def _serve(self, stream: trio.abc.Stream) -> None:
+        try:
+            if len(self._connections) >= self.config.connections_max:
+                self.connections_refused += 1
+                frame = encode_error(
+                    0,
+                    Opcode.INFO,
+                    Status.OVERLOADED,
+                    f"this node already serves {self.config.connections_max} connections "
+                    "(connections_max); try again later or another node",
+                )
+                with trio.move_on_after(1.0):
+                    await stream.send_all(frame)
+                return
+            connection = _Connection(self, stream)
+            self._connections.add(connection)
+            try:
+                await connection.run()
+            finally:
+                self._connections.discard(connection)
+                if self._shutting_down and not self._connections:
+                    self._drained.set()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the peer went away (or failed its TLS handshake): nothing to answer
+        except Exception:
+            _log.exception("connection task failed")  # a bug; the node serves on
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def shutdown(self, drain_timeout_s: float = 10.0) -> None:
+        """Stop accepting, stop reading requests, let those in flight finish and their
+        responses go out (for up to `drain_timeout_s`), then close every connection."""
+        self._shutting_down = True
+        self._accept_scope.cancel()
+        for connection in list(self._connections):
+            connection.stop_reading()
+        with trio.move_on_after(drain_timeout_s):
+            if self._connections:
+                await self._drained.wait()
+        self._connections_scope.cancel()
+        await self._stopped.wait()
+
+    def statistics(self) -> ServerStatistics:
+        return ServerStatistics(
+            connections_open=len(self._connections),
+            connections_accepted=self.connections_accepted,
+            connections_refused=self.connections_refused,
+            protocol_errors=self.protocol_errors,
+            requests_inflight=self.inflight,
+            requests_by_opcode={op.name.lower(): self.requests_by_opcode[op] for op in Opcode},
+            responses_by_status={
+                status.name.lower(): self.responses_by_status[status] for status in Status
+            },
+            bytes_received=self.bytes_received,
+            bytes_sent=self.bytes_sent,
+            bytes_buffered=sum(c.decoder.buffered_bytes for c in self._connections),
+        )
+
+
+class _Connection:
+    """One client connection: a reader (this task) and a writer task."""
+
+    def __init__(self, server: Server, stream: trio.abc.Stream) -> None:
+        self.server = server
+        self.node = server.node
+        self.stream = stream
+        config = server.config
+        self.config = config
+        self.decoder = RequestDecoder(config.frame_bytes_max, config.receive_bytes_max)
+        #: responses ready to send, and how many responses they hold
+        self.outgoing: list[bytes | bytearray] = []
+        self.outgoing_count = 0
+        #: bytes of queued frames other than add responses (counted in inflight_bytes)
+        self.outgoing_bytes = 0
+        #: adds the node completed, waiting for the writer to encode their responses
+        self.adds_done: list[Request] = []
+        #: wire request id of each add in the node
+        self.add_ids: dict[Request, int] = {}
+        self.inflight = 0
+        self.inflight_bytes = 0
+        self.writer_wakeup = trio.Event()
+        self.space = trio.Event()
+        self.reading = True
+        self.read_scope = trio.CancelScope()
+        self.on_add_done = self._on_add_done  # one bound method for every add
+
+    def stop_reading(self) -> None:
+        self.read_scope.cancel()
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            nursery.start_soon(self._write_loop)
+            try:
+                with self.read_scope:
+                    await self._read_loop()
+            except ProtocolError as error:
+                self.server.protocol_errors += 1
+                _log.info("closing a connection that sent a bad frame: %s", error)
+                if error.request_id is not None:
+                    self._queue(
+                        encode_error(error.request_id, error.opcode, error.status, str(error)), 0
+                    )
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                nursery.cancel_scope.cancel()  # nobody to answer
+            finally:
+                self.reading = False
+                self._wake_writer()
+
+    # --- reading -----------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        config = self.config
+        per_connection_max = config.inflight_per_connection_max
+        bytes_max = config.inflight_bytes_per_connection_max
+        receive_max = config.receive_bytes_max
+        idle_s = config.idle_timeout_s
+        stream = self.stream
+        decoder = self.decoder
+        server = self.server
+        while True:
+            budget = per_connection_max - self.inflight
+            if budget <= 0 or self.inflight_bytes >= bytes_max:
+                self.space = trio.Event()
+                await self.space.wait()
+                continue
+            requests = decoder.next_requests(budget)
+            if requests:
+                self.inflight += len(requests)
+                await self._dispatch(requests)
+                continue
+            with trio.move_on_after(idle_s) as idle:
+                data = await stream.receive_some(receive_max)
+            if idle.cancelled_caught:
+                if self.inflight == 0 and not decoder.buffered_bytes:
+                    _log.info("closing a connection idle for %.0f s", idle_s)
+                    return
+                continue
+            if not data:
+                return  # the peer closed its side; answer what is in flight
+            server.bytes_received += len(data)
+            decoder.receive_data(data if type(data) is bytes else bytes(data))
+
+    async def _dispatch(self, requests: list[RequestMessage]) -> None:
+        server = self.server
+        node = self.node
+        counts = server.requests_by_opcode
+        room = server.config.inflight_node_max - server.inflight
+        adds: list[Request] = []
+        add_ids = self.add_ids
+        on_done = self.on_add_done
+        add_bytes = 0
+        for message in requests:
+            if type(message) is AddEntry:
+                counts[1] += 1
+                if room <= 0:
+                    self._overloaded(message.request_id, Opcode.ADD_ENTRY)
+                    continue
+                try:
+                    request = node.entry_request(
+                        message.ledger_id,
+                        message.entry_id,
+                        message.payload,
+                        master_key=message.master_key,
+                        recovery=message.recovery,
+                        last_add_confirmed=message.last_add_confirmed,
+                    )
+                except PoraError as error:
+                    self._queue(_error_frame(message.request_id, Opcode.ADD_ENTRY, error), 1)
+                    continue
+                request.on_done = on_done
+                add_ids[request] = message.request_id
+                adds.append(request)
+                add_bytes += len(message.payload)
+                room -= 1
+            else:
+                opcode = _OPCODES[type(message)]
+                counts[opcode] += 1
+                if room <= 0:
+                    self._overloaded(message.request_id, opcode)
+                    continue
+                room -= 1
+                server.inflight += 1
+                # a range read may bring up to its byte limit back: count it before
+                # it runs, so a pipeline of them cannot pile up unbounded responses
+                charge = 0
+                if type(message) is ReadRange:
+                    charge = self._range_bytes_max(message)
+                    self.inflight_bytes += charge
+                self.nursery.start_soon(self._perform, message, opcode, charge)
+        if adds:
+            server.inflight += len(adds)
+            self.inflight_bytes += add_bytes
+            try:
+                await node.submit(adds)
+            except PoraError as error:  # the node is closing: none of them was queued
+                for request in adds:
+                    request.fail(error)
+
+    def _overloaded(self, request_id: int, opcode: int) -> None:
+        self._queue(
+            encode_error(
+                request_id,
+                opcode,
+                Status.OVERLOADED,
+                f"the node has {self.server.config.inflight_node_max} requests in flight "
+                "(inflight_node_max); retry later",
+            ),
+            1,
+        )
+
+    # --- performing --------------------------------------------------------------------------
+
+    def _on_add_done(self, request: Request) -> None:
+        # runs in a ledger worker: keep it tiny, the writer does the rest. The node-wide
+        # count drops here, not in the writer: the connection may be gone already.
+        self.server.inflight -= 1
+        self.adds_done.append(request)
+        if not self.writer_wakeup.is_set():
+            self.writer_wakeup.set()
+
+    def _range_bytes_max(self, message: ReadRange) -> int:
+        # keep the response within a frame the client accepts
+        return max(1, min(message.max_bytes, self.config.frame_bytes_max // 2))
+
+    async def _perform(self, message: RequestMessage, opcode: int, charge: int) -> None:
+        try:
+            frame = await self._execute(message)
+        except PoraError as error:
+            frame = _error_frame(message.request_id, opcode, error)
+        except Exception as error:  # a bug: answer it, log it, keep serving
+            _log.exception("request %r failed", message)
+            frame = encode_error(
+                message.request_id, opcode, Status.INTERNAL_ERROR, f"internal error: {error!r}"
+            )
+        finally:
+            self.server.inflight -= 1
+            self.inflight_bytes -= charge
+        self._queue(frame, 1)
+
+    async def _execute(self, message: RequestMessage) -> bytes:  # noqa: PLR0911 (one per op)
+        node = self.node
+        rid = message.request_id
+        if isinstance(message, ReadEntry):
+            if message.fence:
+                await node.fence_ledger(message.ledger_id, master_key=message.master_key)
+            wait_s = min(message.wait_ms, LONG_POLL_MS_MAX) / 1000.0
+            payload = await node.read_entry(message.ledger_id, message.entry_id, wait_s=wait_s)
+            lac = node.last_add_confirmed(message.ledger_id)
+            return encode_response(
+                ReadEntryResponse(rid, message.ledger_id, message.entry_id, lac, payload)
+            )
+        if isinstance(message, ReadRange):
+            entries = await node.read_range(
+                message.ledger_id,
+                message.first_entry_id,
+                message.last_entry_id,
+                max_entries=max(1, min(message.max_entries, RANGE_ENTRIES_MAX)),
+                max_bytes=self._range_bytes_max(message),
+            )
+            lac = node.last_add_confirmed(message.ledger_id)
+            return encode_response(ReadRangeResponse(rid, message.ledger_id, lac, entries))
+        if isinstance(message, ReadLac):
+            lac = node.last_add_confirmed(message.ledger_id)
+            return encode_response(LacResponse(rid, message.ledger_id, lac))
+        if isinstance(message, Fence):
+            last = await node.fence_ledger(message.ledger_id, master_key=message.master_key)
+            return encode_response(FenceResponse(rid, message.ledger_id, last))
+        if isinstance(message, Close):
+            last = await node.close_ledger(
+                message.ledger_id, message.last_entry_id, master_key=message.master_key
+            )
+            return encode_response(CloseResponse(rid, message.ledger_id, last))
+        if isinstance(message, Delete):
+            await node.delete_ledger(message.ledger_id)
+            return encode_response(DeleteResponse(rid, message.ledger_id))
+        if isinstance(message, ListLedgers):
+            count_max = max(1, min(message.max_count, LIST_LEDGERS_MAX))
+            infos = [i for i in node.ledgers() if i.ledger_id > message.after_ledger_id]
+            page = [
+                LedgerSummary(
+                    i.ledger_id,
+                    i.state,
+                    i.first_entry_id,
+                    i.last_entry_id,
+                    i.entry_count,
+                    i.payload_bytes,
+                    i.created_ms,
+                )
+                for i in infos[:count_max]
+            ]
+            return encode_response(ListLedgersResponse(rid, page, len(infos) > count_max))
+        assert isinstance(message, Info)
+        return encode_response(
+            InfoResponse(
+                rid,
+                f.PROTOCOL_VERSION,
+                node.read_only,
+                self.config.frame_bytes_max,
+                node.config.entry_bytes_max,
+                len(node.ledgers()),
+                pora.__version__,
+            )
+        )
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def _queue(self, frame: bytes, responses: int) -> None:
+        """Queue one response frame; `responses` is how many requests in flight it
+        answers (0 for the answer to a frame that never became a request)."""
+        self.outgoing.append(frame)
+        self.outgoing_count += responses
+        # responses waiting to be sent count as bytes in flight until they are
+        self.outgoing_bytes += len(frame)
+        self.inflight_bytes += len(frame)
+        self.server.responses_by_status[frame[7]] += 1
+        self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        if not self.writer_wakeup.is_set():
+            self.writer_wakeup.set()
+
+    def _encode_adds_done(self) -> None:
+        done = self.adds_done
+        self.adds_done = []
+        add_ids = self.add_ids
+        ok_ids: list[int] = []
+        ok: list[Request] = []
+        payload_bytes = 0
+        statuses = self.server.responses_by_status
+        for request in done:
+            request_id = add_ids.pop(request)
+            payload_bytes += len(request.payload)
+            if request.error is None:
+                ok_ids.append(request_id)
+                ok.append(request)
+            else:
+                frame = _error_frame(request_id, Opcode.ADD_ENTRY, request.error)
+                self.outgoing.append(frame)
+                statuses[frame[7]] += 1
+        if ok:
+            self.outgoing.append(encode_add_responses(ok_ids, ok))
+            statuses[0] += len(ok)
+        self.outgoing_count += len(done)
+        self.inflight_bytes -= payload_bytes
+
+    async def _write_loop(self) -> None:
+        stream = self.stream
+        server = self.server
+        idle_s = self.config.idle_timeout_s
+        while True:
+            if self.adds_done:
+                self._encode_adds_done()
+            if not self.outgoing:
+                if not self.reading and self.inflight == 0:
+                    return
+                self.writer_wakeup = trio.Event()
+                await self.writer_wakeup.wait()
+                continue
+            frames = self.outgoing
+            count = self.outgoing_count
+            sent_bytes = self.outgoing_bytes
+            self.outgoing_bytes = 0
+            self.outgoing = []
+            self.outgoing_count = 0
+            data = frames[0] if len(frames) == 1 else b"".join(frames)
+            with trio.move_on_after(idle_s) as stuck:
+                await stream.send_all(data)
+            if stuck.cancelled_caught:
+                _log.info("closing a connection that has not read its responses for %.0fs", idle_s)
+                raise trio.BrokenResourceError("peer does not read its responses")
+            server.bytes_sent += len(data)
+            self.inflight -= count
+            self.inflight_bytes -= sent_bytes
+            if not self.space.is_set():
+                self.space.set()
+
+
+_OPCODES: Final[dict[type, int]] = {
+    AddEntry: Opcode.ADD_ENTRY,
+    ReadEntry: Opcode.READ_ENTRY,
+    ReadRange: Opcode.READ_RANGE,
+    ReadLac: Opcode.READ_LAC,
+    Fence: Opcode.FENCE,
+    Close: Opcode.CLOSE,
+    Delete: Opcode.DELETE,
+    ListLedgers: Opcode.LIST_LEDGERS,
+    Info: Opcode.INFO,
+}
