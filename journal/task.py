@@ -178,19 +178,33 @@ class Journal:
                 fsync=config.fsync,
             )
         )
-        task_status.started()
+        # synced groups go to a second task that hands them to the ledgers, so that
+        # dispatching group N (event loop work) overlaps writing and syncing group
+        # N+1 (thread work); a bound of two groups keeps it from falling behind
+        send_synced, receive_synced = trio.open_memory_channel[list[Request]](2)
         try:
-            while True:
-                group = await self._gather()
-                if not group:
-                    return  # input closed and drained
-                await self._commit(group)
-                if self._failure is not None:
-                    return  # writes are refused from now on; reads go on
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._dispatch_synced, receive_synced)
+                task_status.started()
+                async with send_synced:
+                    while True:
+                        group = await self._gather()
+                        if not group:
+                            return  # input closed and drained
+                        await self._commit(group, send_synced)
+                        if self._failure is not None:
+                            return  # writes are refused from now on; reads go on
         finally:
             writer, self._writer = self._writer, None
             if writer is not None:
                 writer.close()
+
+    async def _dispatch_synced(self, synced: trio.MemoryReceiveChannel[list[Request]]) -> None:
+        """Hand each synced group to the ledgers, in journal order, exactly once."""
+        async with synced:
+            async for group in synced:
+                await self._dispatch(group)
+                self._dispatched_seq = group[-1].seq + 1
 
     async def _gather(self) -> list[Request]:
         """Collect one group; an empty list means the input is closed and drained."""
@@ -236,7 +250,9 @@ class Journal:
                 return None
         return None
 
-    async def _commit(self, group: list[Request]) -> None:
+    async def _commit(
+        self, group: list[Request], synced: trio.MemorySendChannel[list[Request]]
+    ) -> None:
         """Write and sync one group, then hand it to the ledgers."""
         writer = self._writer
         assert writer is not None
@@ -270,8 +286,7 @@ class Journal:
         self._sync_seconds_max = max(self._sync_seconds_max, sync_seconds)
         if self.on_commit is not None:
             self.on_commit(len(group), written, sync_seconds)
-        await self._dispatch(group)
-        self._dispatched_seq = self._next_seq
+        await synced.send(group)
 
     def _fail(self, group: list[Request], exc: OSError) -> None:
         """A journal write failed: nothing more can be acknowledged safely.
