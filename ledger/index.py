@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Final
@@ -153,11 +153,14 @@ class Index:
             raise ValueError(f"metadata of ledger {meta.ledger_id} given for ledger {ledger_id}")
         pack_key = _ENTRY_KEY.pack
         pack_position = _POSITION.pack
-        # transaction=True: if anything below raises, nothing of the batch is written
+        put_position: Callable[[bytes, bytes], None]
+        # transaction=True: if anything below raises, nothing of the batch is written.
+        # Entry ids are not checked one by one (the hot path of every flush): the node
+        # checked them on the way in, and a negative one fails to pack anyway.
         with self._db.write_batch(transaction=True, sync=sync) as batch:
+            put_position = batch.put
             for entry_id, offset, record_length in positions:
-                _check_id("entry id", entry_id)
-                batch.put(
+                put_position(
                     pack_key(ENTRY_PREFIX, ledger_id, entry_id),
                     pack_position(offset, record_length),
                 )
