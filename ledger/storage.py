@@ -21,7 +21,7 @@ class LedgerConfig:
     """Knobs of the ledger workers. Units are last in names."""
 
     #: bound of each ledger's channel, in batches
-    channel_batches_max: int = 256
+    ledger_channel_batches_max: int = 256
     #: a ledger flushes its memtable once this many bytes are unflushed
     memtable_flush_bytes: int = 4 << 20
     #: a ledger stops taking entries (backpressure) past this many unflushed bytes

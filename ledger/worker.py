@@ -66,7 +66,7 @@ class LedgerWorker:
         self._metas = metas
         self._retire = retire
         self.send, self._receive = trio.open_memory_channel[list[Request]](
-            config.channel_batches_max
+            config.ledger_channel_batches_max
         )
         self.memtable = Memtable(storage.budget, config.recent_bytes_max)
         #: first seq of each batch dispatched to us and not yet applied

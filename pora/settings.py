@@ -231,7 +231,7 @@ def node_option_types() -> dict[str, type]:
     for record in (NodeConfig, GroupCommitConfig, LedgerConfig):
         for f in dataclasses.fields(record):
             if f.name in ("journal", "ledger") or f.name in types:
-                continue  # the journal's channel_batches_max wins, as in NodeConfig
+                continue  # fsync is in both records: one option sets both
             types[f.name] = type(f.default)
     return types
 
