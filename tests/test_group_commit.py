@@ -134,8 +134,11 @@ async def test_bytes_trigger_closes_a_group_before_the_wait(
 
 
 async def test_full_channel_is_backpressure(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, mock_clock: trio.testing.MockClock
 ) -> None:
+    # jump only after 50 ms of real idleness: writes and syncs run in a thread,
+    # which the clock would otherwise not wait for
+    mock_clock.autojump_threshold = 0.05
     recorder = Recorder()
     recorder.gate = trio.Event()
     async with running_journal(
@@ -143,23 +146,30 @@ async def test_full_channel_is_backpressure(
     ) as journal:
         await journal.submit([entry(1, 0)])
         await trio.sleep(0.01)  # group 1 is stuck in dispatch
+        # the journal goes on writing while dispatch is stuck, but only until two
+        # synced groups wait for dispatch and a third waits to be handed over
         for i in range(1, 4):
+            await journal.submit([entry(1, i)])
+            await trio.sleep(0.01)
+        assert journal.statistics().next_seq == 4  # all four groups were written
+        for i in range(4, 7):
             journal.submit_nowait([entry(1, i)])
         with pytest.raises(trio.WouldBlock):
-            journal.submit_nowait([entry(1, 4)])
+            journal.submit_nowait([entry(1, 7)])
         unblocked = trio.Event()
 
         async def blocked_submitter() -> None:
-            await journal.submit([entry(1, 4)])
+            await journal.submit([entry(1, 7)])
             unblocked.set()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(blocked_submitter)
             await trio.sleep(1.0)
             assert not unblocked.is_set()  # still waiting for room
+            assert journal.statistics().next_seq == 4  # nothing more was written
             recorder.gate.set()
             await unblocked.wait()
-    assert sum(len(g) for g in recorder.groups) == 5
+    assert sum(len(g) for g in recorder.groups) == 8
 
 
 async def test_a_full_disk_fails_every_queued_request_and_refuses_more(
