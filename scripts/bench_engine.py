@@ -16,6 +16,7 @@ Prints a table (or JSON with --json):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -86,6 +87,7 @@ async def closed_loop(
     next_entry = [0] * ledgers
     stop_at = 0.0
     async with pora.open_node(data_dir) as node:
+        gc.freeze()  # as `pora serve` does once it serves: no full-collection pauses
 
         async def writer(seed: int) -> None:
             rng = random.Random(seed)
@@ -147,6 +149,11 @@ async def open_loop(
     per_tick = rate_per_s * tick_s
     rng = random.Random(1)
     async with pora.open_node(data_dir) as node:
+        # as in the closed loops: the ledgers exist before the clock runs
+        assert not any(await node.add_entries([(i, 0, payload) for i in range(ledgers)]))
+        await node._registry.flush_all()
+        next_entry = [1] * ledgers
+        gc.freeze()  # as `pora serve` does once it serves: no full-collection pauses
 
         async def one_add(ledger_id: int, entry_id: int, scheduled: float) -> None:
             await node.add_entry(ledger_id, entry_id, payload)
