@@ -610,11 +610,16 @@ class _Connection:
             self.outgoing = []
             self.outgoing_count = 0
             data = frames[0] if len(frames) == 1 else b"".join(frames)
-            with trio.move_on_after(idle_s) as stuck:
-                await stream.send_all(data)
+            try:
+                with trio.move_on_after(idle_s) as stuck:
+                    await stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.nursery.cancel_scope.cancel()  # the peer is gone: nobody to answer
+                return
             if stuck.cancelled_caught:
                 _log.info("closing a connection that has not read its responses for %.0fs", idle_s)
-                raise trio.BrokenResourceError("peer does not read its responses")
+                self.nursery.cancel_scope.cancel()
+                return
             server.bytes_sent += len(data)
             self.inflight -= count
             self.inflight_bytes -= sent_bytes

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import struct
 import tracemalloc
 from pathlib import Path
 
+import pytest
 import trio
 from net_helpers import raw_connection, receive_responses, serving
 
@@ -260,3 +262,21 @@ async def test_pipelined_range_reads_are_bounded_and_all_answered(data_dir: Path
             assert sum(len(p) for _, p in response.entries) <= budget
         assert server.statistics().responses_by_status["ok"] == count
         await stream.aclose()
+
+
+async def test_a_peer_vanishing_mid_pipeline_is_routine(
+    data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with serving(data_dir) as (_node, server, address), connect_node(address) as client:
+        for _ in range(5):
+            stream = await raw_connection(address)
+            await stream.send_all(
+                b"".join(codec.encode_add_entry(i, 1, i, b"z" * 512) for i in range(2000))
+            )
+            await trio.aclose_forcefully(stream)  # gone before reading a single response
+        await client.add_entry(2, 0, b"fine")
+        assert await client.read_entry(2, 0) == b"fine"
+        with trio.fail_after(10):
+            while server.statistics().connections_open > 1:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
