@@ -287,10 +287,11 @@ class NodeClient:
                         waiter.event.set()
                 if len(pending) < self._inflight_max:
                     self._space.set()
-        except (anyio.EndOfStream, anyio.ClosedResourceError) as error:
-            session.error = error if not isinstance(error, anyio.EndOfStream) else None
+        except anyio.EndOfStream:
+            pass  # the node closed the connection (after saying why, if it did)
         except Exception as error:
-            session.error = error
+            if session.error is None:
+                session.error = error
         finally:
             tasks.cancel()
 
@@ -306,7 +307,8 @@ class NodeClient:
                 session.outbox = []
                 await stream.send(frames[0] if len(frames) == 1 else b"".join(frames))
         except Exception as error:
-            session.error = error
+            if session.error is None:
+                session.error = error
             tasks.cancel()
 
     async def aclose(self) -> None:

@@ -259,3 +259,17 @@ async def test_the_client_works_under_asyncio(data_dir: Path) -> None:
     async with serving(data_dir) as (_node, _server, address):
         payloads = await trio.to_thread.run_sync(_asyncio_session, address)
         assert payloads == [f"asyncio {i}".encode() for i in range(20)]
+
+
+async def test_a_node_at_its_connection_limit_says_it_is_overloaded(data_dir: Path) -> None:
+    async with (
+        serving(data_dir, connections_max=1) as (_node, _server, address),
+        connect_node(address) as first,
+    ):
+        await first.info()
+        with pytest.raises(pora.NodeOverloaded, match="connections_max"):
+            async with connect_node(address, reconnect_attempts=1) as second:
+                for _ in range(100):  # until the refusal has arrived
+                    await second.info()
+                    await trio.sleep(0.01)
+        await first.info()  # the connection it has is unaffected
