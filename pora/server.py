@@ -328,10 +328,18 @@ class _Connection:
         self.space = trio.Event()
         self.reading = True
         self.read_scope = trio.CancelScope()
+        #: cancel scopes of the long-poll reads waiting now
+        self.long_polls: set[trio.CancelScope] = set()
+        self.stopping = False
         self.on_add_done = self._on_add_done  # one bound method for every add
 
     def stop_reading(self) -> None:
+        """Shutdown: read no more requests, and end long polls now (they could wait a
+        minute; their clients can retry elsewhere) so the drain is quick."""
         self.read_scope.cancel()
+        self.stopping = True
+        for scope in self.long_polls:
+            scope.cancel()
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -484,14 +492,31 @@ class _Connection:
             self.inflight_bytes -= charge
         self._queue(frame, 1)
 
+    async def _long_poll(self, message: ReadEntry, wait_s: float) -> bytes:
+        """A read that may wait for its entry; shutdown ends the wait at once (the
+        client may retry on another node), answering SHUTTING_DOWN."""
+        if not self.stopping:
+            with trio.CancelScope() as scope:
+                self.long_polls.add(scope)
+                try:
+                    return await self.node.read_entry(
+                        message.ledger_id, message.entry_id, wait_s=wait_s
+                    )
+                finally:
+                    self.long_polls.discard(scope)
+        raise NodeClosed("the node is shutting down; read from another node, or retry")
+
     async def _execute(self, message: RequestMessage) -> bytes:  # noqa: PLR0911 (one per op)
         node = self.node
         rid = message.request_id
         if isinstance(message, ReadEntry):
             if message.fence:
                 await node.fence_ledger(message.ledger_id, master_key=message.master_key)
-            wait_s = min(message.wait_ms, LONG_POLL_MS_MAX) / 1000.0
-            payload = await node.read_entry(message.ledger_id, message.entry_id, wait_s=wait_s)
+            if message.wait_ms > 0:
+                wait_s = min(message.wait_ms, LONG_POLL_MS_MAX) / 1000.0
+                payload = await self._long_poll(message, wait_s)
+            else:
+                payload = await node.read_entry(message.ledger_id, message.entry_id)
             lac = node.last_add_confirmed(message.ledger_id)
             return encode_response(
                 ReadEntryResponse(rid, message.ledger_id, message.entry_id, lac, payload)

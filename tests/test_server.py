@@ -20,6 +20,8 @@ from netio.messages import (
     ErrorResponse,
     Info,
     InfoResponse,
+    ReadEntry,
+    ReadEntryResponse,
     ReadRange,
     ReadRangeResponse,
 )
@@ -280,3 +282,27 @@ async def test_a_peer_vanishing_mid_pipeline_is_routine(
             while server.statistics().connections_open > 1:  # noqa: ASYNC110
                 await trio.sleep(0.01)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_shutdown_ends_long_polls_at_once(data_dir: Path) -> None:
+    async with serving(data_dir) as (node, server, address):
+        await node.add_entry(1, 0, b"a")
+        stream = await raw_connection(address)
+        await stream.send_all(
+            codec.encode_request(ReadEntry(1, 1, 5, wait_ms=60_000))  # waits for entry 5
+            + codec.encode_request(ReadEntry(2, 1, 0))
+        )
+        with trio.fail_after(10):
+            while server.statistics().requests_by_opcode["read_entry"] < 2:  # noqa: ASYNC110
+                await trio.sleep(0.001)
+        start = trio.current_time()
+        await server.shutdown(drain_timeout_s=30.0)
+        assert trio.current_time() - start < 5.0  # not the minute the poll asked for
+        responses, closed = await receive_responses(stream, 3)
+        assert closed
+        by_id = {r.request_id: r for r in responses}
+        assert isinstance(by_id[2], ReadEntryResponse) and by_id[2].payload == b"a"
+        poll = by_id[1]
+        assert isinstance(poll, ErrorResponse)
+        assert poll.status == f.Status.SHUTTING_DOWN
+        assert "shutting down" in poll.message
