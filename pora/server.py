@@ -85,7 +85,14 @@ LIST_LEDGERS_MAX: Final = 10_000
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     """How the network workers listen and what they bound. Defaults suit one node
-    on a developer machine; `pora serve` maps its flags and config file onto these."""
+    on a developer machine; `pora serve` maps its flags and config file onto these.
+
+    Memory the network layer can be made to hold, at most: per connection, one
+    receive buffer (`frame_bytes_max + receive_bytes_max`) plus the requests and
+    responses in flight (`inflight_bytes_per_connection_max`, overshot by at most
+    one read); times `connections_max`. A connection that begins a frame and
+    stalls is closed after `idle_timeout_s`.
+    """
 
     host: str = "127.0.0.1"
     port: int = 3181
@@ -386,7 +393,9 @@ class _Connection:
             with trio.move_on_after(idle_s) as idle:
                 data = await stream.receive_some(receive_max)
             if idle.cancelled_caught:
-                if self.inflight == 0 and not decoder.buffered_bytes:
+                # nothing in flight and no byte for that long, even if a frame was
+                # begun: a peer that starts a frame and stalls must not hold its buffer
+                if self.inflight == 0:
                     _log.info("closing a connection idle for %.0f s", idle_s)
                     return
                 continue

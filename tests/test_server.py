@@ -306,3 +306,18 @@ async def test_shutdown_ends_long_polls_at_once(data_dir: Path) -> None:
         assert isinstance(poll, ErrorResponse)
         assert poll.status == f.Status.SHUTTING_DOWN
         assert "shutting down" in poll.message
+
+
+async def test_a_stalled_half_frame_does_not_hold_its_buffer_forever(
+    data_dir: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    async with serving(data_dir, idle_timeout_s=30.0) as (_node, server, address):
+        stream = await raw_connection(address)
+        frame = codec.encode_add_entry(1, 1, 0, b"p" * 100_000)
+        await stream.send_all(frame[:50_000])  # half a frame, then silence
+        with trio.fail_after(10):
+            while server.statistics().bytes_buffered < 50_000:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        with trio.fail_after(120):
+            assert await stream.receive_some(100) == b""  # closed after the idle timeout
+        assert server.statistics().bytes_buffered == 0
