@@ -578,7 +578,7 @@ class _Connection:
                 node.read_only,
                 self.config.frame_bytes_max,
                 node.config.entry_bytes_max,
-                len(node.ledgers()),
+                node.statistics().ledgers.ledgers,
                 pora.__version__,
             )
         )
