@@ -121,6 +121,8 @@ class ServerConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerConfig.{name} must be at least 1")
+        if not self.idle_timeout_s > 0:
+            raise ValueError("ServerConfig.idle_timeout_s must be positive")
         if self.frame_bytes_max < 64:
             raise ValueError("ServerConfig.frame_bytes_max must be at least 64")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
@@ -131,7 +133,14 @@ class ServerConfig:
         if self.tls_cert_file is None or self.tls_key_file is None:
             return None
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        try:
+            context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        except (OSError, ssl.SSLError) as error:
+            raise ValueError(
+                f"cannot load the TLS certificate {self.tls_cert_file} and key "
+                f"{self.tls_key_file}: {error}; check the paths (PEM files) and that the "
+                "key belongs to the certificate"
+            ) from error
         return context
 
 

@@ -26,6 +26,7 @@ from netio.messages import (
     ReadRangeResponse,
 )
 from pora.node_client import connect_node
+from pora.server import ServerConfig
 
 
 async def test_pipelining_thousands_of_adds_on_one_connection(data_dir: Path) -> None:
@@ -321,3 +322,15 @@ async def test_a_stalled_half_frame_does_not_hold_its_buffer_forever(
         with trio.fail_after(120):
             assert await stream.receive_some(100) == b""  # closed after the idle timeout
         assert server.statistics().bytes_buffered == 0
+
+
+def test_server_config_refuses_what_cannot_work(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="both tls_cert_file and tls_key_file"):
+        ServerConfig(tls_cert_file="node.crt")
+    with pytest.raises(ValueError, match="inflight_node_max must be at least 1"):
+        ServerConfig(inflight_node_max=0)
+    missing = ServerConfig(
+        tls_cert_file=str(tmp_path / "no.crt"), tls_key_file=str(tmp_path / "no.key")
+    )
+    with pytest.raises(ValueError, match=r"cannot load the TLS certificate .*no\.crt"):
+        missing.ssl_context()
