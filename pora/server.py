@@ -239,6 +239,7 @@ class Server:
                         async with trio.open_nursery() as acceptors:
                             for listener in listeners:
                                 acceptors.start_soon(self._accept, listener, connections)
+                            acceptors.start_soon(self._sweep_idle_connections)
                             _log.info("serving on %s:%d%s", host, port, " (TLS)" if context else "")
                             task_status.started((host, port))
         finally:
@@ -259,6 +260,15 @@ class Server:
                 continue
             self.connections_accepted += 1
             connections.start_soon(self._serve, stream)
+
+    async def _sweep_idle_connections(self) -> None:
+        # a connection is closed between one and 1.25 idle timeouts after it went quiet
+        interval_s = self.config.idle_timeout_s / 4
+        while True:
+            await trio.sleep(interval_s)
+            now = trio.current_time()
+            for connection in list(self._connections):
+                connection.close_if_idle(now)
 
     async def _serve(self, stream: trio.abc.Stream) -> None:
         try:
@@ -347,7 +357,24 @@ class _Connection:
         #: cancel scopes of the long-poll reads waiting now
         self.long_polls: set[trio.CancelScope] = set()
         self.stopping = False
+        #: when the last bytes came in, and since when a send has been blocked (None:
+        #: not sending); the server's idle sweeper reads them
+        self.last_received = trio.current_time()
+        self.sending_since: float | None = None
         self.on_add_done = self._on_add_done  # one bound method for every add
+
+    def close_if_idle(self, now: float) -> None:
+        """Called by the sweeper: close a connection with nothing in flight that sent
+        no byte for the idle timeout (even in the middle of a frame: a peer that
+        starts a frame and stalls must not hold its buffer), or one that has not read
+        its responses for that long."""
+        idle_s = self.config.idle_timeout_s
+        if self.sending_since is not None and now - self.sending_since >= idle_s:
+            _log.info("closing a connection that has not read its responses for %.0f s", idle_s)
+            self.nursery.cancel_scope.cancel()
+        elif self.inflight == 0 and now - self.last_received >= idle_s:
+            _log.info("closing a connection idle for %.0f s", idle_s)
+            self.read_scope.cancel()
 
     def stop_reading(self) -> None:
         """Shutdown: read no more requests, and end long polls now (they could wait a
@@ -384,7 +411,6 @@ class _Connection:
         per_connection_max = config.inflight_per_connection_max
         bytes_max = config.inflight_bytes_per_connection_max
         receive_max = config.receive_bytes_max
-        idle_s = config.idle_timeout_s
         stream = self.stream
         decoder = self.decoder
         server = self.server
@@ -399,17 +425,12 @@ class _Connection:
                 self.inflight += len(requests)
                 await self._dispatch(requests)
                 continue
-            with trio.move_on_after(idle_s) as idle:
-                data = await stream.receive_some(receive_max)
-            if idle.cancelled_caught:
-                # nothing in flight and no byte for that long, even if a frame was
-                # begun: a peer that starts a frame and stalls must not hold its buffer
-                if self.inflight == 0:
-                    _log.info("closing a connection idle for %.0f s", idle_s)
-                    return
-                continue
+            # (idle connections are found by the server's sweeper, not by a timeout
+            # per read: a cancel scope with a deadline per read costs too much)
+            data = await stream.receive_some(receive_max)
             if not data:
                 return  # the peer closed its side; answer what is in flight
+            self.last_received = trio.current_time()
             server.bytes_received += len(data)
             decoder.receive_data(data if type(data) is bytes else bytes(data))
 
@@ -636,7 +657,6 @@ class _Connection:
     async def _write_loop(self) -> None:
         stream = self.stream
         server = self.server
-        idle_s = self.config.idle_timeout_s
         while True:
             if self.adds_done:
                 self._encode_adds_done()
@@ -653,16 +673,13 @@ class _Connection:
             self.outgoing = []
             self.outgoing_count = 0
             data = frames[0] if len(frames) == 1 else b"".join(frames)
+            self.sending_since = trio.current_time()
             try:
-                with trio.move_on_after(idle_s) as stuck:
-                    await stream.send_all(data)
+                await stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self.nursery.cancel_scope.cancel()  # the peer is gone: nobody to answer
                 return
-            if stuck.cancelled_caught:
-                _log.info("closing a connection that has not read its responses for %.0fs", idle_s)
-                self.nursery.cancel_scope.cancel()
-                return
+            self.sending_since = None
             server.bytes_sent += len(data)
             self.inflight -= count
             self.inflight_bytes -= sent_bytes

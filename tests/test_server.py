@@ -334,3 +334,20 @@ def test_server_config_refuses_what_cannot_work(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match=r"cannot load the TLS certificate .*no\.crt"):
         missing.ssl_context()
+
+
+async def test_a_peer_that_never_reads_its_responses_is_cut_off(
+    data_dir: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    async with serving(data_dir, idle_timeout_s=30.0) as (node, server, address):
+        await node.add_entry(1, 0, b"r" * 1_000_000)
+        stream = await raw_connection(address)
+        # 100 MB of responses it will never read: the node's sends block
+        await stream.send_all(
+            b"".join(codec.encode_request(ReadEntry(i, 1, 0)) for i in range(100))
+        )
+        with trio.fail_after(120):
+            while server.statistics().connections_open:  # noqa: ASYNC110
+                await trio.sleep(1.0)
+        assert server.statistics().requests_inflight == 0
+        await trio.aclose_forcefully(stream)
