@@ -85,7 +85,14 @@ LIST_LEDGERS_MAX: Final = 10_000
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     """How the network workers listen and what they bound. Defaults suit one node
-    on a developer machine; `pora serve` maps its flags and config file onto these."""
+    on a developer machine; `pora serve` maps its flags and config file onto these.
+
+    Memory the network layer can be made to hold, at most: per connection, one
+    receive buffer (`frame_bytes_max + receive_bytes_max`) plus the requests and
+    responses in flight (`inflight_bytes_per_connection_max`, overshot by at most
+    one read); times `connections_max`. A connection that begins a frame and
+    stalls is closed after `idle_timeout_s`.
+    """
 
     host: str = "127.0.0.1"
     port: int = 3181
@@ -114,6 +121,8 @@ class ServerConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerConfig.{name} must be at least 1")
+        if not self.idle_timeout_s > 0:
+            raise ValueError("ServerConfig.idle_timeout_s must be positive")
         if self.frame_bytes_max < 64:
             raise ValueError("ServerConfig.frame_bytes_max must be at least 64")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
@@ -124,7 +133,14 @@ class ServerConfig:
         if self.tls_cert_file is None or self.tls_key_file is None:
             return None
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        try:
+            context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        except (OSError, ssl.SSLError) as error:
+            raise ValueError(
+                f"cannot load the TLS certificate {self.tls_cert_file} and key "
+                f"{self.tls_key_file}: {error}; check the paths (PEM files) and that the "
+                "key belongs to the certificate"
+            ) from error
         return context
 
 
@@ -223,6 +239,7 @@ class Server:
                         async with trio.open_nursery() as acceptors:
                             for listener in listeners:
                                 acceptors.start_soon(self._accept, listener, connections)
+                            acceptors.start_soon(self._sweep_idle_connections)
                             _log.info("serving on %s:%d%s", host, port, " (TLS)" if context else "")
                             task_status.started((host, port))
         finally:
@@ -243,6 +260,15 @@ class Server:
                 continue
             self.connections_accepted += 1
             connections.start_soon(self._serve, stream)
+
+    async def _sweep_idle_connections(self) -> None:
+        # a connection is closed between one and 1.25 idle timeouts after it went quiet
+        interval_s = self.config.idle_timeout_s / 4
+        while True:
+            await trio.sleep(interval_s)
+            now = trio.current_time()
+            for connection in list(self._connections):
+                connection.close_if_idle(now)
 
     async def _serve(self, stream: trio.abc.Stream) -> None:
         try:
@@ -328,10 +354,35 @@ class _Connection:
         self.space = trio.Event()
         self.reading = True
         self.read_scope = trio.CancelScope()
+        #: cancel scopes of the long-poll reads waiting now
+        self.long_polls: set[trio.CancelScope] = set()
+        self.stopping = False
+        #: when the last bytes came in, and since when a send has been blocked (None:
+        #: not sending); the server's idle sweeper reads them
+        self.last_received = trio.current_time()
+        self.sending_since: float | None = None
         self.on_add_done = self._on_add_done  # one bound method for every add
 
+    def close_if_idle(self, now: float) -> None:
+        """Called by the sweeper: close a connection with nothing in flight that sent
+        no byte for the idle timeout (even in the middle of a frame: a peer that
+        starts a frame and stalls must not hold its buffer), or one that has not read
+        its responses for that long."""
+        idle_s = self.config.idle_timeout_s
+        if self.sending_since is not None and now - self.sending_since >= idle_s:
+            _log.info("closing a connection that has not read its responses for %.0f s", idle_s)
+            self.nursery.cancel_scope.cancel()
+        elif self.inflight == 0 and now - self.last_received >= idle_s:
+            _log.info("closing a connection idle for %.0f s", idle_s)
+            self.read_scope.cancel()
+
     def stop_reading(self) -> None:
+        """Shutdown: read no more requests, and end long polls now (they could wait a
+        minute; their clients can retry elsewhere) so the drain is quick."""
         self.read_scope.cancel()
+        self.stopping = True
+        for scope in self.long_polls:
+            scope.cancel()
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -360,7 +411,6 @@ class _Connection:
         per_connection_max = config.inflight_per_connection_max
         bytes_max = config.inflight_bytes_per_connection_max
         receive_max = config.receive_bytes_max
-        idle_s = config.idle_timeout_s
         stream = self.stream
         decoder = self.decoder
         server = self.server
@@ -375,15 +425,12 @@ class _Connection:
                 self.inflight += len(requests)
                 await self._dispatch(requests)
                 continue
-            with trio.move_on_after(idle_s) as idle:
-                data = await stream.receive_some(receive_max)
-            if idle.cancelled_caught:
-                if self.inflight == 0 and not decoder.buffered_bytes:
-                    _log.info("closing a connection idle for %.0f s", idle_s)
-                    return
-                continue
+            # (idle connections are found by the server's sweeper, not by a timeout
+            # per read: a cancel scope with a deadline per read costs too much)
+            data = await stream.receive_some(receive_max)
             if not data:
                 return  # the peer closed its side; answer what is in flight
+            self.last_received = trio.current_time()
             server.bytes_received += len(data)
             decoder.receive_data(data if type(data) is bytes else bytes(data))
 
@@ -484,14 +531,31 @@ class _Connection:
             self.inflight_bytes -= charge
         self._queue(frame, 1)
 
+    async def _long_poll(self, message: ReadEntry, wait_s: float) -> bytes:
+        """A read that may wait for its entry; shutdown ends the wait at once (the
+        client may retry on another node), answering SHUTTING_DOWN."""
+        if not self.stopping:
+            with trio.CancelScope() as scope:
+                self.long_polls.add(scope)
+                try:
+                    return await self.node.read_entry(
+                        message.ledger_id, message.entry_id, wait_s=wait_s
+                    )
+                finally:
+                    self.long_polls.discard(scope)
+        raise NodeClosed("the node is shutting down; read from another node, or retry")
+
     async def _execute(self, message: RequestMessage) -> bytes:  # noqa: PLR0911 (one per op)
         node = self.node
         rid = message.request_id
         if isinstance(message, ReadEntry):
             if message.fence:
                 await node.fence_ledger(message.ledger_id, master_key=message.master_key)
-            wait_s = min(message.wait_ms, LONG_POLL_MS_MAX) / 1000.0
-            payload = await node.read_entry(message.ledger_id, message.entry_id, wait_s=wait_s)
+            if message.wait_ms > 0:
+                wait_s = min(message.wait_ms, LONG_POLL_MS_MAX) / 1000.0
+                payload = await self._long_poll(message, wait_s)
+            else:
+                payload = await node.read_entry(message.ledger_id, message.entry_id)
             lac = node.last_add_confirmed(message.ledger_id)
             return encode_response(
                 ReadEntryResponse(rid, message.ledger_id, message.entry_id, lac, payload)
@@ -544,7 +608,7 @@ class _Connection:
                 node.read_only,
                 self.config.frame_bytes_max,
                 node.config.entry_bytes_max,
-                len(node.ledgers()),
+                node.statistics().ledgers.ledgers,
                 pora.__version__,
             )
         )
@@ -593,7 +657,6 @@ class _Connection:
     async def _write_loop(self) -> None:
         stream = self.stream
         server = self.server
-        idle_s = self.config.idle_timeout_s
         while True:
             if self.adds_done:
                 self._encode_adds_done()
@@ -610,11 +673,13 @@ class _Connection:
             self.outgoing = []
             self.outgoing_count = 0
             data = frames[0] if len(frames) == 1 else b"".join(frames)
-            with trio.move_on_after(idle_s) as stuck:
+            self.sending_since = trio.current_time()
+            try:
                 await stream.send_all(data)
-            if stuck.cancelled_caught:
-                _log.info("closing a connection that has not read its responses for %.0fs", idle_s)
-                raise trio.BrokenResourceError("peer does not read its responses")
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.nursery.cancel_scope.cancel()  # the peer is gone: nobody to answer
+                return
+            self.sending_since = None
             server.bytes_sent += len(data)
             self.inflight -= count
             self.inflight_bytes -= sent_bytes

@@ -259,3 +259,48 @@ async def test_the_client_works_under_asyncio(data_dir: Path) -> None:
     async with serving(data_dir) as (_node, _server, address):
         payloads = await trio.to_thread.run_sync(_asyncio_session, address)
         assert payloads == [f"asyncio {i}".encode() for i in range(20)]
+
+
+async def test_a_node_at_its_connection_limit_says_it_is_overloaded(data_dir: Path) -> None:
+    async with (
+        serving(data_dir, connections_max=1) as (_node, _server, address),
+        connect_node(address) as first,
+    ):
+        await first.info()
+        with pytest.raises(pora.NodeOverloaded, match="connections_max"):
+            async with connect_node(address, reconnect_attempts=1) as second:
+                for _ in range(100):  # until the refusal has arrived
+                    await second.info()
+                    await trio.sleep(0.01)
+        await first.info()  # the connection it has is unaffected
+
+
+async def test_a_dropped_connection_fails_every_caller_with_its_own_error() -> None:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    received = trio.Event()
+
+    async def read_then_hang_up(stream: trio.SocketStream) -> None:
+        total = 0
+        while total < 100 * 20:  # every caller's frame is in: now drop them all
+            total += len(await stream.receive_some(65536))
+        received.set()
+
+    errors: list[BaseException] = []
+
+    async def caller(client: pora.NodeClient, entry_id: int) -> None:
+        try:
+            await client.add_entry(1, entry_id, b"x")
+        except pora.ConnectionLost as error:
+            errors.append(error)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, read_then_hang_up, listeners)
+        async with connect_node(f"127.0.0.1:{port}") as client, trio.open_nursery() as callers:
+            for entry_id in range(100):
+                callers.start_soon(caller, client, entry_id)
+        nursery.cancel_scope.cancel()
+    assert received.is_set()
+    assert len(errors) == 100
+    assert len({id(e) for e in errors}) == 100  # no traceback piling up on a shared one
+    assert all("may or may not have been performed" in str(e) for e in errors)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import struct
 import tracemalloc
 from pathlib import Path
 
+import pytest
 import trio
 from net_helpers import raw_connection, receive_responses, serving
 
@@ -18,10 +20,13 @@ from netio.messages import (
     ErrorResponse,
     Info,
     InfoResponse,
+    ReadEntry,
+    ReadEntryResponse,
     ReadRange,
     ReadRangeResponse,
 )
 from pora.node_client import connect_node
+from pora.server import ServerConfig
 
 
 async def test_pipelining_thousands_of_adds_on_one_connection(data_dir: Path) -> None:
@@ -260,3 +265,89 @@ async def test_pipelined_range_reads_are_bounded_and_all_answered(data_dir: Path
             assert sum(len(p) for _, p in response.entries) <= budget
         assert server.statistics().responses_by_status["ok"] == count
         await stream.aclose()
+
+
+async def test_a_peer_vanishing_mid_pipeline_is_routine(
+    data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with serving(data_dir) as (_node, server, address), connect_node(address) as client:
+        for _ in range(5):
+            stream = await raw_connection(address)
+            await stream.send_all(
+                b"".join(codec.encode_add_entry(i, 1, i, b"z" * 512) for i in range(2000))
+            )
+            await trio.aclose_forcefully(stream)  # gone before reading a single response
+        await client.add_entry(2, 0, b"fine")
+        assert await client.read_entry(2, 0) == b"fine"
+        with trio.fail_after(10):
+            while server.statistics().connections_open > 1:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_shutdown_ends_long_polls_at_once(data_dir: Path) -> None:
+    async with serving(data_dir) as (node, server, address):
+        await node.add_entry(1, 0, b"a")
+        stream = await raw_connection(address)
+        await stream.send_all(
+            codec.encode_request(ReadEntry(1, 1, 5, wait_ms=60_000))  # waits for entry 5
+            + codec.encode_request(ReadEntry(2, 1, 0))
+        )
+        with trio.fail_after(10):
+            while server.statistics().requests_by_opcode["read_entry"] < 2:  # noqa: ASYNC110
+                await trio.sleep(0.001)
+        start = trio.current_time()
+        await server.shutdown(drain_timeout_s=30.0)
+        assert trio.current_time() - start < 5.0  # not the minute the poll asked for
+        responses, closed = await receive_responses(stream, 3)
+        assert closed
+        by_id = {r.request_id: r for r in responses}
+        assert isinstance(by_id[2], ReadEntryResponse) and by_id[2].payload == b"a"
+        poll = by_id[1]
+        assert isinstance(poll, ErrorResponse)
+        assert poll.status == f.Status.SHUTTING_DOWN
+        assert "shutting down" in poll.message
+
+
+async def test_a_stalled_half_frame_does_not_hold_its_buffer_forever(
+    data_dir: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    async with serving(data_dir, idle_timeout_s=30.0) as (_node, server, address):
+        stream = await raw_connection(address)
+        frame = codec.encode_add_entry(1, 1, 0, b"p" * 100_000)
+        await stream.send_all(frame[:50_000])  # half a frame, then silence
+        with trio.fail_after(10):
+            while server.statistics().bytes_buffered < 50_000:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        with trio.fail_after(120):
+            assert await stream.receive_some(100) == b""  # closed after the idle timeout
+        assert server.statistics().bytes_buffered == 0
+
+
+def test_server_config_refuses_what_cannot_work(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="both tls_cert_file and tls_key_file"):
+        ServerConfig(tls_cert_file="node.crt")
+    with pytest.raises(ValueError, match="inflight_node_max must be at least 1"):
+        ServerConfig(inflight_node_max=0)
+    missing = ServerConfig(
+        tls_cert_file=str(tmp_path / "no.crt"), tls_key_file=str(tmp_path / "no.key")
+    )
+    with pytest.raises(ValueError, match=r"cannot load the TLS certificate .*no\.crt"):
+        missing.ssl_context()
+
+
+async def test_a_peer_that_never_reads_its_responses_is_cut_off(
+    data_dir: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    async with serving(data_dir, idle_timeout_s=30.0) as (node, server, address):
+        await node.add_entry(1, 0, b"r" * 1_000_000)
+        stream = await raw_connection(address)
+        # 100 MB of responses it will never read: the node's sends block
+        await stream.send_all(
+            b"".join(codec.encode_request(ReadEntry(i, 1, 0)) for i in range(100))
+        )
+        with trio.fail_after(120):
+            while server.statistics().connections_open:  # noqa: ASYNC110
+                await trio.sleep(1.0)
+        assert server.statistics().requests_inflight == 0
+        await trio.aclose_forcefully(stream)
