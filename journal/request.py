@@ -28,6 +28,7 @@ class Request:
         "payload",
         "result",
         "seq",
+        "tag",
     )
 
     def __init__(
@@ -54,6 +55,9 @@ class Request:
         #: the record's body as journalled (an entry-log record, set by the journal
         #: task): a flush copies it into the entry log as it is
         self.body: bytes = b""
+        #: the submitter's own value, untouched by the node (a network worker keeps
+        #: the wire request id here)
+        self.tag = 0
         #: journal sequence number, set by the journal task (-1 until then)
         self.seq = -1
         #: the error the request failed with, or None on success

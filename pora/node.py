@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import heapq
 import hmac
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -369,9 +370,17 @@ class Node:
     def ledger_info(self, ledger_id: int) -> LedgerInfo:
         return self._registry.meta(ledger_id).info()
 
-    def ledgers(self) -> list[LedgerInfo]:
-        """Every ledger on the node, by id."""
-        return [self._registry.metas[i].info() for i in sorted(self._registry.metas)]
+    def ledgers(
+        self, *, after_ledger_id: int = -1, count_max: int | None = None
+    ) -> list[LedgerInfo]:
+        """The ledgers on the node, by id: all of them, or a page of at most
+        `count_max` with ids above `after_ledger_id` (without sorting them all)."""
+        metas = self._registry.metas
+        if count_max is None:
+            ids = sorted(i for i in metas if i > after_ledger_id)
+        else:
+            ids = heapq.nsmallest(count_max, (i for i in metas if i > after_ledger_id))
+        return [metas[i].info() for i in ids]
 
     @property
     def read_only(self) -> str | None:

@@ -347,7 +347,6 @@ class _Connection:
         #: adds the node completed, waiting for the writer to encode their responses
         self.adds_done: list[Request] = []
         #: wire request id of each add in the node
-        self.add_ids: dict[Request, int] = {}
         self.inflight = 0
         self.inflight_bytes = 0
         self.writer_wakeup = trio.Event()
@@ -440,7 +439,6 @@ class _Connection:
         counts = server.requests_by_opcode
         room = server.config.inflight_node_max - server.inflight
         adds: list[Request] = []
-        add_ids = self.add_ids
         on_done = self.on_add_done
         add_bytes = 0
         for message in requests:
@@ -462,7 +460,7 @@ class _Connection:
                     self._queue(_error_frame(message.request_id, Opcode.ADD_ENTRY, error), 1)
                     continue
                 request.on_done = on_done
-                add_ids[request] = message.request_id
+                request.tag = message.request_id
                 adds.append(request)
                 add_bytes += len(message.payload)
                 room -= 1
@@ -586,7 +584,7 @@ class _Connection:
             return encode_response(DeleteResponse(rid, message.ledger_id))
         if isinstance(message, ListLedgers):
             count_max = max(1, min(message.max_count, LIST_LEDGERS_MAX))
-            infos = [i for i in node.ledgers() if i.ledger_id > message.after_ledger_id]
+            infos = node.ledgers(after_ledger_id=message.after_ledger_id, count_max=count_max)
             page = [
                 LedgerSummary(
                     i.ledger_id,
@@ -633,13 +631,12 @@ class _Connection:
     def _encode_adds_done(self) -> None:
         done = self.adds_done
         self.adds_done = []
-        add_ids = self.add_ids
         ok_ids: list[int] = []
         ok: list[Request] = []
         payload_bytes = 0
         statuses = self.server.responses_by_status
         for request in done:
-            request_id = add_ids.pop(request)
+            request_id = request.tag
             payload_bytes += len(request.payload)
             if request.error is None:
                 ok_ids.append(request_id)
