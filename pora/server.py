@@ -584,7 +584,8 @@ class _Connection:
             return encode_response(DeleteResponse(rid, message.ledger_id))
         if isinstance(message, ListLedgers):
             count_max = max(1, min(message.max_count, LIST_LEDGERS_MAX))
-            infos = node.ledgers(after_ledger_id=message.after_ledger_id, count_max=count_max)
+            # one more than the page: whether MORE follow
+            infos = node.ledgers(after_ledger_id=message.after_ledger_id, count_max=count_max + 1)
             page = [
                 LedgerSummary(
                     i.ledger_id,
