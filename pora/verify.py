@@ -8,8 +8,9 @@ Checked, per ledger in the index:
   and the records end exactly at `log_end`;
 - the metadata agrees with what is stored: entry count, first and last entry, payload
   bytes;
-and for the whole data dir: every entry log belongs to a ledger the index knows, and
-the journal holds nothing that was not replayed yet (else the figures are stale).
+and for the whole data dir: every entry log and every index position belongs to a
+ledger the index has metadata for, and the journal holds nothing that was not
+replayed yet (else the figures are stale).
 """
 
 from __future__ import annotations
@@ -114,7 +115,30 @@ def verify_data_dir(
                 file=str(logs[ledger_id]),
             )
         )
+    _check_orphan_positions(index, metas, report)
     return report
+
+
+def _check_orphan_positions(
+    index: Index, metas: dict[int, LedgerMeta], report: VerifyReport
+) -> None:
+    """Index positions of ledgers without metadata: the node does not know these
+    ledgers (they are in no listing and take no reads), so the positions only take
+    space, or hide a ledger whose metadata was lost."""
+    for ledger_id in index.ledgers_with_positions():
+        if ledger_id in metas:
+            continue
+        count = index.count_positions(ledger_id)
+        report.problems.append(
+            Problem(
+                "orphan-positions",
+                f"the index holds {count} entry positions of ledger {ledger_id}, which "
+                "has no metadata: the node does not know the ledger. Rebuild the index "
+                "with `pora verify --rebuild-index` (it restores the ledger from its "
+                "entry log if there is one, and drops the positions if there is none)",
+                ledger_id=ledger_id,
+            )
+        )
 
 
 def _ignore(_units: int) -> None:

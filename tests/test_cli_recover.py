@@ -213,3 +213,26 @@ def test_every_command_explains_itself(command: list[str], capsys: Capsys) -> No
     out = capsys.readouterr().out
     assert "--data-dir" in out
     assert "--json" in out
+
+
+def test_recover_shows_replay_progress_with_rate_and_eta(
+    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path: Path,
+    capsys: Capsys,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    crashed = crashed_copy(tmp_path_factory, tmp_path / "crashed")
+    # report on every update, so that even a short replay draws its bar
+    monkeypatch.setattr("pora.progress.PLAIN_INTERVAL_S", 0.0)
+
+    done = run_cli(capsys, "recover", "--data-dir", str(crashed.data_dir))
+
+    assert done.status == 0
+    lines = [line for line in done.err.splitlines() if line.startswith("replaying journal")]
+    assert lines, done.err
+    assert "(total estimated from segment sizes)" in lines[0]
+    # a real bar: bytes done of a total, a rate, and the time left while under way
+    assert " of " in lines[0]
+    assert "/s," in lines[0]
+    assert "ETA" in lines[0] or "elapsed" in lines[0]
+    assert "100.0%" in lines[-1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import plyvel
 import pytest
 import trio
 from cli_support import (
@@ -28,7 +29,8 @@ import pora
 from journal.format import RecordKind
 from journal.reader import JournalScanner
 from ledger.entrylog_format import STATE_ENTRY_ID
-from ledger.index import Index
+from ledger.index import META_PREFIX, Index
+from ledger.state import LedgerMeta
 from pora.datadir import open_data_dir
 from pora.inspect import entrylog_path, open_entry_log
 
@@ -67,6 +69,36 @@ def test_verify_passes_on_a_data_dir_the_engine_made(data_dir: Path, capsys: Cap
     assert table.status == 0
     assert "result: OK" in table.out
     assert f"entries          {report['entries']}" in table.out
+
+
+def test_positions_of_a_ledger_without_metadata_are_reported_with_a_count(
+    data_dir: Path, capsys: Capsys
+) -> None:
+    make_data_dir(data_dir)
+    orphan_ledger = 9_999
+    with Index(data_dir / "index", create=False) as index:
+        positions = [(entry_id, 64 + entry_id * 100, 100) for entry_id in range(3)]
+        index.apply_flush(orphan_ledger, positions, LedgerMeta(orphan_ledger), sync=True)
+    # lose the metadata only, as a damaged index or a half-done delete might
+    db = plyvel.DB(str(data_dir / "index"), create_if_missing=False)
+    try:
+        db.delete(META_PREFIX + orphan_ledger.to_bytes(8, "big"), sync=True)
+    finally:
+        db.close()
+
+    result = run_cli(capsys, "verify", "--json", "--data-dir", str(data_dir))
+
+    assert result.status == 1
+    report = result.json()
+    assert report["ok"] is False
+    orphans = [p for p in report["problems"] if p["kind"] == "orphan-positions"]
+    assert len(orphans) == 1, report["problems"]
+    assert orphans[0]["ledger_id"] == orphan_ledger
+    assert "3 entry positions" in orphans[0]["message"]
+    assert "--rebuild-index" in orphans[0]["message"]
+    # the ledgers that have metadata are still verified and found intact
+    assert report["ledgers"] == 4
+    assert len(report["problems"]) == 1
 
 
 def test_a_flipped_byte_is_reported_with_its_ledger_entry_file_and_offset(
