@@ -9,6 +9,12 @@ grammar, are in docs/formats.md ("Journal").
 
 Segments are read through a read-only mmap: the kernel pages them in as the scan
 goes, so a 1 GiB segment never sits in memory at once.
+
+Two ways to read: `batches()` gives `JournalRecord`s (inspection, tools);
+`replay_requests()` gives, for crash recovery, only the records replay applies, as
+the `Request`s the ledger workers take, built straight from the mapped bytes (one
+object per record instead of two; replay is bound by per-record Python work).
+Both verify every record the same way.
 """
 
 from __future__ import annotations
@@ -17,10 +23,10 @@ import errno
 import mmap
 import os
 import struct
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple, cast
 
 import crc32c
 
@@ -31,6 +37,7 @@ from journal.format import (
     BATCH_MAGIC,
     BLOCK_SIZE,
     BODY_CRC_START,
+    BODY_HEADER_SIZE,
     FORMAT_VERSION,
     PREFIX_CRC_END,
     RECORD_HEADER,
@@ -43,6 +50,7 @@ from journal.format import (
     RecordKind,
     round_up_to_block,
 )
+from journal.request import Request
 from journal.segment import SegmentInfo, batch_header_crc, list_segments, segment_header_crc
 
 
@@ -79,6 +87,24 @@ class ScanSummary:
     torn_tail: TornTail | None = None
 
 
+@dataclass(slots=True)
+class ReplayTally:
+    """What `JournalScanner.replay_requests` read and what it selected for replay."""
+
+    records_scanned: int = 0
+    payload_bytes_scanned: int = 0
+    records_selected: int = 0
+    payload_bytes_selected: int = 0
+    ledgers_selected: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class _ReplaySelection:
+    #: per ledger, the last seq already durable in its entry log and index
+    durable_seqs: Mapping[int, int]
+    tally: ReplayTally
+
+
 _BATCH_MAGIC_BYTES: Final = struct.pack("<I", BATCH_MAGIC)
 _ZERO_BATCH_HEADER: Final = (0, 0, 0, 0, 0)
 _KINDS: Final = {kind.value: kind for kind in RecordKind}
@@ -107,11 +133,29 @@ class JournalScanner:
         self._from_seq = from_seq
         #: the seq the next batch must start with; None until the first segment header
         self._next_seq: int | None = None
+        #: set while replay_requests() runs: records become Requests, durable ones skipped
+        self._selection: _ReplaySelection | None = None
         self.summary = ScanSummary()
 
     def batches(self) -> Iterator[list[JournalRecord]]:
         """One list per journal batch, in order; batches wholly below from_seq are left
         out. `summary` is complete once this is exhausted."""
+        self._selection = None
+        return self._all_batches()
+
+    def replay_requests(
+        self, durable_seqs: Mapping[int, int], tally: ReplayTally
+    ) -> Iterator[list[Request]]:
+        """For crash recovery: one list per journal batch, in order, of the records
+        whose seq is above their ledger's entry in `durable_seqs` (-1 if absent), as
+        Requests ready for `LedgerRegistry.dispatch` (seq and body set, no on_done).
+        The list is empty when every record of the batch is durable already: every
+        batch is still verified, so a torn tail and corruption are found exactly as
+        by `batches()`. Counts go to `tally`; `summary` as for `batches()`."""
+        self._selection = _ReplaySelection(durable_seqs, tally)
+        return self._all_batches()
+
+    def _all_batches(self) -> Iterator[list[Any]]:
         self._next_seq = None
         self.summary = ScanSummary()
         segments = list_segments(self._directory)
@@ -121,9 +165,7 @@ class JournalScanner:
 
     # --- segments -------------------------------------------------------------------
 
-    def _scan_segment(
-        self, segment: SegmentInfo, *, is_last: bool
-    ) -> Iterator[list[JournalRecord]]:
+    def _scan_segment(self, segment: SegmentInfo, *, is_last: bool) -> Iterator[list[Any]]:
         path = segment.path
         with open(path, "rb") as file:
             size = os.fstat(file.fileno()).st_size
@@ -214,8 +256,10 @@ class JournalScanner:
 
     def _scan_batches(
         self, path: Path, mapped: mmap.mmap, view: memoryview, fd: int, *, is_last: bool
-    ) -> Iterator[list[JournalRecord]]:
+    ) -> Iterator[list[Any]]:
         summary = self.summary
+        # replay wants a (maybe empty) list per batch, to bound its chunks by bytes read
+        yield_empty = self._selection is not None
         size = len(mapped)
         offset = SEGMENT_HEADER_SIZE
         while offset < size:  # a batch boundary at the end of the file ends the data
@@ -259,7 +303,7 @@ class JournalScanner:
                 summary.first_seq = first_seq
             summary.last_seq = first_seq + count - 1
             self._next_seq = first_seq + count
-            if records:
+            if records or yield_empty:
                 yield records
             offset = round_up_to_block(offset + BATCH_HEADER_SIZE + records_length)
 
@@ -271,8 +315,9 @@ class JournalScanner:
         offset: int,
         size: int,
         fields: tuple[int, int, int, int, int],
-    ) -> list[JournalRecord]:
-        """The batch's records at or above from_seq; raises _Damage if it is not intact."""
+    ) -> list[Any]:
+        """The batch's records at or above from_seq (JournalRecords, or Requests while
+        replay_requests runs); raises _Damage if it is not intact."""
         magic, crc, records_length, count, first_seq = fields
         if magic != BATCH_MAGIC:
             raise _Damage(f"bad batch magic {magic:#010x}", valid_header=False)
@@ -320,7 +365,7 @@ class JournalScanner:
         records_start: int,
         records_end: int,
         fields: tuple[int, int, int, int, int],
-    ) -> list[JournalRecord]:
+    ) -> list[Any]:
         # the hot loop of replay: locals only, no per-record method calls
         _magic, _crc, _records_length, count, first_seq = fields
         unpack = RECORD_HEADER.unpack_from
@@ -329,7 +374,13 @@ class JournalScanner:
         flags_by_bits = _FLAGS
         new_record = _new_record
         from_seq = self._from_seq
-        records: list[JournalRecord] = []
+        selection = self._selection
+        replaying = selection is not None
+        durable_seq = (selection.durable_seqs if selection is not None else {}).get
+        replayed_ledgers = set[int]()
+        add_replayed_ledger = replayed_ledgers.add
+        scanned = scanned_bytes = selected_bytes = 0
+        records: list[Any] = []
         append = records.append
         position = records_start
         seq = first_seq
@@ -378,7 +429,33 @@ class JournalScanner:
                 raise _Damage(
                     f"record {seq} at byte {position}: unknown kind {kind}", valid_header=True
                 )
-            if seq >= from_seq:
+            if seq < from_seq:
+                pass
+            elif replaying:
+                scanned += 1
+                scanned_bytes += length
+                if seq > durable_seq(ledger_id, -1):
+                    body = mapped[body_start:end]
+                    # the payload is a view into the body, not a second copy: replay
+                    # holds up to the memtable budget of bodies, and a copy per record
+                    # doubles the allocation traffic
+                    request = Request(
+                        record_kind,
+                        ledger_id,
+                        entry_id,
+                        # typed bytes in Request; the ledger workers only take its
+                        # len(), compare it and copy it, all of which a view supports
+                        cast(bytes, memoryview(body)[BODY_HEADER_SIZE:]),
+                        flags_by_bits[flags],
+                        None,
+                        lac,
+                    )
+                    request.seq = seq
+                    request.body = body
+                    append(request)
+                    selected_bytes += length
+                    add_replayed_ledger(ledger_id)
+            else:
                 append(
                     new_record(
                         JournalRecord,
@@ -404,6 +481,13 @@ class JournalScanner:
                 f"they take {position - records_start}",
                 valid_header=True,
             )
+        if selection is not None:  # counted once the batch is known intact
+            tally = selection.tally
+            tally.records_scanned += scanned
+            tally.payload_bytes_scanned += scanned_bytes
+            tally.records_selected += len(records)
+            tally.payload_bytes_selected += selected_bytes
+            tally.ledgers_selected |= replayed_ledgers
         return records
 
     # --- where the data ends ---------------------------------------------------------
