@@ -16,15 +16,17 @@ def test_bench_reports_adds_per_second_and_latency(with_redis: bool) -> None:
         pytest.skip("redis-server is not installed")
     command = [
         sys.executable, "-m", "pora.cli", "bench", "--json", "--connections", "2",
-        "--depth", "8", "--duration-s", "0.4", "--warmup-s", "0.1", "--rounds", "2",
+        "--depth", "8", "--duration-s", "1.0", "--warmup-s", "0.5", "--rounds", "2",
     ]  # fmt: skip
+    # the warm-up takes the node's first-time costs (a fresh journal segment, the
+    # ledgers' first adds) out of the measured second, which a slow machine needs
     if not with_redis:
         command.append("--no-redis")
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
     report = json.loads(result.stdout)
     assert len(report["pora_rounds"]) == 2
     assert report["pora"] in report["pora_rounds"]  # the median round
-    assert report["pora"]["ops"] > 0
+    assert all(r["ops"] > 0 for r in report["pora_rounds"])
     assert report["pora"]["errors"] == 0
     assert 0 < report["pora"]["p50_ms"] <= report["pora"]["p99_ms"] <= report["pora"]["p999_ms"]
     assert report["pora"]["mb_per_s"] == pytest.approx(report["pora"]["ops_per_s"] * 1024 / 1e6)
