@@ -225,6 +225,67 @@ class Node:
             master_key,
         )
 
+    def entry_requests(
+        self,
+        adds: Sequence[tuple[int, int, int, int, bytes, bytes, bool]],
+        on_done: Callable[[Request], None],
+    ) -> tuple[list[Request], list[tuple[int, PoraError]]]:
+        """Checked add requests for `submit`, many at once: the served node's hot path.
+
+        Each add is `(tag, ledger_id, entry_id, last_add_confirmed, master_key,
+        payload, recovery)`, the shape the network decoder gives (`tag` is the wire
+        request id, kept in `Request.tag`). Returns the requests, each completing
+        through `on_done`, and the refused adds as `(tag, error)`, with the same
+        checks and errors as `entry_request`.
+        """
+        entry_bytes_max = self.config.entry_bytes_max
+        requests: list[Request] = []
+        refused: list[tuple[int, PoraError]] = []
+        entry = RecordKind.ENTRY
+        plain = RecordFlag.NONE
+        recovering = RecordFlag.RECOVERY_ADD
+        for tag, ledger_id, entry_id, lac, master_key, payload, recovery in adds:
+            if (
+                ledger_id >= 0
+                and entry_id >= 0
+                and lac >= -1
+                and len(payload) <= entry_bytes_max
+                and len(master_key) <= MASTER_KEY_BYTES_MAX
+                and type(payload) is bytes
+                and type(ledger_id) is int
+                and type(entry_id) is int
+                and ledger_id <= ID_MAX
+                and entry_id <= ID_MAX
+                and lac <= ID_MAX
+            ):
+                request = Request(
+                    entry,
+                    ledger_id,
+                    entry_id,
+                    payload,
+                    recovering if recovery else plain,
+                    on_done,
+                    lac,
+                    master_key,
+                )
+            else:  # rare: let the one-at-a-time path find what is wrong and say so
+                try:
+                    request = self.entry_request(
+                        ledger_id,
+                        entry_id,
+                        payload,
+                        master_key=master_key,
+                        recovery=recovery,
+                        last_add_confirmed=lac,
+                    )
+                except PoraError as error:
+                    refused.append((tag, error))
+                    continue
+                request.on_done = on_done
+            request.tag = tag
+            requests.append(request)
+        return requests, refused
+
     async def add_entry(
         self,
         ledger_id: int,

@@ -69,6 +69,7 @@ from netio.messages import (
     ReadRange,
     ReadRangeResponse,
     RequestMessage,
+    WireAdd,
 )
 from pora.node import Node
 
@@ -419,7 +420,7 @@ class _Connection:
                 self.space = trio.Event()
                 await self.space.wait()
                 continue
-            requests = decoder.next_requests(budget)
+            requests = decoder.next_requests_raw(budget)
             if requests:
                 self.inflight += len(requests)
                 await self._dispatch(requests)
@@ -433,60 +434,50 @@ class _Connection:
             server.bytes_received += len(data)
             decoder.receive_data(data if type(data) is bytes else bytes(data))
 
-    async def _dispatch(self, requests: list[RequestMessage]) -> None:
+    async def _dispatch(self, requests: list[RequestMessage | WireAdd]) -> None:
         server = self.server
         node = self.node
         counts = server.requests_by_opcode
         room = server.config.inflight_node_max - server.inflight
-        adds: list[Request] = []
-        on_done = self.on_add_done
-        add_bytes = 0
+        adds: list[WireAdd] = []
         for message in requests:
-            if type(message) is AddEntry:
-                counts[1] += 1
-                if room <= 0:
-                    self._overloaded(message.request_id, Opcode.ADD_ENTRY)
-                    continue
-                try:
-                    request = node.entry_request(
-                        message.ledger_id,
-                        message.entry_id,
-                        message.payload,
-                        master_key=message.master_key,
-                        recovery=message.recovery,
-                        last_add_confirmed=message.last_add_confirmed,
-                    )
-                except PoraError as error:
-                    self._queue(_error_frame(message.request_id, Opcode.ADD_ENTRY, error), 1)
-                    continue
-                request.on_done = on_done
-                request.tag = message.request_id
-                adds.append(request)
-                add_bytes += len(message.payload)
-                room -= 1
-            else:
-                opcode = _OPCODES[type(message)]
-                counts[opcode] += 1
-                if room <= 0:
-                    self._overloaded(message.request_id, opcode)
-                    continue
-                room -= 1
-                server.inflight += 1
-                # a range read may bring up to its byte limit back: count it before
-                # it runs, so a pipeline of them cannot pile up unbounded responses
-                charge = 0
-                if type(message) is ReadRange:
-                    charge = self._range_bytes_max(message)
-                    self.inflight_bytes += charge
-                self.nursery.start_soon(self._perform, message, opcode, charge)
-        if adds:
-            server.inflight += len(adds)
-            self.inflight_bytes += add_bytes
-            try:
-                await node.submit(adds)
-            except PoraError as error:  # the node is closing: none of them was queued
-                for request in adds:
-                    request.fail(error)
+            if type(message) is tuple:
+                adds.append(message)
+                continue
+            assert not isinstance(message, tuple)  # (for the type checker)
+            opcode = _OPCODES[type(message)]
+            counts[opcode] += 1
+            if room <= 0:
+                self._overloaded(message.request_id, opcode)
+                continue
+            room -= 1
+            server.inflight += 1
+            # a range read may bring up to its byte limit back: count it before
+            # it runs, so a pipeline of them cannot pile up unbounded responses
+            charge = 0
+            if type(message) is ReadRange:
+                charge = self._range_bytes_max(message)
+                self.inflight_bytes += charge
+            self.nursery.start_soon(self._perform, message, opcode, charge)
+        if not adds:
+            return
+        counts[Opcode.ADD_ENTRY] += len(adds)
+        if len(adds) > room:  # past the node-wide limit: refuse the rest
+            for add in adds[max(room, 0) :]:
+                self._overloaded(add[0], Opcode.ADD_ENTRY)
+            adds = adds[: max(room, 0)]
+        batch, refused = node.entry_requests(adds, self.on_add_done)
+        for request_id, error in refused:
+            self._queue(_error_frame(request_id, Opcode.ADD_ENTRY, error), 1)
+        if not batch:
+            return
+        server.inflight += len(batch)
+        self.inflight_bytes += sum([len(request.payload) for request in batch])
+        try:
+            await node.submit(batch)
+        except PoraError as error:  # the node is closing: none of them was queued
+            for request in batch:
+                request.fail(error)
 
     def _overloaded(self, request_id: int, opcode: int) -> None:
         self._queue(
