@@ -449,9 +449,10 @@ class JournalScanner:
                         flags_by_bits[flags],
                         None,
                         lac,
+                        None,
+                        body,
                     )
                     request.seq = seq
-                    request.body = body
                     append(request)
                     selected_bytes += length
                     add_replayed_ledger(ledger_id)

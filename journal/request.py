@@ -1,17 +1,18 @@
 """The unit of work on the write path: one journalled operation and its completion.
 
-A `Request` is made by whoever wants something durable (a network worker, the
-in-process API), travels in batches (lists) through the journal channel, gets its
-journal sequence number from the journal task, and is completed by the ledger
-worker that applies it, which calls `on_done` exactly once. `__slots__` and no
-dataclass machinery: millions of these are made per minute on the hot path.
+A `Request` is made, its record body encoded, by whoever wants something durable
+(a network worker, the in-process API). It travels in batches (lists) through the
+journal channel, gets its journal sequence number from the journal task, and is
+completed by the ledger worker that applies it, which calls `on_done` exactly
+once. `__slots__` and no dataclass machinery: millions of these are made per
+minute on the hot path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from journal.format import RecordFlag, RecordKind
+from journal.format import RecordFlag, RecordKind, encode_body
 
 
 class Request:
@@ -41,6 +42,7 @@ class Request:
         on_done: Callable[[Request], None] | None = None,
         lac: int = -1,
         master_key: bytes | None = None,
+        body: bytes | None = None,
     ) -> None:
         self.kind = kind
         self.flags = flags
@@ -52,9 +54,10 @@ class Request:
         #: the ledger's master key this request claims to know (None: not checked,
         #: for records replayed from the journal, which were checked when written)
         self.master_key = master_key
-        #: the record's body as journalled (an entry-log record, set by the journal
-        #: task): a flush copies it into the entry log as it is
-        self.body: bytes = b""
+        #: the record's body as journalled (an entry-log record: header, crc and
+        #: payload), made here unless given (replay has it already): the journal
+        #: writes it and a flush copies it into the entry log, both as it is
+        self.body: bytes = encode_body(ledger_id, entry_id, lac, payload) if body is None else body
         #: the submitter's own value, untouched by the node (a network worker keeps
         #: the wire request id here)
         self.tag = 0

@@ -20,17 +20,15 @@ from typing import Final
 import crc32c
 
 from journal.errors import JournalError, JournalFormatError
-from journal.fileio import fsync_directory, pwrite_all
+from journal.fileio import fsync_directory, pwrite_all, pwritev_all
 from journal.format import (
     BATCH_HEADER,
     BATCH_HEADER_SIZE,
     BATCH_MAGIC,
     BLOCK_SIZE,
     BODY_CRC_START,
+    BODY_HEADER_SIZE,
     FORMAT_VERSION,
-    PREFIX_CRC_END,
-    RECORD_HEADER,
-    RECORD_HEADER_SIZE,
     RECORD_PAYLOAD_MAX,
     RECORD_PREFIX_SIZE,
     SEGMENT_HEADER,
@@ -48,6 +46,8 @@ _SEGMENT_HEADER_CRC_START: Final = SEGMENT_HEADER.size - 4
 _BATCH_HEADER_CRC_START: Final = 8
 _U32_MAX: Final = 0xFFFF_FFFF
 _CRC_FIELD: Final = struct.Struct("<I")  # one u32, to patch a crc in place
+#: a record prefix after its crc: kind, flags, reserved, seq
+_PREFIX_TAIL: Final = struct.Struct("<BBHQ")
 
 #: what the crc helpers read from: encoded buffers and mapped segment files
 Buffer = bytes | bytearray | memoryview | mmap.mmap
@@ -131,70 +131,56 @@ def batch_header_crc(buf: Buffer, offset: int) -> int:
     return int(crc32c.crc32c(view[start : offset + BATCH_HEADER_SIZE]))
 
 
-def encode_batch(requests: Sequence[Request], first_seq: int) -> bytearray:
-    """One batch, padded to whole blocks; sets each request's seq and body.
+def encode_batch_parts(requests: Sequence[Request], first_seq: int) -> list[bytes]:
+    """One batch as the buffers to write one after another (with `os.pwritev`):
+    batch header, then each record's prefix and body, then zeros to the block end.
+    Sets each request's seq.
 
-    Hot path: one exact allocation, headers packed in place, crcs over views. Each
-    request's `body` becomes a copy of its body: the ledger's flush writes it to the
-    entry log as it is.
+    Hot path: each request's body was encoded when the request was made, so a record
+    costs one 16-byte prefix here, and the bodies are written from where they are
+    rather than copied into one big buffer first.
     """
     count = len(requests)
     if count == 0:
         raise ValueError("a journal batch holds at least one record")
-    payload_bytes = sum([len(request.payload) for request in requests])
-    if payload_bytes > RECORD_PAYLOAD_MAX:  # only then can one payload be too large
-        for request in requests:
-            if len(request.payload) > RECORD_PAYLOAD_MAX:
+    body_bytes = sum([len(request.body) for request in requests])
+    if body_bytes - count * BODY_HEADER_SIZE > RECORD_PAYLOAD_MAX:
+        for request in requests:  # only then can one payload be too large
+            if len(request.body) - BODY_HEADER_SIZE > RECORD_PAYLOAD_MAX:
                 raise ValueError(
-                    f"payload of {len(request.payload)} bytes exceeds the journal's limit "
-                    f"of {RECORD_PAYLOAD_MAX}"
+                    f"payload of {len(request.body) - BODY_HEADER_SIZE} bytes exceeds the "
+                    f"journal's limit of {RECORD_PAYLOAD_MAX}"
                 )
-    records_length = count * RECORD_HEADER_SIZE + payload_bytes
+    records_length = count * RECORD_PREFIX_SIZE + body_bytes
     if records_length > _U32_MAX:
         raise ValueError(f"a batch of {records_length} record bytes exceeds 4 GiB: split it")
-    buf = bytearray(round_up_to_block(BATCH_HEADER_SIZE + records_length))
-    view = memoryview(buf)
-    pack_record = RECORD_HEADER.pack_into
-    pack_crc = _CRC_FIELD.pack_into
+    header = bytearray(BATCH_HEADER.pack(BATCH_MAGIC, 0, records_length, count, first_seq))
+    _CRC_FIELD.pack_into(header, 4, crc32c.crc32c(memoryview(header)[_BATCH_HEADER_CRC_START:]))
+    parts: list[bytes] = [bytes(header)]
+    append = parts.append
+    pack_tail = _PREFIX_TAIL.pack
+    pack_crc = _CRC_FIELD.pack
     checksum = crc32c.crc32c
-    position = BATCH_HEADER_SIZE
     seq = first_seq
     for request in requests:
-        payload = request.payload
-        body_start = position + RECORD_PREFIX_SIZE
-        payload_start = position + RECORD_HEADER_SIZE
-        end = payload_start + len(payload)
-        try:
-            # crcs 0 for now: each covers bytes after its own field
-            pack_record(
-                buf,
-                position,
-                0,
-                request.kind,
-                request.flags,
-                0,
-                seq,
-                0,
-                len(payload),
-                request.ledger_id,
-                request.entry_id,
-                request.lac,
-            )
-        except struct.error as error:  # an id out of range: refuse it, not the journal
-            raise ValueError(f"{request!r} cannot be journalled: {error}") from None
-        view[payload_start:end] = payload
-        pack_crc(buf, body_start, checksum(view[body_start + BODY_CRC_START : end]))
-        pack_crc(buf, position, checksum(view[position + 4 : position + PREFIX_CRC_END]))
+        body = request.body
+        # the prefix crc covers the prefix fields after it and the body's crc field
+        tail = pack_tail(request.kind, request.flags, 0, seq)
+        append(pack_crc(checksum(body[:BODY_CRC_START], checksum(tail))) + tail)
+        append(body)
         request.seq = seq
-        # a copy, not a view: a view would keep the whole group's buffer alive until
-        # every ledger in it has flushed, and (being garbage-collected) would make
-        # every full collection walk the memtables
-        request.body = bytes(view[body_start:end])
         seq += 1
-        position = end
-    BATCH_HEADER.pack_into(buf, 0, BATCH_MAGIC, 0, records_length, count, first_seq)
-    pack_crc(buf, 4, checksum(view[_BATCH_HEADER_CRC_START:BATCH_HEADER_SIZE]))
-    return buf
+    padding = round_up_to_block(BATCH_HEADER_SIZE + records_length) - (
+        BATCH_HEADER_SIZE + records_length
+    )
+    if padding:
+        append(bytes(padding))
+    return parts
+
+
+def encode_batch(requests: Sequence[Request], first_seq: int) -> bytes:
+    """One batch as one buffer (see `encode_batch_parts`); sets each request's seq."""
+    return b"".join(encode_batch_parts(requests, first_seq))
 
 
 # --- files ----------------------------------------------------------------------------
@@ -259,23 +245,25 @@ class SegmentWriter:
         """
         if self._fd < 0:
             raise JournalError(f"the journal writer of {self._directory} is closed")
-        return self.write_encoded(encode_batch(requests, first_seq), len(requests), first_seq)
+        parts = encode_batch_parts(requests, first_seq)
+        return self.write_encoded(parts, len(requests), first_seq)
 
-    def write_encoded(self, batch: bytearray, record_count: int, first_seq: int) -> int:
-        """Write a batch made by `encode_batch` (rolling first when it does not fit)."""
+    def write_encoded(self, parts: Sequence[bytes], record_count: int, first_seq: int) -> int:
+        """Write a batch made by `encode_batch_parts` (rolling first when it does not fit)."""
         if self._fd < 0:
             raise JournalError(f"the journal writer of {self._directory} is closed")
         if first_seq != self._next_seq:
             # a gap or an overlap would make the journal unreadable at the next replay
             raise ValueError(f"batch starts at seq {first_seq}, expected {self._next_seq}")
+        length = sum([len(part) for part in parts])
         holds_a_batch = self._offset > SEGMENT_HEADER_SIZE
-        if holds_a_batch and self._offset + len(batch) > self._segment_bytes:
+        if holds_a_batch and self._offset + length > self._segment_bytes:
             self._roll(first_seq)
-        pwrite_all(self._fd, batch, self._offset)
+        pwritev_all(self._fd, parts, self._offset)
         # only now: after a failed write the next batch goes to the same place
-        self._offset += len(batch)
+        self._offset += length
         self._next_seq += record_count
-        return len(batch)
+        return length
 
     def sync(self) -> None:
         """Make every batch written so far durable."""

@@ -22,7 +22,7 @@ import trio
 
 from journal.errors import JournalError
 from journal.request import Request
-from journal.segment import SegmentInfo, SegmentWriter, encode_batch
+from journal.segment import SegmentInfo, SegmentWriter, encode_batch_parts
 
 Dispatch = Callable[[list[Request]], Awaitable[None]]
 
@@ -223,14 +223,14 @@ class Journal:
         except trio.EndOfChannel:
             return []
         group = list(first)  # the submitter's list is theirs; extend a copy
-        gathered_bytes = sum(len(r.payload) for r in first)
+        gathered_bytes = sum([len(r.body) for r in first])
         deadline = started_waiting + config.group_wait_ms_max / 1000.0
         while gathered_bytes < config.group_bytes_max:
             more = await self._next_batch_before(deadline)
             if more is None:
                 break
             group.extend(more)
-            gathered_bytes += sum(len(r.payload) for r in more)
+            gathered_bytes += sum([len(r.body) for r in more])
         return group
 
     async def _next_batch_before(self, deadline: float) -> list[Request] | None:
@@ -261,7 +261,7 @@ class Journal:
         try:
             # encoded here, on the event loop, not in the thread: it is pure Python,
             # and a thread would only take the GIL back and forth with the loop
-            batch = encode_batch(group, first_seq)
+            batch = encode_batch_parts(group, first_seq)
         except ValueError as exc:
             # the group holds something the format cannot carry (an id out of range,
             # an oversized payload): the API validates first, so this is a caller's
@@ -313,7 +313,7 @@ class Journal:
 
 
 def _write_and_sync(
-    writer: SegmentWriter, batch: bytearray, record_count: int, first_seq: int
+    writer: SegmentWriter, batch: list[bytes], record_count: int, first_seq: int
 ) -> tuple[int, float]:
     written = writer.write_encoded(batch, record_count, first_seq)
     started = time.perf_counter()

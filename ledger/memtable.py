@@ -8,6 +8,9 @@ Three generations, all owned by the ledger's worker:
 - `recent`: already flushed, kept (bounded in bytes) so tail readers are served
   from memory.
 
+Every generation holds record bodies as the journal made them: moving an entry
+from one generation to the next copies nothing.
+
 Node-wide, every memtable's unflushed bytes are summed in one `MemoryBudget`, so
 the node's memory has a ceiling whatever the number of ledgers.
 """
@@ -39,9 +42,8 @@ class MemoryBudget:
 class Memtable:
     """One ledger's entries in memory, in three generations.
 
-    `unflushed` and `flushing` hold each entry's record body as journalled (an
-    entry-log record: header and payload) so the flush can copy it as it is;
-    `recent` holds payloads of flushed entries for tail readers.
+    Each entry is its record body as journalled (an entry-log record: header and
+    payload), so the flush can write it as it is; a read slices the payload out.
     """
 
     __slots__ = (
@@ -59,7 +61,7 @@ class Memtable:
         self.unflushed: dict[int, Body] = {}
         self.unflushed_bytes = 0
         self.flushing: dict[int, Body] = {}
-        self._recent: dict[int, bytes] = {}
+        self._recent: dict[int, Body] = {}
         self._recent_bytes = 0
         self._recent_bytes_max = recent_bytes_max
 
@@ -74,13 +76,15 @@ class Memtable:
         if body is None:
             body = self.flushing.get(entry_id)
             if body is None:
-                return self._recent.get(entry_id)
+                body = self._recent.get(entry_id)
+                if body is None:
+                    return None
         return bytes(memoryview(body)[BODY_HEADER_SIZE:])
 
     def items_between(self, first: int, last: int) -> dict[int, bytes]:
         """Payloads of the held entries with ids in [first, last]."""
-        found = {i: p for i, p in self._recent.items() if first <= i <= last}
-        for generation in (self.flushing, self.unflushed):
+        found: dict[int, bytes] = {}
+        for generation in (self._recent, self.flushing, self.unflushed):
             for entry_id, body in generation.items():
                 if first <= entry_id <= last:
                     found[entry_id] = bytes(memoryview(body)[BODY_HEADER_SIZE:])
@@ -98,27 +102,28 @@ class Memtable:
         """The flushing entries are in the entry log and indexed: keep some as recent."""
         flushing, self.flushing = self.flushing, {}
         limit = self._recent_bytes_max
-        # keep only the newest flushed entries (dicts keep insertion order, which is
-        # journal order): walk back from the end until the byte budget is spent,
-        # rather than copying everything in and evicting most of it again. Payloads
-        # are copied out of the journal's buffers so that those can be freed.
-        tail: list[tuple[int, bytes]] = []
-        tail_bytes = 0
-        for entry_id in reversed(flushing):
-            body = flushing[entry_id]
-            size = len(body) - BODY_HEADER_SIZE
-            if tail_bytes + size > limit:
-                break
-            tail.append((entry_id, bytes(memoryview(body)[BODY_HEADER_SIZE:])))
-            tail_bytes += size
         recent = self._recent
-        if tail_bytes >= limit // 2:
+        flushed_bytes = sum([len(body) for body in flushing.values()])
+        if flushed_bytes >= limit // 2:
             # the new tail alone fills (most of) the budget: it replaces the old one
             recent.clear()
             self._recent_bytes = 0
-        for entry_id, payload in reversed(tail):
-            recent[entry_id] = payload
-            self._recent_bytes += len(payload)
+        # dicts keep insertion order, which is journal order: the oldest go first
+        if flushed_bytes <= limit:
+            recent.update(flushing)
+            self._recent_bytes += flushed_bytes
+        else:  # only the newest that fit: walk back from the end
+            kept: list[int] = []
+            kept_bytes = 0
+            for entry_id in reversed(flushing):
+                size = len(flushing[entry_id])
+                if kept_bytes + size > limit:
+                    break
+                kept.append(entry_id)
+                kept_bytes += size
+            for entry_id in reversed(kept):
+                recent[entry_id] = flushing[entry_id]
+            self._recent_bytes += kept_bytes
         while self._recent_bytes > limit and recent:
             oldest = next(iter(recent))
             self._recent_bytes -= len(recent.pop(oldest))

@@ -212,15 +212,17 @@ async def test_a_full_disk_fails_every_queued_request_and_refuses_more(
 
 
 async def test_a_malformed_group_is_refused_and_the_journal_goes_on(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     recorder = Recorder()
     outcomes: list[BaseException | None] = []
+    # a payload over the journal's limit (lowered here: the real one is 64 MiB); this
+    # bypasses the node's own, lower, entry_bytes_max check
+    monkeypatch.setattr("journal.segment.RECORD_PAYLOAD_MAX", 100)
     async with running_journal(tmp_path, recorder) as journal:
-        # ledger -1 cannot be encoded (u64); this bypasses the node's own checks
-        for ledger_id, entry_id in ((-1, 0), (1, 1)):
+        for size, entry_id in ((101, 0), (100, 1)):
             done = trio.Event()
-            request = entry(ledger_id, entry_id)
+            request = entry(1, entry_id, size)
 
             def finished(r: Request, done: trio.Event = done) -> None:
                 outcomes.append(r.error)
