@@ -25,7 +25,8 @@ DATA_DIR_FORMAT: Final = "pora-data"
 # Versions of the directory layout and of every file format in it, as one number:
 #   1: initial layout (journal v1, entry log v1, index v1).
 #   2: journal v2, entry log v2, ledger metadata v2 (master keys, LAC, state records).
-DATA_DIR_VERSION: Final = 2
+#   3: index v2 (positions stored by run: one key per flush, not one per entry).
+DATA_DIR_VERSION: Final = 3
 MARKER_NAME: Final = "PORA"
 LOCK_NAME: Final = "LOCK"
 

@@ -3,7 +3,6 @@ stay inside their ledger, reopening, locking."""
 
 from __future__ import annotations
 
-import struct
 import subprocess
 import sys
 import time
@@ -65,16 +64,65 @@ def test_positions_round_trip(index: Index) -> None:
     assert index.get_position(6, 0) is None
 
 
-def test_keys_are_big_endian_ledger_then_entry(index: Index, index_path: Path) -> None:
-    index.apply_flush(1, [(256, 512, 30), (1, 542, 30)], meta_for(1, 256))
+def test_keys_are_big_endian_ledger_then_last_entry_of_each_run(
+    index: Index, index_path: Path
+) -> None:
+    index.apply_flush(1, [(256, 512, 30), (1, 542, 30)], meta_for(1, 256))  # two runs
     index.apply_flush(256, [(0, 512, 30)], meta_for(256, 0))
+    index.apply_flush(2, positions_for(100), meta_for(2, 99))  # back to back: one run
     index.close()
-    keys = [key for key in raw_keys(index_path) if key[:1] == b"e"]
-    assert keys == [
-        b"e" + (1).to_bytes(8, "big") + (1).to_bytes(8, "big"),
-        b"e" + (1).to_bytes(8, "big") + (256).to_bytes(8, "big"),
-        b"e" + (256).to_bytes(8, "big") + (0).to_bytes(8, "big"),
+    with plyvel.DB(str(index_path)) as db:
+        runs = [(key, value) for key, value in db.iterator(prefix=b"r")]
+    assert [key for key, _ in runs] == [
+        b"r" + (1).to_bytes(8, "big") + (1).to_bytes(8, "big"),
+        b"r" + (1).to_bytes(8, "big") + (256).to_bytes(8, "big"),
+        b"r" + (2).to_bytes(8, "big") + (99).to_bytes(8, "big"),
+        b"r" + (256).to_bytes(8, "big") + (0).to_bytes(8, "big"),
     ]
+    # a run's value: its first offset (u64 BE), then each record's end after it (u32 LE)
+    assert runs[1][1] == (512).to_bytes(8, "big") + (30).to_bytes(4, "little")
+    hundred = runs[2][1]
+    assert hundred[:8] == (512).to_bytes(8, "big")
+    assert [int.from_bytes(hundred[8 + 4 * i : 12 + 4 * i], "little") for i in range(100)] == [
+        100 * (i + 1) for i in range(100)
+    ]
+
+
+position_lists = st.lists(
+    st.tuples(
+        st.integers(0, 40),  # entry ids: small, so flushes overlap and leave gaps
+        st.integers(0, 2**40),
+        st.integers(0, 5000),
+    ),
+    max_size=30,
+)
+
+
+#: what a flush writes: consecutive entries, records back to back
+back_to_back = st.builds(positions_for, st.integers(1, 10), st.integers(0, 40))
+
+
+@given(flushes=st.lists(st.one_of(position_lists, back_to_back), max_size=8))
+def test_positions_behave_like_a_map_whatever_the_runs(
+    tmp_path_factory: pytest.TempPathFactory, flushes: list[list[tuple[int, int, int]]]
+) -> None:
+    """Runs are an encoding: every lookup answers what one put per entry would."""
+    model: dict[int, tuple[int, int]] = {}
+    with Index(tmp_path_factory.mktemp("runs") / "index", cache_bytes=1 << 20) as index:
+        for positions in flushes:
+            index.apply_flush(7, positions, meta_for(7))
+            for entry_id, offset, length in positions:
+                model[entry_id] = (offset, length)
+            for entry_id in range(45):
+                assert index.get_position(7, entry_id) == model.get(entry_id)
+            expected = [(e, *model[e]) for e in sorted(model)]
+            assert list(index.iter_positions(7)) == expected
+            assert list(index.iter_positions(7, 10, 20)) == [
+                p for p in expected if 10 <= p[0] <= 20
+            ]
+            assert index.count_positions(7) == len(model)
+        assert index.get_position(6, 0) is None
+        assert index.get_position(8, 0) is None
 
 
 def test_apply_flush_installs_positions_and_meta_together(index: Index) -> None:
@@ -87,7 +135,7 @@ def test_apply_flush_installs_positions_and_meta_together(index: Index) -> None:
 def test_apply_flush_is_all_or_nothing(index: Index) -> None:
     index.apply_flush(9, positions_for(10), meta_for(9, 9))
     bad = [*positions_for(5, first=10), (-1, 0, 0), *positions_for(5, first=16)]
-    with pytest.raises(struct.error):
+    with pytest.raises(ValueError, match=r"entry id -1 is not in 0\.\.2\*\*63-1"):
         index.apply_flush(9, bad, meta_for(9, 20))
     # neither the positions before the bad one nor the metadata were written
     assert index.count_positions(9) == 10
