@@ -167,3 +167,48 @@ async def test_recovery_reports_progress(data_dir: Path) -> None:
     async with pora.open_node(data_dir, recovery_progress=seen.append) as node:
         assert await node.read_entry(1, 199) == b"x" * 1000
     assert seen and seen[-1] >= 200 * 1000
+
+
+async def test_batches_of_any_shape_apply_like_single_adds(data_dir: Path) -> None:
+    """A batch of consecutive new entries is applied at once, anything else one by
+    one: both must leave the same ledger, read back byte for byte."""
+    batches = [
+        [(0, b"a" * 10, -1), (1, b"b" * 20, 0), (2, b"c", 1)],  # consecutive: at once
+        [(3, b"d" * 5, 2)],
+        [(5, b"f", 2), (4, b"e" * 7, 3)],  # out of order: one by one
+        [(4, b"e" * 7, 3), (6, b"g" * 3, 4)],  # a retry inside a batch
+        [(7, b"h", 9), (8, b"i" * 2, 5), (9, b"j", 6)],  # LAC is the highest seen
+        [(11, b"l", 6), (12, b"m", 6)],  # consecutive past a gap: at once
+    ]
+    async with pora.open_node(data_dir) as node:
+        for batch in batches:
+            done: list[object] = []
+            all_done = trio.Event()
+
+            def on_done(
+                request: object,
+                done: list[object] = done,
+                n: int = len(batch),
+                all_done: trio.Event = all_done,
+            ) -> None:
+                done.append(request)
+                if len(done) == n:
+                    all_done.set()
+
+            requests, refused = node.entry_requests(
+                [(i, 4, e, lac, b"", p, False) for i, (e, p, lac) in enumerate(batch)], on_done
+            )
+            assert refused == []
+            await node.submit(requests)  # one submission: one batch for the ledger
+            await all_done.wait()
+            assert [r.error for r in requests] == [None] * len(requests)
+        stored = {e: p for batch in batches for e, p, _ in batch}
+        info = node.ledger_info(4)
+        assert (info.first_entry_id, info.last_entry_id) == (0, 12)
+        assert info.entry_count == len(stored)
+        assert info.payload_bytes == sum(len(p) for p in stored.values())
+        assert node.last_add_confirmed(4) == 9
+        for entry_id, payload in stored.items():
+            assert await node.read_entry(4, entry_id) == payload
+        with pytest.raises(pora.NoSuchEntry):
+            await node.read_entry(4, 10)
