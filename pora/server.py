@@ -623,25 +623,21 @@ class _Connection:
     def _encode_adds_done(self) -> None:
         done = self.adds_done
         self.adds_done = []
-        ok_ids: list[int] = []
-        ok: list[Request] = []
-        payload_bytes = 0
         statuses = self.server.responses_by_status
-        for request in done:
-            request_id = request.tag
-            payload_bytes += len(request.payload)
-            if request.error is None:
-                ok_ids.append(request_id)
-                ok.append(request)
-            else:
-                frame = _error_frame(request_id, Opcode.ADD_ENTRY, request.error)
+        ok = done
+        failed = [request for request in done if request.error is not None]
+        if failed:  # rare: answer each with its own error frame
+            for request in failed:
+                assert request.error is not None
+                frame = _error_frame(request.tag, Opcode.ADD_ENTRY, request.error)
                 self.outgoing.append(frame)
                 statuses[frame[7]] += 1
+            ok = [request for request in done if request.error is None]
         if ok:
-            self.outgoing.append(encode_add_responses(ok_ids, ok))
+            self.outgoing.append(encode_add_responses([request.tag for request in ok], ok))
             statuses[0] += len(ok)
         self.outgoing_count += len(done)
-        self.inflight_bytes -= payload_bytes
+        self.inflight_bytes -= sum([len(request.payload) for request in done])
 
     async def _write_loop(self) -> None:
         stream = self.stream
