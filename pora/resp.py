@@ -60,11 +60,16 @@ class ReplyCounter:
             if run:
                 count += run
                 continue  # the next run may be of another length
-            end = self._skip_reply(position)
+            error_messages: list[str] = []
+            end = self._skip_reply(position, error_messages)
             if end < 0:
-                break
+                break  # errors in an incomplete array are counted once it is whole
             count += 1
             position = end
+            if error_messages:
+                self.errors_total += len(error_messages)
+                self.errors += error_messages
+                del self.errors[:-16]
         if position:
             del self.buffer[:position]
         return count
@@ -113,8 +118,9 @@ class ReplyCounter:
     def _line_end(self, position: int) -> int:
         return self.buffer.find(b"\r\n", position)
 
-    def _skip_reply(self, position: int) -> int:
-        """End offset of the reply starting at `position`, or -1 if incomplete."""
+    def _skip_reply(self, position: int, error_messages: list[str]) -> int:
+        """End offset of the reply starting at `position`, or -1 if incomplete; the
+        messages of the error replies in it (in arrays too) go to `error_messages`."""
         if position >= len(self.buffer):
             return -1
         line_end = self._line_end(position)
@@ -124,9 +130,7 @@ class ReplyCounter:
         header = bytes(self.buffer[position + 1 : line_end])
         after_line = line_end + 2
         if kind == _ERROR:
-            self.errors_total += 1
-            self.errors.append(header.decode("utf-8", "replace"))
-            del self.errors[:-16]
+            error_messages.append(header.decode("utf-8", "replace"))
         if kind in (_SIMPLE, _INTEGER, _ERROR):
             return after_line
         if kind == _BULK:
@@ -137,7 +141,7 @@ class ReplyCounter:
             items = _integer(header, position)
             cursor = after_line
             for _ in range(max(items, 0)):
-                cursor = self._skip_reply(cursor)
+                cursor = self._skip_reply(cursor, error_messages)
                 if cursor < 0:
                     return -1
             return cursor
