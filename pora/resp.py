@@ -4,24 +4,36 @@ Only what a pipelined `XADD` load needs: encode a command once, then count
 replies as bytes arrive (simple strings, errors, integers, bulk strings, and
 arrays of those), keeping incomplete ones buffered. Sans-io, like netio.
 
-Speed: XADD replies are bulk strings of the new entry's id, and consecutive ones
-mostly have the same length; a run of bulk strings of one length is checked and
-counted with a few strided slices (C loops), not reply by reply. Anything else
-goes through the general parser.
+Speed: XADD replies are bulk strings of the new entry's id (`<ms>-<seq>`); a run
+of them is matched and counted in C (one regular expression match and a count),
+not reply by reply. Anything else goes through the general parser.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 REPLY_BYTES_MAX: Final = 64 << 20
 _SIMPLE, _ERROR, _INTEGER, _BULK, _ARRAY = b"+-:$*"
-#: a bulk string header `$<digits>\r\n` longer than this is left to the general parser
-_BULK_HEADER_BYTES_MAX: Final = 24
-#: run layouts remembered (one per bulk length seen; XADD ids have a handful)
-_RUN_LAYOUTS_MAX: Final = 64
+
+
+def _id_run_pattern() -> re.Pattern[bytes]:
+    """Bulk strings `$n\\r\\n<ms>-<seq>\\r\\n` (XADD's replies), one or more in a
+    row, each n its id's length: for each n from 3 to 41 (two u64s in decimal and a
+    dash), a lookahead checks that exactly n id bytes come before the CR. Lengths
+    are grouped by their first digit, which keeps the match fast."""
+    one_length = rb"%d\r\n(?=[0-9-]{%d}\r)"
+    alternatives = [one_length % (n, n) for n in range(3, 10)]
+    for tens in range(1, 5):
+        same_tens = [one_length % (n % 10, n) for n in range(tens * 10, min(tens * 10 + 10, 42))]
+        alternatives.append(b"%d(?:%s)" % (tens, b"|".join(same_tens)))
+    return re.compile(rb"(?:\$(?:%s)[0-9]+-[0-9]+\r\n)+" % b"|".join(alternatives))
+
+
+_ID_RUN: Final = _id_run_pattern()
 
 
 class RespError(Exception):
@@ -44,10 +56,6 @@ class ReplyCounter:
     #: error replies seen (`-ERR ...`), most recent last, at most 16 kept
     errors: list[str] = field(default_factory=list)
     errors_total: int = 0
-    #: bulk header -> (reply bytes, (offset, byte) each reply of that length has)
-    _run_layouts: dict[bytes, tuple[int, tuple[tuple[int, bytes], ...]]] = field(
-        default_factory=dict, repr=False
-    )
 
     def feed(self, data: bytes) -> int:
         self.buffer += data
@@ -56,10 +64,8 @@ class ReplyCounter:
         count = 0
         position = 0
         while True:
-            run, position = self._skip_bulk_run(position)
-            if run:
-                count += run
-                continue  # the next run may be of another length
+            run, position = self._skip_id_run(position)
+            count += run
             error_messages: list[str] = []
             end = self._skip_reply(position, error_messages)
             if end < 0:
@@ -74,46 +80,20 @@ class ReplyCounter:
             del self.buffer[:position]
         return count
 
-    def _skip_bulk_run(self, position: int) -> tuple[int, int]:
-        """(replies, end offset) of the run of complete bulk strings starting at
-        `position` that all have the first one's length; (0, position) if none.
+    def _skip_id_run(self, position: int) -> tuple[int, int]:
+        """(replies, end offset) of the run of complete XADD id replies starting at
+        `position`; (0, position) if there is none there.
 
-        Replies of one length `n` sit at a fixed stride, and each has the same
-        header bytes `$n\\r\\n` and `\\r\\n` after its `n` bytes: for each of those
-        offsets, one strided slice of the run and an `lstrip` of the byte expected
-        there say how many replies in a row have it. Exactly the replies the
-        general parser would count (it reads headers the same way).
+        One regular expression match (in C) spans the run and a count of `$` in it
+        counts it, the ids themselves holding none. Exactly the replies the general
+        parser would count there: each is checked to be `$n\\r\\n`, then n id
+        bytes, then `\\r\\n`.
         """
-        buffer = self.buffer
-        if position >= len(buffer) or buffer[position] != _BULK:
+        match = _ID_RUN.match(self.buffer, position)
+        if match is None:
             return 0, position
-        line_end = buffer.find(b"\r\n", position + 1, position + _BULK_HEADER_BYTES_MAX)
-        if line_end < 0:
-            return 0, position
-        header = bytes(buffer[position : line_end + 2])
-        layout = self._run_layouts.get(header)
-        if layout is None:
-            digits = header[1:-2]
-            if not digits.isdigit():  # nil (`$-1`) or not RESP: the general parser decides
-                return 0, position
-            stride = len(header) + int(digits) + 2
-            checks = tuple((i, header[i : i + 1]) for i in range(len(header)))
-            layout = (stride, (*checks, (stride - 2, b"\r"), (stride - 1, b"\n")))
-            if len(self._run_layouts) >= _RUN_LAYOUTS_MAX:
-                self._run_layouts.clear()
-            self._run_layouts[header] = layout
-        stride, checks = layout
-        run = (len(buffer) - position) // stride
-        stop = position + run * stride
-        for offset, expected in checks:
-            if not run:
-                break
-            lane = buffer[position + offset : stop : stride]
-            in_a_row = len(lane) - len(lane.lstrip(expected))
-            if in_a_row < run:
-                run = in_a_row
-                stop = position + run * stride
-        return run, stop
+        end = match.end()
+        return self.buffer.count(b"$", position, end), end
 
     def _line_end(self, position: int) -> int:
         return self.buffer.find(b"\r\n", position)

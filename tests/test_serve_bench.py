@@ -98,7 +98,7 @@ replies: st.SearchStrategy[Reply] = st.recursive(
 class _GeneralParserOnly(ReplyCounter):
     """The reply counter without its fast path for runs of bulk strings."""
 
-    def _skip_bulk_run(self, position: int) -> tuple[int, int]:
+    def _skip_id_run(self, position: int) -> tuple[int, int]:
         return 0, position
 
 
@@ -144,6 +144,29 @@ def test_a_run_of_xadd_replies_is_counted_with_its_error_replies() -> None:
     assert counter.feed(stream[-3:]) == 1
     assert counter.errors_total == 1
     assert counter.errors == ["OOM command not allowed"]
+
+
+def _outcome(counter: ReplyCounter, data: bytes) -> tuple[int, int] | str:
+    try:
+        return counter.feed(data), counter.errors_total
+    except RespError as error:
+        return f"RespError: {error}"
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        b"$16\r\n1763900000000-1\r\n$15\r\n1763900000000-2\r\n-ERR x\r\n:1\r\n",
+        b"$14\r\n1763900000000-1\r\n$15\r\n1763900000000-2\r\n",
+        b"$15\r\n1763900000000-1\r\n$5\r\n1763900000000-2\r\n+OK\r\n",
+        b"$15\r\n1763900000000-1\r\n$15\r\n1763900000000-12\r\n-ERR x\r\n-ERR y\r\n",
+    ],
+)
+def test_an_id_reply_whose_length_lies_is_read_as_the_general_parser_reads_it(
+    stream: bytes,
+) -> None:
+    """The fast path must not count a reply whose declared length is not its id's."""
+    assert _outcome(ReplyCounter(), stream) == _outcome(_GeneralParserOnly(), stream)
 
 
 def test_a_bulk_length_that_is_not_a_number_is_a_resp_error() -> None:
