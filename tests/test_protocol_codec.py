@@ -305,3 +305,161 @@ def test_a_batch_of_add_frames_is_the_same_as_one_frame_each(
     assert decoder.next_requests(100) == [
         AddEntry(100 + i, 7, e, lac, key, p, recovery) for i, (e, p) in enumerate(entries)
     ]
+
+
+# --- the load generator's lean paths -----------------------------------------------------------
+
+#: responses other than OK adds, which next_add_outcomes gives back as messages
+other_responses = responses.filter(lambda m: not isinstance(m, AddEntryResponse))
+ok_adds = st.builds(AddEntryResponse, ids, i64, i64)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.lists(ok_adds, min_size=1, max_size=80),  # runs, to exercise the bulk path
+            other_responses.map(lambda m: [m]),
+        ),
+        max_size=12,
+    ),
+    st.lists(st.integers(0, 10**6), max_size=8),
+)
+def test_add_outcomes_are_the_ok_ids_and_every_other_response_however_split(
+    groups: list[list[ResponseMessage]], cuts: list[int]
+) -> None:
+    messages = [m for group in groups for m in group]
+    stream = b"".join(codec.encode_response(m) for m in messages)
+    decoder = codec.ResponseDecoder()
+    ok_ids: list[int] = []
+    others: list[ResponseMessage] = []
+    for piece in _split(stream, cuts):
+        decoder.receive_data(piece)
+        outcomes = decoder.next_add_outcomes()
+        ok_ids += outcomes.ok_request_ids
+        others += outcomes.others
+    assert ok_ids == [m.request_id for m in messages if isinstance(m, AddEntryResponse)]
+    assert others == [m for m in messages if not isinstance(m, AddEntryResponse)]
+    assert decoder.buffered_bytes == 0
+
+
+def test_add_outcomes_of_long_runs_broken_by_errors() -> None:
+    """Runs longer than one bulk step, errors between them, fed in odd-sized pieces."""
+    messages: list[ResponseMessage] = []
+    for request_id in range(10_000):
+        if request_id % 3001 == 7:
+            messages.append(ErrorResponse(request_id, 1, f.Status.FENCED, 5, request_id, "no"))
+        else:
+            messages.append(AddEntryResponse(request_id, 5, request_id))
+    stream = b"".join(codec.encode_response(m) for m in messages)
+    decoder = codec.ResponseDecoder()
+    ok_ids: list[int] = []
+    error_ids: list[int] = []
+    for start in range(0, len(stream), 65_521):
+        decoder.receive_data(stream[start : start + 65_521])
+        outcomes = decoder.next_add_outcomes()
+        ok_ids += outcomes.ok_request_ids
+        error_ids += [m.request_id for m in outcomes.others]
+    assert error_ids == [7, 3008, 6009, 9010]
+    assert ok_ids == [i for i in range(10_000) if i not in error_ids]
+
+
+def _ok_add_frame(request_id: int) -> bytes:
+    return codec.encode_response(AddEntryResponse(request_id, 5, request_id))
+
+
+def _mutate(frame: bytes, how: str) -> bytes:
+    if how == "version":
+        return frame[:4] + b"\x02" + frame[5:]
+    if how == "flags without RESPONSE":
+        return frame[:6] + b"\x00" + frame[7:]
+    if how == "unknown flag":
+        return frame[:6] + b"\x81" + frame[7:]
+    if how == "body too long":
+        return struct.pack(">I", 36) + frame[4:] + b"\0" * 8
+    assert how == "body too short"
+    return struct.pack(">I", 20) + frame[4:24]
+
+
+@pytest.mark.parametrize(
+    "how", ["version", "flags without RESPONSE", "unknown flag", "body too long", "body too short"]
+)
+@pytest.mark.parametrize("good_before", [0, 1, 40, 3000])
+def test_a_malformed_ok_add_response_is_never_counted_as_success(
+    how: str, good_before: int
+) -> None:
+    stream = b"".join(_ok_add_frame(i) for i in range(good_before))
+    stream += _mutate(_ok_add_frame(good_before), how)
+    stream += b"".join(_ok_add_frame(i) for i in range(good_before + 1, good_before + 50))
+    decoder = codec.ResponseDecoder()
+    decoder.receive_data(stream)
+    if good_before:
+        outcomes = decoder.next_add_outcomes()  # the good ones before it, then failed
+        assert outcomes.ok_request_ids == list(range(good_before))
+        assert outcomes.others == []
+    with pytest.raises(ProtocolError, match=f"ADD_ENTRY response {good_before}") as caught:
+        decoder.next_add_outcomes()
+    assert caught.value.request_id == good_before
+    with pytest.raises(ProtocolError):  # and the decoder stays failed
+        decoder.next_add_outcomes()
+
+
+def test_add_outcomes_keep_the_frame_size_bound() -> None:
+    decoder = codec.ResponseDecoder(frame_bytes_max=1000)
+    error = codec.encode_error(9, 1, f.Status.FENCED, "x" * 2000)
+    decoder.receive_data(_ok_add_frame(1) + error[:100])
+    assert decoder.next_add_outcomes().ok_request_ids == [1]
+    with pytest.raises(ProtocolError, match="exceeds this peer's limit") as caught:
+        decoder.next_add_outcomes()
+    assert caught.value.status == f.Status.TOO_LARGE
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400))
+def test_random_bytes_give_add_outcomes_or_a_protocol_error_and_nothing_else(data: bytes) -> None:
+    decoder = codec.ResponseDecoder(frame_bytes_max=4096)
+    decoder.receive_data(data)
+    with contextlib.suppress(ProtocolError):
+        decoder.next_add_outcomes()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    i64,
+    payloads,
+    keys,
+    i64,
+    st.booleans(),
+    st.lists(st.tuples(ids, i64, st.integers(0, 8)), min_size=1, max_size=5),
+)
+def test_repeated_add_frames_are_those_of_encode_add_entries(
+    ledger_id: int,
+    payload: bytes,
+    key: bytes,
+    lac: int,
+    recovery: bool,
+    calls: list[tuple[int, int, int]],
+) -> None:
+    frames = codec.RepeatedAddFrames(
+        ledger_id, payload, 8, master_key=key, last_add_confirmed=lac, recovery=recovery
+    )
+    for request_id, entry_id, count in calls:
+        # ids near the top of their range would overflow; keep every one valid
+        first_request_id = min(request_id, 2**64 - 1 - count)
+        first_entry_id = min(entry_id, 2**63 - 1 - count)
+        entries = [(first_entry_id + i, payload) for i in range(count)]
+        expected = codec.encode_add_entries(
+            first_request_id,
+            ledger_id,
+            entries,
+            master_key=key,
+            last_add_confirmed=lac,
+            recovery=recovery,
+        )
+        assert bytes(frames.frames(first_request_id, first_entry_id, count)) == expected
+
+
+def test_repeated_add_frames_refuse_more_than_their_capacity() -> None:
+    frames = codec.RepeatedAddFrames(1, b"p", 4)
+    with pytest.raises(ValueError, match=r"count must be in \[0, 4\]"):
+        frames.frames(0, 0, 5)

@@ -17,7 +17,10 @@ def register(subparsers: Any) -> None:
         "node), run CONNECTIONS x DEPTH pipelined adds of PAYLOAD bytes, and print adds/s, "
         "MB/s and p50/p99/p999 latency. Then run the same load against redis-server "
         "(from PATH, started on loopback with appendfsync always) with XADD and print "
-        "the ratio; without redis-server that part is skipped with a message.",
+        "the ratio; without redis-server that part is skipped with a message. Both loads "
+        "come from equally lean raw pipelined clients (unless --library-client): requests "
+        "encoded once, replies counted in bulk per received chunk, as the clients share "
+        "the CPU with the server.",
     )
     parser.add_argument("--connections", type=int, default=8, help="TCP connections (default 8)")
     parser.add_argument(
