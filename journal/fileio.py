@@ -23,7 +23,7 @@ def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> No
 _IOVECS_PER_CALL: Final = 1024
 
 
-def pwritev_all(fd: int, buffers: Sequence[bytes], offset: int) -> int:
+def pwritev_all(fd: int, buffers: Sequence[bytes | bytearray], offset: int) -> int:
     """Write `buffers` one after another from `offset` (the kernel gathers them: no
     copy into one big buffer first), looping on short writes. Returns the bytes."""
     position = offset
