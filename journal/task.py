@@ -2,12 +2,11 @@
 
 Requests arrive in batches (lists) on one bounded channel. The task drains every
 batch waiting, until a trigger fires (bytes gathered, time waited, or queue empty),
-and encodes the group (seqs and record prefixes). A second task writes encoded
-groups and fdatasyncs in a worker thread; groups that were encoded while it synced
-go out together, under one fdatasync. So the next group gathers and encodes during
-the sync, and the sync cost is shared by everything that arrived in the meantime.
-After the sync, each group goes to `dispatch` (the ledger workers), which completes
-each request.
+then writes the whole group with one write and one fdatasync in a worker thread.
+While that thread runs, the event loop keeps accepting requests, so the next group
+gathers during the sync: the sync cost is shared by everything that arrived in the
+meantime. After the sync, the group goes to `dispatch` (the ledger workers), which
+completes each request.
 
 A full channel makes `submit` wait: that is the node's backpressure.
 """
@@ -34,14 +33,8 @@ class GroupCommitConfig:
 
     #: how long the oldest request of a group may wait for company before the sync
     group_wait_ms_max: float = 1.0
-    #: close a group once it holds this many record bytes. Below the bytes in flight
-    #: on a busy node, so that several groups are in the pipeline at once: one being
-    #: synced while the next is gathered and encoded (a single group holding every
-    #: request in flight leaves the disk idle while the loop works, and the reverse)
-    group_bytes_max: int = 256 << 10
-    #: encoded groups waiting for the writer thread; those that wait during a sync
-    #: are written together and share the next fdatasync
-    encoded_groups_max: int = 4
+    #: sync as soon as this many payload bytes are gathered
+    group_bytes_max: int = 1 << 20
     #: sync as soon as nothing more is queued, without waiting (BookKeeper's
     #: flushWhenQueueEmpty); lowers latency at low load, costs syncs at medium load
     flush_when_queue_empty: bool = False
@@ -58,8 +51,6 @@ class GroupCommitConfig:
             raise ValueError("group_wait_ms_max must be >= 0")
         if self.group_bytes_max <= 0 or self.channel_batches_max <= 0:
             raise ValueError("group_bytes_max and channel_batches_max must be > 0")
-        if self.encoded_groups_max <= 0:
-            raise ValueError("encoded_groups_max must be > 0")
         if self.segment_bytes < 4096:
             raise ValueError("segment_bytes must be at least 4096")
 
@@ -110,9 +101,9 @@ class Journal:
         self._group_records_max = 0
         self._sync_seconds_total = 0.0
         self._sync_seconds_max = 0.0
-        #: when the last gather ended; requests found queued at the next gather came
-        #: after it, so the group-wait clock starts there
-        self._last_gathered = 0.0
+        #: when the last write began; requests found queued at the next gather have
+        #: waited at most since then, so the group-wait clock starts there
+        self._last_write_started = 0.0
         #: called with (records, bytes, sync seconds) after every commit (metrics)
         self.on_commit: Callable[[int, int, float], None] | None = None
 
@@ -187,27 +178,22 @@ class Journal:
                 fsync=config.fsync,
             )
         )
-        # Three stages, each a task, so that they overlap: this one gathers and encodes
-        # group N+2 while `_write_groups` writes and syncs group N+1 in a thread and
-        # `_dispatch_synced` hands group N to the ledgers. Small bounds keep each stage
-        # from running ahead of the next.
-        send_encoded, receive_encoded = trio.open_memory_channel[_EncodedGroup](
-            config.encoded_groups_max
-        )
+        # synced groups go to a second task that hands them to the ledgers, so that
+        # dispatching group N (event loop work) overlaps writing and syncing group
+        # N+1 (thread work); a bound of two groups keeps it from falling behind
         send_synced, receive_synced = trio.open_memory_channel[list[Request]](2)
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._dispatch_synced, receive_synced)
-                nursery.start_soon(self._write_groups, receive_encoded, send_synced)
                 task_status.started()
-                async with send_encoded:
-                    while self._failure is None:
+                async with send_synced:
+                    while True:
                         group = await self._gather()
                         if not group:
                             return  # input closed and drained
-                        encoded = self._encode(group)
-                        if encoded is not None:
-                            await send_encoded.send(encoded)
+                        await self._commit(group, send_synced)
+                        if self._failure is not None:
+                            return  # writes are refused from now on; reads go on
         finally:
             writer, self._writer = self._writer, None
             if writer is not None:
@@ -226,8 +212,8 @@ class Journal:
         receive = self._receive
         try:
             first = receive.receive_nowait()
-            # queued while the previous group was encoded or sent on: it came since
-            started_waiting = self._last_gathered
+            # queued while the previous group was being written: it has waited since
+            started_waiting = self._last_write_started
         except trio.WouldBlock:
             try:
                 first = await receive.receive()
@@ -245,7 +231,6 @@ class Journal:
                 break
             group.extend(more)
             gathered_bytes += sum([len(r.body) for r in more])
-        self._last_gathered = trio.current_time()
         return group
 
     async def _next_batch_before(self, deadline: float) -> list[Request] | None:
@@ -265,65 +250,45 @@ class Journal:
                 return None
         return None
 
-    def _encode(self, group: list[Request]) -> _EncodedGroup | None:
-        """Give the group its seqs and its bytes; None if it was refused."""
+    async def _commit(
+        self, group: list[Request], synced: trio.MemorySendChannel[list[Request]]
+    ) -> None:
+        """Write and sync one group, then hand it to the ledgers."""
+        writer = self._writer
+        assert writer is not None
         first_seq = self._next_seq
+        self._last_write_started = trio.current_time()
         try:
             # encoded here, on the event loop, not in the thread: it is pure Python,
             # and a thread would only take the GIL back and forth with the loop
-            parts = encode_batch_parts(group, first_seq)
+            batch = encode_batch_parts(group, first_seq)
         except ValueError as exc:
-            # the group holds something the format cannot carry (an oversized
-            # payload): the API validates first, so this is a caller's bug. Nothing
-            # was written: refuse this group, keep the journal going.
+            # the group holds something the format cannot carry (an id out of range,
+            # an oversized payload): the API validates first, so this is a caller's
+            # bug. Nothing was written: refuse this group, keep the journal going.
             refused = JournalError(f"the journal refused a group of {len(group)}: {exc}")
             for request in group:
                 request.fail(refused)
-            return None
+            return
         self._next_seq += len(group)
-        return _EncodedGroup(group, parts, first_seq)
+        try:
+            written, sync_seconds = await trio.to_thread.run_sync(
+                _write_and_sync, writer, batch, len(group), first_seq
+            )
+        except OSError as exc:
+            self._fail(group, exc)
+            return
+        self._commits += 1
+        self._records += len(group)
+        self._bytes_written += written
+        self._group_records_max = max(self._group_records_max, len(group))
+        self._sync_seconds_total += sync_seconds
+        self._sync_seconds_max = max(self._sync_seconds_max, sync_seconds)
+        if self.on_commit is not None:
+            self.on_commit(len(group), written, sync_seconds)
+        await synced.send(group)
 
-    async def _write_groups(
-        self,
-        encoded: trio.MemoryReceiveChannel[_EncodedGroup],
-        synced: trio.MemorySendChannel[list[Request]],
-    ) -> None:
-        """Write and sync the encoded groups, in order: every group that queued up
-        during a sync is written with the next one, and one fdatasync covers them all."""
-        writer = self._writer
-        assert writer is not None
-        async with encoded, synced:
-            async for first in encoded:
-                groups = [first]
-                while True:
-                    try:
-                        groups.append(encoded.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                if self._failure is not None:  # a write failed before: refuse the rest
-                    for group in groups:
-                        self._fail_requests(group.requests)
-                    continue
-                try:
-                    written, sync_seconds = await trio.to_thread.run_sync(
-                        _write_and_sync, writer, groups
-                    )
-                except OSError as exc:
-                    self._fail(groups, exc)
-                    continue
-                records = sum([len(group.requests) for group in groups])
-                self._commits += 1
-                self._records += records
-                self._bytes_written += written
-                self._group_records_max = max(self._group_records_max, records)
-                self._sync_seconds_total += sync_seconds
-                self._sync_seconds_max = max(self._sync_seconds_max, sync_seconds)
-                if self.on_commit is not None:
-                    self.on_commit(records, written, sync_seconds)
-                for group in groups:
-                    await synced.send(group.requests)
-
-    def _fail(self, groups: list[_EncodedGroup], exc: OSError) -> None:
+    def _fail(self, group: list[Request], exc: OSError) -> None:
         """A journal write failed: nothing more can be acknowledged safely.
 
         After a failed fdatasync the kernel may have dropped the dirty pages, so a
@@ -335,35 +300,22 @@ class Journal:
             "the node no longer accepts writes. Free space or fix the disk, then restart "
             "the node: recovery replays everything that was acknowledged"
         )
-        for group in groups:
-            self._fail_requests(group.requests)
+        for request in group:
+            request.fail(self._failure)
         while True:
             try:
                 queued = self._receive.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel):
                 break
-            self._fail_requests(queued)
+            for request in queued:
+                request.fail(self._failure)
         self._send.close()
 
-    def _fail_requests(self, requests: list[Request]) -> None:
-        assert self._failure is not None
-        for request in requests:
-            request.fail(self._failure)
 
-
-@dataclass(frozen=True, slots=True)
-class _EncodedGroup:
-    """A gathered group with its seqs assigned, as the buffers to write."""
-
-    requests: list[Request]
-    parts: list[bytes]
-    first_seq: int
-
-
-def _write_and_sync(writer: SegmentWriter, groups: list[_EncodedGroup]) -> tuple[int, float]:
-    written = 0
-    for group in groups:
-        written += writer.write_encoded(group.parts, len(group.requests), group.first_seq)
+def _write_and_sync(
+    writer: SegmentWriter, batch: list[bytes], record_count: int, first_seq: int
+) -> tuple[int, float]:
+    written = writer.write_encoded(batch, record_count, first_seq)
     started = time.perf_counter()
     writer.sync()
     return written, time.perf_counter() - started
