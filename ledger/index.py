@@ -375,6 +375,7 @@ def _runs(positions: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, byt
         and [base + end for end in ends[:-1]] == offsets[1:]
         and ends[-1] < _RUN_BYTES_LIMIT
         and min(lengths) >= 0
+        and 0 <= base < 2**64
     ):
         return [(first, entry_ids[-1], _run_value(base, ends))]
     by_entry = {entry_id: (offset, length) for entry_id, offset, length in positions}

@@ -143,6 +143,14 @@ def test_apply_flush_is_all_or_nothing(index: Index) -> None:
     assert index.get_meta(9) == meta_for(9, 9)
 
 
+def test_positions_out_of_range_are_refused_by_name(index: Index) -> None:
+    for bad in ([(0, -1, 10), (1, 9, 10)], [(0, 2**64, 10)], [(0, 512, -3)], [(0, 512, 2**32)]):
+        with pytest.raises(ValueError, match=r"entry 0: position \(.*\) is out of range"):
+            index.apply_flush(1, bad, meta_for(1, 1))
+    assert index.count_positions(1) == 0
+    assert index.get_meta(1) is None
+
+
 def test_apply_flush_refuses_another_ledgers_meta(index: Index) -> None:
     with pytest.raises(ValueError, match="metadata of ledger 2 given for ledger 1"):
         index.apply_flush(1, positions_for(1), meta_for(2))
