@@ -4,13 +4,16 @@ The grammar is in docs/formats.md. In short::
 
     segment      := segment-header-block batch* zero-fill
     batch        := batch-header record* zero-pad-to-block
-    record       := record-prefix body
+    record       := record-prefix body{count}
     body         := body-header payload
 
 The body is exactly an entry-log record: a flush copies the bodies of ENTRY records
 into the ledger's entry log verbatim, with no re-encoding and no second checksum
-over the payload. The prefix adds what only the journal needs (kind, flags, seq) and
-its crc also covers the body's crc, so one chain of checksums protects both.
+over the payload. The prefix adds what only the journal needs (kind, flags, how many
+bodies, seq) and its crc also covers every body's crc, so one chain of checksums
+protects them all. An ENTRY record carries a run of entries of one ledger with
+consecutive ids (what one pipelining writer sends in a row): the journal's and the
+ledgers' Python work is then per run, not per entry. Other kinds carry one body.
 
 All integers are little-endian. A batch is what one group commit writes and syncs;
 it always starts on a BLOCK_SIZE boundary so that, after a crash, a reader can look
@@ -20,6 +23,8 @@ Format versions (bump on any change of layout, keep readers for old ones):
     1: initial format (one 36-byte record header, one crc over header and payload).
     2: record = prefix + body; the body is an entry-log record (with the entry's
        last-add-confirmed); KEY records.
+    3: an ENTRY record carries a run of bodies (the prefix's reserved u16 became the
+       body count; its crc covers every body's crc).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Final
 
 import crc32c
 
-FORMAT_VERSION: Final = 2
+FORMAT_VERSION: Final = 3
 BLOCK_SIZE: Final = 512
 
 # --- segment header: the whole first block of every segment file -----------------
@@ -46,10 +51,12 @@ BATCH_HEADER: Final = struct.Struct("<IIIIQ")
 BATCH_HEADER_SIZE: Final = BATCH_HEADER.size  # 24
 
 # --- record prefix: what only the journal needs ------------------------------------
-# crc32c (of the prefix fields after it and the body's crc field), kind, flags,
-# reserved, seq
+# crc32c (of the prefix fields after it, then of each body's crc field in order),
+# kind, flags, body_count, seq
 RECORD_PREFIX: Final = struct.Struct("<IBBHQ")
 RECORD_PREFIX_SIZE: Final = RECORD_PREFIX.size  # 16
+#: the most bodies (entries) one record carries: body_count is a u16
+RECORD_BODIES_MAX: Final = 0xFFFF
 
 # --- body header: an entry-log record header ---------------------------------------
 # crc32c (of everything after it: the header's other fields and the payload),
@@ -58,13 +65,15 @@ BODY_HEADER: Final = struct.Struct("<IIQqq")
 BODY_HEADER_SIZE: Final = BODY_HEADER.size  # 32
 #: a body's crc covers its bytes from here on, relative to the body
 BODY_CRC_START: Final = 4
+#: a body's crc field is its bytes [0, BODY_CRC_FIELD_END)
+BODY_CRC_FIELD_END: Final = 4
 
 #: prefix and body header as one struct, for packing and unpacking a record at once
 RECORD_HEADER: Final = struct.Struct("<IBBHQIIQqq")
 RECORD_HEADER_SIZE: Final = RECORD_HEADER.size  # 48
 assert RECORD_HEADER_SIZE == RECORD_PREFIX_SIZE + BODY_HEADER_SIZE
-#: the prefix crc covers record bytes [4, PREFIX_CRC_END): kind .. seq, and the body crc
-PREFIX_CRC_END: Final = RECORD_PREFIX_SIZE + 4
+#: the prefix crc starts with record bytes [4, RECORD_PREFIX_SIZE): kind .. seq
+PREFIX_CRC_START: Final = 4
 
 #: the largest payload one record may carry; a node's own limit is lower (config)
 RECORD_PAYLOAD_MAX: Final = 64 * 1024 * 1024
@@ -125,6 +134,7 @@ def body_crc(buf: bytes | bytearray | memoryview, start: int, end: int) -> int:
     return int(crc32c.crc32c(memoryview(buf)[start + BODY_CRC_START : end]))
 
 
-def prefix_crc(buf: bytes | bytearray | memoryview, record_start: int) -> int:
-    """CRC32C of a record's prefix fields after its crc, and of its body's crc field."""
-    return int(crc32c.crc32c(memoryview(buf)[record_start + 4 : record_start + PREFIX_CRC_END]))
+def prefix_crc(prefix_fields: bytes | memoryview, body_crc_fields: bytes | memoryview) -> int:
+    """CRC32C of a record's prefix fields after its crc, then of its bodies' crc fields
+    (each body's first 4 bytes, in order, side by side)."""
+    return int(crc32c.crc32c(body_crc_fields, crc32c.crc32c(prefix_fields)))

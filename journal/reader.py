@@ -26,7 +26,7 @@ import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, NamedTuple, cast
+from typing import Any, Final, NamedTuple
 
 import crc32c
 
@@ -36,12 +36,15 @@ from journal.format import (
     BATCH_HEADER_SIZE,
     BATCH_MAGIC,
     BLOCK_SIZE,
+    BODY_CRC_FIELD_END,
     BODY_CRC_START,
+    BODY_HEADER,
     BODY_HEADER_SIZE,
     FORMAT_VERSION,
-    PREFIX_CRC_END,
+    PREFIX_CRC_START,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
+    RECORD_PREFIX,
     RECORD_PREFIX_SIZE,
     SEGMENT_HEADER,
     SEGMENT_HEADER_SIZE,
@@ -62,7 +65,7 @@ class JournalRecord(NamedTuple):
     entry_id: int
     payload: bytes
     segment: Path
-    offset: int  # byte offset of the record header within its segment
+    offset: int  # byte offset of the record (its prefix) holding it, within its segment
     lac: int  # the last-add-confirmed an ENTRY carried (-1 for none and other kinds)
     body: bytes  # the record's body: an entry-log record, header and payload
 
@@ -89,7 +92,8 @@ class ScanSummary:
 
 @dataclass(slots=True)
 class ReplayTally:
-    """What `JournalScanner.replay_requests` read and what it selected for replay."""
+    """What `JournalScanner.replay_requests` read and what it selected for replay.
+    Records are counted as operations: each entry of a run counts."""
 
     records_scanned: int = 0
     payload_bytes_scanned: int = 0
@@ -368,57 +372,63 @@ class JournalScanner:
     ) -> list[Any]:
         # the hot loop of replay: locals only, no per-record method calls
         _magic, _crc, _records_length, count, first_seq = fields
-        unpack = RECORD_HEADER.unpack_from
+        unpack_single = RECORD_HEADER.unpack_from
+        unpack_prefix = RECORD_PREFIX.unpack_from
         checksum = crc32c.crc32c
         kinds = _KINDS
         flags_by_bits = _FLAGS
         new_record = _new_record
+        new_request = Request
+        new_run = Request.entry_run
         from_seq = self._from_seq
         selection = self._selection
         replaying = selection is not None
         durable_seq = (selection.durable_seqs if selection is not None else {}).get
         replayed_ledgers = set[int]()
         add_replayed_ledger = replayed_ledgers.add
-        scanned = scanned_bytes = selected_bytes = 0
+        scanned = scanned_bytes = selected = selected_bytes = 0
         records: list[Any] = []
         append = records.append
         position = records_start
         seq = first_seq
         for _ in range(count):
-            payload_start = position + RECORD_HEADER_SIZE
-            if payload_start > records_end:
+            if position + RECORD_HEADER_SIZE > records_end:
                 raise _Damage(
                     f"record {seq} at byte {position}: its header runs past the batch end",
                     valid_header=True,
                 )
-            (
-                crc,
-                kind,
-                flags,
-                _reserved,
-                record_seq,
-                stored_body_crc,
-                length,
-                ledger_id,
-                entry_id,
-                lac,
-            ) = unpack(mapped, position)
-            end = payload_start + length
-            if end > records_end:
-                raise _Damage(
-                    f"record {seq} at byte {position}: its {length} payload bytes run past "
-                    "the batch end",
-                    valid_header=True,
+            crc, kind, flags, body_count, record_seq = unpack_prefix(mapped, position)
+            if body_count == 1:  # the one-body record: header fields in one call
+                (_, _, _, _, _, body_crc, length, ledger_id, entry_id, lac) = unpack_single(
+                    mapped, position
                 )
-            if checksum(view[position + 4 : position + PREFIX_CRC_END]) != crc:
+                body_start = position + RECORD_PREFIX_SIZE
+                end = body_start + BODY_HEADER_SIZE + length
+                if end > records_end:
+                    raise _Damage(
+                        f"record {seq} at byte {position}: its {length} payload bytes run "
+                        "past the batch end",
+                        valid_header=True,
+                    )
+                if checksum(view[body_start + BODY_CRC_START : end]) != body_crc:
+                    raise _Damage(
+                        f"record {seq} at byte {position}: body crc mismatch", valid_header=True
+                    )
+                crc_fields = mapped[body_start : body_start + BODY_CRC_FIELD_END]
+                bodies = None
+                payload_bytes = length
+            else:
+                ledger_id, entry_id, lac, bodies, end = _read_run(
+                    view, mapped, position, records_end, seq, body_count
+                )
+                crc_fields = b"".join([body[:BODY_CRC_FIELD_END] for body in bodies])
+                payload_bytes = end - position - RECORD_PREFIX_SIZE - body_count * BODY_HEADER_SIZE
+            prefix_fields = mapped[position + PREFIX_CRC_START : position + RECORD_PREFIX_SIZE]
+            if checksum(crc_fields, checksum(prefix_fields)) != crc:
                 raise _Damage(
                     f"record {seq} at byte {position}: prefix crc mismatch", valid_header=True
                 )
-            body_start = position + RECORD_PREFIX_SIZE
-            if checksum(view[body_start + BODY_CRC_START : end]) != stored_body_crc:
-                raise _Damage(
-                    f"record {seq} at byte {position}: body crc mismatch", valid_header=True
-                )
+            # checked only now: a damaged prefix is reported as such, not by its fields
             if record_seq != seq:
                 raise _Damage(
                     f"record at byte {position} has seq {record_seq}, expected {seq}",
@@ -429,51 +439,63 @@ class JournalScanner:
                 raise _Damage(
                     f"record {seq} at byte {position}: unknown kind {kind}", valid_header=True
                 )
+            if body_count == 0 or (body_count > 1 and record_kind is not RecordKind.ENTRY):
+                raise _Damage(
+                    f"record {seq} at byte {position}: a {record_kind.name} record with "
+                    f"{body_count} bodies",
+                    valid_header=True,
+                )
             if seq < from_seq:
                 pass
             elif replaying:
-                scanned += 1
-                scanned_bytes += length
+                scanned += body_count
+                scanned_bytes += payload_bytes
                 if seq > durable_seq(ledger_id, -1):
-                    body = mapped[body_start:end]
-                    # the payload is a view into the body, not a second copy: replay
-                    # holds up to the memtable budget of bodies, and a copy per record
-                    # doubles the allocation traffic
-                    request = Request(
-                        record_kind,
-                        ledger_id,
-                        entry_id,
-                        # typed bytes in Request; the ledger workers only take its
-                        # len(), compare it and copy it, all of which a view supports
-                        cast(bytes, memoryview(body)[BODY_HEADER_SIZE:]),
-                        flags_by_bits[flags],
-                        None,
-                        lac,
-                        None,
-                        body,
-                    )
-                    request.seq = seq
-                    append(request)
-                    selected_bytes += length
-                    add_replayed_ledger(ledger_id)
-            else:
-                append(
-                    new_record(
-                        JournalRecord,
-                        (
-                            seq,
+                    if bodies is None:
+                        # the payload is not copied out: the ledger workers take the
+                        # body, and the few that look at the payload take a view of it
+                        request = new_request(
                             record_kind,
-                            flags_by_bits[flags],
                             ledger_id,
                             entry_id,
-                            mapped[payload_start:end],
-                            path,
-                            position,
+                            b"",
+                            flags_by_bits[flags],
+                            None,
                             lac,
+                            None,
                             mapped[body_start:end],
-                        ),
+                        )
+                    else:
+                        request = new_run(
+                            ledger_id, entry_id, bodies, lac, flags_by_bits[flags], None, None, []
+                        )
+                    request.seq = seq
+                    append(request)
+                    selected += body_count
+                    selected_bytes += payload_bytes
+                    add_replayed_ledger(ledger_id)
+            else:
+                single = bodies is None
+                for index, body in enumerate(
+                    [mapped[body_start:end]] if bodies is None else bodies
+                ):
+                    append(
+                        new_record(
+                            JournalRecord,
+                            (
+                                seq,
+                                record_kind,
+                                flags_by_bits[flags],
+                                ledger_id,
+                                entry_id + index,
+                                body[BODY_HEADER_SIZE:],
+                                path,
+                                position,
+                                lac if single else _body_lac(body),
+                                body,
+                            ),
+                        )
                     )
-                )
             position = end
             seq += 1
         if position != records_end:
@@ -486,7 +508,7 @@ class JournalScanner:
             tally = selection.tally
             tally.records_scanned += scanned
             tally.payload_bytes_scanned += scanned_bytes
-            tally.records_selected += len(records)
+            tally.records_selected += selected
             tally.payload_bytes_selected += selected_bytes
             tally.ledgers_selected |= replayed_ledgers
         return records
@@ -576,3 +598,59 @@ def _find_valid_batch_in(mapped: mmap.mmap, start: int, end: int) -> int | None:
         # only block boundaries count: jump to the next one
         position = mapped.find(_BATCH_MAGIC_BYTES, round_up_to_block(position + 1), end)
     return None
+
+
+def _read_run(
+    view: memoryview,
+    mapped: mmap.mmap,
+    position: int,
+    records_end: int,
+    seq: int,
+    body_count: int,
+) -> tuple[int, int, int, list[bytes], int]:
+    """The bodies of the run record at `position` (its prefix crc not yet checked):
+    (ledger_id, first entry id, largest lac, bodies, end). Raises _Damage. With no
+    bodies (a zeroed prefix, say) it returns none: the prefix crc then decides."""
+    unpack_body = BODY_HEADER.unpack_from
+    checksum = crc32c.crc32c
+    bodies: list[bytes] = []
+    start = position + RECORD_PREFIX_SIZE
+    first_ledger = first_entry = -1
+    lac_max = -1
+    for index in range(body_count):
+        if start + BODY_HEADER_SIZE > records_end:
+            raise _Damage(
+                f"record {seq} at byte {position}: body {index} runs past the batch end",
+                valid_header=True,
+            )
+        body_crc, length, ledger_id, entry_id, lac = unpack_body(mapped, start)
+        end = start + BODY_HEADER_SIZE + length
+        if end > records_end:
+            raise _Damage(
+                f"record {seq} at byte {position}: body {index}'s {length} payload bytes run "
+                "past the batch end",
+                valid_header=True,
+            )
+        if checksum(view[start + BODY_CRC_START : end]) != body_crc:
+            raise _Damage(
+                f"record {seq} at byte {position}: body {index} crc mismatch", valid_header=True
+            )
+        if index == 0:
+            first_ledger, first_entry = ledger_id, entry_id
+        elif ledger_id != first_ledger or entry_id != first_entry + index:
+            raise _Damage(
+                f"record {seq} at byte {position}: body {index} is ledger {ledger_id} entry "
+                f"{entry_id} in a run of ledger {first_ledger} from entry {first_entry}",
+                valid_header=True,
+            )
+        if lac > lac_max:  # noqa: PLR1730 (a compare is cheaper than max())
+            lac_max = lac
+        bodies.append(mapped[start:end])
+        start = end
+    return first_ledger, first_entry, lac_max, bodies, start
+
+
+def _body_lac(body: bytes) -> int:
+    """The last-add-confirmed field of a body."""
+    lac: int = BODY_HEADER.unpack_from(body)[4]
+    return lac

@@ -26,9 +26,10 @@ from journal.format import (
     BATCH_HEADER_SIZE,
     BATCH_MAGIC,
     BLOCK_SIZE,
-    BODY_CRC_START,
+    BODY_CRC_FIELD_END,
     BODY_HEADER_SIZE,
     FORMAT_VERSION,
+    RECORD_BODIES_MAX,
     RECORD_PAYLOAD_MAX,
     RECORD_PREFIX_SIZE,
     SEGMENT_HEADER,
@@ -46,7 +47,7 @@ _SEGMENT_HEADER_CRC_START: Final = SEGMENT_HEADER.size - 4
 _BATCH_HEADER_CRC_START: Final = 8
 _U32_MAX: Final = 0xFFFF_FFFF
 _CRC_FIELD: Final = struct.Struct("<I")  # one u32, to patch a crc in place
-#: a record prefix after its crc: kind, flags, reserved, seq
+#: a record prefix after its crc: kind, flags, body_count, seq
 _PREFIX_TAIL: Final = struct.Struct("<BBHQ")
 
 #: what the crc helpers read from: encoded buffers and mapped segment files
@@ -133,24 +134,30 @@ def batch_header_crc(buf: Buffer, offset: int) -> int:
 
 def encode_batch_parts(requests: Sequence[Request], first_seq: int) -> list[bytes]:
     """One batch as the buffers to write one after another (with `os.pwritev`):
-    batch header, then each record's prefix and body, then zeros to the block end.
+    batch header, then each record's prefix and bodies, then zeros to the block end.
     Sets each request's seq.
 
-    Hot path: each request's body was encoded when the request was made, so a record
-    costs one 16-byte prefix here, and the bodies are written from where they are
-    rather than copied into one big buffer first.
+    Hot path: each request's bodies were encoded when the request was made, so a
+    record (a whole run of entries) costs one 16-byte prefix here, and the bodies
+    are written from where they are rather than copied into one big buffer first.
     """
     count = len(requests)
     if count == 0:
         raise ValueError("a journal batch holds at least one record")
-    body_bytes = sum([len(request.body) for request in requests])
-    if body_bytes - count * BODY_HEADER_SIZE > RECORD_PAYLOAD_MAX:
+    body_bytes = sum([request.body_bytes for request in requests])
+    for request in requests:
+        if not 0 < len(request.bodies) <= RECORD_BODIES_MAX:
+            raise ValueError(
+                f"a record carries 1 to {RECORD_BODIES_MAX} bodies, not {len(request.bodies)}"
+            )
+    if body_bytes > RECORD_PAYLOAD_MAX:
         for request in requests:  # only then can one payload be too large
-            if len(request.body) - BODY_HEADER_SIZE > RECORD_PAYLOAD_MAX:
-                raise ValueError(
-                    f"payload of {len(request.body) - BODY_HEADER_SIZE} bytes exceeds the "
-                    f"journal's limit of {RECORD_PAYLOAD_MAX}"
-                )
+            for body in request.bodies:
+                if len(body) - BODY_HEADER_SIZE > RECORD_PAYLOAD_MAX:
+                    raise ValueError(
+                        f"payload of {len(body) - BODY_HEADER_SIZE} bytes exceeds the "
+                        f"journal's limit of {RECORD_PAYLOAD_MAX}"
+                    )
     records_length = count * RECORD_PREFIX_SIZE + body_bytes
     if records_length > _U32_MAX:
         raise ValueError(f"a batch of {records_length} record bytes exceeds 4 GiB: split it")
@@ -158,16 +165,21 @@ def encode_batch_parts(requests: Sequence[Request], first_seq: int) -> list[byte
     _CRC_FIELD.pack_into(header, 4, crc32c.crc32c(memoryview(header)[_BATCH_HEADER_CRC_START:]))
     parts: list[bytes] = [bytes(header)]
     append = parts.append
+    extend = parts.extend
     pack_tail = _PREFIX_TAIL.pack
     pack_crc = _CRC_FIELD.pack
     checksum = crc32c.crc32c
     seq = first_seq
     for request in requests:
-        body = request.body
-        # the prefix crc covers the prefix fields after it and the body's crc field
-        tail = pack_tail(request.kind, request.flags, 0, seq)
-        append(pack_crc(checksum(body[:BODY_CRC_START], checksum(tail))) + tail)
-        append(body)
+        bodies = request.bodies
+        # the prefix crc covers the prefix fields after it and every body's crc field
+        tail = pack_tail(request.kind, request.flags, len(bodies), seq)
+        if len(bodies) == 1:
+            crc = checksum(bodies[0][:BODY_CRC_FIELD_END], checksum(tail))
+        else:
+            crc = checksum(b"".join([body[:BODY_CRC_FIELD_END] for body in bodies]), checksum(tail))
+        append(pack_crc(crc) + tail)
+        extend(bodies)
         request.seq = seq
         seq += 1
     padding = round_up_to_block(BATCH_HEADER_SIZE + records_length) - (

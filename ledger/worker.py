@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -179,7 +180,7 @@ class LedgerWorker:
         ledger_id = self.ledger_id
         meta = metas.get(ledger_id)
         if meta is None or not self._append_run(batch, meta):
-            self._apply_one_by_one(batch, meta)
+            self._apply_one_by_one(batch)
         if self._unflushed_since is None:
             self._unflushed_since = batch[0].seq
             self._dirty_since = trio.current_time()
@@ -189,29 +190,40 @@ class LedgerWorker:
             arrived.set()
 
     def _append_run(self, batch: list[Request], meta: LedgerMeta) -> bool:
-        """Apply the batch at once if it is the common case: new entries with
-        consecutive ids right past the head of an open ledger (what one pipelining
-        writer sends). Checked and applied with list operations, not a Python step
+        """Apply the batch at once if it is the common case: runs of new entries with
+        consecutive ids right past the head of an open ledger (what pipelining
+        writers send). Checked and applied with list operations, not a Python step
         per check per entry: this bounds the node's add rate. False: not that case,
         nothing was applied."""
         if meta.state is not LedgerState.OPEN or meta.fenced:
             return False
-        entry_ids = [request.entry_id for request in batch]
-        first = entry_ids[0]
-        if (
-            first <= meta.last_entry_id
-            or entry_ids != list(range(first, first + len(entry_ids)))
-            or {request.kind for request in batch} != _ENTRY_ONLY
-        ):
+        first = batch[0].entry_id
+        if first <= meta.last_entry_id:
             return False
-        bodies = [request.body for request in batch]
-        body_bytes = self.memtable.put_many(entry_ids, bodies)
+        if len(batch) == 1:
+            request = batch[0]
+            if request.kind is not RecordKind.ENTRY:
+                return False
+            bodies = request.bodies
+            count = len(bodies)
+            lac = request.lac
+        else:
+            starts = [request.entry_id for request in batch]
+            counts = [len(request.bodies) for request in batch]
+            if {request.kind for request in batch} != _ENTRY_ONLY or starts != list(
+                itertools.accumulate(counts[:-1], initial=first)
+            ):
+                return False
+            bodies = list(itertools.chain.from_iterable([r.bodies for r in batch]))
+            count = len(bodies)
+            lac = max([request.lac for request in batch])
+        last = first + count - 1
+        body_bytes = self.memtable.put_many(range(first, last + 1), bodies)
         if meta.first_entry_id == NO_ENTRY:
             meta.first_entry_id = first
-        meta.last_entry_id = entry_ids[-1]
-        meta.entry_count += len(entry_ids)
-        meta.payload_bytes += body_bytes - len(entry_ids) * BODY_HEADER_SIZE
-        lac = max([request.lac for request in batch])
+        meta.last_entry_id = last
+        meta.entry_count += count
+        meta.payload_bytes += body_bytes - count * BODY_HEADER_SIZE
         if lac > meta.lac:  # noqa: PLR1730 (a compare is cheaper than max())
             meta.lac = lac
         for request in batch:
@@ -220,35 +232,11 @@ class LedgerWorker:
                 on_done(request)
         return True
 
-    def _apply_one_by_one(self, batch: list[Request], meta: LedgerMeta | None) -> None:
-        metas = self._metas
-        ledger_id = self.ledger_id
-        memtable = self.memtable
+    def _apply_one_by_one(self, batch: list[Request]) -> None:
         for request in batch:
             kind = request.kind
             if kind is RecordKind.ENTRY:
-                entry_id = request.entry_id
-                if (
-                    meta is not None
-                    and entry_id > meta.last_entry_id
-                    and meta.state is LedgerState.OPEN
-                    and not meta.fenced
-                ):
-                    # the common case, inlined: a new entry past the head of an open
-                    # ledger (per-entry cost here bounds the node's add rate)
-                    memtable.put(entry_id, request.body)
-                    if meta.first_entry_id == NO_ENTRY:
-                        meta.first_entry_id = entry_id
-                    meta.last_entry_id = entry_id
-                    meta.entry_count += 1
-                    meta.payload_bytes += len(request.payload)
-                    if request.lac > meta.lac:  # noqa: PLR1730 (a compare is cheaper than max())
-                        meta.lac = request.lac
-                    on_done = request.on_done
-                    if on_done is not None:
-                        on_done(request)
-                    continue
-                self._apply_entry(request)
+                self._apply_entries(request)
             elif kind is RecordKind.FENCE:
                 fenced = self._meta_or_create()
                 fenced.fenced = True
@@ -264,7 +252,6 @@ class LedgerWorker:
                 request.complete()
             else:  # the journal reader rejects unknown kinds; this is a bug
                 raise AssertionError(f"unknown record kind {kind!r}")
-            meta = metas.get(ledger_id)  # created, or deleted, by the slow path
 
     def _meta_or_create(self) -> LedgerMeta:
         meta = self._metas.get(self.ledger_id)
@@ -273,7 +260,9 @@ class LedgerWorker:
             self._metas[self.ledger_id] = meta
         return meta
 
-    def _apply_entry(self, request: Request) -> None:
+    def _apply_entries(self, request: Request) -> None:
+        """An ENTRY request (one entry or a run) the fast path did not take: a
+        closed or fenced ledger, or entries that may be stored already (retries)."""
         meta = self._meta_or_create()
         if meta.state is LedgerState.CLOSED:
             request.fail(LedgerClosed(self.ledger_id))
@@ -281,25 +270,35 @@ class LedgerWorker:
         if meta.fenced and not request.flags & RecordFlag.RECOVERY_ADD:
             request.fail(LedgerFenced(self.ledger_id))
             return
-        entry_id = request.entry_id
-        payload = request.payload
+        errors: list[BaseException | None] = []
+        for index, body in enumerate(request.bodies):
+            errors.append(self._apply_entry(meta, request.entry_id + index, body))
+        if meta.lac < request.lac:  # noqa: PLR1730 (a compare is cheaper than max())
+            meta.lac = request.lac
+        first_error = next((error for error in errors if error is not None), None)
+        if first_error is None:
+            request.complete()
+        elif all(error is first_error for error in errors):
+            request.fail(first_error)
+        else:
+            request.entry_errors = errors
+            request.complete()
+
+    def _apply_entry(self, meta: LedgerMeta, entry_id: int, body: bytes) -> BaseException | None:
+        """Store one entry; None, or the error this entry fails with."""
+        payload = memoryview(body)[BODY_HEADER_SIZE:]
         if entry_id <= meta.last_entry_id:
             # out of order or a retry: it may be stored already
             stored = self._stored_payload(entry_id)
             if stored is not None:
-                if stored == payload:
-                    request.complete()
-                else:
-                    request.fail(EntryConflict(self.ledger_id, entry_id))
-                return
-        self.memtable.put(entry_id, request.body)
+                return None if stored == payload else EntryConflict(self.ledger_id, entry_id)
+        self.memtable.put(entry_id, body)
         meta.last_entry_id = max(meta.last_entry_id, entry_id)
         if meta.first_entry_id == NO_ENTRY or entry_id < meta.first_entry_id:
             meta.first_entry_id = entry_id
         meta.entry_count += 1
         meta.payload_bytes += len(payload)
-        meta.lac = max(meta.lac, request.lac)
-        request.complete()
+        return None
 
     def _stored_payload(self, entry_id: int) -> bytes | None:
         """The payload stored for `entry_id`, if any.

@@ -318,6 +318,36 @@ def encode_add_responses(request_ids: Sequence[int], entries: Sequence[EntryIds]
     return out
 
 
+def encode_add_run_responses(runs: Sequence[tuple[Sequence[int], int, int]]) -> bytearray:
+    """OK responses to runs of adds, packed into one buffer (one `send_all` for all).
+
+    Each run is `(request_ids, ledger_id, first_entry_id)`: its adds were entries
+    first_entry_id, first_entry_id + 1, ... of the ledger, asked by those requests.
+    """
+    size = f.ADD_RESPONSE_BYTES
+    out = bytearray(sum([len(request_ids) for request_ids, _, _ in runs]) * size)
+    pack = f.ADD_RESPONSE.pack_into
+    length = size - 4
+    op = int(f.Opcode.ADD_ENTRY)
+    offset = 0
+    for request_ids, ledger_id, first_entry_id in runs:
+        for index, request_id in enumerate(request_ids):
+            pack(
+                out,
+                offset,
+                length,
+                _V,
+                op,
+                _RESPONSE,
+                0,
+                request_id,
+                ledger_id,
+                first_entry_id + index,
+            )
+            offset += size
+    return out
+
+
 def encode_error(
     request_id: int,
     opcode: int,

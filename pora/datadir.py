@@ -26,7 +26,8 @@ DATA_DIR_FORMAT: Final = "pora-data"
 #   1: initial layout (journal v1, entry log v1, index v1).
 #   2: journal v2, entry log v2, ledger metadata v2 (master keys, LAC, state records).
 #   3: index v2 (positions stored by run: one key per flush, not one per entry).
-DATA_DIR_VERSION: Final = 3
+#   4: journal v3 (an ENTRY record carries a run of consecutive entries).
+DATA_DIR_VERSION: Final = 4
 MARKER_NAME: Final = "PORA"
 LOCK_NAME: Final = "LOCK"
 

@@ -19,7 +19,13 @@ from typing import Any, Final
 import trio
 
 from journal.errors import PoraError
-from journal.format import CLOSE_KEEP_ALL, MASTER_KEY_BYTES_MAX, RecordFlag, RecordKind
+from journal.format import (
+    CLOSE_KEEP_ALL,
+    MASTER_KEY_BYTES_MAX,
+    RecordFlag,
+    RecordKind,
+    encode_body,
+)
 from journal.request import Request
 from journal.segment import list_segments
 from journal.task import Journal, JournalStatistics
@@ -63,6 +69,51 @@ def _as_pora_error(error: BaseException | None) -> PoraError | None:
     if error is None or isinstance(error, PoraError):
         return error
     raise error  # not an outcome of the request: a bug, let it surface
+
+
+#: the most adds one run request carries: runs are what one connection read or one
+#: `add_entries` call brings, so this only bounds a record's size in odd cases
+RUN_ENTRIES_MAX: Final = 1024
+
+
+def _as_runs(requests: list[Request]) -> list[Request]:
+    """Single-entry requests, in order, with each stretch of consecutive entries of a
+    ledger (same key and flags) merged into one run request."""
+    runs: list[Request] = []
+    stretch: list[Request] = []
+    for request in requests:
+        if stretch:
+            head = stretch[-1]
+            if (
+                request.ledger_id == head.ledger_id
+                and request.entry_id == head.entry_id + 1
+                and request.flags == head.flags
+                and request.master_key == head.master_key
+                and len(stretch) < RUN_ENTRIES_MAX
+            ):
+                stretch.append(request)
+                continue
+            runs.append(_merged(stretch))
+        stretch = [request]
+    if stretch:
+        runs.append(_merged(stretch))
+    return runs
+
+
+def _merged(stretch: list[Request]) -> Request:
+    if len(stretch) == 1:
+        return stretch[0]
+    first = stretch[0]
+    return Request.entry_run(
+        first.ledger_id,
+        first.entry_id,
+        [request.bodies[0] for request in stretch],
+        max([request.lac for request in stretch]),
+        first.flags,
+        first.master_key,
+        None,
+        [],
+    )
 
 
 def _check_id(kind: str, value: int) -> None:
@@ -234,18 +285,27 @@ class Node:
 
         Each add is `(tag, ledger_id, entry_id, last_add_confirmed, master_key,
         payload, recovery)`, the shape the network decoder gives (`tag` is the wire
-        request id, kept in `Request.tag`). Returns the requests, each completing
-        through `on_done`, and the refused adds as `(tag, error)`, with the same
-        checks and errors as `entry_request`.
+        request id). Adds in a row to one ledger with consecutive entry ids (and the
+        same key and flags) become one run request, their tags in `Request.tags` in
+        order: the journal and the ledger then handle the run, not each add. Returns
+        the requests, each completing through `on_done`, and the refused adds as
+        `(tag, error)`, with the same checks and errors as `entry_request`.
         """
         entry_bytes_max = self.config.entry_bytes_max
         requests: list[Request] = []
         refused: list[tuple[int, PoraError]] = []
-        entry = RecordKind.ENTRY
+        new_run = Request.entry_run
         plain = RecordFlag.NONE
         recovering = RecordFlag.RECOVERY_ADD
+        # the run being gathered: its ledger, the entry id that would extend it, ...
+        run_ledger = run_next = -1
+        run_key = b""
+        run_recovery = False
+        run_lac = -1
+        bodies: list[bytes] = []
+        tags: list[int] = []
         for tag, ledger_id, entry_id, lac, master_key, payload, recovery in adds:
-            if (
+            if not (
                 ledger_id >= 0
                 and entry_id >= 0
                 and lac >= -1
@@ -258,19 +318,9 @@ class Node:
                 and entry_id <= ID_MAX
                 and lac <= ID_MAX
             ):
-                request = Request(
-                    entry,
-                    ledger_id,
-                    entry_id,
-                    payload,
-                    recovering if recovery else plain,
-                    on_done,
-                    lac,
-                    master_key,
-                )
-            else:  # rare: let the one-at-a-time path find what is wrong and say so
+                # rare: let the one-at-a-time path find what is wrong and say so
                 try:
-                    request = self.entry_request(
+                    self.entry_request(
                         ledger_id,
                         entry_id,
                         payload,
@@ -281,9 +331,50 @@ class Node:
                 except PoraError as error:
                     refused.append((tag, error))
                     continue
-                request.on_done = on_done
-            request.tag = tag
-            requests.append(request)
+            if (
+                entry_id != run_next
+                or ledger_id != run_ledger
+                or master_key != run_key
+                or recovery != run_recovery
+                or len(bodies) >= RUN_ENTRIES_MAX
+            ):
+                if bodies:
+                    requests.append(
+                        new_run(
+                            run_ledger,
+                            run_next - len(bodies),
+                            bodies,
+                            run_lac,
+                            recovering if run_recovery else plain,
+                            run_key,
+                            on_done,
+                            tags,
+                        )
+                    )
+                    bodies = []
+                    tags = []
+                run_ledger = ledger_id
+                run_key = master_key
+                run_recovery = recovery
+                run_lac = lac
+            elif lac > run_lac:
+                run_lac = lac
+            bodies.append(encode_body(ledger_id, entry_id, lac, payload))
+            tags.append(tag)
+            run_next = entry_id + 1
+        if bodies:
+            requests.append(
+                new_run(
+                    run_ledger,
+                    run_next - len(bodies),
+                    bodies,
+                    run_lac,
+                    recovering if run_recovery else plain,
+                    run_key,
+                    on_done,
+                    tags,
+                )
+            )
         return requests, refused
 
     async def add_entry(
@@ -324,12 +415,12 @@ class Node:
         costs a fraction of one `add_entry` call per entry. Arguments are checked
         before anything is submitted: a bad one raises and nothing is stored.
         """
-        requests = [self.entry_request(*entry, master_key=master_key) for entry in entries]
-        if not requests:
+        runs = _as_runs([self.entry_request(*entry, master_key=master_key) for entry in entries])
+        if not runs:
             await trio.lowlevel.checkpoint()
             return []
-        await self._perform(requests)
-        return [_as_pora_error(r.error) for r in requests]
+        await self._perform(runs)
+        return [_as_pora_error(run.error_of(i)) for run in runs for i in range(run.count)]
 
     async def fence_ledger(self, ledger_id: int, *, master_key: bytes = b"") -> int:
         """Shut the ledger's writer out (durably); returns its last entry id here."""

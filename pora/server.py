@@ -46,7 +46,7 @@ from ledger.errors import (
     Unauthorized,
 )
 from netio import frames as f
-from netio.codec import RequestDecoder, encode_add_responses, encode_error, encode_response
+from netio.codec import RequestDecoder, encode_add_run_responses, encode_error, encode_response
 from netio.errors import ProtocolError
 from netio.frames import Opcode, Status
 from netio.messages import (
@@ -473,8 +473,8 @@ class _Connection:
             self._queue(_error_frame(request_id, Opcode.ADD_ENTRY, error), 1)
         if not batch:
             return
-        server.inflight += len(batch)
-        self.inflight_bytes += sum([len(request.payload) for request in batch])
+        server.inflight += len(adds) - len(refused)
+        self.inflight_bytes += sum([request.payload_bytes for request in batch])
         try:
             await node.submit(batch)
         except PoraError as error:  # the node is closing: none of them was queued
@@ -498,7 +498,7 @@ class _Connection:
     def _on_add_done(self, request: Request) -> None:
         # runs in a ledger worker: keep it tiny, the writer does the rest. The node-wide
         # count drops here, not in the writer: the connection may be gone already.
-        self.server.inflight -= 1
+        self.server.inflight -= len(request.tags)
         self.adds_done.append(request)
         if not self.writer_wakeup.is_set():
             self.writer_wakeup.set()
@@ -626,20 +626,35 @@ class _Connection:
         done = self.adds_done
         self.adds_done = []
         statuses = self.server.responses_by_status
+        answered = sum([len(request.tags) for request in done])
         ok = done
-        failed = [request for request in done if request.error is not None]
-        if failed:  # rare: answer each with its own error frame
+        failed = [r for r in done if r.error is not None or r.entry_errors is not None]
+        if failed:  # rare: answer each failed add with its own error frame
+            ok = [r for r in done if r.error is None and r.entry_errors is None]
             for request in failed:
-                assert request.error is not None
-                frame = _error_frame(request.tag, Opcode.ADD_ENTRY, request.error)
-                self.outgoing.append(frame)
-                statuses[frame[7]] += 1
-            ok = [request for request in done if request.error is None]
+                self._encode_failed_run(request)
         if ok:
-            self.outgoing.append(encode_add_responses([request.tag for request in ok], ok))
-            statuses[0] += len(ok)
-        self.outgoing_count += len(done)
-        self.inflight_bytes -= sum([len(request.payload) for request in done])
+            self.outgoing.append(
+                encode_add_run_responses([(r.tags, r.ledger_id, r.entry_id) for r in ok])
+            )
+            statuses[0] += answered if not failed else sum([len(r.tags) for r in ok])
+        self.outgoing_count += answered
+        self.inflight_bytes -= sum([request.payload_bytes for request in done])
+
+    def _encode_failed_run(self, request: Request) -> None:
+        statuses = self.server.responses_by_status
+        for index, tag in enumerate(request.tags):
+            error = request.error_of(index)
+            if error is None:
+                frame = bytes(
+                    encode_add_run_responses(
+                        [((tag,), request.ledger_id, request.entry_id + index)]
+                    )
+                )
+            else:
+                frame = _error_frame(tag, Opcode.ADD_ENTRY, error)
+            self.outgoing.append(frame)
+            statuses[frame[7]] += 1
 
     async def _write_loop(self) -> None:
         stream = self.stream

@@ -111,10 +111,10 @@ def test_encode_batch_lays_out_header_records_and_padding() -> None:
         end = position + RECORD_HEADER_SIZE + len(request.payload)
         body_start = position + RECORD_PREFIX_SIZE
         assert fields == (
-            prefix_crc(batch, position),
+            prefix_crc(batch[position + 4 : body_start], batch[body_start : body_start + 4]),
             request.kind,
             request.flags,
-            0,
+            1,  # one body
             seq,
             body_crc(batch, body_start, end),
             len(request.payload),
@@ -124,7 +124,7 @@ def test_encode_batch_lays_out_header_records_and_padding() -> None:
         )
         assert batch[position + RECORD_HEADER_SIZE : end] == request.payload
         # the body is what a flush copies into the entry log, as it is
-        assert bytes(request.body) == bytes(batch[body_start:end])
+        assert bytes(request.bodies[0]) == bytes(batch[body_start:end])
         position = end
     assert not any(batch[position:])  # zero padding to the block boundary
 
