@@ -103,8 +103,10 @@ class RecordFlag(enum.IntFlag):
     RECOVERY_ADD = 0x01  # an add by a recovering client: allowed on a fenced ledger
 
 
-_BODY_FIELDS: Final = struct.Struct("<IQqq")  # BODY_HEADER after its crc
-_CRC_FIELD: Final = struct.Struct("<I")
+#: BODY_HEADER after its crc (for encoders that inline `encode_body`)
+BODY_FIELDS: Final = struct.Struct("<IQqq")
+#: a body's crc field
+BODY_CRC_FIELD: Final = struct.Struct("<I")
 
 
 def encode_body(ledger_id: int, entry_id: int, lac: int, payload: bytes) -> bytes:
@@ -114,14 +116,14 @@ def encode_body(ledger_id: int, entry_id: int, lac: int, payload: bytes) -> byte
     prefix and the ledger's flush copies it into the entry log, both as it is.
     """
     try:
-        fields = _BODY_FIELDS.pack(len(payload), ledger_id, entry_id, lac)
+        fields = BODY_FIELDS.pack(len(payload), ledger_id, entry_id, lac)
     except struct.error as error:
         raise ValueError(
             f"ledger {ledger_id} entry {entry_id} (lac {lac}, {len(payload)} bytes) "
             f"cannot be a record: {error}"
         ) from None
     crc = crc32c.crc32c(payload, crc32c.crc32c(fields))
-    return b"".join((_CRC_FIELD.pack(crc), fields, payload))
+    return b"".join((BODY_CRC_FIELD.pack(crc), fields, payload))
 
 
 def round_up_to_block(n: int) -> int:

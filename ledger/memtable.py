@@ -49,30 +49,51 @@ class Memtable:
 
     __slots__ = (
         "_budget",
+        "_flushing_bytes",
         "_recent",
         "_recent_bytes",
         "_recent_bytes_max",
+        "_unflushed_last_id",
         "flushing",
+        "flushing_in_order",
         "unflushed",
         "unflushed_bytes",
+        "unflushed_in_order",
     )
 
     def __init__(self, budget: MemoryBudget, recent_bytes_max: int) -> None:
         self._budget = budget
         self.unflushed: dict[int, Body] = {}
         self.unflushed_bytes = 0
+        #: whether `unflushed` iterates in entry-id order (appends, the common case):
+        #: the flush, which writes in entry-id order, then need not sort
+        self.unflushed_in_order = True
+        self._unflushed_last_id = -1
         self.flushing: dict[int, Body] = {}
+        self.flushing_in_order = True
+        self._flushing_bytes = 0
         self._recent: dict[int, Body] = {}
         self._recent_bytes = 0
         self._recent_bytes_max = recent_bytes_max
 
     def put(self, entry_id: int, body: Body) -> None:
+        if entry_id <= self._unflushed_last_id:
+            self.unflushed_in_order = False
+        else:
+            self._unflushed_last_id = entry_id
+        replaced = self.unflushed.get(entry_id)
         self.unflushed[entry_id] = body
-        self.unflushed_bytes += len(body)
-        self._budget.unflushed_bytes += len(body)
+        added = len(body) - (0 if replaced is None else len(replaced))
+        self.unflushed_bytes += added
+        self._budget.unflushed_bytes += added
 
     def put_many(self, entry_ids: Sequence[int], bodies: Sequence[Body]) -> int:
-        """`put` for many entries at once (dict and sum work in C); returns their bytes."""
+        """`put` for many entries at once (dict and sum work in C); returns their bytes.
+        `entry_ids` ascend (a run) and none is held yet."""
+        if entry_ids:
+            if entry_ids[0] <= self._unflushed_last_id:
+                self.unflushed_in_order = False
+            self._unflushed_last_id = max(self._unflushed_last_id, entry_ids[-1])
         self.unflushed.update(zip(entry_ids, bodies, strict=True))
         added = sum([len(body) for body in bodies])
         self.unflushed_bytes += added
@@ -103,7 +124,11 @@ class Memtable:
         """Move the unflushed entries to the flushing generation and return them."""
         assert not self.flushing, "one flush at a time per ledger"
         self.flushing, self.unflushed = self.unflushed, {}
+        self.flushing_in_order = self.unflushed_in_order
+        self.unflushed_in_order = True
+        self._unflushed_last_id = -1
         self._budget.unflushed_bytes -= self.unflushed_bytes
+        self._flushing_bytes = self.unflushed_bytes
         self.unflushed_bytes = 0
         return self.flushing
 
@@ -112,7 +137,8 @@ class Memtable:
         flushing, self.flushing = self.flushing, {}
         limit = self._recent_bytes_max
         recent = self._recent
-        flushed_bytes = sum([len(body) for body in flushing.values()])
+        flushed_bytes = self._flushing_bytes
+        self._flushing_bytes = 0
         if flushed_bytes >= limit // 2:
             # the new tail alone fills (most of) the budget: it replaces the old one
             recent.clear()
@@ -143,6 +169,7 @@ class Memtable:
             if entry_id not in self.unflushed:
                 self.put(entry_id, body)
         self.flushing = {}
+        self._flushing_bytes = 0
 
     def clear(self) -> None:
         """Forget everything (the ledger was deleted)."""
@@ -150,12 +177,13 @@ class Memtable:
         self.unflushed = {}
         self.unflushed_bytes = 0
         self.flushing = {}
+        self._flushing_bytes = 0
+        self.unflushed_in_order = True
+        self._unflushed_last_id = -1
         self._recent = {}
         self._recent_bytes = 0
 
     @property
     def resident_bytes(self) -> int:
         """Bytes held, all generations (bodies include their record headers)."""
-        return (
-            self.unflushed_bytes + sum(len(b) for b in self.flushing.values()) + self._recent_bytes
-        )
+        return self.unflushed_bytes + self._flushing_bytes + self._recent_bytes

@@ -424,8 +424,10 @@ class LedgerWorker:
         storage = self._storage
         ledger_id = self.ledger_id
         index = storage.index
-        # entry-id order: range reads become sequential
-        bodies: list[tuple[int, Body]] = sorted(entries.items())
+        # entry-id order: range reads become sequential (appends come in order already)
+        bodies: list[tuple[int, Body]] = (
+            list(entries.items()) if self.memtable.flushing_in_order else sorted(entries.items())
+        )
         state = LedgerStateRecord(
             snapshot.state, snapshot.fenced, snapshot.sealed_last_entry_id, snapshot.master_key
         )

@@ -16,15 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import crc32c
 import trio
 
 from journal.errors import PoraError
 from journal.format import (
+    BODY_CRC_FIELD,
+    BODY_FIELDS,
     CLOSE_KEEP_ALL,
     MASTER_KEY_BYTES_MAX,
     RecordFlag,
     RecordKind,
-    encode_body,
 )
 from journal.request import Request
 from journal.segment import list_segments
@@ -295,6 +297,10 @@ class Node:
         requests: list[Request] = []
         refused: list[tuple[int, PoraError]] = []
         new_run = Request.entry_run
+        pack_fields = BODY_FIELDS.pack
+        pack_crc = BODY_CRC_FIELD.pack
+        checksum = crc32c.crc32c
+        join = b"".join
         plain = RecordFlag.NONE
         recovering = RecordFlag.RECOVERY_ADD
         # the run being gathered: its ledger, the entry id that would extend it, ...
@@ -359,7 +365,9 @@ class Node:
                 run_lac = lac
             elif lac > run_lac:
                 run_lac = lac
-            bodies.append(encode_body(ledger_id, entry_id, lac, payload))
+            # encode_body, inlined: a call per add is a tenth of this loop's cost
+            fields = pack_fields(len(payload), ledger_id, entry_id, lac)
+            bodies.append(join((pack_crc(checksum(payload, checksum(fields))), fields, payload)))
             tags.append(tag)
             run_next = entry_id + 1
         if bodies:
