@@ -260,6 +260,11 @@ class SegmentWriter:
         parts = encode_batch_parts(requests, first_seq)
         return self.write_encoded(parts, len(requests), first_seq)
 
+    def fits(self, parts: Sequence[bytes]) -> bool:
+        """Whether `write_encoded(parts, ...)` goes into the open segment (no roll)."""
+        length = sum([len(part) for part in parts])
+        return self._offset <= SEGMENT_HEADER_SIZE or self._offset + length <= self._segment_bytes
+
     def write_encoded(self, parts: Sequence[bytes], record_count: int, first_seq: int) -> int:
         """Write a batch made by `encode_batch_parts` (rolling first when it does not fit)."""
         if self._fd < 0:

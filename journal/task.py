@@ -38,6 +38,9 @@ class GroupCommitConfig:
     #: sync as soon as nothing more is queued, without waiting (BookKeeper's
     #: flushWhenQueueEmpty); lowers latency at low load, costs syncs at medium load
     flush_when_queue_empty: bool = False
+    #: groups written and being synced at once: with 2, the next group is gathered
+    #: and written while the previous one's fdatasync runs (acks stay in order)
+    syncs_in_flight_max: int = 2
     #: bound of the journal channel, in batches (a batch is one submitter's list)
     channel_batches_max: int = 4096
     #: a segment rolls when the next group would not fit
@@ -51,6 +54,8 @@ class GroupCommitConfig:
             raise ValueError("group_wait_ms_max must be >= 0")
         if self.group_bytes_max <= 0 or self.channel_batches_max <= 0:
             raise ValueError("group_bytes_max and channel_batches_max must be > 0")
+        if self.syncs_in_flight_max < 1:
+            raise ValueError("syncs_in_flight_max must be >= 1")
         if self.segment_bytes < 4096:
             raise ValueError("segment_bytes must be at least 4096")
 
@@ -184,18 +189,27 @@ class Journal:
         # dispatching group N (event loop work) overlaps writing and syncing group
         # N+1 (thread work); a bound of two groups keeps it from falling behind
         send_synced, receive_synced = trio.open_memory_channel[list[Request]](2)
+        sync_slots = trio.Semaphore(config.syncs_in_flight_max)
+        #: set once the last group started has been synced and handed over (or failed)
+        handed_over: trio.Event | None = None
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._dispatch_synced, receive_synced)
                 task_status.started()
                 async with send_synced:
-                    while True:
+                    while self._failure is None:
+                        # a slot first: while every slot syncs, requests pile up in the
+                        # channel and the next group gathers them all
+                        await sync_slots.acquire()
                         group = await self._gather()
                         if not group:
-                            return  # input closed and drained
-                        await self._commit(group, send_synced)
-                        if self._failure is not None:
-                            return  # writes are refused from now on; reads go on
+                            sync_slots.release()
+                            break  # input closed and drained
+                        handed_over = await self._commit(
+                            group, send_synced, handed_over, sync_slots, nursery
+                        )
+                    if handed_over is not None:
+                        await handed_over.wait()  # every sync ends before the channel
         finally:
             writer, self._writer = self._writer, None
             if writer is not None:
@@ -253,9 +267,16 @@ class Journal:
         return None
 
     async def _commit(
-        self, group: list[Request], synced: trio.MemorySendChannel[list[Request]]
-    ) -> None:
-        """Write and sync one group, then hand it to the ledgers."""
+        self,
+        group: list[Request],
+        synced: trio.MemorySendChannel[list[Request]],
+        previous: trio.Event | None,
+        sync_slots: trio.Semaphore,
+        nursery: trio.Nursery,
+    ) -> trio.Event | None:
+        """Write one group, and start its sync, which hands it to the ledgers once it
+        and every group before it are durable. Returns the event set when that is
+        done (`previous` if nothing was started). Holds one of `sync_slots`."""
         writer = self._writer
         assert writer is not None
         first_seq = self._next_seq
@@ -271,27 +292,74 @@ class Journal:
             refused = JournalError(f"the journal refused a group of {len(group)}: {exc}")
             for request in group:
                 request.fail(refused)
-            return
+            sync_slots.release()
+            return previous
+        if previous is not None and not writer.fits(batch):
+            # the write rolls to a new segment, which closes the old one: no sync of
+            # the old one may still be running
+            await previous.wait()
         self._next_seq += len(group)
         try:
-            written, sync_seconds = await trio.to_thread.run_sync(
-                _write_and_sync, writer, batch, len(group), first_seq
+            written = await trio.to_thread.run_sync(
+                writer.write_encoded, batch, len(group), first_seq
             )
         except OSError as exc:
+            if previous is not None:
+                await previous.wait()  # what was written before stays acknowledged
             self._fail(group, exc)
-            return
-        # counted in operations (each entry of a run is one), not in journal records:
-        # what a user of the figures means by "records per group commit"
-        operations = sum([len(request.bodies) for request in group])
-        self._commits += 1
-        self._records += operations
-        self._bytes_written += written
-        self._group_records_max = max(self._group_records_max, operations)
-        self._sync_seconds_total += sync_seconds
-        self._sync_seconds_max = max(self._sync_seconds_max, sync_seconds)
-        if self.on_commit is not None:
-            self.on_commit(operations, written, sync_seconds)
-        await synced.send(group)
+            sync_slots.release()
+            return previous
+        done = trio.Event()
+        # the sync task gives the slot back once the group is handed over
+        nursery.start_soon(
+            self._sync_and_hand_over, group, written, previous, done, synced, sync_slots
+        )
+        return done
+
+    async def _sync_and_hand_over(
+        self,
+        group: list[Request],
+        written: int,
+        previous: trio.Event | None,
+        done: trio.Event,
+        synced: trio.MemorySendChannel[list[Request]],
+        sync_slots: trio.Semaphore,
+    ) -> None:
+        writer = self._writer
+        assert writer is not None
+        try:
+            error: OSError | None = None
+            sync_seconds = 0.0
+            try:
+                sync_seconds = await trio.to_thread.run_sync(_timed_sync, writer)
+            except OSError as exc:
+                error = exc
+            if previous is not None:
+                await previous.wait()  # acknowledgements stay in journal order
+            if error is not None:
+                self._fail(group, error)
+                return
+            if self._failure is not None:
+                # an earlier group failed: this one was written after it, and a sync
+                # after a failed one proves nothing
+                for request in group:
+                    request.fail(self._failure)
+                return
+            # counted in operations (each entry of a run is one), not in journal
+            # records: what a user of the figures means by "records per group commit"
+            operations = sum([len(request.bodies) for request in group])
+            self._commits += 1
+            self._records += operations
+            self._bytes_written += written
+            self._group_records_max = max(self._group_records_max, operations)
+            self._sync_seconds_total += sync_seconds
+            self._sync_seconds_max = max(self._sync_seconds_max, sync_seconds)
+            if self.on_commit is not None:
+                self.on_commit(operations, written, sync_seconds)
+            await synced.send(group)
+        finally:
+            done.set()
+            sync_slots.release()
 
     def _fail(self, group: list[Request], exc: OSError) -> None:
         """A journal write failed: nothing more can be acknowledged safely.
@@ -300,6 +368,10 @@ class Journal:
         retry could report success for data that is gone. The journal stops; every
         queued request fails; the node keeps serving reads.
         """
+        if self._failure is not None:  # failed already: this group was written after
+            for request in group:
+                request.fail(self._failure)
+            return
         self._failure = JournalError(
             f"journal write failed in {self._directory} ({exc.strerror or exc}); "
             "the node no longer accepts writes. Free space or fix the disk, then restart "
@@ -317,10 +389,7 @@ class Journal:
         self._send.close()
 
 
-def _write_and_sync(
-    writer: SegmentWriter, batch: list[bytes], record_count: int, first_seq: int
-) -> tuple[int, float]:
-    written = writer.write_encoded(batch, record_count, first_seq)
+def _timed_sync(writer: SegmentWriter) -> float:
     started = time.perf_counter()
     writer.sync()
-    return written, time.perf_counter() - started
+    return time.perf_counter() - started
