@@ -237,3 +237,36 @@ async def test_a_malformed_group_is_refused_and_the_journal_goes_on(
     assert outcomes[1] is None
     records = [r for batch in JournalScanner(tmp_path).batches() for r in batch]
     assert [(r.seq, r.entry_id) for r in records] == [(0, 1)]  # no seq was skipped
+
+
+@pytest.mark.parametrize("syncs", [1, 3])
+async def test_pipelined_syncs_hand_groups_over_in_journal_order(
+    tmp_path: Path, syncs: int
+) -> None:
+    """With several groups syncing at once, the ledgers still get every group once,
+    in seq order, and the journal reads back whole, across segment rolls."""
+    recorder = Recorder()
+    async with (
+        running_journal(
+            tmp_path,
+            recorder,
+            syncs_in_flight_max=syncs,
+            flush_when_queue_empty=True,
+            segment_bytes=8192,  # rolls every few groups: a roll waits for older syncs
+        ) as journal,
+        trio.open_nursery() as nursery,
+    ):
+        for writer in range(8):
+
+            async def write(writer: int = writer) -> None:
+                for i in range(25):
+                    await journal.submit([entry(writer, i, size=300)])
+
+            nursery.start_soon(write)
+    seqs = [request.seq for group in recorder.groups for request in group]
+    assert seqs == list(range(200))
+    assert all(request.error is None for group in recorder.groups for request in group)
+    read = [r for batch in JournalScanner(tmp_path).batches() for r in batch]
+    assert sorted((r.ledger_id, r.entry_id) for r in read) == [
+        (w, i) for w in range(8) for i in range(25)
+    ]
