@@ -21,14 +21,18 @@ from journal.format import (
     BATCH_HEADER,
     BATCH_HEADER_SIZE,
     BLOCK_SIZE,
+    BODY_HEADER,
+    BODY_HEADER_SIZE,
     FORMAT_VERSION,
     RECORD_HEADER_SIZE,
+    RECORD_PREFIX,
     RECORD_PREFIX_SIZE,
     SEGMENT_HEADER,
     SEGMENT_HEADER_SIZE,
     RecordFlag,
     RecordKind,
     body_crc,
+    encode_body,
     prefix_crc,
 )
 from journal.reader import JournalRecord, JournalScanner, ReplayTally, ScanSummary
@@ -68,6 +72,36 @@ def write_journal(
         seq += size
     writer.close()
     return batches
+
+
+def run(
+    ledger_id: int,
+    first_entry_id: int,
+    payloads: Sequence[bytes],
+    lacs: Sequence[int] | None = None,
+    flags: RecordFlag = RecordFlag.NONE,
+) -> Request:
+    """An ENTRY run request: entries first_entry_id, first_entry_id + 1, ... of a
+    ledger, as `Node.entry_requests` makes them (ids unchecked: tests make bad runs)."""
+    lacs = lacs if lacs is not None else [-1] * len(payloads)
+    bodies = [
+        encode_body(ledger_id, first_entry_id + i, lac, payload)
+        for i, (payload, lac) in enumerate(zip(payloads, lacs, strict=True))
+    ]
+    return Request.entry_run(ledger_id, first_entry_id, bodies, max(lacs), flags, None, None, [])
+
+
+def write_requests(
+    directory: Path, batches: Sequence[Sequence[Request]], *, segment_bytes: int = 1 << 16
+) -> None:
+    """Write batches of any requests (runs too), from seq 0, syncing each."""
+    writer = SegmentWriter(directory, segment_bytes=segment_bytes, first_seq=0)
+    seq = 0
+    for batch in batches:
+        writer.write_batch(list(batch), seq)
+        writer.sync()
+        seq += len(batch)
+    writer.close()
 
 
 def scan(directory: Path, from_seq: int = 0) -> tuple[list[list[JournalRecord]], ScanSummary]:
@@ -526,3 +560,275 @@ def test_replay_reports_corruption_like_a_plain_scan(tmp_path: Path) -> None:
     with pytest.raises(JournalCorruption) as caught:
         _replay(tmp_path, {})
     assert (caught.value.path, caught.value.offset) == (path, offsets[1])
+
+
+# --- runs: ENTRY records carrying several bodies -----------------------------------------
+
+
+@st.composite
+def run_requests(draw: st.DrawFn) -> Request:
+    """A run of 1 to 50 consecutive entries of one ledger, as the node makes them."""
+    count = draw(st.integers(1, 50))
+    payloads = draw(st.lists(st.binary(max_size=200), min_size=count, max_size=count))
+    lacs = draw(st.lists(st.integers(-1, 2**63 - 1), min_size=count, max_size=count))
+    return run(
+        draw(st.integers(0, 2**64 - 1)),
+        draw(st.integers(0, 2**63 - count)),
+        payloads,
+        lacs,
+        draw(st.sampled_from([RecordFlag.NONE, RecordFlag.RECOVERY_ADD])),
+    )
+
+
+def body_lac(body: bytes) -> int:
+    lac: int = BODY_HEADER.unpack_from(body)[4]
+    return lac
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    batches=st.lists(
+        st.lists(st.one_of(run_requests(), requests_strategy), min_size=1, max_size=6),
+        min_size=1,
+        max_size=5,
+    ),
+    segment_bytes=st.sampled_from([1024, 4096, 1 << 20]),
+)
+def test_runs_read_back_per_entry_and_replay_per_record(
+    batches: list[list[Request]], segment_bytes: int
+) -> None:
+    with tempfile.TemporaryDirectory() as temporary:
+        directory = Path(temporary)
+        write_requests(directory, batches, segment_bytes=segment_bytes)
+        read, summary = scan(directory)
+        segment_bytes_by_path = {s.path: s.path.read_bytes() for s in list_segments(directory)}
+        tally = ReplayTally()
+        replayed = [r for b in JournalScanner(directory).replay_requests({}, tally) for r in b]
+    # batches(): one JournalRecord per entry, every entry of a run with the run's seq
+    assert [
+        [(r.seq, r.kind, r.flags, r.ledger_id, r.entry_id, r.payload, r.lac, r.body) for r in batch]
+        for batch in read
+    ] == [
+        [
+            (
+                request.seq,
+                request.kind,
+                request.flags,
+                request.ledger_id,
+                request.entry_id + index,
+                bytes(body[BODY_HEADER_SIZE:]),
+                body_lac(body),
+                bytes(body),
+            )
+            for request in batch
+            for index, body in enumerate(request.bodies)
+        ]
+        for batch in batches
+    ]
+    # ... all at the offset of the record's prefix, which the first body follows
+    records = [r for batch in read for r in batch]
+    for request in (request for batch in batches for request in batch):
+        held = [r for r in records if r.seq == request.seq]
+        assert {r.offset for r in held} == {held[0].offset}
+        data = segment_bytes_by_path[held[0].segment]
+        first_body = held[0].offset + RECORD_PREFIX_SIZE
+        assert data[first_body : first_body + len(request.bodies[0])] == request.bodies[0]
+        assert RECORD_PREFIX.unpack_from(data, held[0].offset)[3] == request.count
+    # replay_requests(): one Request per journal record, with the run's bodies
+    written = [request for batch in batches for request in batch]
+    assert [
+        (
+            r.seq,
+            r.kind,
+            r.flags,
+            r.ledger_id,
+            r.entry_id,
+            [bytes(b) for b in r.bodies],
+            r.lac,
+            r.count,
+        )
+        for r in replayed
+    ] == [
+        (
+            r.seq,
+            r.kind,
+            r.flags,
+            r.ledger_id,
+            r.entry_id,
+            [bytes(b) for b in r.bodies],
+            max(body_lac(b) for b in r.bodies),  # a run's LAC is its largest
+            r.count,
+        )
+        for r in written
+    ]
+    entries = sum(r.count for r in written)
+    payload_bytes = sum(r.payload_bytes for r in written)
+    assert (tally.records_scanned, tally.payload_bytes_scanned) == (entries, payload_bytes)
+    assert (tally.records_selected, tally.payload_bytes_selected) == (entries, payload_bytes)
+    # the summary counts journal records, as the batch headers do
+    assert (summary.records, summary.last_seq, summary.torn_tail) == (
+        len(written),
+        len(written) - 1,
+        None,
+    )
+    assert summary.record_bytes == sum(RECORD_PREFIX_SIZE + r.body_bytes for r in written)
+
+
+def written_batch_offsets(path: Path) -> list[int]:
+    """Where each batch of a segment starts, by its headers alone (damaged or not)."""
+    data = path.read_bytes()
+    offsets = []
+    offset = SEGMENT_HEADER_SIZE
+    while offset + BATCH_HEADER_SIZE <= len(data) and any(
+        data[offset : offset + BATCH_HEADER_SIZE]
+    ):
+        offsets.append(offset)
+        records_length = BATCH_HEADER.unpack_from(data, offset)[2]
+        offset += -(-(BATCH_HEADER_SIZE + records_length) // BLOCK_SIZE) * BLOCK_SIZE
+    return offsets
+
+
+def run_record_offsets(directory: Path) -> tuple[Path, int, list[int]]:
+    """The last batch's run record (its second record): its segment, its offset, and
+    where each of its bodies starts."""
+    path = list_segments(directory)[-1].path
+    last_batch = written_batch_offsets(path)[-1]
+    record = last_batch + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + len(PAYLOAD)
+    body_count = RECORD_PREFIX.unpack_from(path.read_bytes(), record)[3]
+    bodies = [
+        record + RECORD_PREFIX_SIZE + i * (BODY_HEADER_SIZE + len(PAYLOAD))
+        for i in range(body_count)
+    ]
+    return path, record, bodies
+
+
+def test_a_flipped_bit_in_a_runs_second_body_is_a_torn_tail_naming_it(tmp_path: Path) -> None:
+    write_requests(tmp_path, [[entry(0), entry(1)], [entry(2), run(7, 3, [PAYLOAD] * 4)]])
+    path, record, bodies = run_record_offsets(tmp_path)
+    flip_bit(path, bodies[1] + BODY_HEADER_SIZE + 10)
+    read, summary = scan(tmp_path)
+    assert seqs(read) == [0, 1]  # none of the torn batch, not its intact first record
+    assert summary.torn_tail is not None
+    assert summary.torn_tail.offset == written_batch_offsets(path)[-1]
+    assert summary.torn_tail.reason == f"record 3 at byte {record}: body 1 crc mismatch"
+    assert summary.last_seq == 1
+    requests, tally = _replay(tmp_path, {})
+    assert [r.seq for r in requests] == [0, 1]
+    assert tally.records_scanned == 2
+
+
+def test_a_damaged_run_in_a_segment_that_is_not_the_last_is_corruption(tmp_path: Path) -> None:
+    # a 1024-byte segment holds its header block and one one-block batch
+    write_requests(tmp_path, [[entry(0), run(7, 1, [PAYLOAD] * 3)]] * 3, segment_bytes=1024)
+    segments = list_segments(tmp_path)
+    assert len(segments) == 3
+    first = segments[0].path
+    record = SEGMENT_HEADER_SIZE + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + len(PAYLOAD)
+    second_body = record + RECORD_PREFIX_SIZE + BODY_HEADER_SIZE + len(PAYLOAD)
+    flip_bit(first, second_body + BODY_HEADER_SIZE + 99)
+    with pytest.raises(JournalCorruption, match="later segments follow") as caught:
+        scan(tmp_path)
+    assert (caught.value.path, caught.value.offset) == (first, SEGMENT_HEADER_SIZE)
+    assert caught.value.reason.startswith(f"record 1 at byte {record}: body 1 crc mismatch")
+    with pytest.raises(JournalCorruption, match="body 1 crc mismatch"):
+        _replay(tmp_path, {})
+
+
+def test_the_prefix_crc_covers_every_body_crc_of_a_run(tmp_path: Path) -> None:
+    write_requests(tmp_path, [[entry(0)], [entry(1), run(7, 2, [PAYLOAD] * 3)]])
+    path, record, bodies = run_record_offsets(tmp_path)
+    flip_bit(path, bodies[1] + BODY_HEADER_SIZE)
+    # the body's own crc made right again, but not the prefix crc over it
+    data = path.read_bytes()
+    end = bodies[1] + BODY_HEADER_SIZE + len(PAYLOAD)
+    edit(path, bodies[1], body_crc(data, bodies[1], end).to_bytes(4, "little"))
+    read, summary = scan(tmp_path)
+    assert seqs(read) == [0]
+    assert summary.torn_tail is not None
+    assert summary.torn_tail.reason == f"record 2 at byte {record}: prefix crc mismatch"
+    # and with the prefix crc made right too, the chain holds: the crcs decide
+    data = path.read_bytes()
+    crc_fields = b"".join(data[b : b + 4] for b in bodies)
+    prefix = prefix_crc(data[record + 4 : record + RECORD_PREFIX_SIZE], crc_fields)
+    edit(path, record, prefix.to_bytes(4, "little"))
+    read, summary = scan(tmp_path)
+    assert summary.torn_tail is None
+    assert [r.entry_id for r in read[-1]] == [1, 2, 3, 4]
+    assert read[-1][2].payload == bytes([PAYLOAD[0] ^ 0x10]) + PAYLOAD[1:]
+
+
+def hand_made(kind: RecordKind, bodies: list[tuple[int, int]]) -> Request:
+    """A record of `kind` with a body per (ledger_id, entry_id), every crc right."""
+    request = Request.entry_run(
+        bodies[0][0],
+        bodies[0][1],
+        [encode_body(ledger_id, entry_id, -1, PAYLOAD) for ledger_id, entry_id in bodies],
+        -1,
+        RecordFlag.NONE,
+        None,
+        None,
+        [],
+    )
+    request.kind = kind
+    return request
+
+
+@pytest.mark.parametrize(
+    ("kind", "bodies", "reason"),
+    [
+        (RecordKind.FENCE, [(7, -1), (7, 0)], "a FENCE record with 2 bodies"),
+        (RecordKind.DELETE, [(7, 3), (7, 4), (7, 5)], "a DELETE record with 3 bodies"),
+        # bodies are checked before the prefix, so bodies that are not a run say so
+        # first: the kind is trusted only once the prefix crc vouches for it
+        (
+            RecordKind.FENCE,
+            [(7, -1), (7, -1)],
+            "body 1 is ledger 7 entry -1 in a run of ledger 7 from entry -1",
+        ),
+        (
+            RecordKind.ENTRY,
+            [(7, 0), (8, 1)],
+            "body 1 is ledger 8 entry 1 in a run of ledger 7 from entry 0",
+        ),
+        (
+            RecordKind.ENTRY,
+            [(7, 5), (7, 6), (7, 8)],
+            "body 2 is ledger 7 entry 8 in a run of ledger 7 from entry 5",
+        ),
+        (
+            RecordKind.ENTRY,
+            [(7, 5), (7, 5)],
+            "body 1 is ledger 7 entry 5 in a run of ledger 7 from entry 5",
+        ),
+    ],
+)
+def test_a_record_breaking_the_run_rules_is_damage(
+    tmp_path: Path, kind: RecordKind, bodies: list[tuple[int, int]], reason: str
+) -> None:
+    write_requests(tmp_path, [[entry(0)], [entry(1), hand_made(kind, bodies)]])
+    _, record, _ = run_record_offsets(tmp_path)
+    read, summary = scan(tmp_path)
+    assert seqs(read) == [0]
+    assert summary.torn_tail is not None
+    assert summary.torn_tail.reason == f"record 2 at byte {record}: {reason}"
+    # with a valid batch after it, the same record is corruption, for the same reason
+    write_requests(
+        tmp_path / "followed", [[entry(0)], [entry(1), hand_made(kind, bodies)], [entry(3)]]
+    )
+    with pytest.raises(JournalCorruption) as caught:
+        _replay(tmp_path / "followed", {})
+    assert caught.value.reason.startswith(f"record 2 at byte {record}: {reason}; a valid batch")
+
+
+def test_a_record_with_no_body_is_damage(tmp_path: Path) -> None:
+    write_requests(tmp_path, [[entry(0)], [entry(1)]])
+    path = list_segments(tmp_path)[0].path
+    record = batch_offsets(tmp_path)[path][-1] + BATCH_HEADER_SIZE
+    data = path.read_bytes()
+    _crc, kind, flags, _count, seq = RECORD_PREFIX.unpack_from(data, record)
+    fields = RECORD_PREFIX.pack(0, kind, flags, 0, seq)[4:]
+    edit(path, record, prefix_crc(fields, b"").to_bytes(4, "little") + fields)
+    read, summary = scan(tmp_path)
+    assert seqs(read) == [0]
+    assert summary.torn_tail is not None
+    assert summary.torn_tail.reason == f"record 1 at byte {record}: a ENTRY record with 0 bodies"

@@ -17,9 +17,13 @@ from journal.format import (
     BATCH_HEADER_SIZE,
     BATCH_MAGIC,
     BLOCK_SIZE,
+    BODY_HEADER,
+    BODY_HEADER_SIZE,
     FORMAT_VERSION,
+    RECORD_BODIES_MAX,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
+    RECORD_PREFIX,
     RECORD_PREFIX_SIZE,
     SEGMENT_HEADER,
     SEGMENT_HEADER_SIZE,
@@ -27,6 +31,7 @@ from journal.format import (
     RecordFlag,
     RecordKind,
     body_crc,
+    encode_body,
     prefix_crc,
 )
 from journal.request import Request
@@ -127,6 +132,69 @@ def test_encode_batch_lays_out_header_records_and_padding() -> None:
         assert bytes(request.bodies[0]) == bytes(batch[body_start:end])
         position = end
     assert not any(batch[position:])  # zero padding to the block boundary
+
+
+def run(
+    ledger_id: int, first_entry_id: int, payloads: list[bytes], lacs: list[int] | None = None
+) -> Request:
+    """An ENTRY run request: entries first_entry_id, first_entry_id + 1, ... of a ledger."""
+    lacs = lacs if lacs is not None else [-1] * len(payloads)
+    bodies = [
+        encode_body(ledger_id, first_entry_id + i, lac, payload)
+        for i, (payload, lac) in enumerate(zip(payloads, lacs, strict=True))
+    ]
+    return Request.entry_run(
+        ledger_id, first_entry_id, bodies, max(lacs), RecordFlag.NONE, None, None, []
+    )
+
+
+def test_a_run_is_one_prefix_then_its_bodies_back_to_back() -> None:
+    payloads = [b"one", b"", b"three" * 30]
+    requests = [entry(0, b"before"), run(9, 40, payloads, [38, 39, 37]), entry(1, b"after")]
+    batch = encode_batch(requests, 500)
+    bodies_bytes = sum(BODY_HEADER_SIZE + len(p) for p in payloads)
+    records_length = 3 * RECORD_PREFIX_SIZE + 2 * BODY_HEADER_SIZE + 6 + 5 + bodies_bytes
+    magic, _crc, length, count, first_seq = BATCH_HEADER.unpack_from(batch)
+    # the run is one record: one seq, one prefix
+    assert (magic, length, count, first_seq) == (BATCH_MAGIC, records_length, 3, 500)
+    assert [r.seq for r in requests] == [500, 501, 502]
+    position = BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + len(b"before")
+    crc, kind, flags, body_count, seq = RECORD_PREFIX.unpack_from(batch, position)
+    assert (kind, flags, body_count, seq) == (RecordKind.ENTRY, RecordFlag.NONE, 3, 501)
+    starts = []
+    start = position + RECORD_PREFIX_SIZE
+    for index, payload in enumerate(payloads):
+        starts.append(start)
+        end = start + BODY_HEADER_SIZE + len(payload)
+        stored_crc, stored_length, ledger_id, entry_id, lac = BODY_HEADER.unpack_from(batch, start)
+        assert (stored_length, ledger_id, entry_id, lac) == (
+            len(payload),
+            9,
+            40 + index,
+            [38, 39, 37][index],
+        )
+        assert stored_crc == body_crc(batch, start, end)
+        # each body is what a flush copies into the entry log, as it is
+        assert bytes(batch[start:end]) == requests[1].bodies[index]
+        start = end
+    # the prefix crc covers the prefix fields, then every body's crc field in order
+    prefix_fields = batch[position + 4 : position + RECORD_PREFIX_SIZE]
+    body_crc_fields = b"".join(batch[s : s + 4] for s in starts)
+    assert crc == prefix_crc(prefix_fields, body_crc_fields)
+    assert crc != prefix_crc(prefix_fields, body_crc_fields[:4])  # not the first body's only
+    assert RECORD_PREFIX.unpack_from(batch, start)[3:] == (1, 502)  # the next record
+    assert batch[start + RECORD_HEADER_SIZE : start + RECORD_HEADER_SIZE + 5] == b"after"
+
+
+@pytest.mark.parametrize("body_count", [0, RECORD_BODIES_MAX + 1])
+def test_a_record_carries_one_to_65535_bodies(body_count: int) -> None:
+    body = encode_body(3, 0, -1, b"")
+    request = Request.entry_run(3, 0, [body] * body_count, -1, RecordFlag.NONE, None, None, [])
+    with pytest.raises(ValueError, match=f"1 to 65535 bodies, not {body_count}"):
+        encode_batch([entry(0), request], 0)
+    most = Request.entry_run(3, 0, [body] * RECORD_BODIES_MAX, -1, RecordFlag.NONE, None, None, [])
+    batch = encode_batch([most], 0)
+    assert RECORD_PREFIX.unpack_from(batch, BATCH_HEADER_SIZE)[3] == RECORD_BODIES_MAX
 
 
 @given(st.lists(st.binary(max_size=1500), min_size=1, max_size=20), st.integers(0, 2**62))

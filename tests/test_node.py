@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import trio
 import pora
 from journal.format import RecordFlag, RecordKind
 from journal.request import Request
+from pora.datadir import DATA_DIR_VERSION, MARKER_NAME
 
 
 async def test_add_then_read_returns_the_same_bytes(data_dir: Path) -> None:
@@ -186,6 +188,27 @@ async def test_a_foreign_directory_is_refused(tmp_path: Path) -> None:
         async with pora.open_node(tmp_path / "photos"):
             pass
     assert sorted(p.name for p in (tmp_path / "photos").iterdir()) == ["cat.jpg"]
+
+
+async def test_a_data_dir_of_version_3_is_refused_by_name(data_dir: Path) -> None:
+    """Version 3 journals hold one entry per record; this build writes runs (v4)."""
+    async with pora.open_node(data_dir) as node:
+        await node.add_entry(1, 0, b"kept")
+    marker = data_dir / MARKER_NAME
+    info = json.loads(marker.read_text())
+    assert info["version"] == DATA_DIR_VERSION == 4
+    info["version"] = 3
+    marker.write_text(json.dumps(info))
+    with pytest.raises(
+        pora.DataDirError, match="format version 3; this build reads version 4"
+    ) as caught:
+        async with pora.open_node(data_dir):
+            pass
+    assert "Use a Pora release that knows version 3" in str(caught.value)
+    info["version"] = 4  # nothing was touched: marked back, it opens with its data
+    marker.write_text(json.dumps(info))
+    async with pora.open_node(data_dir) as node:
+        assert await node.read_entry(1, 0) == b"kept"
 
 
 async def test_many_concurrent_writers_over_many_ledgers(data_dir: Path) -> None:

@@ -351,3 +351,73 @@ async def test_a_peer_that_never_reads_its_responses_is_cut_off(
                 await trio.sleep(1.0)
         assert server.statistics().requests_inflight == 0
         await trio.aclose_forcefully(stream)
+
+
+async def test_each_add_of_a_pipelined_run_gets_its_own_answer(data_dir: Path) -> None:
+    """Adds in a row to one ledger become one run in the node; a retry in the middle
+    with other bytes fails only that add, with its own request id."""
+
+    def payload(entry_id: int) -> bytes:
+        return entry_id.to_bytes(2, "big") * 50
+
+    async with serving(data_dir) as (node, server, address):
+        assert await node.add_entries([(3, e, payload(e)) for e in range(10)]) == [None] * 10
+        stream = await raw_connection(address)
+        adds = {500 + e: e for e in range(5, 21)}  # request id -> entry id: 5..9 are retries
+        await stream.send_all(
+            b"".join(
+                codec.encode_add_entry(
+                    request_id, 3, e, b"different" if e == 7 else payload(e), last_add_confirmed=4
+                )
+                for request_id, e in adds.items()
+            )
+        )
+        responses, closed = await receive_responses(stream, len(adds))
+        assert not closed
+        by_id = {r.request_id: r for r in responses}
+        assert sorted(by_id) == sorted(adds)
+        conflict = by_id.pop(507)
+        assert isinstance(conflict, ErrorResponse)
+        assert (conflict.status, conflict.ledger_id, conflict.entry_id) == (
+            f.Status.ENTRY_CONFLICT,
+            3,
+            7,
+        )
+        assert "entry 7 of ledger 3 is already stored with different bytes" in conflict.message
+        for request_id, response in by_id.items():
+            assert isinstance(response, AddEntryResponse)
+            assert (response.ledger_id, response.entry_id) == (3, adds[request_id])
+        # the conflicting add changed nothing, every other one is stored
+        assert [p for _, p in await node.read_range(3, 0, 100)] == [payload(e) for e in range(21)]
+        statuses = server.statistics().responses_by_status
+        assert (statuses["ok"], statuses["entry_conflict"]) == (len(adds) - 1, 1)
+        await stream.aclose()
+
+
+async def test_a_wrong_master_key_fails_every_add_of_a_run(data_dir: Path) -> None:
+    async with serving(data_dir) as (node, _server, address):
+        await node.add_entry(4, 0, b"first", master_key=b"right")
+        stream = await raw_connection(address)
+        wrong = [
+            codec.encode_add_entry(100 + e, 4, e, b"w", master_key=b"wrong") for e in range(1, 9)
+        ]
+        # then the same ledger's next adds with the right key: a run of their own
+        right = [
+            codec.encode_add_entry(200 + e, 4, e, b"r", master_key=b"right") for e in range(1, 4)
+        ]
+        await stream.send_all(b"".join(wrong + right))
+        responses, closed = await receive_responses(stream, len(wrong) + len(right))
+        assert not closed
+        by_id = {r.request_id: r for r in responses}
+        assert sorted(by_id) == [*range(101, 109), *range(201, 204)]
+        for request_id in range(101, 109):
+            refused = by_id[request_id]
+            assert isinstance(refused, ErrorResponse)
+            assert (refused.status, refused.ledger_id) == (f.Status.UNAUTHORIZED, 4)
+            assert "wrong master key for ledger 4" in refused.message
+        for request_id in range(201, 204):
+            accepted = by_id[request_id]
+            assert isinstance(accepted, AddEntryResponse)
+            assert accepted.entry_id == request_id - 200
+        assert await node.read_range(4, 0, 100) == [(0, b"first"), (1, b"r"), (2, b"r"), (3, b"r")]
+        await stream.aclose()
