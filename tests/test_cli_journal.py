@@ -3,11 +3,13 @@ torn at the tail, and corrupted in the middle."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 from cli_support import crashed_copy, run_cli
 
+import pora
 from journal.format import BLOCK_SIZE
 from journal.reader import JournalScanner
 from journal.segment import list_segments
@@ -120,3 +122,27 @@ def test_verify_reports_corruption_with_segment_and_offset(
     recover = run_cli(capsys, "recover", "--data-dir", str(crashed.data_dir))
     assert recover.status == 1
     assert "journal corruption" in recover.err
+
+
+async def test_verify_counts_a_run_of_entries_as_one_record(tmp_path: Path, capsys: Capsys) -> None:
+    data_dir = tmp_path / "data"
+    async with pora.open_node(data_dir) as node:
+        # one run of 10 entries (one record, after the ledger's KEY record), then a
+        # single add to another ledger (a KEY record and an entry record)
+        outcomes = await node.add_entries([(1, i, b"x" * 100) for i in range(10)])
+        assert outcomes == [None] * 10
+        await node.add_entry(2, 0, b"y")
+        # a copy while the node runs: the journal as a crash would leave it (a clean
+        # close flushes the ledgers and trims the journal)
+        shutil.copytree(data_dir, tmp_path / "copy")
+    data_dir = tmp_path / "copy"
+    result = run_cli(capsys, "journal", "verify", "--json", "--data-dir", str(data_dir))
+    assert result.status == 0
+    report = result.json()
+    assert report["records"] == 4
+    assert sum(report["segment_records"].values()) == 4
+    dumped = run_cli(capsys, "journal", "dump", "--json", "--data-dir", str(data_dir))
+    entries = [line for line in dumped.json_lines()[:-1] if line["type"] == "entry"]
+    # dump shows every entry, those of the run under the run's seq
+    assert [(e["ledger"], e["entry"]) for e in entries] == [(1, i) for i in range(10)] + [(2, 0)]
+    assert len({e["seq"] for e in entries}) == 2

@@ -149,7 +149,9 @@ def run_verify(args: argparse.Namespace) -> int:
             try:
                 for batch in scanner.batches():
                     last = batch[-1]
-                    records_by_segment[last.segment.name] += len(batch)
+                    # journal records, as the summary counts them: the entries of a
+                    # run share their record's seq
+                    records_by_segment[last.segment.name] += last.seq - batch[0].seq + 1
                     bar.update(starts.get(last.segment, 0) + last.offset)
             except JournalCorruption as error:
                 problem = {
