@@ -294,7 +294,6 @@ class Node:
         `(tag, error)`, with the same checks and errors as `entry_request`.
         """
         entry_bytes_max = self.config.entry_bytes_max
-        requests: list[Request] = []
         refused: list[tuple[int, PoraError]] = []
         new_run = Request.entry_run
         pack_fields = BODY_FIELDS.pack
@@ -303,13 +302,15 @@ class Node:
         join = b"".join
         plain = RecordFlag.NONE
         recovering = RecordFlag.RECOVERY_ADD
+        # each run: ledger, first entry id, key, flags, bodies, tags, lacs
+        runs: list[tuple[int, int, bytes, RecordFlag, list[bytes], list[int], list[int]]] = []
         # the run being gathered: its ledger, the entry id that would extend it, ...
         run_ledger = run_next = -1
         run_key = b""
         run_recovery = False
-        run_lac = -1
         bodies: list[bytes] = []
         tags: list[int] = []
+        lacs: list[int] = []
         for tag, ledger_id, entry_id, lac, master_key, payload, recovery in adds:
             if not (
                 ledger_id >= 0
@@ -344,45 +345,22 @@ class Node:
                 or recovery != run_recovery
                 or len(bodies) >= RUN_ENTRIES_MAX
             ):
-                if bodies:
-                    requests.append(
-                        new_run(
-                            run_ledger,
-                            run_next - len(bodies),
-                            bodies,
-                            run_lac,
-                            recovering if run_recovery else plain,
-                            run_key,
-                            on_done,
-                            tags,
-                        )
-                    )
-                    bodies = []
-                    tags = []
+                bodies, tags, lacs = [], [], []
+                flags = recovering if recovery else plain
+                runs.append((ledger_id, entry_id, master_key, flags, bodies, tags, lacs))
                 run_ledger = ledger_id
                 run_key = master_key
                 run_recovery = recovery
-                run_lac = lac
-            elif lac > run_lac:
-                run_lac = lac
             # encode_body, inlined: a call per add is a tenth of this loop's cost
             fields = pack_fields(len(payload), ledger_id, entry_id, lac)
             bodies.append(join((pack_crc(checksum(payload, checksum(fields))), fields, payload)))
             tags.append(tag)
+            lacs.append(lac)
             run_next = entry_id + 1
-        if bodies:
-            requests.append(
-                new_run(
-                    run_ledger,
-                    run_next - len(bodies),
-                    bodies,
-                    run_lac,
-                    recovering if run_recovery else plain,
-                    run_key,
-                    on_done,
-                    tags,
-                )
-            )
+        requests = [
+            new_run(ledger, first, bodies, max(lacs), flags, key, on_done, tags)
+            for ledger, first, key, flags, bodies, tags, lacs in runs
+        ]
         return requests, refused
 
     async def add_entry(
