@@ -53,12 +53,15 @@ class EntryConflict(LedgerError):
 
 
 class EntryTooLarge(LedgerError):
-    def __init__(self, ledger_id: int, size: int, limit: int) -> None:
+    def __init__(self, ledger_id: int, size: int, limit: int, entry_id: int = -1) -> None:
         self.size = size
         self.limit = limit
+        #: the entry, where known (-1: not named)
+        self.entry_id = entry_id
+        which = f"entry {entry_id}" if entry_id >= 0 else "entry"
         super().__init__(
             ledger_id,
-            f"entry of {size} bytes for ledger {ledger_id} exceeds the node's limit of "
+            f"{which} of {size} bytes for ledger {ledger_id} exceeds the node's limit of "
             f"{limit} bytes (option entry_bytes_max)",
         )
 

@@ -20,6 +20,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Sequence
+from itertools import accumulate, pairwise
 from typing import Final, NamedTuple, Protocol, TypeVar
 
 from netio import frames as f
@@ -27,6 +28,8 @@ from netio.errors import ProtocolError
 from netio.messages import (
     AddEntry,
     AddEntryResponse,
+    AddRun,
+    AddRunResponse,
     Close,
     CloseResponse,
     Delete,
@@ -64,6 +67,23 @@ _ADD_PACK: Final = f.ADD_REQUEST.pack
 _ADD_LENGTH_BASE: Final = _LMIN + f.ADD_REQUEST_FIXED.size
 _OP_ADD: Final = int(f.Opcode.ADD_ENTRY)
 _FLAG_RECOVERY: Final = int(f.Flag.RECOVERY)
+
+_RUN_PACK: Final = f.ADD_RUN_REQUEST.pack
+_RUN_UNPACK: Final = f.ADD_RUN_REQUEST.unpack_from
+_RUN_FIXED: Final = f.ADD_RUN_REQUEST.size
+_RUN_LENGTH_BASE: Final = _LMIN + f.ADD_RUN_REQUEST_FIXED.size
+_OP_RUN: Final = int(f.Opcode.ADD_RUN)
+_RUN_MAX: Final = f.RUN_ENTRIES_MAX
+#: `struct` formats of 1 .. RUN_ENTRIES_MAX big-endian u32 sizes, made on first use
+_SIZES: dict[int, struct.Struct] = {}
+
+
+def _sizes_struct(count: int) -> struct.Struct:
+    layout = _SIZES.get(count)
+    if layout is None:
+        layout = _SIZES[count] = struct.Struct(f">{count}I")
+    return layout
+
 
 #: Bytes a receiver asks its socket for at a time (and so the most one feed adds).
 RECEIVE_BYTES_DEFAULT: Final = 64 * 1024
@@ -173,6 +193,97 @@ def encode_add_entries(
     return b"".join(parts)
 
 
+def encode_add_run(
+    request_id: int,
+    ledger_id: int,
+    first_entry_id: int,
+    payloads: Sequence[bytes],
+    *,
+    master_key: bytes = b"",
+    last_add_confirmed: int = -1,
+    recovery: bool = False,
+) -> bytes:
+    """One ADD_RUN frame: entries first_entry_id, first_entry_id + 1, ... of one ledger
+    with these payloads (1 to RUN_ENTRIES_MAX of them), answered by one response."""
+    count = len(payloads)
+    if not 1 <= count <= _RUN_MAX:
+        raise ValueError(f"an ADD_RUN carries 1 to {_RUN_MAX} entries, got {count}")
+    _check_key(master_key)
+    sizes = [len(payload) for payload in payloads]
+    key_bytes = len(master_key)
+    head = _RUN_PACK(
+        _RUN_LENGTH_BASE + key_bytes + 4 * count + sum(sizes),
+        _V,
+        _OP_RUN,
+        _FLAG_RECOVERY if recovery else 0,
+        0,
+        request_id,
+        ledger_id,
+        first_entry_id,
+        last_add_confirmed,
+        count,
+        key_bytes,
+    )
+    return b"".join((head, master_key, _sizes_struct(count).pack(*sizes), *payloads))
+
+
+#: request id, ledger id, first entry id: the fields of an ADD_RUN frame after its first 8
+_RUN_IDS: Final = struct.Struct(">Qqq")
+
+
+class RepeatedRunFrames:
+    """ADD_RUN frames of one payload repeated, to one ledger, for a load generator.
+
+    The frame of each run length (1 to `capacity` entries) is encoded once, on first
+    use; each `frame` call then writes only its request id and first entry id into
+    it. The frames are byte for byte those of `encode_add_run`.
+    """
+
+    __slots__ = ("_frames", "_key", "_lac", "_ledger_id", "_payload", "_recovery", "capacity")
+
+    def __init__(
+        self,
+        ledger_id: int,
+        payload: bytes,
+        capacity: int,
+        *,
+        master_key: bytes = b"",
+        last_add_confirmed: int = -1,
+        recovery: bool = False,
+    ) -> None:
+        if not 1 <= capacity <= _RUN_MAX:
+            raise ValueError(f"capacity must be in [1, {_RUN_MAX}], got {capacity}")
+        _check_key(master_key)
+        self._ledger_id = ledger_id
+        self._payload = payload
+        self._key = master_key
+        self._lac = last_add_confirmed
+        self._recovery = recovery
+        self.capacity = capacity
+        self._frames: dict[int, bytearray] = {}
+
+    def frame(self, request_id: int, first_entry_id: int, count: int) -> bytearray:
+        """The frame of a run of `count` entries from `first_entry_id`. The buffer is
+        this object's: send it before the next call for the same count."""
+        frame = self._frames.get(count)
+        if frame is None:
+            if not 1 <= count <= self.capacity:
+                raise ValueError(f"count must be in [1, {self.capacity}], got {count}")
+            frame = self._frames[count] = bytearray(
+                encode_add_run(
+                    0,
+                    self._ledger_id,
+                    0,
+                    [self._payload] * count,
+                    master_key=self._key,
+                    last_add_confirmed=self._lac,
+                    recovery=self._recovery,
+                )
+            )
+        _RUN_IDS.pack_into(frame, 8, request_id, self._ledger_id, first_entry_id)
+        return frame
+
+
 #: request id, ledger id, entry id: the fields of an add frame after its first 8 bytes
 _ADD_IDS: Final = struct.Struct(">Qqq")
 _ADD_IDS_OFFSET: Final = 8
@@ -244,6 +355,16 @@ def encode_request(message: RequestMessage) -> bytes:  # noqa: PLR0911 (one retu
             m.ledger_id,
             m.entry_id,
             m.payload,
+            master_key=m.master_key,
+            last_add_confirmed=m.last_add_confirmed,
+            recovery=m.recovery,
+        )
+    if isinstance(m, AddRun):
+        return encode_add_run(
+            m.request_id,
+            m.ledger_id,
+            m.first_entry_id,
+            m.payloads,
             master_key=m.master_key,
             last_add_confirmed=m.last_add_confirmed,
             recovery=m.recovery,
@@ -367,11 +488,35 @@ def _ok(opcode: int, request_id: int, body: bytes, flags: int = 0) -> bytes:
     return _header(opcode, _RESPONSE | flags, 0, request_id, len(body)) + body
 
 
+def encode_add_run_response(
+    request_id: int,
+    ledger_id: int,
+    first_entry_id: int,
+    count: int,
+    failures: Sequence[tuple[int, int, str]] = (),
+) -> bytes:
+    """The OK response to an ADD_RUN: all `count` entries stored but `failures`, each
+    `(entry_id, status, message)`; messages are cut to ERROR_MESSAGE_BYTES_MAX bytes."""
+    head = f.ADD_RUN_RESPONSE.pack(ledger_id, first_entry_id, count, len(failures))
+    if not failures:
+        return _ok(_OP_RUN, request_id, head)
+    parts = [head]
+    for entry_id, status, message in failures:
+        text = message.encode("utf-8", "replace")[: f.ERROR_MESSAGE_BYTES_MAX]
+        parts.append(f.RUN_FAILURE.pack(entry_id, status, len(text)))
+        parts.append(text)
+    return _ok(_OP_RUN, request_id, b"".join(parts))
+
+
 def encode_response(message: ResponseMessage) -> bytes:  # noqa: PLR0911 (one return per opcode)
     """The frame of any response message."""
     m = message
     if isinstance(m, AddEntryResponse):
         return bytes(encode_add_responses((m.request_id,), (m,)))
+    if isinstance(m, AddRunResponse):
+        return encode_add_run_response(
+            m.request_id, m.ledger_id, m.first_entry_id, m.count, m.failures
+        )
     if isinstance(m, ErrorResponse):
         return encode_error(
             m.request_id,
@@ -593,6 +738,8 @@ class RequestDecoder(_FrameBuffer):
                             flags == recovery,
                         )
                     )
+                elif buf[pos + 5] == _OP_RUN and length >= _RUN_FIXED - 4:
+                    out.append(_decode_add_run(buf, pos, frame_end))
                 else:
                     out.append(_decode_request(buf, pos, frame_end))
                 pos = frame_end
@@ -623,6 +770,62 @@ def _invalid_add(
         status=_BAD,
         request_id=request_id,
         opcode=f.Opcode.ADD_ENTRY,
+    )
+
+
+def _decode_add_run(buf: bytes, pos: int, frame_end: int) -> AddRun:
+    """An ADD_RUN frame: every size read in one call, every payload sliced in one
+    comprehension; no Python step per entry beyond its slice."""
+    _, version, _, flags, status, rid, lid, first, lac, count, klen = _RUN_UNPACK(buf, pos)
+    key_end = pos + _RUN_FIXED + klen
+    payloads_at = key_end + 4 * count
+    if (
+        version != _V
+        or flags & ~_FLAG_RECOVERY
+        or status
+        or not 1 <= count <= _RUN_MAX
+        or payloads_at > frame_end
+    ):
+        raise _invalid_run(version, flags, status, rid, count, payloads_at - frame_end)
+    sizes = _sizes_struct(count).unpack_from(buf, key_end)
+    ends = list(accumulate(sizes, initial=payloads_at))
+    if ends[-1] != frame_end:
+        raise ProtocolError(
+            f"bad request {rid}: ADD_RUN payload sizes add up to {ends[-1] - payloads_at} "
+            f"bytes, but {frame_end - payloads_at} bytes of payload follow them in the frame",
+            status=_BAD,
+            request_id=rid,
+            opcode=_OP_RUN,
+        )
+    return AddRun(
+        rid,
+        lid,
+        first,
+        lac,
+        buf[pos + _RUN_FIXED : key_end] if klen else b"",
+        [buf[start:end] for start, end in pairwise(ends)],
+        flags == _FLAG_RECOVERY,
+    )
+
+
+def _invalid_run(
+    version: int, flags: int, status: int, request_id: int, count: int, overrun: int
+) -> ProtocolError:
+    if version != _V:
+        reason = f"protocol version {version}; this node speaks version {_V}"
+    elif status:
+        reason = f"a request carries status {status}; requests carry 0"
+    elif flags & ~_FLAG_RECOVERY:
+        reason = f"ADD_RUN with unknown flags 0x{flags:02x}"
+    elif not 1 <= count <= _RUN_MAX:
+        reason = f"ADD_RUN of {count} entries; a run carries 1 to {_RUN_MAX}"
+    else:
+        reason = f"ADD_RUN master key and payload sizes run {overrun} bytes past the frame"
+    return ProtocolError(
+        f"bad request {request_id}: {reason}",
+        status=_BAD,
+        request_id=request_id,
+        opcode=_OP_RUN,
     )
 
 
@@ -660,6 +863,10 @@ def _decode_request(buf: bytes, pos: int, frame_end: int) -> RequestMessage:  # 
 
     if opcode == f.Opcode.ADD_ENTRY:  # short frame: the fast path could not unpack it
         raise bad(f"ADD_ENTRY body of {body_bytes} bytes; expected at least 25")
+    if opcode == f.Opcode.ADD_RUN:  # likewise
+        raise bad(
+            f"ADD_RUN body of {body_bytes} bytes; expected at least {f.ADD_RUN_REQUEST_FIXED.size}"
+        )
     if opcode == f.Opcode.READ_ENTRY:
         lid, eid, wait_ms, klen = fixed(f.READ_ENTRY_REQUEST, int(f.Flag.FENCE), tail=True)
         master_key = key(body + f.READ_ENTRY_REQUEST.size, klen)
@@ -869,6 +1076,8 @@ def _decode_response(buf: bytes, pos: int, frame_end: int) -> ResponseMessage:  
     if opcode == f.Opcode.ADD_ENTRY:
         lid, eid = f.LEDGER_AND_VALUE.unpack_from(buf, body)
         return AddEntryResponse(rid, lid, eid)
+    if opcode == f.Opcode.ADD_RUN:
+        return _decode_add_run_response(buf, rid, body, frame_end)
     if opcode == f.Opcode.READ_ENTRY:
         lid, eid, lac = f.READ_ENTRY_RESPONSE.unpack_from(buf, body)
         return ReadEntryResponse(rid, lid, eid, lac, buf[body + 24 : frame_end])
@@ -926,3 +1135,26 @@ def _decode_response(buf: bytes, pos: int, frame_end: int) -> ResponseMessage:  
         reason = buf[at + vlen : frame_end].decode("utf-8", "replace") if read_only else None
         return InfoResponse(rid, proto, reason, frame_max, entry_max, ledger_count, version)
     raise ProtocolError(f"response {rid} has unknown opcode {opcode}", status=_BAD)
+
+
+def _decode_add_run_response(buf: bytes, rid: int, body: int, frame_end: int) -> AddRunResponse:
+    def overrun(what: str) -> ProtocolError:
+        return ProtocolError(f"ADD_RUN response {rid}: {what}", status=_BAD, request_id=rid)
+
+    at = body + f.ADD_RUN_RESPONSE.size
+    if at > frame_end:
+        raise overrun(f"body of {frame_end - body} bytes, under the {at - body} it needs")
+    lid, first, count, failure_count = f.ADD_RUN_RESPONSE.unpack_from(buf, body)
+    failures: list[tuple[int, int, str]] = []
+    for _ in range(failure_count):
+        if at + f.RUN_FAILURE.size > frame_end:
+            raise overrun(f"failure {len(failures)} of {failure_count} runs past the frame")
+        entry_id, status, size = f.RUN_FAILURE.unpack_from(buf, at)
+        at += f.RUN_FAILURE.size
+        if at + size > frame_end or status == f.Status.OK:
+            raise overrun(f"failure of entry {entry_id} is malformed")
+        failures.append((entry_id, status, buf[at : at + size].decode("utf-8", "replace")))
+        at += size
+    if at != frame_end:
+        raise overrun(f"{frame_end - at} bytes after its last failure")
+    return AddRunResponse(rid, lid, first, count, failures)

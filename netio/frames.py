@@ -15,8 +15,9 @@ import enum
 import struct
 from typing import Final
 
-#: Protocol version carried by every frame. Version 1 is this document.
-PROTOCOL_VERSION: Final = 1
+#: Protocol version carried by every frame; docs/protocol.md is version 2. Version 1
+#: had no ADD_RUN; a node of version 2 refuses version-1 frames by name.
+PROTOCOL_VERSION: Final = 2
 
 #: length u32, version u8, opcode u8, flags u8, status u8, request_id u64
 HEADER: Final = struct.Struct(">IBBBBQ")
@@ -48,13 +49,15 @@ class Opcode(enum.IntEnum):
     DELETE = 7
     LIST_LEDGERS = 8
     INFO = 9
+    #: version 2: a run of adds to one ledger in one frame
+    ADD_RUN = 10
 
 
 class Flag(enum.IntFlag):
     """Bits of the flags byte. Meanings of the low bits depend on the opcode."""
 
     NONE = 0
-    #: ADD_ENTRY: a recovery add (accepted by a fenced ledger)
+    #: ADD_ENTRY, ADD_RUN: recovery adds (accepted by a fenced ledger)
     RECOVERY = 0x01
     #: READ_ENTRY: fence the ledger before reading (a recovery read)
     FENCE = 0x01
@@ -92,6 +95,20 @@ ADD_REQUEST_FIXED: Final = struct.Struct(">qqqB")
 #: ADD_ENTRY response, whole frame: header + ledger_id i64, entry_id i64
 ADD_RESPONSE: Final = struct.Struct(">IBBBBQqq")
 ADD_RESPONSE_BYTES: Final = ADD_RESPONSE.size  # 32
+
+#: ADD_RUN request: header + ledger_id i64, first_entry_id i64, last_add_confirmed i64,
+#: count u32, key_len u8; then the key, count payload sizes (u32 each), and the
+#: payloads back to back to the end of the frame. Decoded with the header in one call.
+ADD_RUN_REQUEST: Final = struct.Struct(">IBBBBQqqqIB")
+ADD_RUN_REQUEST_FIXED: Final = struct.Struct(">qqqIB")
+#: the most entries one ADD_RUN carries (the node journals a run as one record)
+RUN_ENTRIES_MAX: Final = 1024
+#: ADD_RUN OK response: ledger_id, first_entry_id, count u32, failure_count u32, then
+#: failure_count x RUN_FAILURE
+ADD_RUN_RESPONSE: Final = struct.Struct(">qqII")
+#: one entry of a run that failed alone: entry_id i64, status u8, message_len u16
+#: (then the message, UTF-8, at most ERROR_MESSAGE_BYTES_MAX bytes)
+RUN_FAILURE: Final = struct.Struct(">qBH")
 
 #: READ_ENTRY request: ledger_id, entry_id, wait_ms u32, key_len u8 (then key)
 READ_ENTRY_REQUEST: Final = struct.Struct(">qqIB")

@@ -7,7 +7,7 @@ docs/protocol.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # --- requests ----------------------------------------------------------------------------------
 
@@ -20,6 +20,20 @@ class AddEntry:
     last_add_confirmed: int
     master_key: bytes
     payload: bytes
+    recovery: bool = False
+
+
+@dataclass(slots=True)
+class AddRun:
+    """A run of adds to one ledger in one frame: entries first_entry_id,
+    first_entry_id + 1, ... with these payloads, answered by one response."""
+
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    last_add_confirmed: int
+    master_key: bytes
+    payloads: list[bytes]
     recovery: bool = False
 
 
@@ -87,7 +101,16 @@ class Info:
 
 
 RequestMessage = (
-    AddEntry | ReadEntry | ReadRange | ReadLac | Fence | Close | Delete | ListLedgers | Info
+    AddEntry
+    | AddRun
+    | ReadEntry
+    | ReadRange
+    | ReadLac
+    | Fence
+    | Close
+    | Delete
+    | ListLedgers
+    | Info
 )
 
 #: An ADD_ENTRY as `RequestDecoder.next_requests_raw` gives it: the fields of `AddEntry`
@@ -103,6 +126,19 @@ class AddEntryResponse:
     request_id: int
     ledger_id: int
     entry_id: int
+
+
+@dataclass(slots=True)
+class AddRunResponse:
+    """The answer to an ADD_RUN whose run was taken: every entry of it is stored
+    except those in `failures`, each `(entry_id, status, message)` (an entry already
+    stored with other bytes, say)."""
+
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    count: int
+    failures: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -196,6 +232,7 @@ class ErrorResponse:
 
 ResponseMessage = (
     AddEntryResponse
+    | AddRunResponse
     | ReadEntryResponse
     | ReadRangeResponse
     | LacResponse

@@ -76,6 +76,8 @@ def _as_pora_error(error: BaseException | None) -> PoraError | None:
 #: the most adds one run request carries: runs are what one connection read or one
 #: `add_entries` call brings, so this only bounds a record's size in odd cases
 RUN_ENTRIES_MAX: Final = 1024
+#: a run request made from one ADD_RUN frame answers that one frame: no per-add tags
+_NO_RUN_TAGS: Final[list[int]] = []
 
 
 def _as_runs(requests: list[Request]) -> list[Request]:
@@ -260,7 +262,7 @@ class Node:
             _check_id("ledger_id", ledger_id)
             _check_id("entry_id", entry_id)
         if len(payload) > self.config.entry_bytes_max:
-            raise EntryTooLarge(ledger_id, len(payload), self.config.entry_bytes_max)
+            raise EntryTooLarge(ledger_id, len(payload), self.config.entry_bytes_max, entry_id)
         if type(payload) is not bytes:  # the journal keeps it: it must not change
             payload = bytes(payload)
         if last_add_confirmed != -1 and not -1 <= last_add_confirmed <= ID_MAX:
@@ -362,6 +364,66 @@ class Node:
             for ledger, first, key, flags, bodies, tags, lacs in runs
         ]
         return requests, refused
+
+    def run_request(
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        payloads: Sequence[bytes],
+        *,
+        master_key: bytes = b"",
+        recovery: bool = False,
+        last_add_confirmed: int = -1,
+        on_done: Callable[[Request], None] | None = None,
+    ) -> Request:
+        """One checked request for a run of adds: entries first_entry_id,
+        first_entry_id + 1, ... of one ledger (at most RUN_ENTRIES_MAX). A network
+        worker makes one of these per ADD_RUN frame: the run is journalled as one
+        record and applied at once. Raises InvalidArgument or EntryTooLarge, naming
+        the entry, if any entry is unfit: then nothing of the run is taken.
+        """
+        count = len(payloads)
+        if not 1 <= count <= RUN_ENTRIES_MAX:
+            raise InvalidArgument(f"a run carries 1 to {RUN_ENTRIES_MAX} entries, got {count}")
+        _check_id("ledger_id", ledger_id)
+        _check_id("entry_id", first_entry_id)
+        if first_entry_id > ID_MAX - count + 1:
+            raise InvalidArgument(
+                f"a run of {count} entries from {first_entry_id} passes the largest entry "
+                f"id {ID_MAX}"
+            )
+        if not -1 <= last_add_confirmed <= ID_MAX:
+            raise InvalidArgument(f"last_add_confirmed must be >= -1, got {last_add_confirmed}")
+        if len(master_key) > MASTER_KEY_BYTES_MAX:
+            raise InvalidArgument(f"a master key has at most {MASTER_KEY_BYTES_MAX} bytes")
+        entry_bytes_max = self.config.entry_bytes_max
+        if max(map(len, payloads)) > entry_bytes_max:
+            index, size = next(
+                (i, len(p)) for i, p in enumerate(payloads) if len(p) > entry_bytes_max
+            )
+            raise EntryTooLarge(ledger_id, size, entry_bytes_max, first_entry_id + index)
+        pack_fields = BODY_FIELDS.pack
+        pack_crc = BODY_CRC_FIELD.pack
+        checksum = crc32c.crc32c
+        join = b"".join
+        bodies: list[bytes] = []
+        append = bodies.append
+        entry_id = first_entry_id
+        for payload in payloads:
+            # encode_body, inlined (as in entry_requests): the call would cost a tenth
+            fields = pack_fields(len(payload), ledger_id, entry_id, last_add_confirmed)
+            append(join((pack_crc(checksum(payload, checksum(fields))), fields, payload)))
+            entry_id += 1
+        return Request.entry_run(
+            ledger_id,
+            first_entry_id,
+            bodies,
+            last_add_confirmed,
+            RecordFlag.RECOVERY_ADD if recovery else RecordFlag.NONE,
+            master_key,
+            on_done,
+            _NO_RUN_TAGS,
+        )
 
     async def add_entry(
         self,

@@ -46,11 +46,18 @@ from ledger.errors import (
     Unauthorized,
 )
 from netio import frames as f
-from netio.codec import RequestDecoder, encode_add_run_responses, encode_error, encode_response
+from netio.codec import (
+    RequestDecoder,
+    encode_add_run_response,
+    encode_add_run_responses,
+    encode_error,
+    encode_response,
+)
 from netio.errors import ProtocolError
 from netio.frames import Opcode, Status
 from netio.messages import (
     AddEntry,
+    AddRun,
     Close,
     CloseResponse,
     Delete,
@@ -71,7 +78,7 @@ from netio.messages import (
     RequestMessage,
     WireAdd,
 )
-from pora.node import Node
+from pora.node import RUN_ENTRIES_MAX, Node
 
 _log = logging.getLogger("pora.server")
 
@@ -81,6 +88,9 @@ LONG_POLL_MS_MAX: Final = 60_000
 RANGE_ENTRIES_MAX: Final = 10_000
 #: Most ledgers one LIST_LEDGERS response carries.
 LIST_LEDGERS_MAX: Final = 10_000
+
+# an ADD_RUN frame becomes one run request of the node: the wire's bound must fit it
+assert f.RUN_ENTRIES_MAX <= RUN_ENTRIES_MAX
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +359,9 @@ class _Connection:
         self.outgoing_bytes = 0
         #: adds the node completed, waiting for the writer to encode their responses
         self.adds_done: list[Request] = []
+        #: runs (ADD_RUN frames) the node completed, likewise; their `tag` is the
+        #: frame's request id
+        self.runs_done: list[Request] = []
         #: wire request id of each add in the node
         self.inflight = 0
         self.inflight_bytes = 0
@@ -364,6 +377,7 @@ class _Connection:
         self.last_received = trio.current_time()
         self.sending_since: float | None = None
         self.on_add_done = self._on_add_done  # one bound method for every add
+        self.on_run_done = self._on_run_done
 
     def close_if_idle(self, now: float) -> None:
         """Called by the sweeper: close a connection with nothing in flight that sent
@@ -442,11 +456,22 @@ class _Connection:
         counts = server.requests_by_opcode
         room = server.config.inflight_node_max - server.inflight
         adds: list[WireAdd] = []
+        runs: list[Request] = []
         for message in requests:
             if type(message) is tuple:
                 adds.append(message)
                 continue
             assert not isinstance(message, tuple)  # (for the type checker)
+            if type(message) is AddRun:
+                counts[Opcode.ADD_RUN] += 1
+                if room <= 0:
+                    self._overloaded(message.request_id, Opcode.ADD_RUN)
+                    continue
+                run = self._run_request(message)
+                if run is not None:
+                    room -= 1
+                    runs.append(run)
+                continue
             opcode = _OPCODES[type(message)]
             counts[opcode] += 1
             if room <= 0:
@@ -461,25 +486,48 @@ class _Connection:
                 charge = self._range_bytes_max(message)
                 self.inflight_bytes += charge
             self.nursery.start_soon(self._perform, message, opcode, charge)
-        if not adds:
-            return
-        counts[Opcode.ADD_ENTRY] += len(adds)
-        if len(adds) > room:  # past the node-wide limit: refuse the rest
-            for add in adds[max(room, 0) :]:
-                self._overloaded(add[0], Opcode.ADD_ENTRY)
-            adds = adds[: max(room, 0)]
-        batch, refused = node.entry_requests(adds, self.on_add_done)
-        for request_id, error in refused:
-            self._queue(_error_frame(request_id, Opcode.ADD_ENTRY, error), 1)
+        if runs:
+            server.inflight += len(runs)
+            self.inflight_bytes += sum([run.payload_bytes for run in runs])
+        batch = runs
+        if adds:
+            counts[Opcode.ADD_ENTRY] += len(adds)
+            if len(adds) > room:  # past the node-wide limit: refuse the rest
+                for add in adds[max(room, 0) :]:
+                    self._overloaded(add[0], Opcode.ADD_ENTRY)
+                adds = adds[: max(room, 0)]
+            add_batch, refused = node.entry_requests(adds, self.on_add_done)
+            for request_id, error in refused:
+                self._queue(_error_frame(request_id, Opcode.ADD_ENTRY, error), 1)
+            server.inflight += len(adds) - len(refused)
+            self.inflight_bytes += sum([request.payload_bytes for request in add_batch])
+            batch = add_batch + runs if runs else add_batch
         if not batch:
             return
-        server.inflight += len(adds) - len(refused)
-        self.inflight_bytes += sum([request.payload_bytes for request in batch])
         try:
             await node.submit(batch)
         except PoraError as error:  # the node is closing: none of them was queued
             for request in batch:
                 request.fail(error)
+
+    def _run_request(self, message: AddRun) -> Request | None:
+        """The node's request for an ADD_RUN frame, or None when the run is refused
+        whole (an entry too large, a bad id: answered here, nothing journalled)."""
+        try:
+            run = self.node.run_request(
+                message.ledger_id,
+                message.first_entry_id,
+                message.payloads,
+                master_key=message.master_key,
+                recovery=message.recovery,
+                last_add_confirmed=message.last_add_confirmed,
+                on_done=self.on_run_done,
+            )
+        except PoraError as error:
+            self._queue(_error_frame(message.request_id, Opcode.ADD_RUN, error), 1)
+            return None
+        run.tag = message.request_id
+        return run
 
     def _overloaded(self, request_id: int, opcode: int) -> None:
         self._queue(
@@ -500,6 +548,13 @@ class _Connection:
         # count drops here, not in the writer: the connection may be gone already.
         self.server.inflight -= len(request.tags)
         self.adds_done.append(request)
+        if not self.writer_wakeup.is_set():
+            self.writer_wakeup.set()
+
+    def _on_run_done(self, request: Request) -> None:
+        # as _on_add_done, for a run that answers one frame
+        self.server.inflight -= 1
+        self.runs_done.append(request)
         if not self.writer_wakeup.is_set():
             self.writer_wakeup.set()
 
@@ -641,6 +696,32 @@ class _Connection:
         self.outgoing_count += answered
         self.inflight_bytes -= sum([request.payload_bytes for request in done])
 
+    def _encode_runs_done(self) -> None:
+        """One response frame per finished ADD_RUN: OK (listing the entries that failed
+        alone, if any), or the error that failed the whole run."""
+        done = self.runs_done
+        self.runs_done = []
+        statuses = self.server.responses_by_status
+        outgoing = self.outgoing
+        for run in done:
+            if run.error is not None:
+                frame = _error_frame(run.tag, Opcode.ADD_RUN, run.error)
+            elif run.entry_errors is None:
+                frame = encode_add_run_response(run.tag, run.ledger_id, run.entry_id, run.count)
+            else:
+                failures = [
+                    (run.entry_id + index, int(status_of(error)), str(error))
+                    for index, error in enumerate(run.entry_errors)
+                    if error is not None
+                ]
+                frame = encode_add_run_response(
+                    run.tag, run.ledger_id, run.entry_id, run.count, failures
+                )
+            outgoing.append(frame)
+            statuses[frame[7]] += 1
+        self.outgoing_count += len(done)
+        self.inflight_bytes -= sum([run.payload_bytes for run in done])
+
     def _encode_failed_run(self, request: Request) -> None:
         statuses = self.server.responses_by_status
         for index, tag in enumerate(request.tags):
@@ -662,6 +743,8 @@ class _Connection:
         while True:
             if self.adds_done:
                 self._encode_adds_done()
+            if self.runs_done:
+                self._encode_runs_done()
             if not self.outgoing:
                 if not self.reading and self.inflight == 0:
                     return
@@ -691,6 +774,7 @@ class _Connection:
 
 _OPCODES: Final[dict[type, int]] = {
     AddEntry: Opcode.ADD_ENTRY,
+    AddRun: Opcode.ADD_RUN,
     ReadEntry: Opcode.READ_ENTRY,
     ReadRange: Opcode.READ_RANGE,
     ReadLac: Opcode.READ_LAC,
