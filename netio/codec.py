@@ -1070,6 +1070,13 @@ def _decode_response(buf: bytes, pos: int, frame_end: int) -> ResponseMessage:  
         )
     body = pos + _HB
     if status != f.Status.OK:
+        if body + f.ERROR_RESPONSE.size > frame_end:  # else the ids come from the next frame
+            raise ProtocolError(
+                f"bad response {rid}: error body of {frame_end - body} bytes, under the "
+                f"{f.ERROR_RESPONSE.size} of its ledger and entry ids",
+                status=_BAD,
+                request_id=rid,
+            )
         lid, eid = f.ERROR_RESPONSE.unpack_from(buf, body)
         message = buf[body + f.ERROR_RESPONSE.size : frame_end].decode("utf-8", "replace")
         return ErrorResponse(rid, opcode, status, lid, eid, message)

@@ -16,6 +16,8 @@ from netio.errors import ProtocolError
 from netio.messages import (
     AddEntry,
     AddEntryResponse,
+    AddRun,
+    AddRunResponse,
     Close,
     CloseResponse,
     Delete,
@@ -44,9 +46,20 @@ i64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 u32 = st.integers(min_value=0, max_value=2**32 - 1)
 keys = st.binary(max_size=255)
 payloads = st.binary(max_size=2000)
+#: runs of 1 to 50 payloads of random sizes, empty ones included
+run_payloads = st.lists(st.binary(max_size=300), min_size=1, max_size=50)
+add_runs = st.builds(AddRun, ids, i64, i64, i64, keys, run_payloads, st.booleans())
+#: messages of errors and run failures: any text that fits the protocol's limit
+error_messages = st.text(max_size=200).filter(
+    lambda t: len(t.encode()) <= f.ERROR_MESSAGE_BYTES_MAX
+)
+#: entries of a run that failed alone: any status byte but OK
+run_failures = st.lists(st.tuples(i64, st.integers(1, 255), error_messages), max_size=10)
+add_run_responses = st.builds(AddRunResponse, ids, i64, i64, u32, run_failures)
 
 requests: st.SearchStrategy[RequestMessage] = st.one_of(
     st.builds(AddEntry, ids, i64, i64, i64, keys, payloads, st.booleans()),
+    add_runs,
     st.builds(ReadEntry, ids, i64, i64, u32, st.booleans(), keys),
     st.builds(ReadRange, ids, i64, i64, i64, u32, u32),
     st.builds(ReadLac, ids, i64),
@@ -75,6 +88,7 @@ summaries = st.builds(
 )
 responses: st.SearchStrategy[ResponseMessage] = st.one_of(
     st.builds(AddEntryResponse, ids, i64, i64),
+    add_run_responses,
     st.builds(ReadEntryResponse, ids, i64, i64, i64, payloads),
     st.builds(
         ReadRangeResponse,
@@ -91,7 +105,7 @@ responses: st.SearchStrategy[ResponseMessage] = st.one_of(
     st.builds(
         InfoResponse,
         ids,
-        st.just(1),
+        st.just(f.PROTOCOL_VERSION),
         st.one_of(st.none(), st.text(max_size=50)),
         u32,
         u32,
@@ -105,7 +119,7 @@ responses: st.SearchStrategy[ResponseMessage] = st.one_of(
         st.sampled_from([s for s in f.Status if s != f.Status.OK]),
         i64,
         i64,
-        st.text(max_size=200).filter(lambda t: len(t.encode()) <= f.ERROR_MESSAGE_BYTES_MAX),
+        error_messages,
     ),
 )
 
@@ -199,6 +213,10 @@ def test_an_oversized_frame_with_a_header_names_its_request_id() -> None:
     assert caught.value.opcode == f.Opcode.ADD_ENTRY
 
 
+#: the version every frame of this protocol carries; 1 is the old one, refused by name
+_V = f.PROTOCOL_VERSION
+
+
 def _frame(version: int, opcode: int, flags: int, status: int, rid: int, body: bytes) -> bytes:
     return f.HEADER.pack(12 + len(body), version, opcode, flags, status, rid) + body
 
@@ -206,17 +224,21 @@ def _frame(version: int, opcode: int, flags: int, status: int, rid: int, body: b
 @pytest.mark.parametrize(
     ("frame", "reason"),
     [
-        (_frame(2, 9, 0, 0, 7, b""), "protocol version 2"),
-        (_frame(1, 99, 0, 0, 7, b""), "unknown opcode 99"),
-        (_frame(1, 9, 0, 3, 7, b""), "carries status 3"),
-        (_frame(1, 9, 0x80, 0, 7, b""), "response flag"),
-        (_frame(1, 9, 0, 0, 7, b"x"), "INFO body of 1 bytes"),
-        (_frame(1, 4, 0, 0, 7, b"\0" * 7), "READ_LAC body of 7 bytes"),
-        (_frame(1, 5, 0, 0, 7, struct.pack(">qB", 1, 200) + b"k"), "key does not end"),
-        (_frame(1, 1, 0, 0, 7, struct.pack(">qqqB", 1, 2, 3, 200) + b"k"), "runs past the end"),
-        (_frame(1, 1, 0x02, 0, 7, struct.pack(">qqqB", 1, 2, 3, 0)), "unknown flags 0x02"),
-        (_frame(1, 1, 0, 0, 7, b"\0" * 10), "ADD_ENTRY body of 10 bytes"),
-        (_frame(1, 2, 0x04, 0, 7, struct.pack(">qqIB", 1, 2, 0, 0)), "unknown flags 0x04"),
+        (_frame(1, 9, 0, 0, 7, b""), "protocol version 1; this node speaks version 2"),
+        (_frame(_V, 99, 0, 0, 7, b""), "unknown opcode 99"),
+        (_frame(_V, 9, 0, 3, 7, b""), "carries status 3"),
+        (_frame(_V, 9, 0x80, 0, 7, b""), "response flag"),
+        (_frame(_V, 9, 0, 0, 7, b"x"), "INFO body of 1 bytes"),
+        (_frame(_V, 4, 0, 0, 7, b"\0" * 7), "READ_LAC body of 7 bytes"),
+        (_frame(_V, 5, 0, 0, 7, struct.pack(">qB", 1, 200) + b"k"), "key does not end"),
+        (_frame(_V, 1, 0, 0, 7, struct.pack(">qqqB", 1, 2, 3, 200) + b"k"), "runs past the end"),
+        (_frame(_V, 1, 0x02, 0, 7, struct.pack(">qqqB", 1, 2, 3, 0)), "unknown flags 0x02"),
+        (_frame(_V, 1, 0, 0, 7, b"\0" * 10), "ADD_ENTRY body of 10 bytes"),
+        (
+            _frame(1, 1, 0, 0, 7, struct.pack(">qqqB", 1, 2, 3, 0)),
+            "protocol version 1; this node speaks version 2",
+        ),
+        (_frame(_V, 2, 0x04, 0, 7, struct.pack(">qqIB", 1, 2, 0, 0)), "unknown flags 0x04"),
     ],
 )
 def test_malformed_requests_are_bad_requests_naming_their_id(frame: bytes, reason: str) -> None:
@@ -370,7 +392,7 @@ def _ok_add_frame(request_id: int) -> bytes:
 
 def _mutate(frame: bytes, how: str) -> bytes:
     if how == "version":
-        return frame[:4] + b"\x02" + frame[5:]
+        return frame[:4] + b"\x01" + frame[5:]  # the old version
     if how == "flags without RESPONSE":
         return frame[:6] + b"\x00" + frame[7:]
     if how == "unknown flag":
@@ -463,3 +485,428 @@ def test_repeated_add_frames_refuse_more_than_their_capacity() -> None:
     frames = codec.RepeatedAddFrames(1, b"p", 4)
     with pytest.raises(ValueError, match=r"count must be in \[0, 4\]"):
         frames.frames(0, 0, 5)
+
+
+# --- runs of adds: ADD_RUN (version 2) ---------------------------------------------------------
+
+_RUN = int(f.Opcode.ADD_RUN)
+
+
+def _run_body(
+    count: int, sizes: list[int], payload: bytes, key: bytes = b"", key_len: int | None = None
+) -> bytes:
+    """An ADD_RUN request body as the grammar lays it out, consistent or not."""
+    return (
+        f.ADD_RUN_REQUEST_FIXED.pack(1, 2, -1, count, len(key) if key_len is None else key_len)
+        + key
+        + struct.pack(f">{len(sizes)}I", *sizes)
+        + payload
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(add_runs, st.lists(st.integers(0, 10**6), max_size=8))
+def test_an_add_run_round_trips_however_its_frame_is_split(run: AddRun, cuts: list[int]) -> None:
+    frame = codec.encode_request(run)
+    assert len(frame) == 4 + struct.unpack_from(">I", frame)[0]
+    decoder = codec.RequestDecoder()
+    decoded: list[RequestMessage] = []
+    for piece in _split(frame, cuts):
+        decoder.receive_data(piece)
+        decoded.extend(decoder.next_requests(1000))
+    assert decoded == [run]
+    assert decoder.buffered_bytes == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(add_runs)
+def test_the_raw_decoder_gives_an_add_run_as_its_message(run: AddRun) -> None:
+    decoder = codec.RequestDecoder()
+    decoder.receive_data(codec.encode_request(run))
+    assert decoder.next_requests_raw(10) == [run]
+
+
+def test_an_add_run_decodes_the_same_split_at_every_byte() -> None:
+    run = AddRun(3, 7, 40, 39, b"key", [b"first", b"", b"x" * 70, b"", b"last"], True)
+    frame = codec.encode_request(run)
+    for cut in range(len(frame) + 1):
+        decoder = codec.RequestDecoder()
+        decoder.receive_data(frame[:cut])
+        head = decoder.next_requests(10)
+        decoder.receive_data(frame[cut:])
+        assert head + decoder.next_requests(10) == [run], cut
+    decoder = codec.RequestDecoder()
+    for index in range(len(frame) - 1):
+        decoder.receive_data(frame[index : index + 1])
+        assert decoder.next_requests(10) == []
+    decoder.receive_data(frame[-1:])
+    assert decoder.next_requests(10) == [run]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.builds(AddEntry, ids, i64, i64, i64, keys, payloads, st.booleans()),
+            add_runs,
+            requests,
+        ),
+        min_size=1,
+        max_size=20,
+    ),
+    st.lists(st.integers(0, 10**6), max_size=8),
+    st.integers(1, 5),
+)
+def test_mixed_streams_of_adds_runs_and_others_decode_in_order(
+    messages: list[RequestMessage], cuts: list[int], count_max: int
+) -> None:
+    stream = b"".join(codec.encode_request(m) for m in messages)
+    decoder = codec.RequestDecoder()
+    decoded: list[RequestMessage] = []
+    for piece in [*_split(stream, cuts), b""]:
+        decoder.receive_data(piece)
+        while batch := decoder.next_requests_raw(count_max):
+            assert len(batch) <= count_max  # a run counts as one request
+            decoded += [AddEntry(*m) if isinstance(m, tuple) else m for m in batch]
+    assert decoded == messages
+    assert decoder.buffered_bytes == 0
+
+
+def test_a_run_of_the_most_entries_round_trips_and_one_more_is_refused() -> None:
+    payloads = [i.to_bytes(2, "big") * (i % 3) for i in range(f.RUN_ENTRIES_MAX)]
+    run = AddRun(1, 2, 0, -1, b"", payloads)
+    decoder = codec.RequestDecoder()
+    decoder.receive_data(codec.encode_request(run))
+    assert decoder.next_requests(10) == [run]
+    with pytest.raises(ValueError, match="1 to 1024 entries, got 1025"):
+        codec.encode_add_run(1, 2, 0, [*payloads, b""])
+    with pytest.raises(ValueError, match="1 to 1024 entries, got 0"):
+        codec.encode_add_run(1, 2, 0, [])
+    with pytest.raises(ValueError, match="1 to 1024 entries, got 0"):
+        codec.encode_request(AddRun(1, 2, 0, -1, b"", []))
+    with pytest.raises(ValueError, match="at most 255"):
+        codec.encode_add_run(1, 2, 0, [b"p"], master_key=b"k" * 256)
+
+
+def test_the_codec_leaves_id_checks_to_the_node() -> None:
+    """Ids no node accepts (negative, or a run past 2**63 - 1) are valid frames: the
+    node answers them with INVALID_ARGUMENT, which needs the request decoded."""
+    runs = [
+        AddRun(1, -5, -3, -1, b"", [b"a"]),
+        AddRun(2, 7, 2**63 - 1, 2**63 - 1, b"", [b"a", b"b"]),
+        AddRun(3, 2**63 - 1, -(2**63), -(2**63), b"k", [b""]),
+    ]
+    decoder = codec.RequestDecoder()
+    decoder.receive_data(b"".join(codec.encode_request(run) for run in runs))
+    assert decoder.next_requests(10) == runs
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    i64,
+    st.binary(max_size=200),
+    keys,
+    i64,
+    st.booleans(),
+    st.lists(st.tuples(ids, i64, st.sampled_from([1, 2, 3, 17, 64])), min_size=1, max_size=8),
+)
+def test_repeated_run_frames_are_those_of_encode_add_run(
+    ledger_id: int,
+    payload: bytes,
+    key: bytes,
+    lac: int,
+    recovery: bool,
+    calls: list[tuple[int, int, int]],
+) -> None:
+    frames = codec.RepeatedRunFrames(
+        ledger_id, payload, 64, master_key=key, last_add_confirmed=lac, recovery=recovery
+    )
+    for request_id, first_entry_id, count in calls:  # counts repeat: templates are reused
+        expected = codec.encode_add_run(
+            request_id,
+            ledger_id,
+            first_entry_id,
+            [payload] * count,
+            master_key=key,
+            last_add_confirmed=lac,
+            recovery=recovery,
+        )
+        assert bytes(frames.frame(request_id, first_entry_id, count)) == expected
+
+
+def test_a_repeated_run_frame_reused_for_new_ids_decodes_to_them() -> None:
+    frames = codec.RepeatedRunFrames(9, b"pay", f.RUN_ENTRIES_MAX, master_key=b"key")
+    first = bytes(frames.frame(100, 0, 3))
+    second = frames.frame(101, 3, 3)
+    assert frames.frame(102, 6, 3) is second  # one buffer per count, rewritten in place
+    assert bytes(frames.frame(101, 3, 3)) == codec.encode_add_run(
+        101, 9, 3, [b"pay"] * 3, master_key=b"key"
+    )
+    assert first == codec.encode_add_run(100, 9, 0, [b"pay"] * 3, master_key=b"key")
+    most = frames.frame(2**64 - 1, 2**63 - 1024, f.RUN_ENTRIES_MAX)
+    decoder = codec.RequestDecoder()
+    decoder.receive_data(first + bytes(frames.frame(101, 3, 3)) + bytes(most))
+    assert decoder.next_requests(10) == [
+        AddRun(100, 9, 0, -1, b"key", [b"pay"] * 3),
+        AddRun(101, 9, 3, -1, b"key", [b"pay"] * 3),
+        AddRun(2**64 - 1, 9, 2**63 - 1024, -1, b"key", [b"pay"] * f.RUN_ENTRIES_MAX),
+    ]
+
+
+def test_repeated_run_frames_refuse_counts_outside_their_capacity() -> None:
+    frames = codec.RepeatedRunFrames(1, b"p", 4)
+    for count in (0, 5):
+        with pytest.raises(ValueError, match=r"count must be in \[1, 4\]"):
+            frames.frame(0, 0, count)
+    for capacity in (0, f.RUN_ENTRIES_MAX + 1):
+        with pytest.raises(ValueError, match=r"capacity must be in \[1, 1024\]"):
+            codec.RepeatedRunFrames(1, b"p", capacity)
+    with pytest.raises(ValueError, match="at most 255"):
+        codec.RepeatedRunFrames(1, b"p", 4, master_key=b"k" * 256)
+
+
+_GOOD_RUN_BODY = _run_body(2, [1, 3], b"abcd", key=b"k")
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        (_frame(_V, _RUN, 0, 0, 7, _run_body(0, [], b"")), "ADD_RUN of 0 entries"),
+        (
+            _frame(_V, _RUN, 0, 0, 7, _run_body(1025, [0] * 1025, b"")),
+            "ADD_RUN of 1025 entries; a run carries 1 to 1024",
+        ),
+        (
+            _frame(_V, _RUN, 0, 0, 7, _run_body(2, [3, 4], b"12345")),
+            "sizes add up to 7 bytes, but 5 bytes of payload follow",
+        ),
+        (
+            _frame(_V, _RUN, 0, 0, 7, _run_body(2, [1, 1], b"12345")),
+            "sizes add up to 2 bytes, but 5 bytes of payload follow",
+        ),
+        (
+            _frame(_V, _RUN, 0, 0, 7, _run_body(2, [2**32 - 1, 2**32 - 1], b"12345")),
+            "sizes add up to 8589934590 bytes",
+        ),
+        (
+            _frame(_V, _RUN, 0, 0, 7, _run_body(1, [0], b"", key=b"k", key_len=200)),
+            "master key and payload sizes run 199 bytes past the frame",
+        ),
+        (
+            _frame(_V, _RUN, 0, 0, 7, _run_body(100, [0, 0], b"")),
+            "master key and payload sizes run 392 bytes past the frame",
+        ),
+        (_frame(_V, _RUN, 0x02, 0, 7, _GOOD_RUN_BODY), "ADD_RUN with unknown flags 0x02"),
+        (_frame(_V, _RUN, 0x80, 0, 7, _GOOD_RUN_BODY), "ADD_RUN with unknown flags 0x80"),
+        (_frame(_V, _RUN, 0, 3, 7, _GOOD_RUN_BODY), "carries status 3"),
+        (
+            _frame(1, _RUN, 0, 0, 7, _GOOD_RUN_BODY),
+            "protocol version 1; this node speaks version 2",
+        ),
+        (_frame(1, _RUN, 0, 0, 7, b""), "protocol version 1; this node speaks version 2"),
+        (
+            _frame(_V, _RUN, 0, 0, 7, _GOOD_RUN_BODY[:28]),
+            "ADD_RUN body of 28 bytes; expected at least 29",
+        ),
+        (_frame(_V, _RUN, 0, 0, 7, b""), "ADD_RUN body of 0 bytes; expected at least 29"),
+    ],
+)
+@pytest.mark.parametrize("raw", [False, True])
+def test_malformed_add_runs_are_bad_requests_naming_their_id(
+    frame: bytes, reason: str, raw: bool
+) -> None:
+    decoder = codec.RequestDecoder()
+    good = codec.encode_request(Info(1)) + codec.encode_add_run(2, 1, 0, [b"a", b""])
+    decoder.receive_data(good + frame + good)
+    take = decoder.next_requests_raw if raw else decoder.next_requests
+    # the good frames before it are served
+    assert take(10) == [Info(1), AddRun(2, 1, 0, -1, b"", [b"a", b""])]
+    with pytest.raises(ProtocolError, match=reason) as caught:
+        take(10)
+    assert (caught.value.status, caught.value.request_id) == (f.Status.BAD_REQUEST, 7)
+    assert caught.value.opcode == f.Opcode.ADD_RUN
+    assert decoder.buffered_bytes == 0
+    with pytest.raises(ProtocolError, match=reason):  # and the decoder stays failed
+        take(10)
+
+
+def test_the_well_formed_body_of_the_malformed_run_cases_decodes() -> None:
+    """The cases above break one thing each: unbroken, their body is a good run."""
+    decoder = codec.RequestDecoder()
+    decoder.receive_data(_frame(_V, _RUN, 0x01, 0, 7, _GOOD_RUN_BODY))
+    assert decoder.next_requests(10) == [AddRun(7, 1, 2, -1, b"k", [b"a", b"bcd"], True)]
+
+
+def test_an_oversized_add_run_is_too_large_on_its_header() -> None:
+    decoder = codec.RequestDecoder(frame_bytes_max=1024)
+    big = codec.encode_add_run(42, 1, 0, [b"x" * 600, b"y" * 600])
+    decoder.receive_data(big[:100])  # the body never arrives: refused on the header
+    with pytest.raises(ProtocolError, match="exceeds this peer's limit of 1024") as caught:
+        decoder.next_requests(10)
+    assert (caught.value.status, caught.value.request_id) == (f.Status.TOO_LARGE, 42)
+    assert caught.value.opcode == f.Opcode.ADD_RUN
+    assert decoder.buffered_bytes == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    add_runs,
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4),
+)
+def test_a_corrupted_add_run_gives_requests_or_a_protocol_error_and_nothing_else(
+    run: AddRun, corruptions: list[tuple[int, int]]
+) -> None:
+    frame = bytearray(codec.encode_request(run))
+    for position, value in corruptions:
+        frame[4 + position % (len(frame) - 4)] = value  # the length prefix stays good
+    decoder = codec.RequestDecoder()
+    decoder.receive_data(bytes(frame))
+    try:
+        decoded = decoder.next_requests(10)
+    except ProtocolError as error:
+        assert error.status == f.Status.BAD_REQUEST
+        assert error.request_id is not None
+    else:
+        assert len(decoded) == 1
+        assert decoder.buffered_bytes == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(add_run_responses, min_size=1, max_size=10), st.lists(st.integers(0, 10**6)))
+def test_add_run_responses_round_trip_however_the_stream_is_split(
+    messages: list[AddRunResponse], cuts: list[int]
+) -> None:
+    stream = b"".join(codec.encode_response(m) for m in messages)
+    decoder = codec.ResponseDecoder()
+    decoded: list[ResponseMessage] = []
+    for piece in _split(stream, cuts):
+        decoder.receive_data(piece)
+        decoded.extend(decoder.next_responses())
+    assert decoded == messages
+    assert decoder.buffered_bytes == 0
+
+
+def test_an_add_run_response_decodes_the_same_split_at_every_byte() -> None:
+    response = AddRunResponse(5, 7, 40, 3, [(41, f.Status.ENTRY_CONFLICT, "stored with ¬ bytes")])
+    frame = codec.encode_response(response)
+    for cut in range(len(frame) + 1):
+        decoder = codec.ResponseDecoder()
+        decoder.receive_data(frame[:cut])
+        head = decoder.next_responses()
+        decoder.receive_data(frame[cut:])
+        assert head + decoder.next_responses() == [response], cut
+
+
+def test_an_add_run_response_cuts_messages_to_the_limit() -> None:
+    frame = codec.encode_add_run_response(
+        5, 7, 40, 3, [(41, f.Status.ENTRY_CONFLICT, "x" * 2000), (42, 10, "€" * 1000)]
+    )
+    first_len = struct.unpack_from(">H", frame, 16 + 24 + 9)[0]
+    second_len = struct.unpack_from(">H", frame, 16 + 24 + 11 + first_len + 9)[0]
+    assert (first_len, second_len) == (1024, 1024)
+    assert len(frame) == 16 + 24 + 2 * (11 + 1024)
+    decoder = codec.ResponseDecoder()
+    decoder.receive_data(frame)
+    (response,) = decoder.next_responses()
+    assert isinstance(response, AddRunResponse)
+    assert response.failures[0] == (41, f.Status.ENTRY_CONFLICT, "x" * 1024)
+    # 1024 bytes end inside the 342nd character: it is replaced, never an error
+    assert response.failures[1] == (42, 10, "€" * 341 + "\ufffd")
+
+
+def _run_response(body: bytes, version: int = _V, status: int = 0) -> bytes:
+    return _frame(version, _RUN, 0x80, status, 7, body)
+
+
+_FAILURE = struct.pack(">qBH", 41, f.Status.ENTRY_CONFLICT, 3) + b"abc"
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        (_run_response(struct.pack(">qqII", 1, 40, 3, 2) + _FAILURE), "failure 1 of 2 runs past"),
+        (
+            _run_response(struct.pack(">qqII", 1, 40, 3, 1) + _FAILURE[:-1]),
+            "failure of entry 41 is malformed",
+        ),
+        (
+            _run_response(struct.pack(">qqII", 1, 40, 3, 1) + _FAILURE[:8]),
+            "failure 0 of 1 runs past",
+        ),
+        (
+            _run_response(struct.pack(">qqII", 1, 40, 3, 1) + _FAILURE + b"xy"),
+            "2 bytes after its last failure",
+        ),
+        (_run_response(struct.pack(">qqII", 1, 40, 3, 0) + b"z"), "1 bytes after its last"),
+        (
+            _run_response(
+                struct.pack(">qqII", 1, 40, 3, 1) + struct.pack(">qBH", 41, 0, 3) + b"abc"
+            ),
+            "failure of entry 41 is malformed",
+        ),
+        (_run_response(struct.pack(">qqI", 1, 40, 3)), "body of 20 bytes, under the 24"),
+        (_run_response(b""), "body of 0 bytes, under the 24"),
+        (_run_response(struct.pack(">qqII", 1, 40, 3, 0), version=1), "bad response 7: version 1"),
+    ],
+)
+@pytest.mark.parametrize("outcomes", [False, True])
+def test_malformed_add_run_responses_are_protocol_errors(
+    frame: bytes, reason: str, outcomes: bool
+) -> None:
+    good: list[ResponseMessage] = [AddEntryResponse(1, 1, 0), AddRunResponse(2, 1, 1, 4)]
+    after = codec.encode_response(AddRunResponse(8, 1, 5, 1))
+    decoder = codec.ResponseDecoder()
+    decoder.receive_data(b"".join(codec.encode_response(m) for m in good) + frame + after)
+    if outcomes:
+        assert decoder.next_add_outcomes() == ([1], [good[1]])
+        with pytest.raises(ProtocolError, match=reason) as caught:
+            decoder.next_add_outcomes()
+    else:
+        assert decoder.next_responses() == good
+        with pytest.raises(ProtocolError, match=reason) as caught:
+            decoder.next_responses()
+    assert (caught.value.status, caught.value.request_id) == (f.Status.BAD_REQUEST, 7)
+    with pytest.raises(ProtocolError):  # and the decoder stays failed
+        decoder.next_responses()
+
+
+def test_an_error_status_answers_a_whole_run_with_an_error_body() -> None:
+    frame = codec.encode_error(7, _RUN, f.Status.UNAUTHORIZED, "wrong key", ledger_id=3)
+    decoder = codec.ResponseDecoder()
+    decoder.receive_data(frame)
+    assert decoder.next_responses() == [
+        ErrorResponse(7, _RUN, f.Status.UNAUTHORIZED, 3, -1, "wrong key")
+    ]
+
+
+def test_add_outcomes_give_run_responses_among_the_others_never_as_ok_ids() -> None:
+    messages: list[ResponseMessage] = [
+        *(AddEntryResponse(i, 5, i) for i in range(100)),
+        AddRunResponse(100, 5, 100, 50),
+        AddRunResponse(101, 5, 150, 2, [(151, f.Status.ENTRY_CONFLICT, "other bytes")]),
+        ErrorResponse(102, _RUN, f.Status.FENCED, 5, -1, "fenced"),
+        *(AddEntryResponse(i, 5, i) for i in range(103, 200)),
+    ]
+    stream = b"".join(codec.encode_response(m) for m in messages)
+    decoder = codec.ResponseDecoder()
+    ok_ids: list[int] = []
+    others: list[ResponseMessage] = []
+    for start in range(0, len(stream), 777):
+        decoder.receive_data(stream[start : start + 777])
+        outcomes = decoder.next_add_outcomes()
+        ok_ids += outcomes.ok_request_ids
+        others += outcomes.others
+    assert ok_ids == [*range(100), *range(103, 200)]
+    assert others == messages[100:103]
+
+
+@pytest.mark.parametrize("opcode", [_RUN, int(f.Opcode.ADD_ENTRY), int(f.Opcode.READ_ENTRY)])
+def test_an_error_body_shorter_than_its_ids_is_a_protocol_error(opcode: int) -> None:
+    """Not ids read from the frame after it."""
+    short = _frame(_V, opcode, 0x80, f.Status.FENCED, 7, b"\0" * 15)
+    after = codec.encode_response(AddRunResponse(8, 1, 5, 1))
+    decoder = codec.ResponseDecoder()
+    decoder.receive_data(short + after)
+    with pytest.raises(ProtocolError, match="error body of 15 bytes") as caught:
+        decoder.next_responses()
+    assert (caught.value.status, caught.value.request_id) == (f.Status.BAD_REQUEST, 7)

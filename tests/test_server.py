@@ -60,7 +60,7 @@ async def test_a_malformed_frame_gets_bad_request_and_its_connection_closes(
 ) -> None:
     async with serving(data_dir) as (_node, server, address), connect_node(address) as client:
         stream = await raw_connection(address)
-        bad = f.HEADER.pack(12, 1, 99, 0, 0, 77)  # opcode 99 does not exist
+        bad = f.HEADER.pack(12, f.PROTOCOL_VERSION, 99, 0, 0, 77)  # opcode 99 does not exist
         await stream.send_all(codec.encode_request(Info(76)) + bad + codec.encode_request(Info(78)))
         responses, closed = await receive_responses(stream, 3)
         assert closed
