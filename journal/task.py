@@ -35,9 +35,13 @@ class GroupCommitConfig:
     group_wait_ms_max: float = 1.0
     #: sync as soon as this many payload bytes are gathered
     group_bytes_max: int = 1 << 20
-    #: sync as soon as nothing more is queued, without waiting (BookKeeper's
-    #: flushWhenQueueEmpty); lowers latency at low load, costs syncs at medium load
-    flush_when_queue_empty: bool = False
+    #: sync as soon as nothing more is queued, without waiting for company
+    #: (BookKeeper's flushWhenQueueEmpty). On by default: the sync slots
+    #: (`syncs_in_flight_max`) already batch under load, since requests pile up
+    #: while every slot syncs, so waiting only adds latency; a closed loop over
+    #: loopback ran 129k -> 168k adds/s (p99 16 -> 9 ms) with it. Off, a group waits
+    #: up to `group_wait_ms_max` for more: fewer, larger syncs at medium load
+    flush_when_queue_empty: bool = True
     #: groups written and being synced at once: with 2, the next group is gathered
     #: and written while the previous one's fdatasync runs (acks stay in order)
     syncs_in_flight_max: int = 2

@@ -76,7 +76,9 @@ async def test_a_lone_request_waits_at_most_group_wait(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     recorder = Recorder()
-    async with running_journal(tmp_path, recorder, group_wait_ms_max=5.0) as journal:
+    async with running_journal(
+        tmp_path, recorder, group_wait_ms_max=5.0, flush_when_queue_empty=False
+    ) as journal:
         submitted = trio.current_time()
         done = trio.Event()
         request = entry(1, 0)
@@ -110,7 +112,11 @@ async def test_bytes_trigger_closes_a_group_before_the_wait(
     recorder = Recorder()
     recorder.gate = trio.Event()
     async with running_journal(
-        tmp_path, recorder, group_wait_ms_max=1000.0, group_bytes_max=10 * 1024
+        tmp_path,
+        recorder,
+        group_wait_ms_max=1000.0,
+        group_bytes_max=10 * 1024,
+        flush_when_queue_empty=False,
     ) as journal:
         await journal.submit([entry(1, 0, 1024)])
         await trio.sleep(2.0)  # first group waited the full second, then is held
