@@ -7,9 +7,16 @@ warm-up) count. Latency is from just before the request is written to the socket
 until its reply has been read.
 
 Pora: a `pora serve` subprocess on a fresh temp data dir (or `--connect` to a
-running node), loaded with pipelined ADD_ENTRY frames built by the `netio` codec
-(the same kind of raw pipelined client as the Redis side), or through
-`pora.connect_node` with `--library-client`. Each connection writes its own ledger.
+running node), loaded in one or more of these ways (`PORA_LOADS`), each with the
+same connections, depth and payloads:
+
+- `runs`: the adds free to go on a connection leave as one ADD_RUN frame (a run of
+  consecutive entries of the connection's ledger), answered by one response once
+  every add of it is durable. The depth is still the adds in flight per connection.
+- `frames`: one ADD_ENTRY frame per add, pipelined, answered one by one.
+- `library`: `pora.connect_node`'s `add_entry`, one task per add in flight.
+
+Each connection writes its own ledger.
 
 Redis: `redis-server` from PATH on a free loopback port, in a temp dir, with
 `--appendonly yes --appendfsync always --save ''` (every write fsynced before the
@@ -386,33 +393,122 @@ async def _pora_raw_connection(
         raise RuntimeError(f"{len(errors)} adds failed; the last: {errors[-1]}")
 
 
+async def _pora_run_connection(
+    address: str, ledger_id: int, window: Window, payload: bytes
+) -> None:
+    """One connection keeping `depth` adds in flight as ADD_RUN frames, on the codec.
+
+    The closed loop of `_pora_raw_connection`, but the adds free to go after a chunk
+    of replies leave as one run (split only past RUN_ENTRIES_MAX), and each reply
+    completes a whole run: every add of it was sent at the same time and is durable.
+    """
+    from netio.codec import RepeatedRunFrames, ResponseDecoder  # noqa: PLC0415
+    from netio.frames import RUN_ENTRIES_MAX  # noqa: PLC0415
+    from netio.messages import AddRunResponse, ErrorResponse  # noqa: PLC0415
+
+    host, _, port = address.rpartition(":")
+    stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
+    decoder = ResponseDecoder()
+    run_frames = RepeatedRunFrames(ledger_id, payload, min(window.config.depth, RUN_ENTRIES_MAX))
+    #: request id -> (sent at, adds in the run)
+    in_flight: dict[int, tuple[float, int]] = {}
+    next_id = next_entry = 0
+    errors: list[str] = []
+
+    def frames(count: int, now: float) -> bytes | bytearray:
+        nonlocal next_id, next_entry
+        parts: list[bytes | bytearray] = []
+        while count:
+            size = min(count, run_frames.capacity)
+            # (a copy only when a frame of the same size may follow in this call)
+            frame = run_frames.frame(next_id, next_entry, size)
+            parts.append(frame if count == size else bytes(frame))
+            in_flight[next_id] = (now, size)
+            next_id += 1
+            next_entry += size
+            count -= size
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async with stream:
+        await stream.send_all(frames(window.config.depth, time.perf_counter()))
+        while in_flight:
+            data = await stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                raise RuntimeError(f"the node at {address} closed the connection")
+            decoder.receive_data(data)
+            responses = decoder.next_responses()
+            if not responses:
+                continue
+            now = time.perf_counter()
+            times: list[float] = []
+            for response in responses:
+                entry = in_flight.pop(response.request_id, None)
+                if entry is None:
+                    raise RuntimeError(
+                        f"the node at {address} answered request {response.request_id}, "
+                        "which is not in flight"
+                    )
+                sent_at, count = entry
+                times += [sent_at] * count
+                if isinstance(response, AddRunResponse) and not response.failures:
+                    continue
+                window.errors += count
+                errors.append(
+                    response.message
+                    if isinstance(response, ErrorResponse)
+                    else f"a run got {response!r}"
+                )
+            window.record(now, times)
+            if not window.finished:
+                await stream.send_all(frames(len(times), now))
+    if errors:
+        raise RuntimeError(f"{len(errors)} runs failed; the last: {errors[-1]}")
+
+
+#: the ways `pora bench` can load a node: name -> (connection task, system name)
+PORA_LOADS: Final = {
+    "runs": (_pora_run_connection, "pora ADD_RUN, runs of the adds free to go"),
+    "frames": (_pora_raw_connection, "pora ADD_ENTRY, one frame per add"),
+    "library": (_pora_connection, "pora connect_node().add_entry"),
+}
+
+
 async def run_pora_load(
-    address: str, config: LoadConfig, ledger_base: int, *, library_client: bool = False
+    address: str, config: LoadConfig, ledger_base: int, *, load: str = "runs"
 ) -> LoadResult:
     payload = os.urandom(config.payload_bytes)
     window = Window(config)
-    connection = _pora_connection if library_client else _pora_raw_connection
+    connection, system = PORA_LOADS[load]
     async with trio.open_nursery() as nursery:
         for index in range(config.connections):
             nursery.start_soon(connection, address, ledger_base + index, window, payload)
-    how = "pora.connect_node" if library_client else "raw pipelined frames"
-    return window.result(f"pora ADD_ENTRY (fdatasync), {how}")
+    return window.result(system)
 
 
 # --- the run ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
+class SystemReport:
+    """One system's rounds, and the median one."""
+
+    #: a PORA_LOADS name, or "redis"
+    load: str
+    #: the round with the median adds/s
+    median: LoadResult
+    #: every round, in the order they ran
+    rounds: list[LoadResult]
+    #: median adds/s over Redis's median (Pora loads, when Redis ran)
+    ratio: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class BenchReport:
     config: LoadConfig
-    #: the median round of each system (by adds/s)
-    pora: LoadResult | None
-    redis: LoadResult | None
+    #: one per Pora load, in the order asked
+    pora: list[SystemReport]
+    redis: SystemReport | None
     redis_skipped: str
-    ratio: float | None
-    #: every round, in the order they ran (systems alternate)
-    pora_rounds: list[LoadResult]
-    redis_rounds: list[LoadResult]
 
     def as_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -431,17 +527,19 @@ async def run_bench(
     *,
     connect: str | None = None,
     redis: bool = True,
-    pora_load: bool = True,
-    library_client: bool = False,
+    pora_loads: Sequence[str] = ("runs", "frames"),
     parent_dir: Path | None = None,
     node_options: Sequence[str] = (),
     rounds: int = 1,
     say: Callable[[str], None] = print,
 ) -> BenchReport:
-    """Run `rounds` rounds, each Pora then Redis, so both see the same machine
-    conditions over time; report the median round of each."""
+    """Run `rounds` rounds, each every Pora load (a fresh node each) then Redis, so
+    all see the same machine conditions over time; report each one's median round."""
     if rounds < 1:
         raise ValueError("rounds must be >= 1")
+    unknown = [load for load in pora_loads if load not in PORA_LOADS]
+    if unknown:
+        raise ValueError(f"unknown Pora load {unknown[0]!r}; choose from {', '.join(PORA_LOADS)}")
     # as `pora serve` does: collections need not rescan import-time objects while the
     # load generator shares the CPU with the server it measures
     gc.freeze()
@@ -455,65 +553,67 @@ async def run_bench(
             "redis-server is not on PATH: Redis comparison skipped "
             "(install it, e.g. `apt-get install redis-server`)"
         )
-    pora_rounds: list[LoadResult] = []
+    pora_rounds: dict[str, list[LoadResult]] = {load: [] for load in pora_loads}
     redis_rounds: list[LoadResult] = []
     for round_index in range(rounds):
         prefix = f"round {round_index + 1}/{rounds}: " if rounds > 1 else ""
-        base = ledger_base + round_index * config.connections
-        if not pora_load:
-            say("pora: skipped (--redis-only)")
-        elif connect:
-            say(f"{prefix}pora: loading the node at {connect}")
-            pora_rounds.append(
-                await run_pora_load(connect, config, base, library_client=library_client)
-            )
-        else:
-            say(f"{prefix}pora: starting `pora serve` on a temp data dir")
+        for load_index, load in enumerate(pora_loads):
+            base = ledger_base + (round_index * len(pora_loads) + load_index) * config.connections
+            if connect:
+                say(f"{prefix}pora ({load}): loading the node at {connect}")
+                pora_rounds[load].append(await run_pora_load(connect, config, base, load=load))
+                continue
+            say(f"{prefix}pora ({load}): starting `pora serve` on a temp data dir")
             async with pora_server(parent_dir, node_options) as address:
-                say(f"{prefix}pora: loading {address}")
-                pora_rounds.append(
-                    await run_pora_load(address, config, base, library_client=library_client)
-                )
+                say(f"{prefix}pora ({load}): loading {address}")
+                pora_rounds[load].append(await run_pora_load(address, config, base, load=load))
         if redis and redis_path is not None:
             say(f"{prefix}redis: starting {redis_path} (appendonly yes, appendfsync always)")
             with redis_server(redis_path, parent_dir) as port:
                 redis_rounds.append(await run_redis_load(port, config))
-    pora_result = median_result(pora_rounds)
-    redis_result = median_result(redis_rounds)
-    ratio = None
-    if pora_result is not None and redis_result is not None and redis_result.ops_per_s > 0:
-        ratio = pora_result.ops_per_s / redis_result.ops_per_s
-    return BenchReport(config, pora_result, redis_result, skipped, ratio, pora_rounds, redis_rounds)
+    redis_median = median_result(redis_rounds)
+    redis_report = None
+    if redis_median is not None:
+        redis_report = SystemReport("redis", redis_median, redis_rounds)
+    reports = []
+    for load, results in pora_rounds.items():
+        median = median_result(results)
+        assert median is not None
+        ratio = None
+        if redis_median is not None and redis_median.ops_per_s > 0:
+            ratio = median.ops_per_s / redis_median.ops_per_s
+        reports.append(SystemReport(load, median, results, ratio))
+    return BenchReport(config, reports, redis_report, skipped)
 
 
 def format_table(report: BenchReport) -> str:
     config = report.config
     lines = [
-        f"{config.connections} connections x depth {config.depth}, "
-        f"{config.payload_bytes}-byte payloads, {config.duration_s:g}s measured "
-        f"after {config.warmup_s:g}s warm-up",
+        f"{config.connections} connections x depth {config.depth} (adds in flight per "
+        f"connection), {config.payload_bytes}-byte payloads, {config.duration_s:g}s measured "
+        f"after {config.warmup_s:g}s warm-up; every add acknowledged only once durable",
         "",
         f"{'system':<46} {'adds/s':>10} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'p999 ms':>8} {'errors':>7}",
+        f"{'p999 ms':>8} {'errors':>7} {'vs redis':>9}",
     ]
-    for result in (report.pora, report.redis):  # either may be skipped
-        if result is None:
-            continue
+    systems = [*report.pora, *([report.redis] if report.redis else [])]
+    for system in systems:
+        result = system.median
+        ratio = f"{system.ratio:.2f}x" if system.ratio is not None else ""
         lines.append(
             f"{result.system:<46} {result.ops_per_s:>10,.0f} {result.mb_per_s:>8.1f} "
             f"{result.p50_ms:>8.2f} {result.p99_ms:>8.2f} {result.p999_ms:>8.2f} "
-            f"{result.errors:>7}"
+            f"{result.errors:>7} {ratio:>9}"
         )
-    if len(report.pora_rounds) > 1 or len(report.redis_rounds) > 1:
+    if any(len(system.rounds) > 1 for system in systems):
         lines.append("")
         lines.append("(the median round of each; adds/s of every round:")
-        for name, results in (("pora", report.pora_rounds), ("redis", report.redis_rounds)):
-            if results:
-                lines.append(f"  {name}: " + ", ".join(f"{r.ops_per_s:,.0f}" for r in results))
+        for system in systems:
+            lines.append(
+                f"  {system.load}: " + ", ".join(f"{r.ops_per_s:,.0f}" for r in system.rounds)
+            )
         lines.append(")")
-    lines.append("")
-    if report.ratio is not None:
-        lines.append(f"pora / redis: {report.ratio:.2f}x")
-    else:
+    if report.redis_skipped:
+        lines.append("")
         lines.append(report.redis_skipped)
     return "\n".join(lines)

@@ -23,28 +23,46 @@ def test_bench_reports_adds_per_second_and_latency(with_redis: bool) -> None:
     command = [
         sys.executable, "-m", "pora.cli", "bench", "--json", "--connections", "2",
         "--depth", "8", "--duration-s", "1.0", "--warmup-s", "0.5", "--rounds", "2",
+        "--pora-load", "runs,frames",
     ]  # fmt: skip
     # the warm-up takes the node's first-time costs (a fresh journal segment, the
     # ledgers' first adds) out of the measured second, which a slow machine needs
     if not with_redis:
         command.append("--no-redis")
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180, check=True)
     report = json.loads(result.stdout)
-    assert len(report["pora_rounds"]) == 2
-    assert report["pora"] in report["pora_rounds"]  # the median round
-    assert all(r["ops"] > 0 for r in report["pora_rounds"])
-    assert report["pora"]["errors"] == 0
-    assert 0 < report["pora"]["p50_ms"] <= report["pora"]["p99_ms"] <= report["pora"]["p999_ms"]
-    assert report["pora"]["mb_per_s"] == pytest.approx(report["pora"]["ops_per_s"] * 1024 / 1e6)
+    assert [system["load"] for system in report["pora"]] == ["runs", "frames"]
+    for system in report["pora"]:
+        median = system["median"]
+        assert len(system["rounds"]) == 2
+        assert median in system["rounds"]  # the median round
+        assert all(r["ops"] > 0 for r in system["rounds"])
+        assert median["errors"] == 0
+        assert 0 < median["p50_ms"] <= median["p99_ms"] <= median["p999_ms"]
+        assert median["mb_per_s"] == pytest.approx(median["ops_per_s"] * 1024 / 1e6)
+        if with_redis:
+            assert system["ratio"] == pytest.approx(
+                median["ops_per_s"] / report["redis"]["median"]["ops_per_s"]
+            )
+        else:
+            assert system["ratio"] is None
+    assert report["pora"][0]["median"]["system"].startswith("pora ADD_RUN")
+    assert report["pora"][1]["median"]["system"].startswith("pora ADD_ENTRY")
     if with_redis:
-        assert report["redis"]["ops"] > 0
-        assert len(report["redis_rounds"]) == 2
-        assert report["ratio"] == pytest.approx(
-            report["pora"]["ops_per_s"] / report["redis"]["ops_per_s"]
-        )
+        assert report["redis"]["median"]["ops"] > 0
+        assert len(report["redis"]["rounds"]) == 2
     else:
         assert report["redis"] is None
         assert "--no-redis" in report["redis_skipped"]
+
+
+def test_bench_refuses_an_unknown_load() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pora.cli", "bench", "--pora-load", "runs,bulk"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "unknown --pora-load 'bulk'; choose from runs, frames, library" in result.stderr
 
 
 def test_bench_says_clearly_when_redis_is_absent() -> None:

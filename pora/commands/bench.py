@@ -17,8 +17,8 @@ def register(subparsers: Any) -> None:
         "node), run CONNECTIONS x DEPTH pipelined adds of PAYLOAD bytes, and print adds/s, "
         "MB/s and p50/p99/p999 latency. Then run the same load against redis-server "
         "(from PATH, started on loopback with appendfsync always) with XADD and print "
-        "the ratio; without redis-server that part is skipped with a message. Both loads "
-        "come from equally lean raw pipelined clients (unless --library-client): requests "
+        "the ratio; without redis-server that part is skipped with a message. The loads "
+        "come from equally lean raw pipelined clients (but --pora-load library): requests "
         "encoded once, replies counted in bulk per received chunk, as the clients share "
         "the CPU with the server.",
     )
@@ -50,12 +50,16 @@ def register(subparsers: Any) -> None:
     )
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--no-redis", action="store_true", help="skip the Redis run")
-    which.add_argument("--redis-only", action="store_true", help="skip the Pora run")
+    which.add_argument("--redis-only", action="store_true", help="skip the Pora runs")
     parser.add_argument(
-        "--library-client",
-        action="store_true",
-        help="load Pora through pora.connect_node (one task per in-flight add) instead of "
-        "raw pipelined frames",
+        "--pora-load",
+        default="runs,frames",
+        metavar="LOAD[,LOAD]",
+        help="how to load the node, comma-separated, each measured and compared with "
+        "Redis: `runs` (the adds free to go on a connection leave as one ADD_RUN frame, "
+        "one response per run), `frames` (one ADD_ENTRY frame and one response per add), "
+        "`library` (pora.connect_node().add_entry, one task per add in flight); default "
+        "runs,frames",
     )
     parser.add_argument(
         "--dir",
@@ -94,6 +98,16 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         print("pora bench: --rounds must be >= 1", file=sys.stderr)
         return 2
+    from pora.bench_net import PORA_LOADS  # noqa: PLC0415
+
+    pora_loads = [] if args.redis_only else [x.strip() for x in args.pora_load.split(",") if x]
+    for load in pora_loads:
+        if load not in PORA_LOADS:
+            print(
+                f"pora bench: unknown --pora-load {load!r}; choose from {', '.join(PORA_LOADS)}",
+                file=sys.stderr,
+            )
+            return 2
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -104,8 +118,7 @@ def run(args: argparse.Namespace) -> int:
             config,
             connect=args.connect,
             redis=not args.no_redis,
-            pora_load=not args.redis_only,
-            library_client=args.library_client,
+            pora_loads=pora_loads,
             parent_dir=args.dir,
             node_options=args.node_option,
             rounds=args.rounds,
