@@ -12,7 +12,6 @@ the node's message. A broken connection fails what was in flight with
 from __future__ import annotations
 
 import contextlib
-import copy
 import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -38,13 +37,14 @@ from ledger.errors import (
 from netio import frames as f
 from netio.codec import (
     ResponseDecoder,
-    encode_add_entries,
     encode_add_entry,
+    encode_add_run,
     encode_request,
 )
 from netio.errors import ConnectionLost, NodeOverloaded, ProtocolError, RemoteError, RequestTimeout
 from netio.frames import Status
 from netio.messages import (
+    AddRunResponse,
     Close,
     CloseResponse,
     Delete,
@@ -68,6 +68,10 @@ from netio.security import master_key_from_password
 
 DEFAULT_PORT: Final = 3181
 _RECEIVE_BYTES: Final = 256 * 1024
+#: What an ADD_RUN frame's length field counts besides its key and its entries, and
+#: what each entry adds to it besides its payload (its u32 size).
+_RUN_FRAME_BASE: Final = f.LENGTH_MIN + f.ADD_RUN_REQUEST_FIXED.size
+_RUN_BYTES_PER_ENTRY: Final = 4
 #: Granularity of request timeouts: a request times out at most this much late.
 TIMEOUT_TICK_S: Final = 0.02
 
@@ -109,6 +113,78 @@ def error_from_response(response: ErrorResponse) -> PoraError:
     return error
 
 
+def _clone(error: PoraError) -> PoraError:
+    """A copy of `error` for another caller (or entry) to raise with a traceback of
+    its own. Made without the constructor, as `error_from_response` makes errors:
+    `copy.copy` would call it with the message alone, which most engine errors
+    (EntryTooLarge, Unauthorized, ...) do not take."""
+    clone = type(error).__new__(type(error))
+    Exception.__init__(clone, *error.args)
+    clone.__dict__.update(error.__dict__)
+    return clone
+
+
+def _split_runs(
+    entries: Sequence[tuple[int, bytes]], key_bytes: int, frame_bytes_max: int
+) -> list[tuple[int, int]]:
+    """`entries` cut into runs, as `(start, stop)` slices in the caller's order: each
+    as long as it can be while its entry ids go up by one, it holds at most
+    RUN_ENTRIES_MAX entries, and its ADD_RUN frame stays within `frame_bytes_max`.
+    An entry too large for any frame is a run of its own (the node refuses it)."""
+    budget = frame_bytes_max - _RUN_FRAME_BASE - key_bytes
+    runs: list[tuple[int, int]] = []
+    start = used = next_id = 0
+    for index, (entry_id, payload) in enumerate(entries):
+        cost = _RUN_BYTES_PER_ENTRY + len(payload)
+        if index and (
+            entry_id != next_id or index - start == f.RUN_ENTRIES_MAX or used + cost > budget
+        ):
+            runs.append((start, index))
+            start = index
+            used = 0
+        used += cost
+        next_id = entry_id + 1
+    if entries:
+        runs.append((start, len(entries)))
+    return runs
+
+
+def _run_outcomes(
+    result: ResponseMessage | PoraError, ledger_id: int, first_entry_id: int, count: int
+) -> list[PoraError | None]:
+    """One outcome per entry of an ADD_RUN from its response: every entry fails with
+    the error that refused the whole run (each with its own copy), or the entries the
+    response lists fail alone, with the error their status stands for."""
+    if isinstance(result, PoraError):
+        return [result, *[_clone(result) for _ in range(count - 1)]]
+    if not (
+        isinstance(result, AddRunResponse)
+        and (result.ledger_id, result.first_entry_id, result.count)
+        == (ledger_id, first_entry_id, count)
+    ):
+        raise ProtocolError(
+            f"response {result.request_id} does not answer its ADD_RUN (entries "
+            f"{first_entry_id}..{first_entry_id + count - 1} of ledger {ledger_id}): "
+            f"{type(result).__name__}",
+            status=Status.BAD_REQUEST,
+            request_id=result.request_id,
+        )
+    outcomes: list[PoraError | None] = [None] * count
+    for entry_id, status, message in result.failures:
+        index = entry_id - first_entry_id
+        if not 0 <= index < count:
+            raise ProtocolError(
+                f"response {result.request_id} to an ADD_RUN of entries {first_entry_id}.."
+                f"{first_entry_id + count - 1} names entry {entry_id}, outside the run",
+                status=Status.BAD_REQUEST,
+                request_id=result.request_id,
+            )
+        outcomes[index] = error_from_response(
+            ErrorResponse(result.request_id, f.Opcode.ADD_RUN, status, ledger_id, entry_id, message)
+        )
+    return outcomes
+
+
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
     protocol_version: int
@@ -135,7 +211,8 @@ def _event_type() -> Callable[[], _Event]:
 
 
 class _Waiter:
-    """One caller waiting for `remaining` responses (one, or a batch of adds)."""
+    """One caller waiting for `remaining` responses, one per frame it sent (one
+    request, or a batch: the ADD_RUN frames of an `add_entries`)."""
 
     __slots__ = ("error", "event", "remaining", "responses", "timed_out")
 
@@ -160,6 +237,9 @@ class _Session:
         self.error: BaseException | None = None
         self.alive = True
         self.cancel_scope = anyio.CancelScope()
+        #: the node's frame_bytes_max, once asked on this connection (a reconnect
+        #: may reach a node restarted with another)
+        self.node_frame_bytes_max: int | None = None
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -412,7 +492,7 @@ class NodeClient:
         if waiter.error is not None:
             # one error fails many waiters: each raises its own copy, so that their
             # tracebacks do not pile up on one shared exception object
-            raise copy.copy(waiter.error)
+            raise _clone(waiter.error)
         results: list[ResponseMessage | PoraError] = []
         for response in waiter.responses:
             assert response is not None
@@ -472,6 +552,51 @@ class NodeClient:
         )
         await self._call_one(frame, request_id, timeout_s)
 
+    async def add_run(
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        payloads: Sequence[bytes],
+        *,
+        master_key: bytes = b"",
+        password: str | bytes | None = None,
+        last_add_confirmed: int = -1,
+        recovery: bool = False,
+        timeout_s: float | None = None,
+    ) -> list[PoraError | None]:
+        """Store entries `first_entry_id`, `first_entry_id + 1`, ... with these payloads
+        (1 to RUN_ENTRIES_MAX of them) in one ADD_RUN frame, answered by one response;
+        returns once they are durable: one outcome per payload, in order (None: stored,
+        else the engine's exception of an entry that failed alone, EntryConflict say).
+
+        Raises the error that refused the whole run, when the node took none of it: a
+        ledger refusal (Unauthorized, LedgerFenced, LedgerClosed, NodeReadOnly, ...)
+        or one unfit entry (EntryTooLarge or InvalidArgument, its `entry_id` naming
+        the entry). The frame must fit the node's frame_bytes_max, else the node
+        refuses it with EntryTooLarge and drops the connection: `add_entries` cuts
+        entries into runs that fit. Options as for `add_entry`.
+        """
+        count = len(payloads)
+        if not 1 <= count <= f.RUN_ENTRIES_MAX:
+            raise InvalidArgument(
+                f"a run carries 1 to {f.RUN_ENTRIES_MAX} entries, got {count}; "
+                "add_entries takes any number"
+            )
+        request_id = self._new_id()
+        frame = encode_add_run(
+            request_id,
+            ledger_id,
+            first_entry_id,
+            payloads,
+            master_key=self._key(master_key, password),
+            last_add_confirmed=last_add_confirmed,
+            recovery=recovery,
+        )
+        (result,) = await self._call([frame], [request_id], timeout_s)
+        if isinstance(result, PoraError):
+            raise result
+        return _run_outcomes(result, ledger_id, first_entry_id, count)
+
     async def add_entries(
         self,
         ledger_id: int,
@@ -483,23 +608,57 @@ class NodeClient:
         recovery: bool = False,
         timeout_s: float | None = None,
     ) -> list[PoraError | None]:
-        """Store many `(entry_id, payload)` of one ledger, pipelined; one outcome per
-        entry, in order (None: stored)."""
+        """Store many `(entry_id, payload)` of one ledger; one outcome per entry, in
+        the order given (None: stored, else the engine's exception).
+
+        Entries whose ids go up by one in the order given travel as one run: one
+        ADD_RUN frame of up to RUN_ENTRIES_MAX entries, cut where the frame would
+        pass this client's frame_bytes_max or the node's, if lower (asked with an
+        INFO, under the same timeout, on a connection's first `add_entries`). Every
+        frame is sent at once, pipelined. Sparse or unordered ids work, as shorter
+        runs.
+
+        A run is refused whole, each of its entries getting that error and none of
+        them stored, by a ledger refusal (Unauthorized, LedgerFenced, ...) and by
+        an unfit entry: one entry over the node's entry_bytes_max (EntryTooLarge)
+        or with a bad id (InvalidArgument) refuses its whole run, the error's
+        `entry_id` naming it. An entry too large for any frame goes alone, and the
+        node refuses it with EntryTooLarge and drops the connection. Entries of a
+        run fail alone when they are stored already with other bytes (EntryConflict).
+        A timeout or a lost connection raises RequestTimeout or ConnectionLost, as
+        for every call: then each entry may or may not be stored (retrying with the
+        same bytes is safe).
+        """
         if not entries:
             return []
-        request_ids = self._ids(len(entries))
+        key = self._key(master_key, password)
+        runs = _split_runs(entries, len(key), await self._frame_limit(timeout_s))
+        request_ids = self._ids(len(runs))
         frames = [
-            encode_add_entries(
-                request_ids[0],
+            encode_add_run(
+                request_id,
                 ledger_id,
-                entries,
-                master_key=self._key(master_key, password),
+                entries[start][0],
+                [payload for _, payload in entries[start:stop]],
+                master_key=key,
                 last_add_confirmed=last_add_confirmed,
                 recovery=recovery,
             )
+            for request_id, (start, stop) in zip(request_ids, runs, strict=True)
         ]
         results = await self._call(frames, request_ids, timeout_s)
-        return [r if isinstance(r, PoraError) else None for r in results]
+        outcomes: list[PoraError | None] = []
+        for result, (start, stop) in zip(results, runs, strict=True):
+            outcomes += _run_outcomes(result, ledger_id, entries[start][0], stop - start)
+        return outcomes
+
+    async def _frame_limit(self, timeout_s: float | None) -> int:
+        """The size runs are packed to: this client's frame_bytes_max, or the node's
+        if it is lower (asked once per connection)."""
+        session = await self._connected()
+        if session.node_frame_bytes_max is None:
+            session.node_frame_bytes_max = (await self.info(timeout_s=timeout_s)).frame_bytes_max
+        return min(self._frame_bytes_max, session.node_frame_bytes_max)
 
     async def read_entry(
         self,
@@ -668,7 +827,9 @@ async def connect_node(
 ) -> AsyncIterator[NodeClient]:
     """Connect to the node at "host:port" (port 3181 if omitted) for the block.
 
-    `timeout_s` bounds each request (long polls add their wait); `tls=True` checks
+    `timeout_s` bounds each request (long polls add their wait); `frame_bytes_max`
+    bounds the frames this client accepts and those `add_entries` packs (the node's
+    own limit too, if lower, is asked for that); `tls=True` checks
     the node's certificate against the system's CAs, `tls_ca_file` against a
     file's (a self-signed node), or pass your own SSLContext. A lost connection is
     re-made on the next call, up to `reconnect_attempts` tries with exponential

@@ -208,10 +208,9 @@ async def test_runs_and_single_adds_pipelined_on_one_connection(data_dir: Path) 
                 expected[request_id] = ("add", ledger_id, entry_id)
             next_entry[ledger_id] = first + count + 3
         stream = await raw_connection(address)
-        async with stream:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(stream.send_all, b"".join(frames))
-                responses, closed = await receive_responses(stream, len(frames), timeout_s=60)
+        async with stream, trio.open_nursery() as nursery:
+            nursery.start_soon(stream.send_all, b"".join(frames))
+            responses, closed = await receive_responses(stream, len(frames), timeout_s=60)
         assert not closed
         assert len(responses) == len(frames)
         for response in responses:
