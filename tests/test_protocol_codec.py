@@ -771,21 +771,6 @@ def test_a_corrupted_add_run_gives_requests_or_a_protocol_error_and_nothing_else
         assert decoder.buffered_bytes == 0
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(add_run_responses, min_size=1, max_size=10), st.lists(st.integers(0, 10**6)))
-def test_add_run_responses_round_trip_however_the_stream_is_split(
-    messages: list[AddRunResponse], cuts: list[int]
-) -> None:
-    stream = b"".join(codec.encode_response(m) for m in messages)
-    decoder = codec.ResponseDecoder()
-    decoded: list[ResponseMessage] = []
-    for piece in _split(stream, cuts):
-        decoder.receive_data(piece)
-        decoded.extend(decoder.next_responses())
-    assert decoded == messages
-    assert decoder.buffered_bytes == 0
-
-
 def test_an_add_run_response_decodes_the_same_split_at_every_byte() -> None:
     response = AddRunResponse(5, 7, 40, 3, [(41, f.Status.ENTRY_CONFLICT, "stored with ¬ bytes")])
     frame = codec.encode_response(response)
