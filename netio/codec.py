@@ -1060,6 +1060,43 @@ def _malformed_ok_add(buf: bytes, pos: int, length: int) -> ProtocolError:
     return _bad_add_response(request_id, version, flags)
 
 
+#: OK response bodies: opcode -> (the bytes of its fixed part, whether that is all of
+#: it). Checked before a body is read, so that a frame too short is never read on
+#: into the next frame, and one too long never passes with bytes nobody looked at.
+#: (ADD_RUN's decoder checks its own.)
+_OK_BODY_BYTES: Final[dict[int, tuple[int, bool]]] = {
+    f.Opcode.ADD_ENTRY: (f.LEDGER_AND_VALUE.size, True),
+    f.Opcode.READ_ENTRY: (f.READ_ENTRY_RESPONSE.size, False),
+    f.Opcode.READ_RANGE: (f.READ_RANGE_RESPONSE.size, False),
+    f.Opcode.READ_LAC: (f.LEDGER_AND_VALUE.size, True),
+    f.Opcode.FENCE: (f.LEDGER_AND_VALUE.size, True),
+    f.Opcode.CLOSE: (f.LEDGER_AND_VALUE.size, True),
+    f.Opcode.DELETE: (f.LEDGER_ONLY.size, True),
+    f.Opcode.LIST_LEDGERS: (f.LIST_RESPONSE.size, False),
+    f.Opcode.INFO: (f.INFO_RESPONSE.size, False),
+}
+
+
+def _check_ok_body(rid: int, opcode: int, body: int, frame_end: int) -> None:
+    shape = _OK_BODY_BYTES.get(opcode)
+    if shape is None:
+        return
+    size, whole = shape
+    have = frame_end - body
+    if have < size or (whole and have != size):
+        name = f.Opcode(opcode).name
+        wanted = f"{size}" if whole else f"at least {size}"
+        raise ProtocolError(
+            f"bad response {rid}: {name} body of {have} bytes, expected {wanted}",
+            status=_BAD,
+            request_id=rid,
+        )
+
+
+def _overruns(rid: int, what: str) -> ProtocolError:
+    return ProtocolError(f"{what} response {rid} overruns its frame", status=_BAD, request_id=rid)
+
+
 def _decode_response(buf: bytes, pos: int, frame_end: int) -> ResponseMessage:  # noqa: PLR0911 (one return per opcode)
     _, version, opcode, flags, status, rid = f.HEADER.unpack_from(buf, pos)
     if version != _V or not flags & _RESPONSE:
@@ -1080,6 +1117,7 @@ def _decode_response(buf: bytes, pos: int, frame_end: int) -> ResponseMessage:  
         lid, eid = f.ERROR_RESPONSE.unpack_from(buf, body)
         message = buf[body + f.ERROR_RESPONSE.size : frame_end].decode("utf-8", "replace")
         return ErrorResponse(rid, opcode, status, lid, eid, message)
+    _check_ok_body(rid, opcode, body, frame_end)
     if opcode == f.Opcode.ADD_ENTRY:
         lid, eid = f.LEDGER_AND_VALUE.unpack_from(buf, body)
         return AddEntryResponse(rid, lid, eid)
@@ -1093,12 +1131,16 @@ def _decode_response(buf: bytes, pos: int, frame_end: int) -> ResponseMessage:  
         at = body + f.READ_RANGE_RESPONSE.size
         entries: list[tuple[int, bytes]] = []
         for _ in range(count):
+            if at + f.RANGE_ITEM.size > frame_end:
+                raise _overruns(rid, "range")
             eid, size = f.RANGE_ITEM.unpack_from(buf, at)
             at += f.RANGE_ITEM.size
             if at + size > frame_end:
-                raise ProtocolError(f"range response {rid} overruns its frame", status=_BAD)
+                raise _overruns(rid, "range")
             entries.append((eid, buf[at : at + size]))
             at += size
+        if at != frame_end:
+            raise _overruns(rid, "range")  # (bytes after its last entry)
         return ReadRangeResponse(rid, lid, lac, entries)
     if opcode in (f.Opcode.READ_LAC, f.Opcode.FENCE, f.Opcode.CLOSE):
         lid, value = f.LEDGER_AND_VALUE.unpack_from(buf, body)
@@ -1113,8 +1155,8 @@ def _decode_response(buf: bytes, pos: int, frame_end: int) -> ResponseMessage:  
     if opcode == f.Opcode.LIST_LEDGERS:
         (count,) = f.LIST_RESPONSE.unpack_from(buf, body)
         at = body + f.LIST_RESPONSE.size
-        if at + count * f.LEDGER_SUMMARY.size > frame_end:
-            raise ProtocolError(f"list response {rid} overruns its frame", status=_BAD)
+        if at + count * f.LEDGER_SUMMARY.size != frame_end:
+            raise _overruns(rid, "list")
         ledgers = []
         for _ in range(count):
             lid, state, first, last, entries_n, payload_bytes, created = (
@@ -1138,6 +1180,8 @@ def _decode_response(buf: bytes, pos: int, frame_end: int) -> ResponseMessage:  
             buf, body
         )
         at = body + f.INFO_RESPONSE.size
+        if at + vlen > frame_end or (not read_only and at + vlen != frame_end):
+            raise _overruns(rid, "info")
         version = buf[at : at + vlen].decode("utf-8", "replace")
         reason = buf[at + vlen : frame_end].decode("utf-8", "replace") if read_only else None
         return InfoResponse(rid, proto, reason, frame_max, entry_max, ledger_count, version)

@@ -895,3 +895,74 @@ def test_an_error_body_shorter_than_its_ids_is_a_protocol_error(opcode: int) -> 
     with pytest.raises(ProtocolError, match="error body of 15 bytes") as caught:
         decoder.next_responses()
     assert (caught.value.status, caught.value.request_id) == (f.Status.BAD_REQUEST, 7)
+
+
+def _ok_response(opcode: int, body: bytes) -> bytes:
+    return _frame(_V, opcode, 0x80, 0, 7, body)
+
+
+_RANGE_ITEM = struct.pack(">qI", 4, 3) + b"abc"
+_INFO_FIXED = struct.pack(">BBIIQB", _V, 0, 1 << 20, 1 << 16, 3, 5)
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        # fixed-size bodies: one byte more or one less is refused, never half-read
+        (_ok_response(f.Opcode.ADD_ENTRY, struct.pack(">qq", 1, 2) + b"z"), "ADD_ENTRY body of 17"),
+        (_ok_response(f.Opcode.READ_LAC, struct.pack(">qq", 1, 2) + b"z"), "READ_LAC body of 17"),
+        (_ok_response(f.Opcode.FENCE, struct.pack(">qq", 1, 2)[:-1]), "FENCE body of 15"),
+        (_ok_response(f.Opcode.CLOSE, struct.pack(">qq", 1, 2) + b"zz"), "CLOSE body of 18"),
+        (_ok_response(f.Opcode.DELETE, struct.pack(">q", 1) + b"z"), "expected 8"),
+        (_ok_response(f.Opcode.DELETE, b""), "DELETE body of 0 bytes, expected 8"),
+        # variable bodies: the fixed part must be there, and the rest must add up
+        (_ok_response(f.Opcode.READ_ENTRY, struct.pack(">qq", 1, 2)), "expected at least 24"),
+        (_ok_response(f.Opcode.READ_RANGE, struct.pack(">qq", 1, 2)), "expected at least 20"),
+        (
+            _ok_response(f.Opcode.READ_RANGE, struct.pack(">qqI", 1, 4, 1) + _RANGE_ITEM[:10]),
+            "range response 7 overruns",
+        ),
+        (
+            _ok_response(f.Opcode.READ_RANGE, struct.pack(">qqI", 1, 4, 1) + _RANGE_ITEM + b"z"),
+            "range response 7 overruns",
+        ),
+        (_ok_response(f.Opcode.LIST_LEDGERS, struct.pack(">I", 0) + b"z"), "list response 7"),
+        (_ok_response(f.Opcode.INFO, _INFO_FIXED + b"0.1"), "info response 7 overruns"),
+        (_ok_response(f.Opcode.INFO, _INFO_FIXED + b"0.1.0z"), "info response 7 overruns"),
+    ],
+)
+def test_ok_responses_of_the_wrong_size_are_refused_not_read_into_the_next_frame(
+    frame: bytes, reason: str
+) -> None:
+    good = codec.encode_response(LacResponse(1, 5, 9))
+    # a frame after the bad one: a decoder reading past the bad frame's end would
+    # take its bytes for the missing ones
+    after = codec.encode_response(DeleteResponse(8, 5))
+    decoder = codec.ResponseDecoder()
+    decoder.receive_data(good + frame + after)
+    assert decoder.next_responses() == [LacResponse(1, 5, 9)]
+    with pytest.raises(ProtocolError, match=reason) as caught:
+        decoder.next_responses()
+    assert caught.value.status == f.Status.BAD_REQUEST
+
+
+def test_the_well_formed_bodies_of_the_wrong_size_cases_decode() -> None:
+    """The cases above are one byte from frames that decode (so they fail on size)."""
+    frames = [
+        _ok_response(f.Opcode.ADD_ENTRY, struct.pack(">qq", 1, 2)),
+        _ok_response(f.Opcode.DELETE, struct.pack(">q", 1)),
+        _ok_response(f.Opcode.READ_ENTRY, struct.pack(">qqq", 1, 2, 3)),
+        _ok_response(f.Opcode.READ_RANGE, struct.pack(">qqI", 1, 4, 1) + _RANGE_ITEM),
+        _ok_response(f.Opcode.LIST_LEDGERS, struct.pack(">I", 0)),
+        _ok_response(f.Opcode.INFO, _INFO_FIXED + b"0.1.0"),
+    ]
+    decoder = codec.ResponseDecoder()
+    decoder.receive_data(b"".join(frames))
+    assert decoder.next_responses() == [
+        AddEntryResponse(7, 1, 2),
+        DeleteResponse(7, 1),
+        ReadEntryResponse(7, 1, 2, 3, b""),
+        ReadRangeResponse(7, 1, 4, [(4, b"abc")]),
+        ListLedgersResponse(7, [], False),
+        InfoResponse(7, _V, None, 1 << 20, 1 << 16, 3, "0.1.0"),
+    ]
