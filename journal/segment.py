@@ -38,6 +38,7 @@ from journal.format import (
     round_up_to_block,
 )
 from journal.request import Request
+from journal.spares import SpareSegments
 
 SEGMENT_SUFFIX: Final = ".journal"
 _SEQ_DIGITS: Final = 20
@@ -215,6 +216,7 @@ class SegmentWriter:
         first_seq: int,
         preallocate: bool = True,
         fsync: bool = True,
+        spares: SpareSegments | None = None,
     ) -> None:
         if segment_bytes < SEGMENT_HEADER_SIZE + BLOCK_SIZE:
             raise ValueError(f"segment_bytes ({segment_bytes}) must hold a header and a batch")
@@ -224,6 +226,8 @@ class SegmentWriter:
         self._segment_bytes = segment_bytes
         self._preallocate = preallocate
         self._fsync = fsync
+        #: zero-filled files to make new segments from (journal/spares.py)
+        self._spares = spares
         if not directory.is_dir():
             directory.mkdir(parents=True, exist_ok=True)
             if fsync:
@@ -248,6 +252,11 @@ class SegmentWriter:
     def next_seq(self) -> int:
         """The seq the next record gets."""
         return self._next_seq
+
+    @property
+    def open_segment_bytes_used(self) -> int:
+        """How far the open segment is written (header included)."""
+        return self._offset
 
     def write_batch(self, requests: Sequence[Request], first_seq: int) -> int:
         """Encode and write one batch (rolling first when it does not fit); no sync.
@@ -309,15 +318,14 @@ class SegmentWriter:
     def _create_segment(self, first_seq: int) -> tuple[int, SegmentInfo]:
         created_ms = time.time_ns() // 1_000_000
         path = self._directory / segment_file_name(first_seq, created_ms)
+        fd = self._open_from_spare(path)
+        if fd < 0:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except FileExistsError:
+                raise _segment_exists(path) from None
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        except FileExistsError:
-            raise JournalError(
-                f"journal segment {path} already exists: segments are never appended to. "
-                "Another node may be using this data directory"
-            ) from None
-        try:
-            if self._preallocate:
+            if self._preallocate and os.fstat(fd).st_size < self._segment_bytes:
                 os.posix_fallocate(fd, 0, self._segment_bytes)
             write_segment_header(fd, first_seq, created_ms)
             if self._fsync:
@@ -330,3 +338,34 @@ class SegmentWriter:
                 path.unlink()
             raise
         return fd, SegmentInfo(path, first_seq, created_ms)
+
+    def _open_from_spare(self, path: Path) -> int:
+        """Give a ready spare the name `path` and open it; -1 when there is none.
+
+        A hard link, not a rename: a link never replaces an existing file, as
+        O_EXCL never opens one. A crash between link and unlink leaves the spare
+        linked twice, which the next start's `SpareSegments.adopt` deletes.
+        """
+        spare = None if self._spares is None else self._spares.take()
+        if spare is None:
+            return -1
+        try:
+            os.link(spare, path)
+        except FileExistsError:
+            raise _segment_exists(path) from None
+        except OSError:
+            return -1  # the spare is gone or the filesystem has no links: make one anew
+        os.unlink(spare)
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                path.unlink()  # a segment without its header block: better not to leave it
+            raise
+
+
+def _segment_exists(path: Path) -> JournalError:
+    return JournalError(
+        f"journal segment {path} already exists: segments are never appended to. "
+        "Another node may be using this data directory"
+    )

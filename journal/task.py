@@ -13,6 +13,7 @@ A full channel makes `submit` wait: that is the node's backpressure.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,7 +24,9 @@ import trio
 from journal.errors import JournalError
 from journal.request import Request
 from journal.segment import SegmentInfo, SegmentWriter, encode_batch_parts
+from journal.spares import SpareSegments
 
+_log = logging.getLogger("pora.journal")
 Dispatch = Callable[[list[Request]], Awaitable[None]]
 
 
@@ -50,6 +53,10 @@ class GroupCommitConfig:
     #: a segment rolls when the next group would not fit
     segment_bytes: int = 256 << 20
     preallocate: bool = True
+    #: zero-filled spare segments kept ready once the open one is a quarter full, so
+    #: that no fdatasync converts preallocated (unwritten) extents: journal/spares.py.
+    #: 0: none; only with `preallocate`
+    spare_segments_max: int = 1
     #: False only for throwaway test data: an acknowledged add is then not durable
     fsync: bool = True
 
@@ -58,6 +65,8 @@ class GroupCommitConfig:
             raise ValueError("group_wait_ms_max must be >= 0")
         if self.group_bytes_max <= 0 or self.channel_batches_max <= 0:
             raise ValueError("group_bytes_max and channel_batches_max must be > 0")
+        if self.spare_segments_max < 0:
+            raise ValueError("spare_segments_max must be >= 0")
         if self.syncs_in_flight_max < 1:
             raise ValueError("syncs_in_flight_max must be >= 1")
         if self.segment_bytes < 4096:
@@ -79,6 +88,9 @@ class JournalStatistics:
     queued_batches: int
     open_segment: SegmentInfo | None
     failed: bool
+    #: zero-filled spare segments made, and taken by a roll (journal/spares.py)
+    spare_segments_made: int = 0
+    spare_segments_taken: int = 0
 
 
 class Journal:
@@ -105,6 +117,18 @@ class Journal:
         self._next_seq = first_seq
         self._dispatched_seq = first_seq
         self._writer: SegmentWriter | None = None
+        self._spares: SpareSegments | None = None
+        if config.preallocate and config.spare_segments_max > 0:
+            self._spares = SpareSegments(
+                directory,
+                segment_bytes=config.segment_bytes,
+                spares_max=config.spare_segments_max,
+                fsync=config.fsync,
+            )
+        #: set when a spare should be made (the open segment is a quarter full)
+        self._spare_wanted = trio.Event()
+        #: making a spare failed while this segment was open: wait for the next one
+        self._spare_failed_in: SegmentInfo | None = None
         self._failure: JournalError | None = None
         self._commits = 0
         self._records = 0
@@ -173,6 +197,8 @@ class Journal:
             queued_batches=self._receive.statistics().current_buffer_used,
             open_segment=self.open_segment,
             failed=self._failure is not None,
+            spare_segments_made=0 if self._spares is None else self._spares.made,
+            spare_segments_taken=0 if self._spares is None else self._spares.taken,
         )
 
     # --- the task ----------------------------------------------------------------------
@@ -180,15 +206,21 @@ class Journal:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Write groups until the input is closed and drained."""
         config = self._config
-        self._writer = await trio.to_thread.run_sync(
-            lambda: SegmentWriter(
+        spares = self._spares
+
+        def open_writer() -> SegmentWriter:
+            if spares is not None:
+                spares.adopt()  # the first segment may be a spare of the last run
+            return SegmentWriter(
                 self._directory,
                 segment_bytes=config.segment_bytes,
                 first_seq=self._next_seq,
                 preallocate=config.preallocate,
                 fsync=config.fsync,
+                spares=spares,
             )
-        )
+
+        self._writer = await trio.to_thread.run_sync(open_writer)
         # synced groups go to a second task that hands them to the ledgers, so that
         # dispatching group N (event loop work) overlaps writing and syncing group
         # N+1 (thread work); a bound of two groups keeps it from falling behind
@@ -196,28 +228,63 @@ class Journal:
         sync_slots = trio.Semaphore(config.syncs_in_flight_max)
         #: set once the last group started has been synced and handed over (or failed)
         handed_over: trio.Event | None = None
+        spare_maker = trio.CancelScope()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._dispatch_synced, receive_synced)
+                if spares is not None:
+                    nursery.start_soon(self._keep_spares, spares, spare_maker)
                 task_status.started()
-                async with send_synced:
-                    while self._failure is None:
-                        # a slot first: while every slot syncs, requests pile up in the
-                        # channel and the next group gathers them all
-                        await sync_slots.acquire()
-                        group = await self._gather()
-                        if not group:
-                            sync_slots.release()
-                            break  # input closed and drained
-                        handed_over = await self._commit(
-                            group, send_synced, handed_over, sync_slots, nursery
-                        )
-                    if handed_over is not None:
-                        await handed_over.wait()  # every sync ends before the channel
+                try:
+                    async with send_synced:
+                        while self._failure is None:
+                            # a slot first: while every slot syncs, requests pile up in the
+                            # channel and the next group gathers them all
+                            await sync_slots.acquire()
+                            group = await self._gather()
+                            if not group:
+                                sync_slots.release()
+                                break  # input closed and drained
+                            handed_over = await self._commit(
+                                group, send_synced, handed_over, sync_slots, nursery
+                            )
+                        if handed_over is not None:
+                            await handed_over.wait()  # every sync ends before the channel
+                finally:
+                    # the spare maker's thread stops at its next chunk, and its task
+                    # ends: the nursery does not wait for a whole segment of zeros
+                    if spares is not None:
+                        spares.stop()
+                    spare_maker.cancel()
         finally:
             writer, self._writer = self._writer, None
             if writer is not None:
                 writer.close()
+
+    async def _keep_spares(self, spares: SpareSegments, scope: trio.CancelScope) -> None:
+        """Make spare segments when asked (`_spare_wanted`), one at a time, in a thread."""
+        with scope:
+            while True:
+                await self._spare_wanted.wait()
+                self._spare_wanted = trio.Event()
+                # asked again while a failed attempt ran: same segment, so not yet
+                while spares.wanted() and self.open_segment != self._spare_failed_in:
+                    try:
+                        # not abandoned on cancel: `stop` makes the thread return soon,
+                        # and it removes its partial file on the way out
+                        if not await trio.to_thread.run_sync(spares.make_one):
+                            return
+                    except OSError as exc:
+                        # a full disk, say: segments are preallocated as before, and
+                        # the next segment tries again once it is a quarter full
+                        self._spare_failed_in = self.open_segment
+                        _log.warning(
+                            "could not make a spare journal segment in %s (%s); new "
+                            "segments are preallocated instead, which makes syncs slower",
+                            self._directory,
+                            exc.strerror or exc,
+                        )
+                        break
 
     async def _dispatch_synced(self, synced: trio.MemoryReceiveChannel[list[Request]]) -> None:
         """Hand each synced group to the ledgers, in journal order, exactly once."""
@@ -313,6 +380,14 @@ class Journal:
             self._fail(group, exc)
             sync_slots.release()
             return previous
+        spares = self._spares
+        if (
+            spares is not None
+            and writer.open_segment_bytes_used >= self._config.segment_bytes // 4
+            and spares.wanted()
+            and writer.open_segment != self._spare_failed_in
+        ):
+            self._spare_wanted.set()
         done = trio.Event()
         # the sync task gives the slot back once the group is handed over
         nursery.start_soon(

@@ -151,6 +151,16 @@ class NodeCollector(Collector):
             "Journal segments deleted",
             stats.journal_segments_trimmed,
         )
+        yield _counter(
+            "pora_journal_spare_segments_made",
+            "Zero-filled spare journal segments made ahead of need",
+            journal.spare_segments_made,
+        )
+        yield _counter(
+            "pora_journal_spare_segments_taken",
+            "Segment rolls that found a spare ready (the rest preallocated)",
+            journal.spare_segments_taken,
+        )
         if self.server_statistics is not None:
             yield from _server_metrics(self.server_statistics())
 

@@ -41,6 +41,9 @@ async def test_scrape_moves_with_adds_and_health_follows_read_only(data_dir: Pat
         assert after["pora_open_ledgers"] == 1
         assert after["pora_memtable_bytes"] >= 20 * 1024
         assert after["pora_journal_segments"] >= 1
+        # 20 kB is far below a quarter of a segment: no spare is made for it
+        assert after["pora_journal_spare_segments_made_total"] == 0
+        assert after["pora_journal_spare_segments_taken_total"] == 0
 
         assert await http_get(port, "/health") == (200, "ok\n")
         node.set_read_only("disk nearly full: test")
