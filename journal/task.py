@@ -221,35 +221,27 @@ class Journal:
             )
 
         self._writer = await trio.to_thread.run_sync(open_writer)
-        # synced groups go to a second task that hands them to the ledgers, so that
-        # dispatching group N (event loop work) overlaps writing and syncing group
-        # N+1 (thread work); a bound of two groups keeps it from falling behind
-        send_synced, receive_synced = trio.open_memory_channel[list[Request]](2)
         sync_slots = trio.Semaphore(config.syncs_in_flight_max)
         #: set once the last group started has been synced and handed over (or failed)
         handed_over: trio.Event | None = None
         spare_maker = trio.CancelScope()
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._dispatch_synced, receive_synced)
                 if spares is not None:
                     nursery.start_soon(self._keep_spares, spares, spare_maker)
                 task_status.started()
                 try:
-                    async with send_synced:
-                        while self._failure is None:
-                            # a slot first: while every slot syncs, requests pile up in the
-                            # channel and the next group gathers them all
-                            await sync_slots.acquire()
-                            group = await self._gather()
-                            if not group:
-                                sync_slots.release()
-                                break  # input closed and drained
-                            handed_over = await self._commit(
-                                group, send_synced, handed_over, sync_slots, nursery
-                            )
-                        if handed_over is not None:
-                            await handed_over.wait()  # every sync ends before the channel
+                    while self._failure is None:
+                        # a slot first: while every slot syncs, requests pile up in the
+                        # channel and the next group gathers them all
+                        await sync_slots.acquire()
+                        group = await self._gather()
+                        if not group:
+                            sync_slots.release()
+                            break  # input closed and drained
+                        handed_over = await self._commit(group, handed_over, sync_slots, nursery)
+                    if handed_over is not None:
+                        await handed_over.wait()  # every group is handed over before the end
                 finally:
                     # the spare maker's thread stops at its next chunk, and its task
                     # ends: the nursery does not wait for a whole segment of zeros
@@ -285,13 +277,6 @@ class Journal:
                             exc.strerror or exc,
                         )
                         break
-
-    async def _dispatch_synced(self, synced: trio.MemoryReceiveChannel[list[Request]]) -> None:
-        """Hand each synced group to the ledgers, in journal order, exactly once."""
-        async with synced:
-            async for group in synced:
-                await self._dispatch(group)
-                self._dispatched_seq = group[-1].seq + 1
 
     async def _gather(self) -> list[Request]:
         """Collect one group; an empty list means the input is closed and drained."""
@@ -340,7 +325,6 @@ class Journal:
     async def _commit(
         self,
         group: list[Request],
-        synced: trio.MemorySendChannel[list[Request]],
         previous: trio.Event | None,
         sync_slots: trio.Semaphore,
         nursery: trio.Nursery,
@@ -390,9 +374,7 @@ class Journal:
             self._spare_wanted.set()
         done = trio.Event()
         # the sync task gives the slot back once the group is handed over
-        nursery.start_soon(
-            self._sync_and_hand_over, group, written, previous, done, synced, sync_slots
-        )
+        nursery.start_soon(self._sync_and_hand_over, group, written, previous, done, sync_slots)
         return done
 
     async def _sync_and_hand_over(
@@ -401,7 +383,6 @@ class Journal:
         written: int,
         previous: trio.Event | None,
         done: trio.Event,
-        synced: trio.MemorySendChannel[list[Request]],
         sync_slots: trio.Semaphore,
     ) -> None:
         writer = self._writer
@@ -435,7 +416,11 @@ class Journal:
             self._sync_seconds_max = max(self._sync_seconds_max, sync_seconds)
             if self.on_commit is not None:
                 self.on_commit(operations, written, sync_seconds)
-            await synced.send(group)
+            # handed to the ledgers from here, not through another task: a task
+            # switch costs a turn of the event loop, and every ack waits for it.
+            # The next group's sync task waits for `done`: the order holds
+            await self._dispatch(group)
+            self._dispatched_seq = group[-1].seq + 1
         finally:
             done.set()
             sync_slots.release()
