@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -380,6 +381,12 @@ class _Connection:
         self.sending_since: float | None = None
         self.on_add_done = self._on_add_done  # one bound method for every add
         self.on_run_done = self._on_run_done
+        #: the socket's fd, for sending a response straight from the task that
+        #: completed it (`_respond`); -1 for TLS, and once the connection has ended
+        #: (the fd may then be another connection's)
+        self.raw_fd = -1
+        if type(stream) is trio.SocketStream:
+            self.raw_fd = stream.socket.fileno()
 
     def close_if_idle(self, now: float) -> None:
         """Called by the sweeper: close a connection with nothing in flight that sent
@@ -403,6 +410,12 @@ class _Connection:
             scope.cancel()
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.raw_fd = -1
+
+    async def _run(self) -> None:
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             nursery.start_soon(self._write_loop)
@@ -550,15 +563,61 @@ class _Connection:
         # count drops here, not in the writer: the connection may be gone already.
         self.server.inflight -= len(request.tags)
         self.adds_done.append(request)
-        if not self.writer_wakeup.is_set():
-            self.writer_wakeup.set()
+        self._respond()
 
     def _on_run_done(self, request: Request) -> None:
         # as _on_add_done, for a run that answers one frame
         self.server.inflight -= 1
         self.runs_done.append(request)
-        if not self.writer_wakeup.is_set():
+        self._respond()
+
+    def _respond(self) -> None:
+        """Answer what is done: right now when the socket is free, else by the writer.
+
+        Sending from here (a ledger worker, after the group's sync) rather than
+        waking the writer task saves a turn of the event loop per response, a tenth
+        of a millisecond or more under load. Safe because it runs only while the
+        writer is not inside `send_all` and everything queued before goes first.
+        """
+        if self.raw_fd >= 0 and self.sending_since is None:
+            self._send_directly()
+        elif not self.writer_wakeup.is_set():
             self.writer_wakeup.set()
+
+    def _send_directly(self) -> None:
+        """Encode and send every response ready, with one non-blocking write; what
+        the socket does not take now goes to the writer task, first in line."""
+        if self.adds_done:
+            self._encode_adds_done()
+        if self.runs_done:
+            self._encode_runs_done()
+        frames = self.outgoing
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        try:
+            sent = os.write(self.raw_fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._wake_writer()  # its send_all meets the error and ends the connection
+            return
+        server = self.server
+        server.bytes_sent += sent
+        self.inflight -= self.outgoing_count
+        self.outgoing_count = 0
+        if sent == len(data):
+            self.outgoing = []
+            self.inflight_bytes -= self.outgoing_bytes
+            self.outgoing_bytes = 0
+            if not self.reading:
+                self._wake_writer()  # it ends the connection once nothing is in flight
+        else:
+            rest = bytes(memoryview(data)[sent:])
+            self.outgoing = [rest]
+            self.inflight_bytes -= self.outgoing_bytes - len(rest)
+            self.outgoing_bytes = len(rest)
+            self._wake_writer()
+        if not self.space.is_set():
+            self.space.set()
 
     def _range_bytes_max(self, message: ReadRange) -> int:
         # keep the response within a frame the client accepts
