@@ -1,10 +1,12 @@
 """The node's network workers: frames from sockets to the Node API and back.
 
 One trio task per connection reads, decodes (`netio`, sans-io) and dispatches in
-batches: the adds of one read go to `node.submit` as ONE list of journal requests,
-whose completions (`on_done`, called by the ledger workers) only append to a list
-and wake the connection's writer; the writer packs every finished response into
-one buffer and sends it with one `send_all`. Other operations (reads that may
+batches: the adds of one read go to `node.submit` as ONE list of journal requests.
+Their completions (`on_done`, called by the ledger workers) encode the responses
+ready and write them to the socket at once, without blocking, when the
+connection's writer task is not sending; otherwise (and for TLS, and for what a
+full socket does not take) the writer packs every finished response into one
+buffer and sends it with one `send_all`. Other operations (reads that may
 long-poll, fences, closes, ...) run as tasks of the connection, so responses go
 out in completion order, matched by request id.
 
@@ -176,6 +178,9 @@ class ServerStatistics:
     #: bytes received and not yet decoded, over all connections (bounded by
     #: connections x (frame_bytes_max + receive_bytes_max))
     bytes_buffered: int
+    #: responses sent straight from completion whose socket took only part (the
+    #: writer task sent the rest): a peer reading slowly
+    sends_backed_up: int = 0
 
 
 #: Engine errors and the status codes that carry them; subclasses before their bases.
@@ -233,6 +238,7 @@ class Server:
         self.responses_by_status = [0] * 256
         self.bytes_received = 0
         self.bytes_sent = 0
+        self.sends_backed_up = 0
 
     async def run(
         self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
@@ -342,6 +348,7 @@ class Server:
             bytes_received=self.bytes_received,
             bytes_sent=self.bytes_sent,
             bytes_buffered=sum(c.decoder.buffered_bytes for c in self._connections),
+            sends_backed_up=self.sends_backed_up,
         )
 
 
@@ -611,6 +618,7 @@ class _Connection:
             if not self.reading:
                 self._wake_writer()  # it ends the connection once nothing is in flight
         else:
+            server.sends_backed_up += 1
             rest = bytes(memoryview(data)[sent:])
             self.outgoing = [rest]
             self.inflight_bytes -= self.outgoing_bytes - len(rest)

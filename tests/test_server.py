@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import socket
 import struct
 import tracemalloc
 from pathlib import Path
@@ -420,4 +421,27 @@ async def test_a_wrong_master_key_fails_every_add_of_a_run(data_dir: Path) -> No
             assert isinstance(accepted, AddEntryResponse)
             assert accepted.entry_id == request_id - 200
         assert await node.read_range(4, 0, 100) == [(0, b"first"), (1, b"r"), (2, b"r"), (3, b"r")]
+        await stream.aclose()
+
+
+async def test_responses_to_a_slow_reader_arrive_whole_and_in_full(data_dir: Path) -> None:
+    # responses go out from the task that completed them while the socket takes
+    # them; a peer that reads late makes those writes partial, and the writer task
+    # must send the rest first, byte-exact, before anything else
+    count = 6_000
+    async with serving(data_dir) as (_node, server, address):
+        stream = await raw_connection(address)
+        stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        frames = b"".join(
+            codec.encode_add_entry(i, 4, i, b"s", last_add_confirmed=i - 1) for i in range(count)
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream.send_all, frames)
+            with trio.fail_after(30):
+                while server.statistics().sends_backed_up == 0:  # noqa: ASYNC110
+                    await trio.sleep(0.01)  # the node meets a full socket first
+            responses, closed = await receive_responses(stream, count, timeout_s=60.0)
+        assert not closed
+        assert all(isinstance(r, AddEntryResponse) for r in responses)
+        assert sorted(r.request_id for r in responses) == list(range(count))
         await stream.aclose()
