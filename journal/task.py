@@ -2,7 +2,8 @@
 
 Requests arrive in batches (lists) on one bounded channel. The task drains every
 batch waiting, until a trigger fires (bytes gathered, time waited, or queue empty),
-then writes the whole group with one write and one fdatasync in a worker thread.
+then writes the whole group with one write (into the page cache, on the event loop;
+in a worker thread when the segment rolls) and one fdatasync in a worker thread.
 While that thread runs, the event loop keeps accepting requests, so the next group
 gathers during the sync: the sync cost is shared by everything that arrived in the
 meantime. After the sync, the group goes to `dispatch` (the ledger workers), which
@@ -349,15 +350,24 @@ class Journal:
                 request.fail(refused)
             sync_slots.release()
             return previous
-        if previous is not None and not writer.fits(batch):
+        rolls = not writer.fits(batch)
+        if previous is not None and rolls:
             # the write rolls to a new segment, which closes the old one: no sync of
             # the old one may still be running
             await previous.wait()
         self._next_seq += len(group)
         try:
-            written = await trio.to_thread.run_sync(
-                writer.write_encoded, batch, len(group), first_seq
-            )
+            if rolls:
+                # a roll makes a file and syncs twice: milliseconds, not for the loop
+                written = await trio.to_thread.run_sync(
+                    writer.write_encoded, batch, len(group), first_seq
+                )
+            else:
+                # written on the event loop: a group (at most group_bytes_max) goes
+                # into the page cache in ~0.1-0.5 ms, less than the two thread
+                # hand-offs it would wait for otherwise; 8x64 runs alternated 6x:
+                # 192k -> 207k adds/s on average
+                written = writer.write_encoded(batch, len(group), first_seq)
         except OSError as exc:
             if previous is not None:
                 await previous.wait()  # what was written before stays acknowledged
