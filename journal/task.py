@@ -14,11 +14,14 @@ A full channel makes `submit` wait: that is the node's backpressure.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -26,6 +29,9 @@ from journal.errors import JournalError
 from journal.request import Request
 from journal.segment import SegmentInfo, SegmentWriter, encode_batch_parts
 from journal.spares import SpareSegments
+
+if TYPE_CHECKING:
+    import outcome  # trio's own dependency: what start_thread_soon delivers
 
 _log = logging.getLogger("pora.journal")
 Dispatch = Callable[[list[Request]], Awaitable[None]]
@@ -383,25 +389,28 @@ class Journal:
         ):
             self._spare_wanted.set()
         done = trio.Event()
+        # the sync starts now, not when the task below first runs (a turn later)
+        sync = _SyncInThread(writer)
         # the sync task gives the slot back once the group is handed over
-        nursery.start_soon(self._sync_and_hand_over, group, written, previous, done, sync_slots)
+        nursery.start_soon(
+            self._sync_and_hand_over, group, written, sync, previous, done, sync_slots
+        )
         return done
 
     async def _sync_and_hand_over(
         self,
         group: list[Request],
         written: int,
+        sync: _SyncInThread,
         previous: trio.Event | None,
         done: trio.Event,
         sync_slots: trio.Semaphore,
     ) -> None:
-        writer = self._writer
-        assert writer is not None
         try:
             error: OSError | None = None
             sync_seconds = 0.0
             try:
-                sync_seconds = await trio.to_thread.run_sync(_timed_sync, writer)
+                sync_seconds = await sync.seconds()
             except OSError as exc:
                 error = exc
             if previous is not None:
@@ -467,3 +476,38 @@ def _timed_sync(writer: SegmentWriter) -> float:
     started = time.perf_counter()
     writer.sync()
     return time.perf_counter() - started
+
+
+class _SyncInThread:
+    """One fdatasync of the journal, started in a worker thread at once.
+
+    `trio.to_thread.run_sync` would start it only when the awaiting task runs, a
+    turn of the event loop after the group was written; every add of the group
+    waits for that turn. The loop learns of the end by a callback.
+    """
+
+    __slots__ = ("_result", "done")
+
+    def __init__(self, writer: SegmentWriter) -> None:
+        self.done = trio.Event()
+        self._result: outcome.Outcome[float] | None = None
+        token = trio.lowlevel.current_trio_token()
+
+        def deliver(result: outcome.Outcome[float]) -> None:  # in the worker thread
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._finish, result)
+
+        trio.lowlevel.start_thread_soon(functools.partial(_timed_sync, writer), deliver)
+
+    def _finish(self, result: outcome.Outcome[float]) -> None:
+        self._result = result
+        self.done.set()
+
+    async def seconds(self) -> float:
+        """Wait for the end; the sync's seconds, or its OSError raised."""
+        # shielded, as `to_thread.run_sync` waits: a sync is never abandoned, so
+        # nothing closes the segment under it
+        with trio.CancelScope(shield=True):
+            await self.done.wait()
+        assert self._result is not None
+        return self._result.unwrap()
