@@ -432,6 +432,13 @@ async def test_responses_to_a_slow_reader_arrive_whole_and_in_full(data_dir: Pat
     async with serving(data_dir) as (_node, server, address):
         stream = await raw_connection(address)
         stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        # small buffers at both ends, fixed (no autotuning): the responses cannot fit
+        with trio.fail_after(10):
+            while not server._connections:  # noqa: ASYNC110
+                await trio.sleep(0.01)
+        (connection,) = server._connections
+        assert isinstance(connection.stream, trio.SocketStream)
+        connection.stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         frames = b"".join(
             codec.encode_add_entry(i, 4, i, b"s", last_add_confirmed=i - 1) for i in range(count)
         )
