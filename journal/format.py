@@ -40,8 +40,11 @@ BLOCK_SIZE: Final = 512
 
 # --- segment header: the whole first block of every segment file -----------------
 SEGMENT_MAGIC: Final = b"PORAJNL\x00"
-# magic, format_version, reserved, block_size, first_seq, created_ms, crc32c
+# magic, format_version, unsynced_batches_max, block_size, first_seq, created_ms, crc32c
 SEGMENT_HEADER: Final = struct.Struct("<8sHHIQQI")
+#: the most batches a writer may have written and not yet synced at once, as a
+#: segment header's u16 records it (the reader's torn-tail rule depends on it)
+UNSYNCED_BATCHES_LIMIT: Final = 0xFFFF
 SEGMENT_HEADER_SIZE: Final = BLOCK_SIZE  # the header struct, then zeros to the block end
 
 # --- batch header: one per group commit ----------------------------------------------

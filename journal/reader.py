@@ -1,11 +1,15 @@
 """Replay: read the journal back, batch by batch, telling a torn tail from corruption.
 
-Only the last batch written can be partly on disk after a crash: the writer syncs a
-batch before it writes the next one. So a damaged batch is a torn tail only when it
-is at the end of the last segment: no valid batch (magic and header crc right)
-starts at any later block boundary of that segment. Anything else that is damaged is
-corruption, reported with file and offset and never skipped. The rules, as a
-grammar, are in docs/formats.md ("Journal").
+Only the batches written and not yet synced can be partly on disk after a crash. The
+writer keeps at most `unsynced_batches_max` of them (each segment header says how
+many; 1 means it syncs a batch before it writes the next), all at the end of the
+last segment, since a roll syncs the old segment first. So a damaged batch is a
+torn tail only in the last segment, followed by at most `unsynced_batches_max - 1`
+valid batches, each right after the one before, in seq order. Those were written
+while it synced and so were never acknowledged either (acks go in journal order):
+they are dropped with it. Anything else that is damaged is corruption, reported
+with file and offset and never skipped. The rules, as a grammar, are in
+docs/formats.md ("Journal").
 
 Segments are read through a read-only mmap: the kernel pages them in as the scan
 goes, so a 1 GiB segment never sits in memory at once.
@@ -75,6 +79,8 @@ class TornTail:
     segment: Path
     offset: int  # where the valid data ends
     reason: str
+    #: valid batches after the damaged one, written while it synced, dropped with it
+    batches_after: int = 0
 
 
 @dataclass(slots=True)
@@ -137,6 +143,8 @@ class JournalScanner:
         self._from_seq = from_seq
         #: the seq the next batch must start with; None until the first segment header
         self._next_seq: int | None = None
+        #: the open segment header's promise: batches written and not yet synced
+        self._unsynced_batches_max = 1
         #: set while replay_requests() runs: records become Requests, durable ones skipped
         self._selection: _ReplaySelection | None = None
         self.summary = ScanSummary()
@@ -190,7 +198,9 @@ class JournalScanner:
                         )
                 self.summary.torn_tail = TornTail(path, 0, reason)
                 return
-            self._start_segment(path, self._check_segment_header(segment, header))
+            first_seq, unsynced_batches_max = self._check_segment_header(segment, header)
+            self._start_segment(path, first_seq)
+            self._unsynced_batches_max = unsynced_batches_max
             with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                 if hasattr(mmap, "MADV_SEQUENTIAL"):
                     mapped.madvise(mmap.MADV_SEQUENTIAL)
@@ -202,10 +212,11 @@ class JournalScanner:
                 finally:
                     view.release()
 
-    def _check_segment_header(self, segment: SegmentInfo, header: bytes) -> int:
-        """Validate a (non-zero) segment header; return its first_seq."""
+    def _check_segment_header(self, segment: SegmentInfo, header: bytes) -> tuple[int, int]:
+        """Validate a (non-zero) segment header; return its first_seq and
+        unsynced_batches_max."""
         path = segment.path
-        magic, version, _reserved, block_size, first_seq, created_ms, crc = (
+        magic, version, unsynced_batches_max, block_size, first_seq, created_ms, crc = (
             SEGMENT_HEADER.unpack_from(header)
         )
         if magic != SEGMENT_MAGIC:
@@ -241,7 +252,8 @@ class JournalScanner:
                 f"file name says first seq {segment.first_seq}, created {segment.created_ms}"
                 " ms: the file was renamed. Give it back its name",
             )
-        return int(first_seq)
+        # 0 in segments written before the field was: their writers synced every batch
+        return int(first_seq), max(int(unsynced_batches_max), 1)
 
     def _start_segment(self, path: Path, first_seq: int) -> None:
         expected = self._next_seq
@@ -275,29 +287,35 @@ class JournalScanner:
                         fd,
                         offset,
                         "batch header cut short by the end of the file",
-                        size,
+                        None,  # nothing can follow it
                         is_last=is_last,
                     )
                 return
             fields = BATCH_HEADER.unpack_from(mapped, offset)
             if fields == _ZERO_BATCH_HEADER:
-                # end of data: segments roll before they are full, preallocated space is zeros
-                _check_no_batch_after(
-                    path, mapped, fd, offset + BLOCK_SIZE, offset, "an all-zero batch header"
-                )
+                # end of data: segments roll before they are full, preallocated space is
+                # zeros. Or a batch none of which reached the disk, with batches written
+                # while it synced after it
+                self._end_of_data(path, mapped, fd, offset, is_last=is_last)
                 return
             _magic, _crc, records_length, count, first_seq = fields
             try:
                 records = self._read_batch(path, mapped, view, offset, size, fields)
             except _Damage as damage:
-                search_from = offset + BLOCK_SIZE
-                if damage.valid_header:  # its length is right: skip its own payload bytes
-                    search_from = max(
-                        search_from,
-                        round_up_to_block(offset + BATCH_HEADER_SIZE + records_length),
-                    )
+                # with a valid header, its length and seqs are right: the next batch
+                # is right after its records, and starts right after its seqs
                 self._end_at_damage(
-                    path, mapped, fd, offset, damage.reason, search_from, is_last=is_last
+                    path,
+                    mapped,
+                    fd,
+                    offset,
+                    damage.reason,
+                    (
+                        _Extent(offset, records_length, first_seq, count)
+                        if damage.valid_header
+                        else None
+                    ),
+                    is_last=is_last,
                 )
                 return
             summary.batches += 1
@@ -354,11 +372,11 @@ class JournalScanner:
         from_seq = self._from_seq
         if first_seq + count <= from_seq:
             next_offset = round_up_to_block(records_end)
-            if _valid_batch_at(mapped, next_offset):
-                # all below from_seq, and a valid batch follows, so it is not the tail:
-                # skip it by its header, unread
+            if _valid_batches_at(mapped, next_offset, self._unsynced_batches_max):
+                # all below from_seq, and enough valid batches follow that it was
+                # synced: not a possible torn tail, so skip it by its header, unread
                 return []
-            # it may be the last batch written: verify it like any other
+            # it may be one of the last batches written: verify it like any other
         return self._decode_records(path, mapped, view, records_start, records_end, fields)
 
     def _decode_records(
@@ -522,11 +540,12 @@ class JournalScanner:
         fd: int,
         offset: int,
         reason: str,
-        search_from: int,
+        damaged: _Extent | None,
         *,
         is_last: bool,
     ) -> None:
-        """A damaged batch at `offset`: record a torn tail, or raise JournalCorruption."""
+        """A damaged batch at `offset` (`damaged`: its extent when its header is
+        valid): record a torn tail, or raise JournalCorruption."""
         if not is_last:
             raise JournalCorruption(
                 path,
@@ -534,12 +553,129 @@ class JournalScanner:
                 f"{reason}, in a segment that later segments follow (only the last "
                 "segment can end with a torn write)",
             )
-        later = _find_valid_batch(mapped, fd, search_from)
-        if later is not None:
+        try:
+            after = self._batches_after(mapped, fd, offset, damaged)
+        except _NotATornTail as not_torn:
             raise JournalCorruption(
-                path, offset, f"{reason}; a valid batch follows at byte {later}"
+                path,
+                offset,
+                f"{reason}; a valid batch follows at byte {not_torn.later}{not_torn.why}",
+            ) from None
+        self._torn_tail(path, offset, reason, after)
+
+    def _end_of_data(
+        self, path: Path, mapped: mmap.mmap, fd: int, offset: int, *, is_last: bool
+    ) -> None:
+        """An all-zero batch header at `offset`: the end of the segment's data, or, in
+        the last segment, a batch that never reached the disk with batches written
+        while it synced after it (a torn tail); raises JournalCorruption for a hole."""
+        what = "an all-zero batch header"
+        if not is_last:
+            _check_no_batch_after(path, mapped, fd, offset + BLOCK_SIZE, offset, what)
+            return
+        try:
+            after = self._batches_after(mapped, fd, offset, None)
+        except _NotATornTail as not_torn:
+            raise JournalCorruption(
+                path,
+                offset,
+                f"{what} marks the end of the data, but a valid batch starts at byte "
+                f"{not_torn.later}: a hole in the journal{not_torn.why}",
+            ) from None
+        if after:  # else nothing follows: a plain end of data
+            self._torn_tail(path, offset, what, after)
+
+    def _batches_after(
+        self, mapped: mmap.mmap, fd: int, offset: int, damaged: _Extent | None
+    ) -> list[_Extent]:
+        assert self._next_seq is not None  # set by the segment header
+        return _batches_written_while_syncing(
+            mapped, fd, offset, damaged, self._next_seq, self._unsynced_batches_max
+        )
+
+    def _torn_tail(self, path: Path, offset: int, reason: str, after: list[_Extent]) -> None:
+        if after:
+            first, last = after[0], after[-1]
+            reason = (
+                f"{reason}; the {len(after)} batch(es) after it (seqs {first.first_seq}-"
+                f"{last.first_seq + last.record_count - 1}) were written while it synced and are "
+                "dropped with it: none was acknowledged"
             )
-        self.summary.torn_tail = TornTail(path, offset, reason)
+        self.summary.torn_tail = TornTail(path, offset, reason, len(after))
+
+
+class _Extent(NamedTuple):
+    """Where a batch with a valid header lies, and the seqs it holds."""
+
+    offset: int
+    records_length: int
+    first_seq: int
+    record_count: int
+
+    @property
+    def end(self) -> int:
+        """Where the next batch starts."""
+        return round_up_to_block(self.offset + BATCH_HEADER_SIZE + self.records_length)
+
+
+class _NotATornTail(Exception):
+    def __init__(self, later: int, why: str) -> None:
+        super().__init__(later, why)
+        self.later = later  # the offset of the first valid batch after the damage
+        self.why = why  # "" or ", and <why the rule does not hold>"
+
+
+def _batches_written_while_syncing(
+    mapped: mmap.mmap,
+    fd: int,
+    offset: int,
+    damaged: _Extent | None,
+    expected_seq: int,
+    unsynced_batches_max: int,
+) -> list[_Extent]:
+    """The valid batches after a batch at `offset` that is not intact (`damaged`: its
+    extent if its header is valid; its seqs start at `expected_seq`), when they may
+    all have been written while it synced: at most `unsynced_batches_max - 1`, each
+    right after the one before in place and seq. Raises _NotATornTail otherwise."""
+    position: int | None
+    if damaged is not None:
+        # its length and seqs are right: skip its own payload bytes, which may
+        # hold anything, and know exactly where and at which seq the next one starts
+        place, least_seq, exact = damaged.end, damaged.first_seq + damaged.record_count, True
+        position = _find_valid_batch(mapped, fd, place)
+    else:
+        # at least one seq and one block are the damaged batch's
+        place, least_seq, exact = -1, expected_seq + 1, False
+        position = _find_valid_batch(mapped, fd, offset + BLOCK_SIZE)
+    if position is None:
+        return []
+    first_later = position
+    allowed = unsynced_batches_max - 1
+    after: list[_Extent] = []
+    while position is not None:
+        _magic, _crc, records_length, count, first_seq = BATCH_HEADER.unpack_from(mapped, position)
+        if len(after) == allowed:
+            why = (
+                ""
+                if allowed == 0
+                else f", and more than the {allowed} batch(es) that may be written while "
+                "one syncs follow it"
+            )
+            raise _NotATornTail(first_later, why)
+        if (
+            (exact and (position != place or first_seq != least_seq))
+            or (not exact and first_seq < least_seq)
+            or count == 0
+        ):
+            raise _NotATornTail(
+                first_later,
+                f", and the batch at byte {position} (seq {first_seq}) is not the one written next",
+            )
+        extent = _Extent(position, records_length, first_seq, count)
+        after.append(extent)
+        place, least_seq, exact = extent.end, first_seq + count, True
+        position = _find_valid_batch(mapped, fd, place)
+    return after
 
 
 def _check_no_batch_after(
@@ -554,6 +690,17 @@ def _check_no_batch_after(
             f"{what} marks the end of the data, but a valid batch starts at byte "
             f"{later}: a hole in the journal",
         )
+
+
+def _valid_batches_at(mapped: mmap.mmap, offset: int, how_many: int) -> bool:
+    """Whether `how_many` valid batch headers start at `offset`, each right after the
+    one before."""
+    for _ in range(how_many):
+        if not _valid_batch_at(mapped, offset):
+            return False
+        records_length: int = BATCH_HEADER.unpack_from(mapped, offset)[2]
+        offset = round_up_to_block(offset + BATCH_HEADER_SIZE + records_length)
+    return True
 
 
 def _valid_batch_at(mapped: mmap.mmap, offset: int) -> bool:

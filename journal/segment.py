@@ -35,6 +35,7 @@ from journal.format import (
     SEGMENT_HEADER,
     SEGMENT_HEADER_SIZE,
     SEGMENT_MAGIC,
+    UNSYNCED_BATCHES_LIMIT,
     round_up_to_block,
 )
 from journal.request import Request
@@ -109,10 +110,18 @@ def list_segments(directory: Path) -> list[SegmentInfo]:
 # --- encoding -------------------------------------------------------------------------
 
 
-def encode_segment_header(first_seq: int, created_ms: int) -> bytes:
-    """The whole header block of a new segment."""
+def encode_segment_header(first_seq: int, created_ms: int, unsynced_batches_max: int = 1) -> bytes:
+    """The whole header block of a new segment. `unsynced_batches_max`: how many
+    batches the writer may have written and not yet synced at once (it tells the
+    reader how many whole batches may follow a torn one after a crash)."""
     fields = SEGMENT_HEADER.pack(
-        SEGMENT_MAGIC, FORMAT_VERSION, 0, BLOCK_SIZE, first_seq, created_ms, 0
+        SEGMENT_MAGIC,
+        FORMAT_VERSION,
+        unsynced_batches_max,
+        BLOCK_SIZE,
+        first_seq,
+        created_ms,
+        0,
     )
     crc = crc32c.crc32c(fields[:_SEGMENT_HEADER_CRC_START])
     block = bytearray(SEGMENT_HEADER_SIZE)
@@ -199,9 +208,11 @@ def encode_batch(requests: Sequence[Request], first_seq: int) -> bytes:
 # --- files ----------------------------------------------------------------------------
 
 
-def write_segment_header(fd: int, first_seq: int, created_ms: int) -> None:
+def write_segment_header(
+    fd: int, first_seq: int, created_ms: int, unsynced_batches_max: int = 1
+) -> None:
     """Write the header block at the start of a new segment (does not sync)."""
-    pwrite_all(fd, encode_segment_header(first_seq, created_ms), 0)
+    pwrite_all(fd, encode_segment_header(first_seq, created_ms, unsynced_batches_max), 0)
 
 
 class SegmentWriter:
@@ -217,15 +228,24 @@ class SegmentWriter:
         preallocate: bool = True,
         fsync: bool = True,
         spares: SpareSegments | None = None,
+        unsynced_batches_max: int = 1,
     ) -> None:
         if segment_bytes < SEGMENT_HEADER_SIZE + BLOCK_SIZE:
             raise ValueError(f"segment_bytes ({segment_bytes}) must hold a header and a batch")
+        if not 1 <= unsynced_batches_max <= UNSYNCED_BATCHES_LIMIT:
+            raise ValueError(
+                f"unsynced_batches_max ({unsynced_batches_max}) must be in "
+                f"[1, {UNSYNCED_BATCHES_LIMIT}]"
+            )
         if first_seq < 0:
             raise ValueError(f"first_seq ({first_seq}) must be >= 0")
         self._directory = directory
         self._segment_bytes = segment_bytes
         self._preallocate = preallocate
         self._fsync = fsync
+        #: recorded in every segment header: the caller promises never to have more
+        #: batches written and not yet synced (`sync`) than this
+        self._unsynced_batches_max = unsynced_batches_max
         #: zero-filled files to make new segments from (journal/spares.py)
         self._spares = spares
         if not directory.is_dir():
@@ -327,7 +347,7 @@ class SegmentWriter:
         try:
             if self._preallocate and os.fstat(fd).st_size < self._segment_bytes:
                 os.posix_fallocate(fd, 0, self._segment_bytes)
-            write_segment_header(fd, first_seq, created_ms)
+            write_segment_header(fd, first_seq, created_ms, self._unsynced_batches_max)
             if self._fsync:
                 os.fdatasync(fd)
                 fsync_directory(self._directory)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from journal.errors import JournalError
+from journal.format import UNSYNCED_BATCHES_LIMIT
 from journal.request import Request
 from journal.segment import SegmentInfo, SegmentWriter, encode_batch_parts
 from journal.spares import SpareSegments
@@ -74,8 +75,9 @@ class GroupCommitConfig:
             raise ValueError("group_bytes_max and channel_batches_max must be > 0")
         if self.spare_segments_max < 0:
             raise ValueError("spare_segments_max must be >= 0")
-        if self.syncs_in_flight_max < 1:
-            raise ValueError("syncs_in_flight_max must be >= 1")
+        if not 1 <= self.syncs_in_flight_max <= UNSYNCED_BATCHES_LIMIT:
+            # every segment header records it, in a u16
+            raise ValueError(f"syncs_in_flight_max must be in [1, {UNSYNCED_BATCHES_LIMIT}]")
         if self.segment_bytes < 4096:
             raise ValueError("segment_bytes must be at least 4096")
 
@@ -225,6 +227,8 @@ class Journal:
                 preallocate=config.preallocate,
                 fsync=config.fsync,
                 spares=spares,
+                # the sync slots below are what keeps this promise
+                unsynced_batches_max=config.syncs_in_flight_max,
             )
 
         self._writer = await trio.to_thread.run_sync(open_writer)

@@ -131,7 +131,12 @@ def segment_starts(journal_dir: Path) -> dict[Path, int]:
 def torn_tail_json(torn: TornTail | None) -> dict[str, Any] | None:
     if torn is None:
         return None
-    return {"segment": str(torn.segment), "offset": torn.offset, "reason": torn.reason}
+    return {
+        "segment": str(torn.segment),
+        "offset": torn.offset,
+        "reason": torn.reason,
+        "batches_after": torn.batches_after,
+    }
 
 
 def durable_seqs(metas: dict[int, LedgerMeta]) -> dict[int, int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -59,9 +59,16 @@ def write_journal(
     segment_bytes: int = 1 << 16,
     first_seq: int = 0,
     payload: bytes = PAYLOAD,
+    unsynced_batches_max: int = 1,
 ) -> list[list[Request]]:
-    """Write batches of `batch_sizes` records, syncing each as the journal task does."""
-    writer = SegmentWriter(directory, segment_bytes=segment_bytes, first_seq=first_seq)
+    """Write batches of `batch_sizes` records, syncing each as the journal task does;
+    the segment headers say `unsynced_batches_max` (the writer's overlap)."""
+    writer = SegmentWriter(
+        directory,
+        segment_bytes=segment_bytes,
+        first_seq=first_seq,
+        unsynced_batches_max=unsynced_batches_max,
+    )
     batches = []
     seq = first_seq
     for size in batch_sizes:
@@ -420,6 +427,156 @@ def test_an_intact_batch_with_the_wrong_seq_is_corruption_even_at_the_end(
     edit(path, last_batch, bytes(data))
     with pytest.raises(JournalCorruption, match="starts at seq 4, expected 3"):
         scan(tmp_path)
+
+
+# --- torn tails when batches are written while others sync ------------------------------
+# With syncs_in_flight_max = N the writer may have N batches written and not yet
+# synced; a crash can leave any of them torn and the later ones whole. None of them
+# was acknowledged, so the damaged one and those after it are a torn tail.
+
+
+def rewrite_batch_header(path: Path, offset: int, *, first_seq: int) -> None:
+    """Give the (valid) batch header at `offset` another first_seq, with a right crc."""
+    data = bytearray(path.read_bytes()[offset : offset + BATCH_HEADER_SIZE])
+    magic, _crc, length, count, _first_seq = BATCH_HEADER.unpack_from(data)
+    BATCH_HEADER.pack_into(data, 0, magic, 0, length, count, first_seq)
+    BATCH_HEADER.pack_into(data, 0, magic, batch_header_crc(data, 0), length, count, first_seq)
+    edit(path, offset, bytes(data))
+
+
+def test_a_torn_batch_with_one_written_while_it_synced_after_it_is_a_torn_tail(
+    tmp_path: Path,
+) -> None:
+    write_journal(tmp_path, [3, 3, 3], unsynced_batches_max=2)
+    path = list_segments(tmp_path)[0].path
+    offsets = batch_offsets(tmp_path)[path]
+    second_record = offsets[1] + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + len(PAYLOAD)
+    flip_bit(path, second_record + RECORD_HEADER_SIZE + 5)
+    read, summary = scan(tmp_path)
+    assert seqs(read) == [0, 1, 2]  # neither the torn batch nor the whole one after it
+    assert summary.last_seq == 2
+    torn = summary.torn_tail
+    assert torn is not None
+    assert (torn.segment, torn.offset, torn.batches_after) == (path, offsets[1], 1)
+    assert torn.reason == (
+        f"record 4 at byte {second_record}: body crc mismatch; the 1 batch(es) after it "
+        "(seqs 6-8) were written while it synced and are dropped with it: none was "
+        "acknowledged"
+    )
+
+
+def damage_batch_header(path: Path, offsets: list[int]) -> None:
+    flip_bit(path, offsets[1] + 12)  # its record_count: the header's length is not trusted
+
+
+def zero_batch(path: Path, offsets: list[int]) -> None:
+    edit(path, offsets[1], bytes(offsets[2] - offsets[1]))  # none of it reached the disk
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason_start"),
+    [
+        (damage_batch_header, "batch header crc is"),
+        (zero_batch, "an all-zero batch header; the 1 batch(es)"),
+    ],
+)
+def test_a_lost_batch_header_with_a_whole_batch_after_it_is_a_torn_tail(
+    tmp_path: Path, damage: Callable[[Path, list[int]], None], reason_start: str
+) -> None:
+    write_journal(tmp_path, [3, 3, 3], unsynced_batches_max=2)
+    path = list_segments(tmp_path)[0].path
+    offsets = batch_offsets(tmp_path)[path]
+    damage(path, offsets)
+    read, summary = scan(tmp_path)
+    assert seqs(read) == [0, 1, 2]
+    assert summary.torn_tail is not None
+    assert (summary.torn_tail.offset, summary.torn_tail.batches_after) == (offsets[1], 1)
+    assert summary.torn_tail.reason.startswith(reason_start)
+
+
+def test_more_whole_batches_after_a_torn_one_than_the_writer_overlaps_is_corruption(
+    tmp_path: Path,
+) -> None:
+    write_journal(tmp_path, [3, 3, 3, 3], unsynced_batches_max=2)
+    path = list_segments(tmp_path)[0].path
+    offsets = batch_offsets(tmp_path)[path]
+    flip_bit(path, offsets[1] + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + 10)
+    with pytest.raises(JournalCorruption) as caught:
+        scan(tmp_path)
+    assert (caught.value.path, caught.value.offset) == (path, offsets[1])
+    assert caught.value.reason.endswith(
+        f"; a valid batch follows at byte {offsets[2]}, and more than the 1 batch(es) "
+        "that may be written while one syncs follow it"
+    )
+
+
+def test_the_overlap_a_segment_header_records_is_what_decides(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3, 3, 3, 3], unsynced_batches_max=3)
+    path = list_segments(tmp_path)[0].path
+    offsets = batch_offsets(tmp_path)[path]
+    flip_bit(path, offsets[1] + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + 10)
+    read, summary = scan(tmp_path)
+    assert seqs(read) == [0, 1, 2]
+    assert summary.torn_tail is not None
+    assert (summary.torn_tail.offset, summary.torn_tail.batches_after) == (offsets[1], 2)
+    assert "(seqs 6-11)" in summary.torn_tail.reason
+
+
+def test_a_batch_after_a_torn_one_that_was_not_written_next_is_corruption(
+    tmp_path: Path,
+) -> None:
+    write_journal(tmp_path, [3, 3, 3], unsynced_batches_max=2)
+    path = list_segments(tmp_path)[0].path
+    offsets = batch_offsets(tmp_path)[path]
+    flip_bit(path, offsets[1] + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + 10)
+    rewrite_batch_header(path, offsets[2], first_seq=7)  # the torn batch holds 3..5
+    with pytest.raises(JournalCorruption) as caught:
+        scan(tmp_path)
+    assert caught.value.offset == offsets[1]
+    assert caught.value.reason.endswith(
+        f"; a valid batch follows at byte {offsets[2]}, and the batch at byte "
+        f"{offsets[2]} (seq 7) is not the one written next"
+    )
+
+
+def test_segments_from_before_the_overlap_was_recorded_keep_the_one_batch_rule(
+    tmp_path: Path,
+) -> None:
+    write_journal(tmp_path, [3, 3, 3], unsynced_batches_max=2)
+    segment = list_segments(tmp_path)[0]
+    block = bytearray(segment.path.read_bytes()[:SEGMENT_HEADER_SIZE])
+    fields = list(SEGMENT_HEADER.unpack_from(block))
+    fields[2] = 0  # what every writer put there before
+    SEGMENT_HEADER.pack_into(block, 0, *fields)
+    fields[-1] = segment_header_crc(block)
+    SEGMENT_HEADER.pack_into(block, 0, *fields)
+    edit(segment.path, 0, bytes(block))
+    offsets = batch_offsets(tmp_path)[segment.path]
+    flip_bit(segment.path, offsets[1] + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + 10)
+    with pytest.raises(JournalCorruption) as caught:
+        scan(tmp_path)
+    assert caught.value.reason.endswith(f"; a valid batch follows at byte {offsets[2]}")
+
+
+def test_the_overlap_never_excuses_damage_before_the_last_segment(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3] * 6, segment_bytes=1024, unsynced_batches_max=2)
+    segments = list_segments(tmp_path)
+    last_batch_of_first = batch_offsets(tmp_path)[segments[0].path][-1]
+    flip_bit(segments[0].path, last_batch_of_first + BATCH_HEADER_SIZE + 40)
+    with pytest.raises(JournalCorruption, match="later segments follow"):
+        scan(tmp_path)
+
+
+def test_from_seq_still_checks_every_batch_that_may_have_been_unsynced(tmp_path: Path) -> None:
+    write_journal(tmp_path, [3, 3, 3], unsynced_batches_max=2)
+    path = list_segments(tmp_path)[0].path
+    offsets = batch_offsets(tmp_path)[path]
+    flip_bit(path, offsets[1] + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + 10)
+    # the torn batch is below from_seq, but only one batch follows it: not skipped unread
+    read, summary = scan(tmp_path, from_seq=6)
+    assert read == []
+    assert summary.torn_tail is not None
+    assert (summary.torn_tail.offset, summary.torn_tail.batches_after) == (offsets[1], 1)
 
 
 # --- segment headers ----------------------------------------------------------------------

@@ -231,7 +231,7 @@ def test_a_new_writer_creates_the_directory_and_a_preallocated_segment(tmp_path:
     assert read_segment_header(segment.path) == (
         SEGMENT_MAGIC,
         FORMAT_VERSION,
-        0,
+        1,  # unsynced_batches_max: by default a batch is synced before the next
         BLOCK_SIZE,
         77,
         segment.created_ms,
@@ -239,6 +239,26 @@ def test_a_new_writer_creates_the_directory_and_a_preallocated_segment(tmp_path:
     assert writer.next_seq == 77
     writer.close()
     writer.close()  # idempotent
+
+
+def test_every_segment_header_records_how_many_batches_may_be_unsynced(
+    tmp_path: Path,
+) -> None:
+    writer = SegmentWriter(tmp_path, segment_bytes=4096, first_seq=0, unsynced_batches_max=3)
+    for seq in range(0, 40, 4):  # rolls several times
+        writer.write_batch(
+            [Request(RecordKind.ENTRY, 1, seq + i, b"r" * 200) for i in range(4)], seq
+        )
+        writer.sync()
+    writer.close()
+    segments = list_segments(tmp_path)
+    assert len(segments) > 2
+    assert {read_segment_header(segment.path)[2] for segment in segments} == {3}
+    for wrong in (0, 0x10000):
+        with pytest.raises(ValueError, match="unsynced_batches_max"):
+            SegmentWriter(
+                tmp_path / "other", segment_bytes=4096, first_seq=0, unsynced_batches_max=wrong
+            )
 
 
 def test_write_batch_appends_at_block_boundaries_and_tracks_seq(tmp_path: Path) -> None:
