@@ -14,14 +14,10 @@ A full channel makes `submit` wait: that is the node's backpressure.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -30,9 +26,7 @@ from journal.format import UNSYNCED_BATCHES_LIMIT
 from journal.request import Request
 from journal.segment import SegmentInfo, SegmentWriter, encode_batch_parts
 from journal.spares import SpareSegments
-
-if TYPE_CHECKING:
-    import outcome  # trio's own dependency: what start_thread_soon delivers
+from journal.syncs import RingSyncs, Sync, SyncInThread
 
 _log = logging.getLogger("pora.journal")
 Dispatch = Callable[[list[Request]], Awaitable[None]]
@@ -65,6 +59,9 @@ class GroupCommitConfig:
     #: that no fdatasync converts preallocated (unwritten) extents: journal/spares.py.
     #: 0: none; only with `preallocate`
     spare_segments_max: int = 1
+    #: fdatasync through io_uring where the kernel allows it (journal/uring.py): no
+    #: worker thread to wake, nor GIL to wait for, per sync. Else in threads
+    sync_with_io_uring: bool = True
     #: False only for throwaway test data: an acknowledged add is then not durable
     fsync: bool = True
 
@@ -126,6 +123,8 @@ class Journal:
         self._next_seq = first_seq
         self._dispatched_seq = first_seq
         self._writer: SegmentWriter | None = None
+        #: set while `run` runs, when syncs go through io_uring
+        self._ring_syncs: RingSyncs | None = None
         self._spares: SpareSegments | None = None
         if config.preallocate and config.spare_segments_max > 0:
             self._spares = SpareSegments(
@@ -232,6 +231,10 @@ class Journal:
             )
 
         self._writer = await trio.to_thread.run_sync(open_writer)
+        ring_syncs = None
+        if config.fsync and config.sync_with_io_uring:
+            ring_syncs = RingSyncs.open(config.syncs_in_flight_max)
+        self._ring_syncs = ring_syncs
         sync_slots = trio.Semaphore(config.syncs_in_flight_max)
         #: set once the last group started has been synced and handed over (or failed)
         handed_over: trio.Event | None = None
@@ -240,6 +243,8 @@ class Journal:
             async with trio.open_nursery() as nursery:
                 if spares is not None:
                     nursery.start_soon(self._keep_spares, spares, spare_maker)
+                if ring_syncs is not None:
+                    nursery.start_soon(ring_syncs.reap)
                 task_status.started()
                 try:
                     while self._failure is None:
@@ -259,7 +264,12 @@ class Journal:
                     if spares is not None:
                         spares.stop()
                     spare_maker.cancel()
+                    if ring_syncs is not None:
+                        ring_syncs.stop()  # once the syncs in flight have ended
         finally:
+            self._ring_syncs = None
+            if ring_syncs is not None:
+                ring_syncs.close()
             writer, self._writer = self._writer, None
             if writer is not None:
                 writer.close()
@@ -394,7 +404,7 @@ class Journal:
             self._spare_wanted.set()
         done = trio.Event()
         # the sync starts now, not when the task below first runs (a turn later)
-        sync = _SyncInThread(writer)
+        sync = SyncInThread(writer) if self._ring_syncs is None else self._ring_syncs.start(writer)
         # the sync task gives the slot back once the group is handed over
         nursery.start_soon(
             self._sync_and_hand_over, group, written, sync, previous, done, sync_slots
@@ -405,7 +415,7 @@ class Journal:
         self,
         group: list[Request],
         written: int,
-        sync: _SyncInThread,
+        sync: Sync,
         previous: trio.Event | None,
         done: trio.Event,
         sync_slots: trio.Semaphore,
@@ -474,44 +484,3 @@ class Journal:
             for request in queued:
                 request.fail(self._failure)
         self._send.close()
-
-
-def _timed_sync(writer: SegmentWriter) -> float:
-    started = time.perf_counter()
-    writer.sync()
-    return time.perf_counter() - started
-
-
-class _SyncInThread:
-    """One fdatasync of the journal, started in a worker thread at once.
-
-    `trio.to_thread.run_sync` would start it only when the awaiting task runs, a
-    turn of the event loop after the group was written; every add of the group
-    waits for that turn. The loop learns of the end by a callback.
-    """
-
-    __slots__ = ("_result", "done")
-
-    def __init__(self, writer: SegmentWriter) -> None:
-        self.done = trio.Event()
-        self._result: outcome.Outcome[float] | None = None
-        token = trio.lowlevel.current_trio_token()
-
-        def deliver(result: outcome.Outcome[float]) -> None:  # in the worker thread
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(self._finish, result)
-
-        trio.lowlevel.start_thread_soon(functools.partial(_timed_sync, writer), deliver)
-
-    def _finish(self, result: outcome.Outcome[float]) -> None:
-        self._result = result
-        self.done.set()
-
-    async def seconds(self) -> float:
-        """Wait for the end; the sync's seconds, or its OSError raised."""
-        # shielded, as `to_thread.run_sync` waits: a sync is never abandoned, so
-        # nothing closes the segment under it
-        with trio.CancelScope(shield=True):
-            await self.done.wait()
-        assert self._result is not None
-        return self._result.unwrap()

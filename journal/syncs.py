@@ -1,0 +1,171 @@
+"""The journal's fdatasyncs, started at once and awaited by the group's task.
+
+Two ways, the same contract (`seconds()`: wait for the end, shielded, since a sync
+is never abandoned and so nothing closes the segment under it):
+
+- `RingSyncs`: through io_uring (journal/uring.py), submitted from the event loop,
+  their ends read by one reaper task from an eventfd. No thread of ours in the path.
+- `SyncInThread`: in a worker thread, where io_uring cannot be used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Protocol
+
+import trio
+
+from journal.uring import SyncRing
+
+if TYPE_CHECKING:
+    import outcome  # trio's own dependency: what start_thread_soon delivers
+
+_log = logging.getLogger("pora.journal")
+
+
+class Syncable(Protocol):
+    """What a sync needs of a SegmentWriter."""
+
+    @property
+    def sync_fd(self) -> int | None: ...
+
+    def sync(self) -> None: ...
+
+
+class Sync(Protocol):
+    async def seconds(self) -> float:
+        """Wait for the end; the sync's seconds, or its OSError raised."""
+        ...
+
+
+def _timed_sync(writer: Syncable) -> float:
+    started = time.perf_counter()
+    writer.sync()
+    return time.perf_counter() - started
+
+
+class SyncInThread:
+    """One fdatasync of the journal, started in a worker thread at once.
+
+    `trio.to_thread.run_sync` would start it only when the awaiting task runs, a
+    turn of the event loop after the group was written; every add of the group
+    waits for that turn. The loop learns of the end by a callback.
+    """
+
+    __slots__ = ("_result", "done")
+
+    def __init__(self, writer: Syncable) -> None:
+        self.done = trio.Event()
+        self._result: outcome.Outcome[float] | None = None
+        token = trio.lowlevel.current_trio_token()
+
+        def deliver(result: outcome.Outcome[float]) -> None:  # in the worker thread
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(self._finish, result)
+
+        trio.lowlevel.start_thread_soon(functools.partial(_timed_sync, writer), deliver)
+
+    def _finish(self, result: outcome.Outcome[float]) -> None:
+        self._result = result
+        self.done.set()
+
+    async def seconds(self) -> float:
+        with trio.CancelScope(shield=True):
+            await self.done.wait()
+        assert self._result is not None
+        return self._result.unwrap()
+
+
+class _RingSync:
+    __slots__ = ("done", "result", "seconds_taken", "started")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.started = time.perf_counter()
+        self.result = 0
+        self.seconds_taken = 0.0
+
+    def finish(self, result: int) -> None:
+        self.result = result
+        self.seconds_taken = time.perf_counter() - self.started
+        self.done.set()
+
+    async def seconds(self) -> float:
+        with trio.CancelScope(shield=True):
+            await self.done.wait()
+        if self.result < 0:
+            raise OSError(-self.result, os.strerror(-self.result))
+        return self.seconds_taken
+
+
+class RingSyncs:
+    """Starts fdatasyncs through one io_uring; `reap` (a task) delivers their ends.
+
+    A sync's seconds run from its submission until the loop reads its completion.
+    """
+
+    def __init__(self, ring: SyncRing) -> None:
+        self._ring = ring
+        self._pending: dict[int, _RingSync] = {}
+        self._next_tag = 0
+        #: shielded while syncs are in flight: a cancelled journal still waits for
+        #: them (their tasks do), so the reaper must stay to deliver their ends
+        self._scope = trio.CancelScope()
+        self._stopping = False
+        self.failed = False
+
+    @classmethod
+    def open(cls, syncs_in_flight_max: int) -> RingSyncs | None:
+        ring = SyncRing.open(syncs_in_flight_max)
+        return None if ring is None else cls(ring)
+
+    def start(self, writer: Syncable) -> Sync:
+        """Start an fdatasync of the writer's open segment."""
+        fd = writer.sync_fd
+        if fd is None or self.failed:
+            return SyncInThread(writer)
+        tag = self._next_tag
+        self._next_tag = tag + 1
+        sync = _RingSync()
+        try:
+            self._ring.submit_fdatasync(fd, tag)
+        except (OSError, RuntimeError) as exc:
+            # never seen; a ring that refuses a submission is not used again
+            self.failed = True
+            _log.warning("io_uring refused a journal sync (%s); syncing in threads from now", exc)
+            return SyncInThread(writer)
+        self._pending[tag] = sync
+        self._scope.shield = True
+        return sync
+
+    async def reap(self) -> None:
+        """Deliver completions as they come; runs until cancelled with none in flight."""
+        ring = self._ring
+        pending = self._pending
+        with self._scope:
+            while True:
+                await trio.lowlevel.wait_readable(ring.event_fd)
+                for tag, result in ring.completions():
+                    sync = pending.pop(tag, None)
+                    if sync is not None:
+                        sync.finish(result)
+                self._scope.shield = bool(pending)
+                if self._stopping and not pending:
+                    return
+
+    def stop(self) -> None:
+        """End `reap` once no sync is in flight (at once if none is). Not by
+        cancelling it with syncs in flight: a shield does not hold against the
+        cancel of its own scope, and their tasks would wait for ever."""
+        self._stopping = True
+        if not self._pending:
+            self._scope.cancel()
+
+    def close(self) -> None:
+        if self._pending:  # a bug: their tasks would wait for ever
+            raise RuntimeError(f"closing the sync ring with {len(self._pending)} syncs in flight")
+        self._ring.close()

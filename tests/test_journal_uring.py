@@ -1,0 +1,159 @@
+"""Journal syncs through io_uring: the ring itself, and the journal using it.
+
+These run only where the kernel gives io_uring to this process (x86-64 Linux,
+not disabled): elsewhere the journal syncs in threads, which the other journal
+tests cover, and `test_the_journal_falls_back_to_threads_without_a_ring` checks
+that fallback everywhere.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from journal.format import RecordKind
+from journal.reader import JournalScanner
+from journal.request import Request
+from journal.segment import SegmentWriter
+from journal.syncs import RingSyncs
+from journal.task import GroupCommitConfig, Journal
+from journal.uring import SyncRing
+
+RING = SyncRing.open(2)
+needs_ring = pytest.mark.skipif(RING is None, reason="io_uring is not available here")
+if RING is not None:
+    RING.close()
+
+
+async def wait_for_completions(ring: SyncRing, count: int) -> list[tuple[int, int]]:
+    done: list[tuple[int, int]] = []
+    with trio.fail_after(10):
+        while len(done) < count:
+            await trio.lowlevel.wait_readable(ring.event_fd)
+            done += ring.completions()
+    return done
+
+
+@needs_ring
+async def test_a_ring_syncs_and_reports_each_sync_by_its_tag(tmp_path: Path) -> None:
+    ring = SyncRing.open(2)
+    assert ring is not None
+    fd = os.open(tmp_path / "file", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for round_number in range(20):  # the ring's indexes wrap many times over
+            os.pwrite(fd, b"x" * 4096, round_number * 4096)
+            ring.submit_fdatasync(fd, 2 * round_number)
+            ring.submit_fdatasync(fd, 2 * round_number + 1)
+            assert ring.in_flight == 2
+            done = await wait_for_completions(ring, 2)
+            assert sorted(done) == [(2 * round_number, 0), (2 * round_number + 1, 0)]
+            assert ring.in_flight == 0
+        with pytest.raises(RuntimeError, match="the ring holds 2"):
+            for tag in range(3):
+                ring.submit_fdatasync(fd, tag)
+        await wait_for_completions(ring, 2)
+    finally:
+        os.close(fd)
+        ring.close()
+
+
+@needs_ring
+async def test_a_failed_sync_comes_back_as_its_errno(tmp_path: Path) -> None:
+    ring = SyncRing.open(1)
+    assert ring is not None
+    fd = os.open(tmp_path / "file", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.close(fd)  # a descriptor that is no longer open
+    ring.submit_fdatasync(fd, 7)
+    assert await wait_for_completions(ring, 1) == [(7, -errno.EBADF)]
+    ring.close()
+
+
+class ClosedFile:
+    """A segment whose descriptor was closed under the journal: its sync fails."""
+
+    def __init__(self, directory: Path) -> None:
+        self.sync_fd = os.open(directory / "gone", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.close(self.sync_fd)
+
+    def sync(self) -> None:
+        os.fdatasync(self.sync_fd)
+
+
+@needs_ring
+async def test_ring_syncs_raise_a_failed_sync_as_oserror(tmp_path: Path) -> None:
+    syncs = RingSyncs.open(2)
+    assert syncs is not None
+    writer = SegmentWriter(tmp_path, segment_bytes=4096, first_seq=0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(syncs.reap)
+        writer.write_batch([Request(RecordKind.ENTRY, 1, 0, b"kept")], 0)
+        assert await syncs.start(writer).seconds() >= 0
+        with pytest.raises(OSError) as caught:
+            await syncs.start(ClosedFile(tmp_path)).seconds()
+        assert caught.value.errno == errno.EBADF
+        syncs.stop()
+    syncs.close()
+    writer.close()
+
+
+def entries(ledger_id: int, count: int) -> list[Request]:
+    return [Request(RecordKind.ENTRY, ledger_id, i, bytes([i % 256]) * 300) for i in range(count)]
+
+
+async def run_journal_to_the_end(directory: Path, config: GroupCommitConfig) -> list[int]:
+    """Submit 200 entries in 20 batches; the seqs of the groups the ledgers got."""
+    dispatched: list[int] = []
+
+    async def dispatch(group: list[Request]) -> None:
+        for request in group:
+            dispatched.append(request.seq)
+            request.complete()
+
+    journal = Journal(directory, config, first_seq=0, dispatch=dispatch)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            batch = entries(3, 200)
+            for start in range(0, 200, 10):
+                await journal.submit(batch[start : start + 10])
+            journal.close_input()  # the run ends once every group is handed over
+    return dispatched
+
+
+@needs_ring
+async def test_the_journal_syncs_through_the_ring_and_acks_in_order(tmp_path: Path) -> None:
+    config = GroupCommitConfig(segment_bytes=16 * 1024)  # rolls, which wait for syncs
+    assert await run_journal_to_the_end(tmp_path, config) == list(range(200))
+    records = [r for batch in JournalScanner(tmp_path).batches() for r in batch]
+    assert [(r.ledger_id, r.entry_id) for r in records] == [(3, i) for i in range(200)]
+
+
+async def test_the_journal_falls_back_to_threads_without_a_ring(tmp_path: Path) -> None:
+    config = GroupCommitConfig(segment_bytes=16 * 1024, sync_with_io_uring=False)
+    assert await run_journal_to_the_end(tmp_path, config) == list(range(200))
+
+
+@needs_ring
+async def test_a_cancelled_journal_still_waits_for_its_ring_syncs(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, GroupCommitConfig(), first_seq=0, dispatch=_complete_all)
+    batch = entries(4, 50)
+    with trio.move_on_after(5) as deadline:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            await journal.submit(batch)
+            # no event marks a written group: look once per turn of the loop
+            while journal.statistics().next_seq < 50:
+                await trio.lowlevel.checkpoint()
+            nursery.cancel_scope.cancel()  # the group is written, its sync in flight
+    assert not deadline.cancelled_caught, "the journal did not end"
+    # every sync delivered: each request ended one way or the other, none hangs
+    assert journal.statistics().next_seq == 50
+
+
+async def _complete_all(group: list[Request]) -> None:
+    for request in group:
+        request.complete()
