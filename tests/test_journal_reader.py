@@ -136,6 +136,15 @@ def edit(path: Path, offset: int, data: bytes) -> None:
         file.write(data)
 
 
+def rewrite_batch_header(path: Path, offset: int, *, first_seq: int) -> None:
+    """Give the (valid) batch header at `offset` another first_seq, with a right crc."""
+    data = bytearray(path.read_bytes()[offset : offset + BATCH_HEADER_SIZE])
+    magic, _crc, length, count, _first_seq = BATCH_HEADER.unpack_from(data)
+    BATCH_HEADER.pack_into(data, 0, magic, 0, length, count, first_seq)
+    BATCH_HEADER.pack_into(data, 0, magic, batch_header_crc(data, 0), length, count, first_seq)
+    edit(path, offset, bytes(data))
+
+
 def flip_bit(path: Path, offset: int) -> None:
     with open(path, "r+b") as file:
         file.seek(offset)
@@ -420,11 +429,7 @@ def test_an_intact_batch_with_the_wrong_seq_is_corruption_even_at_the_end(
     write_journal(tmp_path, [3, 3])
     path = list_segments(tmp_path)[0].path
     last_batch = batch_offsets(tmp_path)[path][-1]
-    data = bytearray(path.read_bytes()[last_batch : last_batch + BATCH_HEADER_SIZE])
-    magic, _crc, length, count, _first_seq = BATCH_HEADER.unpack_from(data)
-    BATCH_HEADER.pack_into(data, 0, magic, 0, length, count, 4)
-    BATCH_HEADER.pack_into(data, 0, magic, batch_header_crc(data, 0), length, count, 4)
-    edit(path, last_batch, bytes(data))
+    rewrite_batch_header(path, last_batch, first_seq=4)
     with pytest.raises(JournalCorruption, match="starts at seq 4, expected 3"):
         scan(tmp_path)
 
@@ -435,21 +440,20 @@ def test_an_intact_batch_with_the_wrong_seq_is_corruption_even_at_the_end(
 # was acknowledged, so the damaged one and those after it are a torn tail.
 
 
-def rewrite_batch_header(path: Path, offset: int, *, first_seq: int) -> None:
-    """Give the (valid) batch header at `offset` another first_seq, with a right crc."""
-    data = bytearray(path.read_bytes()[offset : offset + BATCH_HEADER_SIZE])
-    magic, _crc, length, count, _first_seq = BATCH_HEADER.unpack_from(data)
-    BATCH_HEADER.pack_into(data, 0, magic, 0, length, count, first_seq)
-    BATCH_HEADER.pack_into(data, 0, magic, batch_header_crc(data, 0), length, count, first_seq)
-    edit(path, offset, bytes(data))
+def overlapping_journal(
+    directory: Path, batch_count: int, unsynced_batches_max: int
+) -> tuple[Path, list[int]]:
+    """A one-segment journal of `batch_count` batches of 3 whose writer overlaps
+    `unsynced_batches_max` batches; its path and batch offsets."""
+    write_journal(directory, [3] * batch_count, unsynced_batches_max=unsynced_batches_max)
+    path = list_segments(directory)[0].path
+    return path, batch_offsets(directory)[path]
 
 
 def test_a_torn_batch_with_one_written_while_it_synced_after_it_is_a_torn_tail(
     tmp_path: Path,
 ) -> None:
-    write_journal(tmp_path, [3, 3, 3], unsynced_batches_max=2)
-    path = list_segments(tmp_path)[0].path
-    offsets = batch_offsets(tmp_path)[path]
+    path, offsets = overlapping_journal(tmp_path, 3, 2)
     second_record = offsets[1] + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + len(PAYLOAD)
     flip_bit(path, second_record + RECORD_HEADER_SIZE + 5)
     read, summary = scan(tmp_path)
@@ -483,9 +487,7 @@ def zero_batch(path: Path, offsets: list[int]) -> None:
 def test_a_lost_batch_header_with_a_whole_batch_after_it_is_a_torn_tail(
     tmp_path: Path, damage: Callable[[Path, list[int]], None], reason_start: str
 ) -> None:
-    write_journal(tmp_path, [3, 3, 3], unsynced_batches_max=2)
-    path = list_segments(tmp_path)[0].path
-    offsets = batch_offsets(tmp_path)[path]
+    path, offsets = overlapping_journal(tmp_path, 3, 2)
     damage(path, offsets)
     read, summary = scan(tmp_path)
     assert seqs(read) == [0, 1, 2]
@@ -497,9 +499,7 @@ def test_a_lost_batch_header_with_a_whole_batch_after_it_is_a_torn_tail(
 def test_more_whole_batches_after_a_torn_one_than_the_writer_overlaps_is_corruption(
     tmp_path: Path,
 ) -> None:
-    write_journal(tmp_path, [3, 3, 3, 3], unsynced_batches_max=2)
-    path = list_segments(tmp_path)[0].path
-    offsets = batch_offsets(tmp_path)[path]
+    path, offsets = overlapping_journal(tmp_path, 4, 2)
     flip_bit(path, offsets[1] + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + 10)
     with pytest.raises(JournalCorruption) as caught:
         scan(tmp_path)
@@ -511,9 +511,7 @@ def test_more_whole_batches_after_a_torn_one_than_the_writer_overlaps_is_corrupt
 
 
 def test_the_overlap_a_segment_header_records_is_what_decides(tmp_path: Path) -> None:
-    write_journal(tmp_path, [3, 3, 3, 3], unsynced_batches_max=3)
-    path = list_segments(tmp_path)[0].path
-    offsets = batch_offsets(tmp_path)[path]
+    path, offsets = overlapping_journal(tmp_path, 4, 3)
     flip_bit(path, offsets[1] + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + 10)
     read, summary = scan(tmp_path)
     assert seqs(read) == [0, 1, 2]
@@ -525,9 +523,7 @@ def test_the_overlap_a_segment_header_records_is_what_decides(tmp_path: Path) ->
 def test_a_batch_after_a_torn_one_that_was_not_written_next_is_corruption(
     tmp_path: Path,
 ) -> None:
-    write_journal(tmp_path, [3, 3, 3], unsynced_batches_max=2)
-    path = list_segments(tmp_path)[0].path
-    offsets = batch_offsets(tmp_path)[path]
+    path, offsets = overlapping_journal(tmp_path, 3, 2)
     flip_bit(path, offsets[1] + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + 10)
     rewrite_batch_header(path, offsets[2], first_seq=7)  # the torn batch holds 3..5
     with pytest.raises(JournalCorruption) as caught:
@@ -568,9 +564,7 @@ def test_the_overlap_never_excuses_damage_before_the_last_segment(tmp_path: Path
 
 
 def test_from_seq_still_checks_every_batch_that_may_have_been_unsynced(tmp_path: Path) -> None:
-    write_journal(tmp_path, [3, 3, 3], unsynced_batches_max=2)
-    path = list_segments(tmp_path)[0].path
-    offsets = batch_offsets(tmp_path)[path]
+    path, offsets = overlapping_journal(tmp_path, 3, 2)
     flip_bit(path, offsets[1] + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + 10)
     # the torn batch is below from_seq, but only one batch follows it: not skipped unread
     read, summary = scan(tmp_path, from_seq=6)
