@@ -145,6 +145,9 @@ class JournalScanner:
         self._next_seq: int | None = None
         #: the open segment header's promise: batches written and not yet synced
         self._unsynced_batches_max = 1
+        #: the open segment's first seq: a valid batch header below it is stale, left
+        #: from the file's life as an earlier segment (recycled, journal/spares.py)
+        self._floor_seq = 0
         #: set while replay_requests() runs: records become Requests, durable ones skipped
         self._selection: _ReplaySelection | None = None
         self.summary = ScanSummary()
@@ -185,6 +188,7 @@ class JournalScanner:
             if len(header) < SEGMENT_HEADER_SIZE or not any(header):
                 # the crash came while the segment was being created
                 self._start_segment(path, segment.first_seq)
+                self._floor_seq = segment.first_seq
                 if len(header) < SEGMENT_HEADER_SIZE:
                     reason = f"segment header incomplete: the file has only {size} bytes"
                 else:
@@ -194,13 +198,20 @@ class JournalScanner:
                 if size > SEGMENT_HEADER_SIZE:
                     with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                         _check_no_batch_after(
-                            path, mapped, file.fileno(), SEGMENT_HEADER_SIZE, 0, reason
+                            path,
+                            mapped,
+                            file.fileno(),
+                            SEGMENT_HEADER_SIZE,
+                            0,
+                            reason,
+                            segment.first_seq,
                         )
                 self.summary.torn_tail = TornTail(path, 0, reason)
                 return
             first_seq, unsynced_batches_max = self._check_segment_header(segment, header)
             self._start_segment(path, first_seq)
             self._unsynced_batches_max = unsynced_batches_max
+            self._floor_seq = first_seq
             with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                 if hasattr(mmap, "MADV_SEQUENTIAL"):
                     mapped.madvise(mmap.MADV_SEQUENTIAL)
@@ -292,11 +303,14 @@ class JournalScanner:
                     )
                 return
             fields = BATCH_HEADER.unpack_from(mapped, offset)
-            if fields == _ZERO_BATCH_HEADER:
+            stale = fields[4] < self._floor_seq and _stale_batch_at(mapped, offset)
+            if fields == _ZERO_BATCH_HEADER or stale:
                 # end of data: segments roll before they are full, preallocated space is
-                # zeros. Or a batch none of which reached the disk, with batches written
-                # while it synced after it
-                self._end_of_data(path, mapped, fd, offset, is_last=is_last)
+                # zeros, and a writer ends each batch with a zero block in a recycled one
+                # (a batch of the file's earlier life here is a fallback). Or a batch none
+                # of which reached the disk, with batches written while it synced after it
+                what = "a stale batch header" if stale else "an all-zero batch header"
+                self._end_of_data(path, mapped, fd, offset, what, is_last=is_last)
                 return
             _magic, _crc, records_length, count, first_seq = fields
             try:
@@ -372,7 +386,7 @@ class JournalScanner:
         from_seq = self._from_seq
         if first_seq + count <= from_seq:
             next_offset = round_up_to_block(records_end)
-            if _valid_batches_at(mapped, next_offset, self._unsynced_batches_max):
+            if _valid_batches_at(mapped, next_offset, self._unsynced_batches_max, self._floor_seq):
                 # all below from_seq, and enough valid batches follow that it was
                 # synced: not a possible torn tail, so skip it by its header, unread
                 return []
@@ -564,14 +578,16 @@ class JournalScanner:
         self._torn_tail(path, offset, reason, after)
 
     def _end_of_data(
-        self, path: Path, mapped: mmap.mmap, fd: int, offset: int, *, is_last: bool
+        self, path: Path, mapped: mmap.mmap, fd: int, offset: int, what: str, *, is_last: bool
     ) -> None:
-        """An all-zero batch header at `offset`: the end of the segment's data, or, in
-        the last segment, a batch that never reached the disk with batches written
-        while it synced after it (a torn tail); raises JournalCorruption for a hole."""
-        what = "an all-zero batch header"
+        """An all-zero (or stale) batch header at `offset`, `what`: the end of the
+        segment's data, or, in the last segment, a batch that never reached the disk
+        with batches written while it synced after it (a torn tail); raises
+        JournalCorruption for a hole."""
         if not is_last:
-            _check_no_batch_after(path, mapped, fd, offset + BLOCK_SIZE, offset, what)
+            _check_no_batch_after(
+                path, mapped, fd, offset + BLOCK_SIZE, offset, what, self._floor_seq
+            )
             return
         try:
             after = self._batches_after(mapped, fd, offset, None)
@@ -590,7 +606,13 @@ class JournalScanner:
     ) -> list[_Extent]:
         assert self._next_seq is not None  # set by the segment header
         return _batches_written_while_syncing(
-            mapped, fd, offset, damaged, self._next_seq, self._unsynced_batches_max
+            mapped,
+            fd,
+            offset,
+            damaged,
+            self._next_seq,
+            self._unsynced_batches_max,
+            self._floor_seq,
         )
 
     def _torn_tail(self, path: Path, offset: int, reason: str, after: list[_Extent]) -> None:
@@ -632,21 +654,23 @@ def _batches_written_while_syncing(
     damaged: _Extent | None,
     expected_seq: int,
     unsynced_batches_max: int,
+    floor_seq: int,
 ) -> list[_Extent]:
     """The valid batches after a batch at `offset` that is not intact (`damaged`: its
     extent if its header is valid; its seqs start at `expected_seq`), when they may
     all have been written while it synced: at most `unsynced_batches_max - 1`, each
-    right after the one before in place and seq. Raises _NotATornTail otherwise."""
+    right after the one before in place and seq. Raises _NotATornTail otherwise.
+    Batches below `floor_seq` (stale, see `_valid_batch_at`) are not looked at."""
     position: int | None
     if damaged is not None:
         # its length and seqs are right: skip its own payload bytes, which may
         # hold anything, and know exactly where and at which seq the next one starts
         place, least_seq, exact = damaged.end, damaged.first_seq + damaged.record_count, True
-        position = _find_valid_batch(mapped, fd, place)
+        position = _find_valid_batch(mapped, fd, place, floor_seq)
     else:
         # at least one seq and one block are the damaged batch's
         place, least_seq, exact = -1, expected_seq + 1, False
-        position = _find_valid_batch(mapped, fd, offset + BLOCK_SIZE)
+        position = _find_valid_batch(mapped, fd, offset + BLOCK_SIZE, floor_seq)
     if position is None:
         return []
     first_later = position
@@ -674,15 +698,22 @@ def _batches_written_while_syncing(
         extent = _Extent(position, records_length, first_seq, count)
         after.append(extent)
         place, least_seq, exact = extent.end, first_seq + count, True
-        position = _find_valid_batch(mapped, fd, place)
+        position = _find_valid_batch(mapped, fd, place, floor_seq)
     return after
 
 
 def _check_no_batch_after(
-    path: Path, mapped: mmap.mmap, fd: int, start: int, end_of_data: int, what: str
+    path: Path,
+    mapped: mmap.mmap,
+    fd: int,
+    start: int,
+    end_of_data: int,
+    what: str,
+    floor_seq: int,
 ) -> None:
-    """Raise JournalCorruption if a valid batch starts at or after `start`."""
-    later = _find_valid_batch(mapped, fd, start)
+    """Raise JournalCorruption if a valid batch (from `floor_seq` on) starts at or
+    after `start`."""
+    later = _find_valid_batch(mapped, fd, start, floor_seq)
     if later is not None:
         raise JournalCorruption(
             path,
@@ -692,26 +723,41 @@ def _check_no_batch_after(
         )
 
 
-def _valid_batches_at(mapped: mmap.mmap, offset: int, how_many: int) -> bool:
+def _valid_batches_at(mapped: mmap.mmap, offset: int, how_many: int, floor_seq: int) -> bool:
     """Whether `how_many` valid batch headers start at `offset`, each right after the
     one before."""
     for _ in range(how_many):
-        if not _valid_batch_at(mapped, offset):
+        if not _valid_batch_at(mapped, offset, floor_seq):
             return False
         records_length: int = BATCH_HEADER.unpack_from(mapped, offset)[2]
         offset = round_up_to_block(offset + BATCH_HEADER_SIZE + records_length)
     return True
 
 
-def _valid_batch_at(mapped: mmap.mmap, offset: int) -> bool:
-    """Whether a batch header with the right magic and crc starts at `offset`."""
+def _valid_batch_at(mapped: mmap.mmap, offset: int, floor_seq: int) -> bool:
+    """Whether a batch header with the right magic and crc, and a first seq of at least
+    `floor_seq` (the segment's), starts at `offset`.
+
+    One below it is stale: the segment's file was recycled (journal/spares.py) and
+    still holds batches of its earlier life after its data, all of seqs the journal
+    had trimmed before this segment began. They are none of this segment's.
+    """
     if offset + BATCH_HEADER_SIZE > len(mapped):
         return False
+    magic, crc, _length, _count, first_seq = BATCH_HEADER.unpack_from(mapped, offset)
+    return bool(
+        magic == BATCH_MAGIC and first_seq >= floor_seq and crc == batch_header_crc(mapped, offset)
+    )
+
+
+def _stale_batch_at(mapped: mmap.mmap, offset: int) -> bool:
+    """Whether the batch header at `offset`, whose first seq is below its segment's,
+    is one of a recycled file's earlier life: the right magic and crc."""
     magic, crc, _length, _count, _first_seq = BATCH_HEADER.unpack_from(mapped, offset)
     return bool(magic == BATCH_MAGIC and crc == batch_header_crc(mapped, offset))
 
 
-def _find_valid_batch(mapped: mmap.mmap, fd: int, start: int) -> int | None:
+def _find_valid_batch(mapped: mmap.mmap, fd: int, start: int, floor_seq: int) -> int | None:
     """The offset of the first valid batch header at a block boundary >= start.
 
     Only the file's data regions are searched: the preallocated, never written rest
@@ -728,19 +774,19 @@ def _find_valid_batch(mapped: mmap.mmap, fd: int, start: int) -> int | None:
             if error.errno == errno.ENXIO:  # no data past position
                 return None
             data_start, data_end = position, size  # no SEEK_DATA here: search it all
-        found = _find_valid_batch_in(mapped, round_up_to_block(data_start), data_end)
+        found = _find_valid_batch_in(mapped, round_up_to_block(data_start), data_end, floor_seq)
         if found is not None:
             return found
         position = data_end
     return None
 
 
-def _find_valid_batch_in(mapped: mmap.mmap, start: int, end: int) -> int | None:
+def _find_valid_batch_in(mapped: mmap.mmap, start: int, end: int, floor_seq: int) -> int | None:
     # find() runs in C: over zeros or payload bytes it is far faster than unpacking
     # every block boundary in Python
     position = mapped.find(_BATCH_MAGIC_BYTES, start, end)
     while position >= 0:
-        if position % BLOCK_SIZE == 0 and _valid_batch_at(mapped, position):
+        if position % BLOCK_SIZE == 0 and _valid_batch_at(mapped, position, floor_seq):
             return position
         # only block boundaries count: jump to the next one
         position = mapped.find(_BATCH_MAGIC_BYTES, round_up_to_block(position + 1), end)

@@ -208,6 +208,10 @@ def encode_batch(requests: Sequence[Request], first_seq: int) -> bytes:
 # --- files ----------------------------------------------------------------------------
 
 
+#: written after every batch that leaves room for it: see `write_encoded`
+_END_OF_DATA_BLOCK: Final = bytes(BLOCK_SIZE)
+
+
 def write_segment_header(
     fd: int, first_seq: int, created_ms: int, unsynced_batches_max: int = 1
 ) -> None:
@@ -260,7 +264,8 @@ class SegmentWriter:
                 f"{newer[0].path.name} already starts at seq {newer[0].first_seq}. "
                 "Recovery must replay the journal first"
             )
-        self._fd, self._segment = self._create_segment(first_seq)
+        #: whether the open segment was a spare (maybe a recycled one: see write_encoded)
+        self._fd, self._segment, self._from_spare = self._create_segment(first_seq)
         self._offset = SEGMENT_HEADER_SIZE  # where the next batch goes
         self._next_seq = first_seq
 
@@ -305,6 +310,11 @@ class SegmentWriter:
         holds_a_batch = self._offset > SEGMENT_HEADER_SIZE
         if holds_a_batch and self._offset + length > self._segment_bytes:
             self._roll(first_seq)
+        if self._from_spare and self._offset + length + BLOCK_SIZE <= self._segment_bytes:
+            # a zero block after the batch marks the end of the data (the next batch
+            # overwrites it): a recycled spare holds its earlier life's bytes there,
+            # and a reader must not take them for a torn batch (journal/spares.py)
+            parts = [*parts, _END_OF_DATA_BLOCK]
         pwritev_all(self._fd, parts, self._offset)
         # only now: after a failed write the next batch goes to the same place
         self._offset += length
@@ -331,9 +341,10 @@ class SegmentWriter:
 
     def _roll(self, first_seq: int) -> None:
         # create the new segment first: if that fails, the open one stays usable
-        fd, segment = self._create_segment(first_seq)
+        fd, segment, from_spare = self._create_segment(first_seq)
         old_fd = self._fd
         self._fd, self._segment, self._offset = fd, segment, SEGMENT_HEADER_SIZE
+        self._from_spare = from_spare
         try:
             # the caller synced after the last batch; this costs nothing then, and an
             # unsynced batch in a segment that is no longer last would be corruption
@@ -342,53 +353,73 @@ class SegmentWriter:
         finally:
             os.close(old_fd)
 
-    def _create_segment(self, first_seq: int) -> tuple[int, SegmentInfo]:
+    def _create_segment(self, first_seq: int) -> tuple[int, SegmentInfo, bool]:
+        """A new segment with its header durable: (fd, info, whether from a spare)."""
         created_ms = time.time_ns() // 1_000_000
         path = self._directory / segment_file_name(first_seq, created_ms)
-        fd = self._open_from_spare(path)
+        header = encode_segment_header(first_seq, created_ms, self._unsynced_batches_max)
+        fd = self._open_from_spare(path, header)
+        from_spare = fd >= 0
         if fd < 0:
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             except FileExistsError:
                 raise _segment_exists(path) from None
-        try:
-            if self._preallocate and os.fstat(fd).st_size < self._segment_bytes:
-                os.posix_fallocate(fd, 0, self._segment_bytes)
-            write_segment_header(fd, first_seq, created_ms, self._unsynced_batches_max)
-            if self._fsync:
-                os.fdatasync(fd)
+            try:
+                if self._preallocate and os.fstat(fd).st_size < self._segment_bytes:
+                    os.posix_fallocate(fd, 0, self._segment_bytes)
+                pwrite_all(fd, header, 0)
+                if self._fsync:
+                    os.fdatasync(fd)
+            except BaseException:
+                # a half-made segment would read as a torn tail; better not to leave it
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                raise
+        if self._fsync:
+            try:
                 fsync_directory(self._directory)
-        except BaseException:
-            # a half-made segment would read as a torn tail; better not to leave it
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                path.unlink()
-            raise
-        return fd, SegmentInfo(path, first_seq, created_ms)
+            except BaseException:
+                os.close(fd)
+                raise
+        return fd, SegmentInfo(path, first_seq, created_ms), from_spare
 
-    def _open_from_spare(self, path: Path) -> int:
-        """Give a ready spare the name `path` and open it; -1 when there is none.
+    def _open_from_spare(self, path: Path, header: bytes) -> int:
+        """Give a ready spare `header` and the name `path`, and open it; -1 when there
+        is none.
 
-        A hard link, not a rename: a link never replaces an existing file, as
-        O_EXCL never opens one. A crash between link and unlink leaves the spare
-        linked twice, which the next start's `SpareSegments.adopt` deletes.
+        The header is written and synced while the file still has its spare name: a
+        recycled spare holds an earlier segment's header, which must never be seen
+        under the new name. Then a hard link, not a rename: a link never replaces an
+        existing file, as O_EXCL never opens one. A crash between link and unlink
+        leaves the spare linked twice, which the next start's `SpareSegments.adopt`
+        deletes.
         """
         spare = None if self._spares is None else self._spares.take()
         if spare is None:
             return -1
         try:
+            fd = os.open(spare, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            return -1  # the spare is gone: make a segment anew
+        try:
+            pwrite_all(fd, header, 0)
+            if self._fsync:
+                os.fdatasync(fd)
             os.link(spare, path)
         except FileExistsError:
+            os.close(fd)
             raise _segment_exists(path) from None
         except OSError:
-            return -1  # the spare is gone or the filesystem has no links: make one anew
-        os.unlink(spare)
-        try:
-            return os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            os.close(fd)
+            return -1  # a write error or no links here: make a segment anew
         except BaseException:
-            with contextlib.suppress(OSError):
-                path.unlink()  # a segment without its header block: better not to leave it
+            os.close(fd)
             raise
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(spare)
+        return fd
 
 
 def _segment_exists(path: Path) -> JournalError:

@@ -51,6 +51,7 @@ class SpareSegments:
         self._stopping = threading.Event()
         self.made = 0
         self.taken = 0
+        self.recycled = 0
 
     # --- state ---------------------------------------------------------------------------
 
@@ -71,6 +72,43 @@ class SpareSegments:
                 return None
             self.taken += 1
             return self._ready.pop(0)
+
+    def recycle(self, segment: Path) -> bool:
+        """Make a trimmed segment a spare, bytes and all, if the pool has room and it
+        has the spare size (one that grew past it does not); False otherwise, and the
+        caller deletes it. Blocking (a link and an unlink); the caller fsyncs the
+        directory.
+
+        Its blocks are written already, so it is as good as a zero-filled spare for
+        the next segment's syncs, at no cost. Its old batches stay in it: the writer
+        ends every batch with a zero block, and readers skip any batch whose seq is
+        below its segment's first seq (all of a trimmed segment's are).
+        """
+        try:
+            if os.stat(segment).st_size != self._segment_bytes:
+                return False
+        except FileNotFoundError:
+            return False
+        with self._lock:
+            if len(self._ready) >= self._spares_max or self._stopping.is_set():
+                return False
+            created_ms = time.time_ns() // 1_000_000
+            for number in itertools.count():
+                stem = f"spare-{created_ms}-{number}"
+                spare = self._directory / f"{stem}{SPARE_SUFFIX}"
+                if spare.with_name(f"{stem}{PARTIAL_SUFFIX}").exists():
+                    continue  # the name a spare being made will get
+                try:
+                    # a link never replaces a file; a crash before the unlink leaves
+                    # it linked twice, and the next start deletes the spare name
+                    os.link(segment, spare)
+                except FileExistsError:
+                    continue
+                break
+            os.unlink(segment)
+            self._ready.append(spare)
+            self.recycled += 1
+        return True
 
     def stop(self) -> None:
         """Make `make_one` give up soon (at shutdown); what is ready stays for next time."""
@@ -142,15 +180,16 @@ class SpareSegments:
         """A new partial spare, open, and the name it gets when complete: a name that
         neither it nor a complete spare has (two can be made in one millisecond)."""
         created_ms = time.time_ns() // 1_000_000
-        for number in itertools.count():
-            stem = f"spare-{created_ms}-{number}"
-            finished = self._directory / f"{stem}{SPARE_SUFFIX}"
-            if finished.exists():
-                continue
-            partial = finished.with_name(f"{stem}{PARTIAL_SUFFIX}")
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-            try:
-                return os.open(partial, flags, 0o644), partial, finished
-            except FileExistsError:
-                continue
+        with self._lock:  # `recycle` picks names too
+            for number in itertools.count():
+                stem = f"spare-{created_ms}-{number}"
+                finished = self._directory / f"{stem}{SPARE_SUFFIX}"
+                if finished.exists():
+                    continue
+                partial = finished.with_name(f"{stem}{PARTIAL_SUFFIX}")
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                try:
+                    return os.open(partial, flags, 0o644), partial, finished
+                except FileExistsError:
+                    continue
         raise AssertionError("unreachable: itertools.count() never ends")

@@ -59,6 +59,10 @@ class GroupCommitConfig:
     #: that no fdatasync converts preallocated (unwritten) extents: journal/spares.py.
     #: 0: none; only with `preallocate`
     spare_segments_max: int = 1
+    #: a trimmed segment becomes a spare (while fewer than `spare_segments_max` are
+    #: ready) instead of being deleted: its blocks are written already, so no zeros
+    #: need writing for the next segment (journal/spares.py)
+    recycle_segments: bool = True
     #: fdatasync through io_uring where the kernel allows it (journal/uring.py): no
     #: worker thread to wake, nor GIL to wait for, per sync. Else in threads
     sync_with_io_uring: bool = True
@@ -94,9 +98,11 @@ class JournalStatistics:
     queued_batches: int
     open_segment: SegmentInfo | None
     failed: bool
-    #: zero-filled spare segments made, and taken by a roll (journal/spares.py)
+    #: spare segments zero-filled, taken by a roll, and made of a trimmed segment
+    #: (journal/spares.py)
     spare_segments_made: int = 0
     spare_segments_taken: int = 0
+    spare_segments_recycled: int = 0
 
 
 class Journal:
@@ -149,6 +155,16 @@ class Journal:
         self._last_write_started = 0.0
         #: called with (records, bytes, sync seconds) after every commit (metrics)
         self.on_commit: Callable[[int, int, float], None] | None = None
+        #: awaited before a spare is zero-filled: the node trims the journal then, and
+        #: a trimmed segment may become that spare (`recycle_pool`), with no zeros
+        #: to write. By then the segment closed last is usually all flushed
+        self.reclaim: Callable[[], Awaitable[object]] | None = None
+
+    @property
+    def recycle_pool(self) -> SpareSegments | None:
+        """Where the trimmer puts trimmed segments to be reused (`delete_segments`),
+        or None when they are deleted."""
+        return self._spares if self._config.recycle_segments else None
 
     # --- submitting ------------------------------------------------------------------
 
@@ -207,6 +223,7 @@ class Journal:
             failed=self._failure is not None,
             spare_segments_made=0 if self._spares is None else self._spares.made,
             spare_segments_taken=0 if self._spares is None else self._spares.taken,
+            spare_segments_recycled=0 if self._spares is None else self._spares.recycled,
         )
 
     # --- the task ----------------------------------------------------------------------
@@ -280,6 +297,16 @@ class Journal:
             while True:
                 await self._spare_wanted.wait()
                 self._spare_wanted = trio.Event()
+                if self.reclaim is not None and spares.wanted():
+                    try:
+                        await self.reclaim()
+                    except OSError as exc:
+                        _log.warning(
+                            "trimming the journal in %s before making a spare failed (%s); "
+                            "zero-filling one instead",
+                            self._directory,
+                            exc.strerror or exc,
+                        )
                 # asked again while a failed attempt ran: same segment, so not yet
                 while spares.wanted() and self.open_segment != self._spare_failed_in:
                     try:

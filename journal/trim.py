@@ -14,6 +14,7 @@ from pathlib import Path
 
 from journal.fileio import fsync_directory
 from journal.segment import SegmentInfo
+from journal.spares import SpareSegments
 
 
 def trimmable_segments(
@@ -37,14 +38,25 @@ def trimmable_segments(
     return trimmable
 
 
-def delete_segments(directory: Path, segments: Sequence[SegmentInfo]) -> int:
+def delete_segments(
+    directory: Path, segments: Sequence[SegmentInfo], *, recycle_into: SpareSegments | None = None
+) -> int:
     """Unlink `segments` oldest first, then fsync `directory`; returns the bytes freed.
 
     Oldest first, so a crash part way leaves a journal without holes. A segment that
     is already gone (an earlier trim crashed after unlinking it) counts as freed.
+
+    With `recycle_into`, a segment becomes a spare instead while that pool has room
+    (`SpareSegments.recycle`), and frees nothing. Only for segments trimmed from a
+    running journal: all their seqs are below the next segment's first seq, which
+    is what lets readers tell their bytes from a later segment's. Not for what
+    recovery replayed: a torn tail's dropped batches hold seqs the journal writes
+    again.
     """
     freed_bytes = 0
     for segment in segments:
+        if recycle_into is not None and recycle_into.recycle(segment.path):
+            continue
         try:
             size = os.stat(segment.path).st_size
             os.unlink(segment.path)

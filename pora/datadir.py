@@ -27,7 +27,12 @@ DATA_DIR_FORMAT: Final = "pora-data"
 #   2: journal v2, entry log v2, ledger metadata v2 (master keys, LAC, state records).
 #   3: index v2 (positions stored by run: one key per flush, not one per entry).
 #   4: journal v3 (an ENTRY record carries a run of consecutive entries).
-DATA_DIR_VERSION: Final = 4
+#   5: journal segments may be recycled: a spare made of a trimmed segment keeps
+#      its bytes, which readers before it would take for corruption. A node
+#      upgrades a version 4 dir in place when it starts (nothing else changed).
+DATA_DIR_VERSION: Final = 5
+#: versions this build opens; a node rewrites an older one's marker as it starts
+READABLE_VERSIONS: Final = (4, 5)
 MARKER_NAME: Final = "PORA"
 LOCK_NAME: Final = "LOCK"
 
@@ -44,6 +49,8 @@ class DataDirLocked(DataDirError):
 class DataDir:
     root: Path
     instance_id: str
+    #: the marker's version: one of READABLE_VERSIONS
+    version: int = DATA_DIR_VERSION
 
     @property
     def journal_dir(self) -> Path:
@@ -78,12 +85,26 @@ def open_data_dir(root: Path, *, create: bool = True) -> DataDir:
         raise DataDirError(f"{marker} is damaged ({exc}); it should be a JSON object") from exc
     if fmt != DATA_DIR_FORMAT:
         raise DataDirError(f"{root} holds {fmt!r} data, not {DATA_DIR_FORMAT!r}")
-    if version != DATA_DIR_VERSION:
+    if version not in READABLE_VERSIONS:
         raise DataDirError(
             f"{root} is a Pora data dir of format version {version}; this build reads "
-            f"version {DATA_DIR_VERSION}. Use a Pora release that knows version {version}"
+            f"versions {', '.join(map(str, READABLE_VERSIONS))}. Use a Pora release that "
+            f"knows version {version}"
         )
-    return DataDir(root, str(instance_id))
+    return DataDir(root, str(instance_id), int(version))
+
+
+def upgrade_data_dir(directory: DataDir) -> DataDir:
+    """Mark an older data dir (READABLE_VERSIONS) as DATA_DIR_VERSION, keeping its
+    instance id and creation time: for a node about to write in the newer way, with
+    the dir's lock held. Returns the dir as it is now."""
+    if directory.version == DATA_DIR_VERSION:
+        return directory
+    marker = directory.root / MARKER_NAME
+    info = json.loads(marker.read_text())
+    info["version"] = DATA_DIR_VERSION
+    _write_marker(directory.root, info)
+    return DataDir(directory.root, directory.instance_id, DATA_DIR_VERSION)
 
 
 def _initialise(root: Path) -> DataDir:
@@ -95,6 +116,12 @@ def _initialise(root: Path) -> DataDir:
         "instance_id": instance_id,
         "created_ms": time.time_ns() // 1_000_000,
     }
+    _write_marker(root, info)
+    return DataDir(root, instance_id)
+
+
+def _write_marker(root: Path, info: dict[str, object]) -> None:
+    """Replace the marker atomically and durably."""
     tmp = root / (MARKER_NAME + ".tmp")
     with open(tmp, "w") as f:
         json.dump(info, f)
@@ -103,7 +130,6 @@ def _initialise(root: Path) -> DataDir:
         os.fsync(f.fileno())
     os.replace(tmp, root / MARKER_NAME)
     fsync_directory(root)
-    return DataDir(root, instance_id)
 
 
 class DataDirLock:

@@ -149,7 +149,7 @@ class NodeCollector(Collector):
         yield _gauge("pora_open_files", "Open entry-log files", ledgers.open_files)
         yield _counter(
             "pora_journal_segments_trimmed",
-            "Journal segments deleted",
+            "Journal segments trimmed (deleted, or recycled into spares)",
             stats.journal_segments_trimmed,
         )
         yield _counter(
@@ -161,6 +161,11 @@ class NodeCollector(Collector):
             "pora_journal_spare_segments_taken",
             "Segment rolls that found a spare ready (the rest preallocated)",
             journal.spare_segments_taken,
+        )
+        yield _counter(
+            "pora_journal_spare_segments_recycled",
+            "Trimmed journal segments kept as spares (no zeros to write for them)",
+            journal.spare_segments_recycled,
         )
         if self.server_statistics is not None:
             yield from _server_metrics(self.server_statistics())

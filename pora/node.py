@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import hmac
 import logging
@@ -46,7 +47,7 @@ from ledger.registry import LedgerRegistry, RegistryStatistics
 from ledger.state import LedgerInfo, LedgerState
 from ledger.storage import LedgerStorage
 from pora.config import NodeConfig
-from pora.datadir import DataDir, DataDirLock, open_data_dir
+from pora.datadir import DataDir, DataDirLock, open_data_dir, upgrade_data_dir
 from pora.recovery import ProgressCallback, RecoveryReport, replay_journal
 
 _log = logging.getLogger("pora.node")
@@ -144,6 +145,9 @@ class Node:
         self._recovery = recovery
         self._closed = False
         self._segments_trimmed = 0
+        #: one trim at a time: the periodic one and the journal's `reclaim` may meet
+        self._trim_lock = trio.Lock()
+        journal.reclaim = self.trim_journal
         self._read_only: str | None = None
         self._commit_listeners: list[CommitListener] = []
         self._master_keys = registry.storage.master_keys
@@ -618,10 +622,16 @@ class Node:
     # --- journal trimming --------------------------------------------------------------------
 
     async def trim_journal(self) -> int:
-        """Delete the journal segments whose every record is durable elsewhere.
+        """Delete the journal segments whose every record is durable elsewhere (or
+        keep them as spares: `GroupCommitConfig.recycle_segments`).
 
-        Returns how many were deleted. Runs periodically; callable by hand (tests).
+        Returns how many went. Runs periodically, and before the journal makes a
+        spare segment (`Journal.reclaim`); callable by hand (tests).
         """
+        async with self._trim_lock:
+            return await self._trim_journal()
+
+    async def _trim_journal(self) -> int:
         oldest = self._registry.oldest_undurable_seq()
         watermark = self._journal.dispatched_seq
         if oldest is not None:
@@ -635,7 +645,10 @@ class Node:
         # the index writes of flushes were not synced one by one: sync them all now,
         # before the journal that could redo them goes away
         await trio.to_thread.run_sync(index.sync)
-        await trio.to_thread.run_sync(delete_segments, journal_dir, victims)
+        pool = self._journal.recycle_pool
+        await trio.to_thread.run_sync(
+            functools.partial(delete_segments, journal_dir, victims, recycle_into=pool)
+        )
         self._segments_trimmed += len(victims)
         return len(victims)
 
@@ -666,6 +679,7 @@ async def open_node(
     lock = DataDirLock(directory.root)
     lock.acquire()
     try:
+        directory = await trio.to_thread.run_sync(upgrade_data_dir, directory)
         index = await trio.to_thread.run_sync(
             lambda: Index(
                 directory.index_dir,

@@ -33,7 +33,7 @@ def payload_for(ledger_id: int, entry_id: int) -> bytes:
 # flush, roll and trim often, so kills land among flushes and trims, not only adds
 NODE_OPTIONS: dict[str, Any] = {
     "flush_interval_ms": 200.0,
-    "memtable_flush_bytes": 256 * 1024,
+    "memtable_flush_bytes": 32 * 1024,
     "segment_bytes": 1 << 20,
     "trim_interval_ms": 200.0,
 }

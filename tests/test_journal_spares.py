@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -20,6 +21,7 @@ from journal.reader import JournalScanner
 from journal.request import Request
 from journal.segment import SegmentWriter, list_segments
 from journal.spares import PARTIAL_SUFFIX, SPARE_SUFFIX, SpareSegments
+from journal.trim import delete_segments
 
 SEGMENT_BYTES = 64 * 1024
 
@@ -187,3 +189,160 @@ async def test_a_full_disk_while_making_a_spare_loses_nothing(
             assert await node.read_entry(6, entry_id) == bytes([entry_id]) * 2000
         # no retry while the same segment is open: a full disk is not hammered
         assert caplog.text.count("could not make a spare journal segment") == 1
+
+
+# --- recycled segments: a trimmed segment becomes the next spare -------------------------
+
+
+def write_until_roll(writer: SegmentWriter, ledger_id: int, payload_bytes: int) -> list[bytes]:
+    """Write one-entry batches (synced) until the writer rolls; return their payloads."""
+    written: list[bytes] = []
+    segment = writer.open_segment
+    while writer.open_segment == segment:
+        seq = writer.next_seq
+        payload = bytes([seq % 251]) * payload_bytes
+        writer.write_batch([Request(RecordKind.ENTRY, ledger_id, seq, payload)], seq)
+        writer.sync()
+        written.append(payload)
+    return written
+
+
+def scan_payloads(directory: Path) -> tuple[list[bytes], JournalScanner]:
+    scanner = JournalScanner(directory)
+    payloads = [record.payload for batch in scanner.batches() for record in batch]
+    return payloads, scanner
+
+
+def recycled_journal(directory: Path) -> tuple[SegmentWriter, SpareSegments, list[bytes], int]:
+    """A writer whose open segment is a recycled one, holding two small batches and,
+    after them, the batches of its earlier life. Returns the writer, the spares,
+    every payload that must read back, and the inode of the recycled file."""
+    spares = make_spares(directory)
+    writer = SegmentWriter(
+        directory, segment_bytes=SEGMENT_BYTES, first_seq=0, spares=spares, unsynced_batches_max=2
+    )
+    write_until_roll(writer, 3, 3000)  # the first segment, full of batches
+    first, _second = list_segments(directory)
+    inode = first.path.stat().st_ino
+    assert delete_segments(directory, [first], recycle_into=spares) == 0  # nothing freed
+    assert (spares.recycled, spares.ready_count) == (1, 1)
+    (spare,) = spare_files(directory)
+    assert spare.stat().st_ino == inode and any(spare.read_bytes()[512:])  # bytes and all
+    # what must read back: the second segment's batches, then what goes into the third
+    expected = scan_payloads(directory)[0]
+    expected += write_until_roll(writer, 3, 3000)
+    assert writer.open_segment.path.stat().st_ino == inode  # the roll took the recycled one
+    for _ in range(2):
+        seq = writer.next_seq
+        payload = b"new life %d" % seq
+        writer.write_batch([Request(RecordKind.ENTRY, 3, seq, payload)], seq)
+        writer.sync()
+        expected.append(payload)
+    return writer, spares, expected, inode
+
+
+def test_a_trimmed_segment_becomes_a_spare_and_its_old_batches_never_read_back(
+    tmp_path: Path,
+) -> None:
+    writer, _spares, expected, _inode = recycled_journal(tmp_path)
+    writer.close()
+    last = list_segments(tmp_path)[-1]
+    data = last.path.read_bytes()
+    end = writer.open_segment_bytes_used
+    assert data[end : end + 512] == bytes(512)  # the writer's end-of-data block
+    assert data.find(b"PBAT", end) > 0  # and the earlier life's batches after it
+    payloads, scanner = scan_payloads(tmp_path)
+    assert payloads == expected
+    assert scanner.summary.torn_tail is None
+
+
+def test_a_torn_batch_in_a_recycled_segment_is_a_torn_tail_not_corruption(
+    tmp_path: Path,
+) -> None:
+    writer, _spares, expected, _inode = recycled_journal(tmp_path)
+    writer.close()
+    last = list_segments(tmp_path)[-1]
+    # the last batch's payload damaged, as a write cut short would leave it: the old
+    # life's valid batches after it must not pass for batches written while it synced
+    torn_at = writer.open_segment_bytes_used - 512
+    with open(last.path, "r+b") as file:
+        file.seek(torn_at + 24 + 16 + 32)  # batch header, record prefix, body header
+        file.write(b"\xff" * 8)
+    payloads, scanner = scan_payloads(tmp_path)
+    assert payloads == expected[:-1]
+    torn = scanner.summary.torn_tail
+    assert torn is not None and (torn.offset, torn.batches_after) == (torn_at, 0)
+
+
+def test_a_stale_batch_where_the_data_ends_ends_it(tmp_path: Path) -> None:
+    """Without the end-of-data block (lost, or from a writer without it), the earlier
+    life's batch found where the next batch would go ends the data: its seq is below
+    the segment's first seq."""
+    writer, _spares, expected, _inode = recycled_journal(tmp_path)
+    writer.close()
+    last = list_segments(tmp_path)[-1]
+    end = writer.open_segment_bytes_used
+    with open(last.path, "r+b") as file:
+        data = file.read()
+        stale_at = data.find(b"PBAT", end)
+        assert stale_at > 0 and stale_at % 512 == 0
+        file.seek(end)
+        file.write(data[stale_at : stale_at + 512])
+    payloads, scanner = scan_payloads(tmp_path)
+    assert payloads == expected
+    assert scanner.summary.torn_tail is None
+
+
+def test_a_recycled_segment_that_later_segments_follow_reads_whole(tmp_path: Path) -> None:
+    writer, _spares, expected, inode = recycled_journal(tmp_path)
+    # a batch too big for what is left of the recycled segment rolls to a fresh one
+    seq = writer.next_seq
+    big = b"b" * (SEGMENT_BYTES - 4096)
+    writer.write_batch([Request(RecordKind.ENTRY, 3, seq, big)], seq)
+    writer.sync()
+    writer.close()
+    segments = list_segments(tmp_path)
+    assert segments[-2].path.stat().st_ino == inode  # now a middle segment
+    payloads, scanner = scan_payloads(tmp_path)
+    assert payloads == [*expected, big]
+    assert scanner.summary.torn_tail is None
+
+
+def test_recycling_keeps_the_pool_bound_and_deletes_the_rest(tmp_path: Path) -> None:
+    spares = make_spares(tmp_path, spares_max=1)
+    writer = SegmentWriter(tmp_path, segment_bytes=SEGMENT_BYTES, first_seq=0, spares=spares)
+    for _ in range(3):
+        write_until_roll(writer, 4, 3000)
+    writer.close()
+    segments = list_segments(tmp_path)
+    assert len(segments) == 4
+    grown = segments[2]
+    with open(grown.path, "r+b") as file:  # one that grew past its preallocation
+        file.truncate(SEGMENT_BYTES + 512)
+    freed = delete_segments(tmp_path, segments[:3], recycle_into=spares)
+    # the oldest became the one spare; the pool was then full, and the grown one
+    # would never have qualified: both deleted
+    assert spares.recycled == 1 and len(spare_files(tmp_path)) == 1
+    assert freed == 2 * SEGMENT_BYTES + 512
+    assert list_segments(tmp_path) == segments[3:]
+
+
+async def test_a_busy_node_rolls_into_recycled_segments_and_loses_nothing(data_dir: Path) -> None:
+    options: dict[str, Any] = {"segment_bytes": SEGMENT_BYTES, "memtable_flush_bytes": 16 * 1024}
+    payloads: list[bytes] = []
+    async with pora.open_node(data_dir, **options) as node:
+        # trimmed segments become spares before one is zero-filled (Journal.reclaim)
+        while len(payloads) < 5000:
+            stats = node.statistics().journal
+            if stats.spare_segments_recycled >= 3 and stats.spare_segments_taken >= 3:
+                break
+            payload = bytes([len(payloads) % 251]) * 2000
+            await node.add_entry(6, len(payloads), payload)
+            payloads.append(payload)
+        stats = node.statistics().journal
+        assert stats.spare_segments_recycled >= 3
+        # most rolls took a recycled segment, not zeros written for it
+        assert stats.spare_segments_made < stats.spare_segments_taken
+    async with pora.open_node(data_dir, **options) as node:
+        for entry_id, payload in enumerate(payloads):
+            assert await node.read_entry(6, entry_id) == payload

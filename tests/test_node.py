@@ -191,24 +191,39 @@ async def test_a_foreign_directory_is_refused(tmp_path: Path) -> None:
 
 
 async def test_a_data_dir_of_version_3_is_refused_by_name(data_dir: Path) -> None:
-    """Version 3 journals hold one entry per record; this build writes runs (v4)."""
+    """Version 3 journals hold one entry per record; this build writes runs (v4+)."""
     async with pora.open_node(data_dir) as node:
         await node.add_entry(1, 0, b"kept")
     marker = data_dir / MARKER_NAME
     info = json.loads(marker.read_text())
-    assert info["version"] == DATA_DIR_VERSION == 4
+    assert info["version"] == DATA_DIR_VERSION == 5
     info["version"] = 3
     marker.write_text(json.dumps(info))
     with pytest.raises(
-        pora.DataDirError, match="format version 3; this build reads version 4"
+        pora.DataDirError, match="format version 3; this build reads versions 4, 5"
     ) as caught:
         async with pora.open_node(data_dir):
             pass
     assert "Use a Pora release that knows version 3" in str(caught.value)
-    info["version"] = 4  # nothing was touched: marked back, it opens with its data
+    info["version"] = 5  # nothing was touched: marked back, it opens with its data
     marker.write_text(json.dumps(info))
     async with pora.open_node(data_dir) as node:
         assert await node.read_entry(1, 0) == b"kept"
+
+
+async def test_a_data_dir_of_version_4_is_upgraded_in_place_with_its_data(data_dir: Path) -> None:
+    """Version 5 only lets segments be recycled: a node marks a version 4 dir as 5
+    when it starts (older builds would misread a recycled segment), keeping its id."""
+    async with pora.open_node(data_dir) as node:
+        await node.add_entry(1, 0, b"from version 4")
+    marker = data_dir / MARKER_NAME
+    info = json.loads(marker.read_text())
+    info["version"] = 4
+    marker.write_text(json.dumps(info))
+    async with pora.open_node(data_dir) as node:
+        assert await node.read_entry(1, 0) == b"from version 4"
+    upgraded = json.loads(marker.read_text())
+    assert upgraded == {**info, "version": 5}
 
 
 async def test_many_concurrent_writers_over_many_ledgers(data_dir: Path) -> None:
