@@ -1,4 +1,4 @@
-"""Spare journal segments: zero-filled files made ahead of need.
+"""Spare journal segments: files of written blocks, ready to become the next segment.
 
 Why: `posix_fallocate` reserves blocks as *unwritten* extents. The first write into
 one makes the next `fdatasync` also commit the extent's conversion to written,
@@ -7,18 +7,24 @@ a metadata change in the filesystem's own journal. On this project's ext4 VM a
 space that had been written with zeros before: the group commit's whole cost.
 PostgreSQL zero-fills new WAL files for the same reason (`wal_init_zero`).
 
-Zeros must be written somewhere, so they are written ahead, off the critical
-path: once the open segment is a quarter full, one spare of `segment_bytes` is
-zero-filled in a worker thread, synced, and renamed into place. The next roll
-takes it (link to the segment's name, then unlink the spare), writes the header
-block and syncs: no zeros on the hot path. A node that writes little never
+The cheapest spare is a recycled one: a segment the trimmer no longer needs, given
+a spare name instead of being deleted (`recycle`, as RocksDB's
+`recycle_log_file_num` and PostgreSQL's recycled WAL files). Its old batches stay
+in it: the writer ends each batch with a zero block in a segment made from a
+spare, and readers take no batch below a segment's first seq (docs/formats.md).
+
+Otherwise zeros are written ahead, off the critical path: once the open segment is
+a quarter full, the journal first asks the node to trim (which may recycle one),
+and only if no spare is ready then is one of `segment_bytes` zero-filled in a
+worker thread, synced, and renamed into place. The next roll takes it (header
+written and synced under the spare name, then a link to the segment's name and an
+unlink of the spare): no zeros on the hot path. A node that writes little never
 makes one. Without a spare ready, a roll preallocates as before and never waits.
 
 Files: `spare-<created_ms>-<n>.spare` when complete; `.spare-partial` while being
 made (a crash leaves one; the next start deletes it). Neither ends in
 `.journal`, so nothing that reads the journal ever sees them.
 """
-
 from __future__ import annotations
 
 import contextlib
