@@ -25,6 +25,7 @@ Files: `spare-<created_ms>-<n>.spare` when complete; `.spare-partial` while bein
 made (a crash leaves one; the next start deletes it). Neither ends in
 `.journal`, so nothing that reads the journal ever sees them.
 """
+
 from __future__ import annotations
 
 import contextlib
