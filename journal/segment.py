@@ -208,15 +208,8 @@ def encode_batch(requests: Sequence[Request], first_seq: int) -> bytes:
 # --- files ----------------------------------------------------------------------------
 
 
-#: written after every batch that leaves room for it: see `write_encoded`
+#: written after every batch in a segment made from a spare: see `write_encoded`
 _END_OF_DATA_BLOCK: Final = bytes(BLOCK_SIZE)
-
-
-def write_segment_header(
-    fd: int, first_seq: int, created_ms: int, unsynced_batches_max: int = 1
-) -> None:
-    """Write the header block at the start of a new segment (does not sync)."""
-    pwrite_all(fd, encode_segment_header(first_seq, created_ms, unsynced_batches_max), 0)
 
 
 class SegmentWriter:
@@ -408,14 +401,12 @@ class SegmentWriter:
             if self._fsync:
                 os.fdatasync(fd)
             os.link(spare, path)
-        except FileExistsError:
+        except BaseException as error:
             os.close(fd)
-            raise _segment_exists(path) from None
-        except OSError:
-            os.close(fd)
-            return -1  # a write error or no links here: make a segment anew
-        except BaseException:
-            os.close(fd)
+            if isinstance(error, FileExistsError):
+                raise _segment_exists(path) from None
+            if isinstance(error, OSError):
+                return -1  # a write error or no links here: make a segment anew
             raise
         with contextlib.suppress(FileNotFoundError):
             os.unlink(spare)
