@@ -70,10 +70,10 @@ def run_writer_until_killed(data_dir: Path, kill_after_s: float) -> set[tuple[in
     return acks
 
 
-def tear_journal_tail(journal_dir: Path, rng: random.Random) -> str | None:
+def tear_journal_tail(journal_dir: Path, rng: random.Random, *, whole_after: bool) -> str | None:
     """Leave a half-written group commit at the end of the journal, as a crash
-    during a write would. Only unacknowledged bytes are touched. Half the time a
-    whole batch follows the torn one: the node writes the next group while the one
+    during a write would. Only unacknowledged bytes are touched. With `whole_after`
+    a whole batch follows the torn one: the node writes the next group while the one
     before syncs (syncs_in_flight_max = 2), and the disk may keep the later one.
     Returns what it left ("torn", "torn then whole"), None if there is no journal."""
     segments = list_segments(journal_dir)
@@ -97,7 +97,7 @@ def tear_journal_tail(journal_dir: Path, rng: random.Random) -> str | None:
         assert unsynced_batches_max == 2, "the node's segments record its overlap"
         f.seek(end)
         f.write(torn)
-        if rng.random() < 0.5:
+        if whole_after:
             whole = [
                 Request(RecordKind.ENTRY, UNACKNOWLEDGED_LEDGER, entry_id, b"never acked")
                 for entry_id in range(2)
@@ -148,7 +148,12 @@ def test_every_acknowledged_entry_survives_repeated_sigkills(data_dir: Path) -> 
         new_acks = run_writer_until_killed(data_dir, kill_after_s)
         acked |= new_acks
         recycled_tails += last_segment_is_recycled(data_dir / "journal")
-        if rng.random() < 0.5 and (tear := tear_journal_tail(data_dir / "journal", rng)):
+        # every other round, the two kinds of tear in turn (not by chance: a run
+        # must see both)
+        whole_after = len(tears) % 2 == 1
+        if round_number % 2 == 1 and (
+            tear := tear_journal_tail(data_dir / "journal", rng, whole_after=whole_after)
+        ):
             tears.append(tear)
         if round_number % 3 == 2:
             # a clean open in between: recovery here, then the writer carries on
