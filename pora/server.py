@@ -118,11 +118,9 @@ class ServerConfig:
     #: requests in the node from all connections; past it new ones get OVERLOADED
     inflight_node_max: int = 65_536
     frame_bytes_max: int = f.FRAME_BYTES_MAX_DEFAULT
-    #: bytes asked of a socket at a time. Python allocates the whole size on every
-    #: receive (past glibc's 128 KiB mmap threshold, a fresh mapping: 22 µs more
-    #: than 64 KiB), but an ADD_RUN of 64 x 1 KiB then takes one receive, not two
-    #: plus a copy to join them: 8 x 64 runs over loopback went 168-191k -> 181-198k
-    #: adds/s, alternated three times
+    #: bytes asked of a socket at a time, into one buffer the server's plain-TCP
+    #: connections share (TLS ones read through the ssl module): an ADD_RUN of
+    #: 64 x 1 KiB takes one read
     receive_bytes_max: int = 256 * 1024
     #: a connection with nothing in flight and no bytes for this long is closed
     idle_timeout_s: float = 600.0
@@ -239,6 +237,11 @@ class Server:
         self.bytes_received = 0
         self.bytes_sent = 0
         self.sends_backed_up = 0
+        #: what every plain-TCP connection reads into, then copies out of before it
+        #: awaits anything (one event loop: no two reads overlap). `recv` would
+        #: allocate `receive_bytes_max` per call instead: past glibc's mmap threshold
+        #: that is a fresh mapping, and page faults for every byte received into it
+        self.receive_buffer = bytearray(self.config.receive_bytes_max)
 
     async def run(
         self, *, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
@@ -452,6 +455,12 @@ class _Connection:
         stream = self.stream
         decoder = self.decoder
         server = self.server
+        shared = server.receive_buffer
+        into = [shared]
+        view = memoryview(shared)
+        #: the last read left the socket empty: wait for it before reading again,
+        #: rather than spend a system call to learn it is still empty
+        drained = False
         while True:
             budget = per_connection_max - self.inflight
             if budget <= 0 or self.inflight_bytes >= bytes_max:
@@ -465,7 +474,24 @@ class _Connection:
                 continue
             # (idle connections are found by the server's sweeper, not by a timeout
             # per read: a cancel scope with a deadline per read costs too much)
-            data = await stream.receive_some(receive_max)
+            fd = self.raw_fd
+            if fd < 0:  # TLS
+                data = await stream.receive_some(receive_max)
+            else:
+                if drained:
+                    await trio.lowlevel.wait_readable(fd)
+                try:
+                    count = os.readv(fd, into)
+                except BlockingIOError:
+                    drained = True
+                    continue
+                except OSError as exc:
+                    raise trio.BrokenResourceError(f"reading the connection: {exc}") from exc
+                data = bytes(view[:count])  # out of the shared buffer before any await
+                drained = count < receive_max
+                if not drained:
+                    # more may be waiting: read again, but let the other tasks run first
+                    await trio.lowlevel.checkpoint()
             if not data:
                 return  # the peer closed its side; answer what is in flight
             self.last_received = trio.current_time()
