@@ -1,7 +1,11 @@
-"""The journal's fdatasyncs, started at once and awaited by the group's task.
+"""The journal's fdatasyncs: started at once, their ends delivered by a callback.
 
-Two ways, the same contract (`seconds()`: wait for the end, shielded, since a sync
-is never abandoned and so nothing closes the segment under it):
+Two ways, one contract: `on_end` is called on the event loop when the sync has
+ended, and then `outcome()` gives its seconds or raises its OSError. A callback,
+not a task waiting on an event: every add of the group waits for what runs
+after the sync, and a task woken by an event runs only in the loop's next batch
+of tasks; called from where the end is read, the hand-over runs in this one.
+A sync is never abandoned (nothing closes the segment under it).
 
 - `RingSyncs`: through io_uring (journal/uring.py), submitted from the event loop,
   their ends read by one reaper task from an eventfd. No thread of ours in the path.
@@ -15,6 +19,7 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import trio
@@ -25,6 +30,8 @@ if TYPE_CHECKING:
     import outcome  # trio's own dependency: what start_thread_soon delivers
 
 _log = logging.getLogger("pora.journal")
+
+OnEnd = Callable[[], None]
 
 
 class Syncable(Protocol):
@@ -37,8 +44,11 @@ class Syncable(Protocol):
 
 
 class Sync(Protocol):
-    async def seconds(self) -> float:
-        """Wait for the end; the sync's seconds, or its OSError raised."""
+    @property
+    def ended(self) -> bool: ...
+
+    def outcome(self) -> float:
+        """Once ended: the sync's seconds, or its OSError raised."""
         ...
 
 
@@ -51,16 +61,16 @@ def _timed_sync(writer: Syncable) -> float:
 class SyncInThread:
     """One fdatasync of the journal, started in a worker thread at once.
 
-    `trio.to_thread.run_sync` would start it only when the awaiting task runs, a
+    `trio.to_thread.run_sync` would start it only when an awaiting task runs, a
     turn of the event loop after the group was written; every add of the group
     waits for that turn. The loop learns of the end by a callback.
     """
 
-    __slots__ = ("_result", "done")
+    __slots__ = ("_on_end", "_result")
 
-    def __init__(self, writer: Syncable) -> None:
-        self.done = trio.Event()
+    def __init__(self, writer: Syncable, on_end: OnEnd) -> None:
         self._result: outcome.Outcome[float] | None = None
+        self._on_end = on_end
         token = trio.lowlevel.current_trio_token()
 
         def deliver(result: outcome.Outcome[float]) -> None:  # in the worker thread
@@ -71,32 +81,35 @@ class SyncInThread:
 
     def _finish(self, result: outcome.Outcome[float]) -> None:
         self._result = result
-        self.done.set()
+        self._on_end()
 
-    async def seconds(self) -> float:
-        with trio.CancelScope(shield=True):
-            await self.done.wait()
-        assert self._result is not None
+    @property
+    def ended(self) -> bool:
+        return self._result is not None
+
+    def outcome(self) -> float:
+        assert self._result is not None, "the sync has not ended"
         return self._result.unwrap()
 
 
 class _RingSync:
-    __slots__ = ("done", "result", "seconds_taken", "started")
+    __slots__ = ("_on_end", "ended", "result", "seconds_taken", "started")
 
-    def __init__(self) -> None:
-        self.done = trio.Event()
+    def __init__(self, on_end: OnEnd) -> None:
+        self._on_end = on_end
         self.started = time.perf_counter()
+        self.ended = False
         self.result = 0
         self.seconds_taken = 0.0
 
     def finish(self, result: int) -> None:
         self.result = result
         self.seconds_taken = time.perf_counter() - self.started
-        self.done.set()
+        self.ended = True
+        self._on_end()
 
-    async def seconds(self) -> float:
-        with trio.CancelScope(shield=True):
-            await self.done.wait()
+    def outcome(self) -> float:
+        assert self.ended, "the sync has not ended"
         if self.result < 0:
             raise OSError(-self.result, os.strerror(-self.result))
         return self.seconds_taken
@@ -123,21 +136,22 @@ class RingSyncs:
         ring = SyncRing.open(syncs_in_flight_max)
         return None if ring is None else cls(ring)
 
-    def start(self, writer: Syncable) -> Sync:
-        """Start an fdatasync of the writer's open segment."""
+    def start(self, writer: Syncable, on_end: OnEnd) -> Sync:
+        """Start an fdatasync of the writer's open segment; `on_end` is called from
+        the reaper once it has ended."""
         fd = writer.sync_fd
         if fd is None or self.failed:
-            return SyncInThread(writer)
+            return SyncInThread(writer, on_end)
         tag = self._next_tag
         self._next_tag = tag + 1
-        sync = _RingSync()
+        sync = _RingSync(on_end)
         try:
             self._ring.submit_fdatasync(fd, tag)
         except (OSError, RuntimeError) as exc:
             # never seen; a ring that refuses a submission is not used again
             self.failed = True
             _log.warning("io_uring refused a journal sync (%s); syncing in threads from now", exc)
-            return SyncInThread(writer)
+            return SyncInThread(writer, on_end)
         self._pending[tag] = sync
         self._scope.shield = True
         return sync

@@ -14,6 +14,7 @@ A full channel makes `submit` wait: that is the node's backpressure.
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from journal.syncs import RingSyncs, Sync, SyncInThread
 
 _log = logging.getLogger("pora.journal")
 Dispatch = Callable[[list[Request]], Awaitable[None]]
+#: hands a group over without waiting, all of it or (False) none of it
+DispatchNowait = Callable[[list[Request]], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +122,12 @@ class Journal:
         *,
         first_seq: int,
         dispatch: Dispatch,
+        dispatch_nowait: DispatchNowait | None = None,
     ) -> None:
         self._directory = directory
         self._config = config
         self._dispatch = dispatch
+        self._dispatch_nowait = dispatch_nowait
         self._send, self._receive = trio.open_memory_channel[list[Request]](
             config.channel_batches_max
         )
@@ -144,6 +149,11 @@ class Journal:
         #: making a spare failed while this segment was open: wait for the next one
         self._spare_failed_in: SegmentInfo | None = None
         self._failure: JournalError | None = None
+        #: groups written, in journal order, not yet handed over
+        self._unsynced: collections.deque[_Unsynced] = collections.deque()
+        #: a hand-over is waiting (a full ledger channel): the groups after it wait too
+        self._handing_over_later = False
+        self._nursery: trio.Nursery | None = None
         self._commits = 0
         self._records = 0
         self._bytes_written = 0
@@ -258,6 +268,7 @@ class Journal:
         spare_maker = trio.CancelScope()
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 if spares is not None:
                     nursery.start_soon(self._keep_spares, spares, spare_maker)
                 if ring_syncs is not None:
@@ -272,7 +283,7 @@ class Journal:
                         if not group:
                             sync_slots.release()
                             break  # input closed and drained
-                        handed_over = await self._commit(group, handed_over, sync_slots, nursery)
+                        handed_over = await self._commit(group, handed_over, sync_slots)
                     if handed_over is not None:
                         await handed_over.wait()  # every group is handed over before the end
                 finally:
@@ -375,7 +386,6 @@ class Journal:
         group: list[Request],
         previous: trio.Event | None,
         sync_slots: trio.Semaphore,
-        nursery: trio.Nursery,
     ) -> trio.Event | None:
         """Write one group, and start its sync, which hands it to the ledgers once it
         and every group before it are durable. Returns the event set when that is
@@ -430,60 +440,81 @@ class Journal:
         ):
             self._spare_wanted.set()
         done = trio.Event()
-        # the sync starts now, not when the task below first runs (a turn later)
-        sync = SyncInThread(writer) if self._ring_syncs is None else self._ring_syncs.start(writer)
-        # the sync task gives the slot back once the group is handed over
-        nursery.start_soon(
-            self._sync_and_hand_over, group, written, sync, previous, done, sync_slots
+        # the sync starts now, not when some task first runs (a turn later); its end
+        # calls `_hand_over_synced`, which gives the slot back once handed over
+        ring_syncs = self._ring_syncs
+        on_end = self._hand_over_synced
+        sync = (
+            SyncInThread(writer, on_end) if ring_syncs is None else ring_syncs.start(writer, on_end)
         )
+        self._unsynced.append(_Unsynced(group, written, sync, done, sync_slots))
         return done
 
-    async def _sync_and_hand_over(
-        self,
-        group: list[Request],
-        written: int,
-        sync: Sync,
-        previous: trio.Event | None,
-        done: trio.Event,
-        sync_slots: trio.Semaphore,
-    ) -> None:
+    def _hand_over_synced(self) -> None:
+        """Hand over every group whose sync has ended and all of whose predecessors
+        are handed over: acknowledgements stay in journal order. Called when a sync
+        ends, by the code that learns of it, so that the group's acks go out in this
+        turn of the event loop (a task woken instead would run in the next one), and
+        after a hand-over that had to wait."""
+        unsynced = self._unsynced
+        while unsynced and not self._handing_over_later and unsynced[0].sync.ended:
+            head = unsynced.popleft()
+            sync_seconds = self._hand_over_now(head)
+            if sync_seconds is not None:
+                self._handing_over_later = True
+                assert self._nursery is not None
+                self._nursery.start_soon(self._hand_over_later, head, sync_seconds)
+
+    def _hand_over_now(self, unsynced: _Unsynced) -> float | None:
+        """Settle one synced group without waiting. Returns None when settled, or the
+        sync's seconds when a ledger channel is full and the hand-over must wait
+        (then nothing was done)."""
+        group = unsynced.group
         try:
-            error: OSError | None = None
-            sync_seconds = 0.0
-            try:
-                sync_seconds = await sync.seconds()
-            except OSError as exc:
-                error = exc
-            if previous is not None:
-                await previous.wait()  # acknowledgements stay in journal order
-            if error is not None:
-                self._fail(group, error)
-                return
+            sync_seconds = unsynced.sync.outcome()
+        except OSError as exc:
+            self._fail(group, exc)
+        else:
             if self._failure is not None:
                 # an earlier group failed: this one was written after it, and a sync
                 # after a failed one proves nothing
                 for request in group:
                     request.fail(self._failure)
-                return
-            # counted in operations (each entry of a run is one), not in journal
-            # records: what a user of the figures means by "records per group commit"
-            operations = sum([len(request.bodies) for request in group])
-            self._commits += 1
-            self._records += operations
-            self._bytes_written += written
-            self._group_records_max = max(self._group_records_max, operations)
-            self._sync_seconds_total += sync_seconds
-            self._sync_seconds_max = max(self._sync_seconds_max, sync_seconds)
-            if self.on_commit is not None:
-                self.on_commit(operations, written, sync_seconds)
-            # handed to the ledgers from here, not through another task: a task
-            # switch costs a turn of the event loop, and every ack waits for it.
-            # The next group's sync task waits for `done`: the order holds
-            await self._dispatch(group)
-            self._dispatched_seq = group[-1].seq + 1
+            else:
+                dispatch_nowait = self._dispatch_nowait
+                if dispatch_nowait is None or not dispatch_nowait(group):
+                    return sync_seconds
+                self._count_commit(unsynced, sync_seconds)
+        unsynced.done.set()
+        unsynced.sync_slots.release()
+        return None
+
+    async def _hand_over_later(self, unsynced: _Unsynced, sync_seconds: float) -> None:
+        """The hand-over of one group that waits for room in a ledger channel (the
+        ledgers' backpressure); the groups after it wait for it."""
+        try:
+            await self._dispatch(unsynced.group)
+            self._count_commit(unsynced, sync_seconds)
         finally:
-            done.set()
-            sync_slots.release()
+            unsynced.done.set()
+            unsynced.sync_slots.release()
+            self._handing_over_later = False
+        self._hand_over_synced()
+
+    def _count_commit(self, unsynced: _Unsynced, sync_seconds: float) -> None:
+        group = unsynced.group
+        # counted in operations (each entry of a run is one), not in journal
+        # records: what a user of the figures means by "records per group commit"
+        operations = sum([len(request.bodies) for request in group])
+        self._commits += 1
+        self._records += operations
+        self._bytes_written += unsynced.written
+        self._group_records_max = max(self._group_records_max, operations)
+        self._sync_seconds_total += sync_seconds
+        self._sync_seconds_max = max(self._sync_seconds_max, sync_seconds)
+        if self.on_commit is not None:
+            self.on_commit(operations, unsynced.written, sync_seconds)
+        self._dispatched_seq = group[-1].seq + 1
 
     def _fail(self, group: list[Request], exc: OSError) -> None:
         """A journal write failed: nothing more can be acknowledged safely.
@@ -511,3 +542,24 @@ class Journal:
             for request in queued:
                 request.fail(self._failure)
         self._send.close()
+
+
+class _Unsynced:
+    """A group written to the journal and not yet handed over."""
+
+    __slots__ = ("done", "group", "sync", "sync_slots", "written")
+
+    def __init__(
+        self,
+        group: list[Request],
+        written: int,
+        sync: Sync,
+        done: trio.Event,
+        sync_slots: trio.Semaphore,
+    ) -> None:
+        self.group = group
+        self.written = written
+        self.sync = sync
+        #: set once the group is handed over (or failed)
+        self.done = done
+        self.sync_slots = sync_slots

@@ -86,15 +86,40 @@ class LedgerRegistry:
         if all(r.ledger_id == first_ledger for r in group):
             await self._send(first_ledger, group)
             return
-        by_ledger: dict[int, list[Request]] = {}
-        for request in group:
-            part = by_ledger.get(request.ledger_id)
-            if part is None:
-                by_ledger[request.ledger_id] = [request]
-            else:
-                part.append(request)
+        by_ledger = _by_ledger(group)
         for ledger_id, part in by_ledger.items():
             await self._send(ledger_id, part)
+
+    def dispatch_nowait(self, group: list[Request]) -> bool:
+        """`dispatch` without waiting: True when every part went into its ledger's
+        channel; False, with nothing handed over, when one of them is full."""
+        first_ledger = group[0].ledger_id
+        if all(r.ledger_id == first_ledger for r in group):
+            return self._send_nowait(first_ledger, group)
+        by_ledger = _by_ledger(group)
+        for ledger_id in by_ledger:
+            worker = self.active.get(ledger_id)
+            if worker is not None:
+                channel = worker.send.statistics()
+                if channel.current_buffer_used >= channel.max_buffer_size:
+                    return False
+        for ledger_id, part in by_ledger.items():
+            sent = self._send_nowait(ledger_id, part)
+            assert sent, "a channel with room refused a part"
+        return True
+
+    def _send_nowait(self, ledger_id: int, part: list[Request]) -> bool:
+        worker = self.active.get(ledger_id)
+        if worker is None:
+            worker = self._start_worker(ledger_id)
+        elif worker.take_nowait(part):
+            return True
+        try:
+            worker.send.send_nowait(part)
+        except trio.WouldBlock:
+            return False
+        worker.queued_seqs.append(part[0].seq)
+        return True
 
     async def _send(self, ledger_id: int, part: list[Request]) -> None:
         worker = self.active.get(ledger_id)
@@ -228,3 +253,15 @@ class LedgerRegistry:
             memtable_unflushed_bytes=self.storage.budget.unflushed_bytes,
             open_files=len(self.storage.files),
         )
+
+
+def _by_ledger(group: list[Request]) -> dict[int, list[Request]]:
+    """The group's requests split by ledger, each part in journal order."""
+    by_ledger: dict[int, list[Request]] = {}
+    for request in group:
+        part = by_ledger.get(request.ledger_id)
+        if part is None:
+            by_ledger[request.ledger_id] = [request]
+        else:
+            part.append(request)
+    return by_ledger

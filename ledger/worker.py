@@ -1,5 +1,9 @@
 """One ledger's worker: the only task that touches the ledger's private workspace.
 
+(Or rather, the one task but for one case: while it waits for input with none
+queued, the journal's hand-over applies a synced batch at once (`take_nowait`),
+which is what the task would do first when woken, one turn of the loop later.)
+
 It applies journalled requests in journal order (so replay after a crash applies
 the same requests in the same order and reaches the same state), completes them,
 and flushes its memtable in the background: entry log write + fdatasync, and only
@@ -133,6 +137,23 @@ class LedgerWorker:
                 await self._flush_and_wait()
                 if self._last_flush_failed:
                     await trio.sleep(flush_interval_s)
+
+    def take_nowait(self, batch: list[Request]) -> bool:
+        """Apply `batch` now, in the caller's task, if this worker's task waits for
+        input with none queued (so nothing is ahead of the batch) and the memtable
+        has room; False: send it through the channel. A synced group's acks then go
+        out in the turn of the event loop that learnt of its sync, rather than in
+        the next one, when the woken worker task would run."""
+        channel = self.send.statistics()
+        if (
+            channel.current_buffer_used
+            or not channel.tasks_waiting_receive
+            or self.memtable.unflushed_bytes >= self._storage.config.memtable_ledger_bytes_max
+        ):
+            return False
+        self.queued_seqs.append(batch[0].seq)
+        self._handle(batch)
+        return True
 
     def _handle(self, batch: list[Request]) -> None:
         if type(batch) is FlushBarrier:

@@ -733,6 +733,7 @@ async def _running_node(
                 config.journal,
                 first_seq=report.next_seq,
                 dispatch=registry.dispatch,
+                dispatch_nowait=registry.dispatch_nowait,
             )
             journal_done = trio.Event()
 

@@ -274,3 +274,69 @@ async def test_pipelined_syncs_hand_groups_over_in_journal_order(
     assert sorted((r.ledger_id, r.entry_id) for r in read) == [
         (w, i) for w in range(8) for i in range(25)
     ]
+
+
+async def test_hand_overs_that_must_wait_keep_journal_order(tmp_path: Path) -> None:
+    """A group whose ledger channel is full is handed over by a task that waits for
+    room; the groups synced after it wait behind it, so every request still reaches
+    the ledgers once, in journal order."""
+    handed: list[list[Request]] = []
+    tried = 0
+
+    def dispatch_nowait(group: list[Request]) -> bool:
+        nonlocal tried
+        tried += 1
+        if tried % 3 == 0:
+            return False  # as a full ledger channel would
+        handed.append(group)
+        for request in group:
+            request.complete()
+        return True
+
+    later = Recorder()
+    later.gate = trio.Event()  # the first refused group waits until the gate opens
+
+    async def dispatch(group: list[Request]) -> None:
+        await later(group)
+        handed.append(group)
+
+    journal = Journal(
+        tmp_path,
+        GroupCommitConfig(),
+        first_seq=0,
+        dispatch=dispatch,
+        dispatch_nowait=dispatch_nowait,
+    )
+    completed: list[int] = []
+
+    async def add(entry_id: int, *, wait: bool) -> None:
+        request = entry(1, entry_id)
+        done = trio.Event()
+
+        def on_done(_: Request) -> None:
+            completed.append(entry_id)
+            done.set()
+
+        request.on_done = on_done
+        await journal.submit([request])
+        if wait:
+            await done.wait()
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(journal.run)
+        await add(0, wait=True)
+        await add(1, wait=True)
+        await add(2, wait=False)  # the third hand-over is refused: it waits
+        for entry_id in range(3, 13):
+            await add(entry_id, wait=False)
+        await trio.sleep(0.05)  # every sync has ended by now
+        assert completed == [0, 1]  # the rest wait behind the third, in order
+        later.gate.set()
+        for entry_id in range(13, 25):
+            await add(entry_id, wait=True)  # one group each
+        journal.close_input()
+    assert [r.seq for group in handed for r in group] == list(range(25))
+    assert completed == list(range(25))
+    assert len(later.groups) >= 4  # groups 3, 6, 9 and 12 at least waited
+    assert journal.statistics().commits == len(handed)
+    assert journal.statistics().records == 25

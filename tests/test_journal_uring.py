@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from journal.format import RecordKind
 from journal.reader import JournalScanner
 from journal.request import Request
 from journal.segment import SegmentWriter
-from journal.syncs import RingSyncs
+from journal.syncs import OnEnd, RingSyncs, Sync, Syncable, SyncInThread
 from journal.task import GroupCommitConfig, Journal
 from journal.uring import SyncRing
 
@@ -83,6 +84,16 @@ class ClosedFile:
         os.fdatasync(self.sync_fd)
 
 
+async def _ended(start: Callable[[Syncable, OnEnd], Sync], writer: Syncable) -> float:
+    """Start a sync, wait for its `on_end` call, and return its outcome."""
+    ended = trio.Event()
+    sync = start(writer, ended.set)
+    assert not sync.ended
+    await ended.wait()
+    assert sync.ended
+    return sync.outcome()
+
+
 @needs_ring
 async def test_ring_syncs_raise_a_failed_sync_as_oserror(tmp_path: Path) -> None:
     syncs = RingSyncs.open(2)
@@ -91,12 +102,22 @@ async def test_ring_syncs_raise_a_failed_sync_as_oserror(tmp_path: Path) -> None
     async with trio.open_nursery() as nursery:
         nursery.start_soon(syncs.reap)
         writer.write_batch([Request(RecordKind.ENTRY, 1, 0, b"kept")], 0)
-        assert await syncs.start(writer).seconds() >= 0
+        assert await _ended(syncs.start, writer) >= 0
         with pytest.raises(OSError) as caught:
-            await syncs.start(ClosedFile(tmp_path)).seconds()
+            await _ended(syncs.start, ClosedFile(tmp_path))
         assert caught.value.errno == errno.EBADF
         syncs.stop()
     syncs.close()
+    writer.close()
+
+
+async def test_thread_syncs_report_their_end_and_a_failure(tmp_path: Path) -> None:
+    writer = SegmentWriter(tmp_path, segment_bytes=4096, first_seq=0)
+    writer.write_batch([Request(RecordKind.ENTRY, 1, 0, b"kept")], 0)
+    assert await _ended(SyncInThread, writer) >= 0
+    with pytest.raises(OSError) as caught:
+        await _ended(SyncInThread, ClosedFile(tmp_path))
+    assert caught.value.errno == errno.EBADF
     writer.close()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -246,3 +247,46 @@ async def test_many_concurrent_writers_over_many_ledgers(data_dir: Path) -> None
     async with pora.open_node(data_dir) as node:
         assert len(node.ledgers()) == 40
         assert all(info.entry_count == 50 for info in node.ledgers())
+
+
+async def test_full_ledger_channels_keep_every_ledger_in_order(data_dir: Path) -> None:
+    """With room for one batch per ledger channel and memtables that must flush
+    every few entries, hand-overs often find a channel full and wait (the ledgers'
+    backpressure), while others go straight into an idle worker: each ledger still
+    applies its entries exactly once, in order, and restarts with all of them."""
+    options: dict[str, Any] = {
+        "ledger_channel_batches_max": 1,
+        "memtable_flush_bytes": 2048,
+        "memtable_ledger_bytes_max": 4096,
+    }
+    ledgers, per_ledger = 6, 120
+    async with pora.open_node(data_dir, **options) as node:
+
+        async def writer(ledger_id: int) -> None:
+            # six chunks of ten in flight at once, a moment apart: successive groups
+            # bring batches for each ledger while its worker waits for a flush
+            async def chunk(first: int) -> None:
+                await trio.sleep(first / 10_000)
+                outcomes = await node.add_entries(
+                    [
+                        (ledger_id, i, f"{ledger_id}/{i}".encode() * 20)
+                        for i in range(first, first + 10)
+                    ]
+                )
+                assert outcomes == [None] * 10
+
+            async with trio.open_nursery() as chunks:
+                for first in range(0, per_ledger, 10):
+                    chunks.start_soon(chunk, first)
+
+        async with trio.open_nursery() as nursery:
+            for ledger_id in range(ledgers):
+                nursery.start_soon(writer, ledger_id)
+        for ledger_id in range(ledgers):
+            entries = await node.read_range(ledger_id, 0, per_ledger - 1)
+            assert entries == [(i, f"{ledger_id}/{i}".encode() * 20) for i in range(per_ledger)]
+    async with pora.open_node(data_dir, **options) as node:
+        infos = {info.ledger_id: info for info in node.ledgers()}
+        assert sorted(infos) == list(range(ledgers))
+        assert all(info.entry_count == per_ledger for info in infos.values())
+        assert await node.read_entry(3, per_ledger - 1) == f"3/{per_ledger - 1}".encode() * 20
