@@ -143,13 +143,13 @@ def batch_header_crc(buf: Buffer, offset: int) -> int:
 
 
 def encode_batch_parts(requests: Sequence[Request], first_seq: int) -> list[bytes]:
-    """One batch as the buffers to write one after another (with `os.pwritev`):
-    batch header, then each record's prefix and bodies, then zeros to the block end.
-    Sets each request's seq.
+    """One batch as the buffers that make it, one after another: batch header,
+    then each record's prefix and bodies, then zeros to the block end. Sets each
+    request's seq.
 
     Hot path: each request's bodies were encoded when the request was made, so a
-    record (a whole run of entries) costs one 16-byte prefix here, and the bodies
-    are written from where they are rather than copied into one big buffer first.
+    record (a whole run of entries) costs one 16-byte prefix here. (The journal
+    task joins the parts before writing: see `Journal._commit`.)
     """
     count = len(requests)
     if count == 0:

@@ -25,7 +25,7 @@ import trio
 from journal.errors import JournalError
 from journal.format import UNSYNCED_BATCHES_LIMIT
 from journal.request import Request
-from journal.segment import SegmentInfo, SegmentWriter, encode_batch_parts
+from journal.segment import SegmentInfo, SegmentWriter, encode_batch
 from journal.spares import SpareSegments
 from journal.syncs import RingSyncs, Sync, SyncInThread
 
@@ -396,8 +396,12 @@ class Journal:
         self._last_write_started = trio.current_time()
         try:
             # encoded here, on the event loop, not in the thread: it is pure Python,
-            # and a thread would only take the GIL back and forth with the loop
-            batch = encode_batch_parts(group, first_seq)
+            # and a thread would only take the GIL back and forth with the loop.
+            # Joined into one buffer: a write of one buffer copies into the page
+            # cache at ~twice the speed of one of the batch's hundreds of bodies, which
+            # pays for the join (group of ~250 KB: 148 -> 91 us of the loop's time,
+            # with `fits` summing one length rather than hundreds)
+            batch = [encode_batch(group, first_seq)]
         except ValueError as exc:
             # the group holds something the format cannot carry (an id out of range,
             # an oversized payload): the API validates first, so this is a caller's
