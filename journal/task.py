@@ -3,11 +3,12 @@
 Requests arrive in batches (lists) on one bounded channel. The task drains every
 batch waiting, until a trigger fires (bytes gathered, time waited, or queue empty),
 then writes the whole group with one write (into the page cache, on the event loop;
-in a worker thread when the segment rolls) and one fdatasync in a worker thread.
-While that thread runs, the event loop keeps accepting requests, so the next group
-gathers during the sync: the sync cost is shared by everything that arrived in the
-meantime. After the sync, the group goes to `dispatch` (the ledger workers), which
-completes each request.
+in a worker thread when the segment rolls) and starts one fdatasync (through
+io_uring, or in a worker thread: journal/syncs.py). While it runs, the event loop
+keeps accepting requests, so the next group gathers during the sync: the sync cost
+is shared by everything that arrived in the meantime. When a sync ends, the code
+that learns of it hands the group to the ledgers (`dispatch_nowait`, else
+`dispatch` in a task), in journal order, and they complete each request.
 
 A full channel makes `submit` wait: that is the node's backpressure.
 """
