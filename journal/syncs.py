@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -121,20 +122,29 @@ class RingSyncs:
     A sync's seconds run from its submission until the loop reads its completion.
     """
 
-    def __init__(self, ring: SyncRing) -> None:
+    def __init__(self, ring: SyncRing, *, unsignalled_check_s: float = 0.01) -> None:
         self._ring = ring
+        #: with syncs in flight and no signal for this long, the reaper looks at the
+        #: ring anyway: a completion the kernel held in its overflow list signals
+        #: nothing (journal/uring.py). Rare, so the stall it costs then matters
+        #: little. 0: never
+        self._unsignalled_check_s = unsignalled_check_s or math.inf
         self._pending: dict[int, _RingSync] = {}
         self._next_tag = 0
         #: shielded while syncs are in flight: a cancelled journal still waits for
         #: them (their tasks do), so the reaper must stay to deliver their ends
         self._scope = trio.CancelScope()
+        #: the reaper's wait for a signal; its deadline is set while syncs are in flight
+        self._waiting: trio.CancelScope | None = None
         self._stopping = False
         self.failed = False
 
     @classmethod
-    def open(cls, syncs_in_flight_max: int) -> RingSyncs | None:
+    def open(
+        cls, syncs_in_flight_max: int, *, unsignalled_check_s: float = 0.01
+    ) -> RingSyncs | None:
         ring = SyncRing.open(syncs_in_flight_max)
-        return None if ring is None else cls(ring)
+        return None if ring is None else cls(ring, unsignalled_check_s=unsignalled_check_s)
 
     def start(self, writer: Syncable, on_end: OnEnd) -> Sync:
         """Start an fdatasync of the writer's open segment; `on_end` is called from
@@ -154,6 +164,9 @@ class RingSyncs:
             return SyncInThread(writer, on_end)
         self._pending[tag] = sync
         self._scope.shield = True
+        waiting = self._waiting
+        if waiting is not None and waiting.deadline == math.inf:
+            waiting.deadline = trio.current_time() + self._unsignalled_check_s
         return sync
 
     async def reap(self) -> None:
@@ -162,11 +175,24 @@ class RingSyncs:
         pending = self._pending
         with self._scope:
             while True:
-                await trio.lowlevel.wait_readable(ring.event_fd)
+                with trio.CancelScope() as waiting:
+                    if pending:
+                        waiting.deadline = trio.current_time() + self._unsignalled_check_s
+                    self._waiting = waiting
+                    await trio.lowlevel.wait_readable(ring.event_fd)
+                self._waiting = None
+                flushes = ring.overflow_flushes
                 for tag, result in ring.completions():
                     sync = pending.pop(tag, None)
                     if sync is not None:
                         sync.finish(result)
+                if ring.overflow_flushes > flushes and flushes == 0:
+                    _log.info(
+                        "io_uring kept journal sync completions in its overflow list "
+                        "without signalling them; flushed them. The journal looks for "
+                        "this at every reap, and after sync_unsignalled_check_ms with "
+                        "syncs in flight and no signal"
+                    )
                 self._scope.shield = bool(pending)
                 if self._stopping and not pending:
                     return

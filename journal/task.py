@@ -70,6 +70,11 @@ class GroupCommitConfig:
     #: fdatasync through io_uring where the kernel allows it (journal/uring.py): no
     #: worker thread to wake, nor GIL to wait for, per sync. Else in threads
     sync_with_io_uring: bool = True
+    #: with io_uring syncs in flight and no completion signalled for this long, the
+    #: ring is looked at anyway: the kernel can hold a completion in its overflow
+    #: list, which signals nothing (journal/uring.py). 0: never; only for tests on
+    #: trio's autojump clock, where the timer would make a sync advance the clock
+    sync_unsignalled_check_ms: float = 10.0
     #: False only for throwaway test data: an acknowledged add is then not durable
     fsync: bool = True
 
@@ -80,6 +85,8 @@ class GroupCommitConfig:
             raise ValueError("group_bytes_max and channel_batches_max must be > 0")
         if self.spare_segments_max < 0:
             raise ValueError("spare_segments_max must be >= 0")
+        if self.sync_unsignalled_check_ms < 0:
+            raise ValueError("sync_unsignalled_check_ms must be >= 0 (0: never)")
         if not 1 <= self.syncs_in_flight_max <= UNSYNCED_BATCHES_LIMIT:
             # every segment header records it, in a u16
             raise ValueError(f"syncs_in_flight_max must be in [1, {UNSYNCED_BATCHES_LIMIT}]")
@@ -261,7 +268,10 @@ class Journal:
         self._writer = await trio.to_thread.run_sync(open_writer)
         ring_syncs = None
         if config.fsync and config.sync_with_io_uring:
-            ring_syncs = RingSyncs.open(config.syncs_in_flight_max)
+            ring_syncs = RingSyncs.open(
+                config.syncs_in_flight_max,
+                unsignalled_check_s=config.sync_unsignalled_check_ms / 1000.0,
+            )
         self._ring_syncs = ring_syncs
         sync_slots = trio.Semaphore(config.syncs_in_flight_max)
         #: set once the last group started has been synced and handed over (or failed)

@@ -17,6 +17,15 @@ acquire and release order ours need. So the ring is used on x86-64 Linux only; o
 anything else, or when the kernel refuses io_uring (seccomp, old kernel,
 `kernel.io_uring_disabled`), `SyncRing.open` returns None and the journal syncs in
 a worker thread as before.
+
+A completion the kernel cannot post to the completion ring goes to its overflow
+list instead, and then the eventfd is not signalled. That was seen here with the
+ring far from full (kernel 6.18, two syncs in flight, a ring of four: every sync
+after it went the same way, and the node's writes stalled for good). So every
+look at the ring also checks the overflow flag and, when it is set, asks the
+kernel to flush that list into the ring (`io_uring_enter` with GETEVENTS), as
+liburing does; and the reaper looks on its own after a while with syncs in flight
+and no signal (journal/syncs.py).
 """
 
 from __future__ import annotations
@@ -43,6 +52,9 @@ _IORING_FEAT_SINGLE_MMAP: Final = 1 << 0
 _IORING_OP_FSYNC: Final = 3
 _IORING_FSYNC_DATASYNC: Final = 1 << 0
 _IORING_REGISTER_EVENTFD: Final = 4
+_IORING_ENTER_GETEVENTS: Final = 1 << 0
+#: in the SQ ring's flags: completions wait in the kernel's overflow list
+_IORING_SQ_CQ_OVERFLOW: Final = 1 << 1
 
 # struct io_uring_params: sq_entries, cq_entries, flags, sq_thread_cpu,
 # sq_thread_idle, features, wq_fd, resv[3]; then io_sqring_offsets (head, tail,
@@ -72,7 +84,7 @@ class SyncRing:
         event_fd: int,
         rings: mmap.mmap,
         sqes: mmap.mmap,
-        sq: tuple[int, int, int, int],
+        sq: tuple[int, int, int, int, int],
         cq: tuple[int, int, int, int],
         entries: int,
         enter: Callable[..., int],
@@ -82,12 +94,14 @@ class SyncRing:
         self.event_fd = event_fd
         self._rings = rings
         self._sqes = sqes
-        self._sq_head, self._sq_tail, self._sq_mask, self._sq_array = sq
+        self._sq_head, self._sq_tail, self._sq_mask, self._sq_array, self._sq_flags = sq
         self._cq_head, self._cq_tail, self._cq_mask, self._cqes = cq
         self._entries = entries
         self._enter = enter
         #: submitted and not yet completed
         self.in_flight = 0
+        #: times completions were found in the kernel's overflow list and flushed
+        self.overflow_flushes = 0
 
     @classmethod
     def open(cls, entries: int) -> SyncRing | None:
@@ -136,7 +150,7 @@ class SyncRing:
             event_fd,
             rings,
             sqes,
-            (sq_off[0], sq_off[1], sq_mask, sq_off[6]),
+            (sq_off[0], sq_off[1], sq_mask, sq_off[6], sq_off[4]),
             (cq_off[0], cq_off[1], cq_mask, cq_off[5]),
             sq_entries,
             syscall,
@@ -165,21 +179,51 @@ class SyncRing:
         _U32.pack_into(rings, self._sq_array + index * 4, index)
         # the entry is written before the tail that publishes it (x86-64: in order)
         _U32.pack_into(rings, self._sq_tail, (tail + 1) & 0xFFFFFFFF)
-        while True:
-            submitted = self._enter(_SYS_IO_URING_ENTER, self._ring_fd, 1, 0, 0, None, 0)
-            if submitted == 1:
-                break
-            error = ctypes.get_errno()
-            if submitted < 0 and error == errno.EINTR:
-                continue
+        submitted = self._enter_checked(1, 0)
+        if submitted != 1:
             # the entry stays in the ring unsubmitted: this ring cannot be trusted
-            raise OSError(error or errno.EIO, f"io_uring_enter submitted {submitted}, not 1")
+            raise OSError(errno.EIO, f"io_uring_enter submitted {submitted}, not 1")
         self.in_flight += 1
 
+    def _enter_checked(self, to_submit: int, flags: int) -> int:
+        """io_uring_enter, retried when interrupted; never waits for completions."""
+        while True:
+            result = self._enter(_SYS_IO_URING_ENTER, self._ring_fd, to_submit, 0, flags, None, 0)
+            if result >= 0:
+                return result
+            error = ctypes.get_errno()
+            if error != errno.EINTR:
+                raise OSError(error, f"io_uring_enter failed: {os.strerror(error)}")
+
+    @property
+    def posted(self) -> int:
+        """Completions waiting in the ring, not yet taken by `completions`."""
+        rings = self._rings
+        tail: int = _U32.unpack_from(rings, self._cq_tail)[0]
+        head: int = _U32.unpack_from(rings, self._cq_head)[0]
+        return (tail - head) & 0xFFFFFFFF
+
+    @property
+    def overflowed(self) -> bool:
+        """Completions wait in the kernel's overflow list (`completions` flushes them)."""
+        return bool(_U32.unpack_from(self._rings, self._sq_flags)[0] & _IORING_SQ_CQ_OVERFLOW)
+
     def completions(self) -> list[tuple[int, int]]:
-        """The completions posted so far, as (tag, result): result 0, or -errno."""
+        """The completions posted so far, as (tag, result): result 0, or -errno.
+        Completions held in the kernel's overflow list are flushed and included."""
         with contextlib.suppress(BlockingIOError):  # nothing new since the last look
             os.eventfd_read(self.event_fd)
+        done = self._take_posted()
+        if self.overflowed:
+            # read after the ring: a completion that overflowed after our look at the
+            # ring has set the flag by now, and is flushed below
+            self.overflow_flushes += 1
+            self._enter_checked(0, _IORING_ENTER_GETEVENTS)
+            done += self._take_posted()
+        self.in_flight -= len(done)
+        return done
+
+    def _take_posted(self) -> list[tuple[int, int]]:
         rings = self._rings
         head = _U32.unpack_from(rings, self._cq_head)[0]
         tail = _U32.unpack_from(rings, self._cq_tail)[0]
@@ -192,7 +236,6 @@ class SyncRing:
             head = (head + 1) & 0xFFFFFFFF
         # read before the head that gives the slots back (x86-64: in order)
         _U32.pack_into(rings, self._cq_head, head)
-        self.in_flight -= len(done)
         return done
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ that fallback everywhere.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Callable
@@ -71,6 +72,75 @@ async def test_a_failed_sync_comes_back_as_its_errno(tmp_path: Path) -> None:
     ring.submit_fdatasync(fd, 7)
     assert await wait_for_completions(ring, 1) == [(7, -errno.EBADF)]
     ring.close()
+
+
+async def _complete_unread(ring: SyncRing, fd: int, tags: range) -> None:
+    """Run syncs to their end without reading their completions, past what the
+    ring admits in flight; returns once each is posted or overflowed."""
+    for tag in tags:
+        ring.submit_fdatasync(fd, tag)
+        ring.in_flight = 0  # (more than the ring admits: that is the point here)
+    await _until(lambda: ring.posted >= min(len(tags), 2) and (len(tags) <= 2 or ring.overflowed))
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    with trio.fail_after(10):
+        # kernel state that nothing signals (that is what is tested): look again
+        while not condition():  # noqa: ASYNC110
+            await trio.sleep(0.001)
+
+
+@needs_ring
+async def test_completions_held_in_the_kernels_overflow_list_are_flushed(
+    tmp_path: Path,
+) -> None:
+    ring = SyncRing.open(1)  # a completion queue of two
+    assert ring is not None
+    fd = os.open(tmp_path / "file", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        # three syncs end with none read: the kernel keeps one in its overflow list
+        await _complete_unread(ring, fd, range(3))
+        assert ring.overflowed
+        assert sorted(ring.completions()) == [(0, 0), (1, 0), (2, 0)]
+        assert not ring.overflowed and ring.overflow_flushes == 1
+        ring.in_flight = 0
+        ring.submit_fdatasync(fd, 3)  # the ring goes on as before
+        assert await wait_for_completions(ring, 1) == [(3, 0)]
+    finally:
+        os.close(fd)
+        ring.close()
+
+
+@needs_ring
+async def test_the_reaper_finds_a_sync_whose_end_was_never_signalled(tmp_path: Path) -> None:
+    syncs = RingSyncs.open(1)
+    assert syncs is not None
+    ring = syncs._ring
+    fd = os.open(tmp_path / "other", os.O_WRONLY | os.O_CREAT, 0o644)
+    writer = SegmentWriter(tmp_path, segment_bytes=4096, first_seq=0)
+    try:
+        await _complete_unread(ring, fd, range(1000, 1002))  # the queue is full
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(ring.event_fd)  # their signal, taken: none is left
+        ended = trio.Event()
+        sync = syncs.start(writer, ended.set)
+        await _until(lambda: ring.overflowed)  # where its completion went, with no signal
+        with pytest.raises(BlockingIOError):
+            os.eventfd_read(ring.event_fd)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(syncs.reap)
+            with trio.move_on_after(5):
+                await ended.wait()
+            if not ended.is_set():
+                syncs._pending.clear()  # (the reaper is shielded for it: let it end)
+            syncs.stop()
+        assert ended.is_set(), "the reaper never delivered the sync's end"
+        assert sync.outcome() >= 0
+        assert ring.overflow_flushes == 1
+    finally:
+        os.close(fd)
+        writer.close()
+    syncs.close()
 
 
 class ClosedFile:
