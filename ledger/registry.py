@@ -146,10 +146,16 @@ class LedgerRegistry:
         worker.send.close()
         self._workers_retired += 1
 
-    async def flush_all(self) -> None:
-        """Apply and flush everything dispatched so far, in every ledger."""
+    async def flush_all(self, *, undurable_before: int | None = None) -> None:
+        """Apply and flush everything dispatched so far, in every ledger; or only in
+        the ledgers holding something undurable from before journal seq
+        `undurable_before` (those keep the journal from being trimmed there)."""
         barriers: list[FlushBarrier] = []
         for worker in list(self.active.values()):
+            if undurable_before is not None:
+                oldest = worker.oldest_undurable_seq()
+                if oldest is None or oldest >= undurable_before:
+                    continue
             barrier = FlushBarrier()
             try:
                 await worker.send.send(barrier)

@@ -35,6 +35,7 @@ async def test_trimming_keeps_segments_a_ledger_has_not_flushed(
         "segment_bytes": 64 * 1024,
         "flush_interval_ms": 3_600_000.0,  # nothing flushes unless we say so
         "trim_interval_ms": 3_600_000.0,  # nothing trims unless we say so
+        "spare_segments_max": 0,  # nor does the journal reclaim before making spares
     }
     async with pora.open_node(data_dir, **options) as node:
         await node.add_entry(1, 0, b"slow ledger, never flushed")
@@ -58,6 +59,52 @@ async def test_trimming_keeps_segments_a_ledger_has_not_flushed(
             assert await node.read_entry(1, 0) == b"slow ledger, never flushed"
             for entry_id in range(200):
                 assert await node.read_entry(2, entry_id) == bytes([entry_id % 256]) * 2000
+
+
+async def test_reclaiming_flushes_a_quiet_ledger_that_holds_closed_segments(
+    data_dir: Path,
+) -> None:
+    options: dict[str, Any] = {
+        "segment_bytes": 64 * 1024,
+        "flush_interval_ms": 3_600_000.0,  # a quiet ledger would hold on for an hour
+        "trim_interval_ms": 3_600_000.0,  # nothing trims unless we say so
+        "spare_segments_max": 0,  # nor does the journal reclaim before making spares
+    }
+    async with pora.open_node(data_dir, **options) as node:
+        await node.add_entry(1, 0, b"written once, then quiet")
+        for entry_id in range(200):  # ledger 2 rolls the journal past ledger 1's record
+            await node.add_entry(2, entry_id, bytes([entry_id % 256]) * 2000)
+        await node.add_entry(3, 0, b"only in the open segment")
+        segments_before = list_segments(data_dir / "journal")
+        assert len(segments_before) > 3
+        # ledgers 1 and 2 flush now rather than in an hour, and the closed segments go
+        assert await node.reclaim_journal() == len(segments_before) - 1
+        assert list_segments(data_dir / "journal") == segments_before[-1:]
+        assert node._registry.active[1].oldest_undurable_seq() is None
+        # a ledger whose unflushed entries are all in the open segment keeps them
+        assert node._registry.active[3].oldest_undurable_seq() is not None
+    async with pora.open_node(data_dir, **options) as node:
+        assert await node.read_entry(1, 0) == b"written once, then quiet"
+        assert await node.read_entry(2, 199) == bytes([199]) * 2000
+        assert await node.read_entry(3, 0) == b"only in the open segment"
+
+
+async def test_the_journal_reclaims_by_itself_before_making_a_spare(data_dir: Path) -> None:
+    async with pora.open_node(
+        data_dir,
+        segment_bytes=64 * 1024,
+        flush_interval_ms=3_600_000.0,
+        trim_interval_ms=3_600_000.0,
+    ) as node:
+        await node.add_entry(1, 0, b"written once, then quiet")
+        for entry_id in range(200):  # 400 kB through segments of 64 KiB
+            await node.add_entry(2, entry_id, bytes([entry_id % 256]) * 2000)
+        # each segment a quarter full wants a spare: the closed ones were reclaimed
+        # (ledger 1 flushed, an hour early) and recycled, none zero-filled but the first
+        await wait_until(lambda: len(list_segments(data_dir / "journal")) <= 2, 10.0)
+        statistics = node.statistics()
+        assert statistics.journal_segments_trimmed > 3
+        assert node._registry.active[1].oldest_undurable_seq() is None
 
 
 async def wait_until(condition: Callable[[], bool], timeout_s: float) -> None:
