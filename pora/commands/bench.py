@@ -38,9 +38,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--rounds",
         type=int,
-        default=1,
+        default=3,
         help="alternate Pora and Redis this many times and report each one's median "
-        "round (steadier figures on a shared machine; default 1)",
+        "round: on a shared machine one round of each can land in different phases "
+        "of the machine's speed, and the ratio with them (default 3)",
     )
     parser.add_argument(
         "--connect",
