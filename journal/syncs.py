@@ -15,6 +15,7 @@ A sync is never abandoned (nothing closes the segment under it).
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import math
@@ -182,10 +183,7 @@ class RingSyncs:
                     await trio.lowlevel.wait_readable(ring.event_fd)
                 self._waiting = None
                 flushes = ring.overflow_flushes
-                for tag, result in ring.completions():
-                    sync = pending.pop(tag, None)
-                    if sync is not None:
-                        sync.finish(result)
+                self._deliver()
                 if ring.overflow_flushes > flushes and flushes == 0:
                     _log.info(
                         "io_uring kept journal sync completions in its overflow list "
@@ -196,6 +194,27 @@ class RingSyncs:
                 self._scope.shield = bool(pending)
                 if self._stopping and not pending:
                     return
+
+    def _deliver(self) -> None:
+        """Finish every pending sync whose completion the ring holds."""
+        pending = self._pending
+        try:
+            done = self._ring.completions()
+        except OSError as exc:
+            # the ring cannot be read (flushing its overflow failed): the syncs in
+            # flight may never be heard of, so they fail now, which stops the
+            # journal's writes (it cannot tell what is durable), and no sync goes
+            # through this ring again
+            self.failed = True
+            _log.error(
+                "reading the journal's io_uring failed (%s): the syncs in flight count as failed",
+                exc.strerror or exc,
+            )
+            done = [(tag, -(exc.errno or errno.EIO)) for tag in pending]
+        for tag, result in done:
+            sync = pending.pop(tag, None)
+            if sync is not None:
+                sync.finish(result)
 
     def stop(self) -> None:
         """End `reap` once no sync is in flight (at once if none is). Not by

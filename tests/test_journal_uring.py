@@ -181,6 +181,32 @@ async def test_ring_syncs_raise_a_failed_sync_as_oserror(tmp_path: Path) -> None
     writer.close()
 
 
+@needs_ring
+async def test_a_ring_that_cannot_be_read_fails_its_syncs_and_is_not_used_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    syncs = RingSyncs.open(2)
+    assert syncs is not None
+    writer = SegmentWriter(tmp_path, segment_bytes=4096, first_seq=0)
+    writer.write_batch([Request(RecordKind.ENTRY, 1, 0, b"kept")], 0)
+
+    def unreadable() -> list[tuple[int, int]]:  # what a failed overflow flush raises
+        raise OSError(errno.EBADF, "io_uring_enter failed")
+
+    monkeypatch.setattr(syncs._ring, "completions", unreadable)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(syncs.reap)
+        with pytest.raises(OSError) as caught:
+            await _ended(syncs.start, writer)
+        assert caught.value.errno == errno.EBADF
+        assert syncs.failed
+        # the next sync runs in a thread, and ends well
+        assert await _ended(syncs.start, writer) >= 0
+        syncs.stop()
+    syncs.close()
+    writer.close()
+
+
 async def test_thread_syncs_report_their_end_and_a_failure(tmp_path: Path) -> None:
     writer = SegmentWriter(tmp_path, segment_bytes=4096, first_seq=0)
     writer.write_batch([Request(RecordKind.ENTRY, 1, 0, b"kept")], 0)
