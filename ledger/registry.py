@@ -149,12 +149,15 @@ class LedgerRegistry:
     async def flush_all(self, *, undurable_before: int | None = None) -> None:
         """Apply and flush everything dispatched so far, in every ledger; or only in
         the ledgers holding something undurable from before journal seq
-        `undurable_before` (those keep the journal from being trimmed there)."""
+        `undurable_before` (those keep the journal from being trimmed there), and
+        whose last flush did not fail (those retry on their own schedule: asked
+        again at every trim, a full disk would have them fail and log every
+        second)."""
         barriers: list[FlushBarrier] = []
         for worker in list(self.active.values()):
             if undurable_before is not None:
                 oldest = worker.oldest_undurable_seq()
-                if oldest is None or oldest >= undurable_before:
+                if oldest is None or oldest >= undurable_before or worker.flush_failing:
                     continue
             barrier = FlushBarrier()
             try:

@@ -98,6 +98,12 @@ class LedgerWorker:
     def meta(self) -> LedgerMeta | None:
         return self._metas.get(self.ledger_id)
 
+    @property
+    def flush_failing(self) -> bool:
+        """The last flush failed (a full or failing disk): it retries on its own
+        schedule, every `flush_interval_ms`."""
+        return self._last_flush_failed
+
     def oldest_undurable_seq(self) -> int | None:
         """The smallest journal seq of this ledger not yet durable elsewhere."""
         candidates = [s for s in (self._flushing_since, self._unflushed_since) if s is not None]

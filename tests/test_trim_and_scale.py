@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 import pora
 from journal.segment import list_segments
+from ledger.entrylog import EntryLog
 from ledger.worker import FlushBarrier
 from pora.node import Node
 
@@ -87,6 +90,38 @@ async def test_reclaiming_flushes_a_quiet_ledger_that_holds_closed_segments(
         assert await node.read_entry(1, 0) == b"written once, then quiet"
         assert await node.read_entry(2, 199) == bytes([199]) * 2000
         assert await node.read_entry(3, 0) == b"only in the open segment"
+
+
+async def test_reclaiming_leaves_a_ledger_whose_flush_failed_to_its_own_retries(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options: dict[str, Any] = {
+        "segment_bytes": 64 * 1024,
+        "flush_interval_ms": 3_600_000.0,
+        "trim_interval_ms": 3_600_000.0,
+        "spare_segments_max": 0,
+    }
+    async with pora.open_node(data_dir, **options) as node:
+        await node.add_entry(1, 0, b"kept through a full disk")
+        for entry_id in range(200):
+            await node.add_entry(2, entry_id, bytes([entry_id % 256]) * 2000)
+        attempts: list[int] = []
+        write_bodies = EntryLog.write_bodies
+
+        def disk_full(self: EntryLog, *args: Any, **kwargs: Any) -> Any:
+            attempts.append(1)
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(EntryLog, "write_bodies", disk_full)
+        assert await node.reclaim_journal() == 0  # both flushes failed: nothing goes
+        assert len(attempts) == 2
+        # a failing ledger retries on its own schedule, not at every trim
+        assert await node.reclaim_journal() == 0
+        assert len(attempts) == 2
+        monkeypatch.setattr(EntryLog, "write_bodies", write_bodies)
+    async with pora.open_node(data_dir, **options) as node:  # closing flushed them
+        assert await node.read_entry(1, 0) == b"kept through a full disk"
+        assert await node.read_entry(2, 199) == bytes([199]) * 2000
 
 
 async def test_the_journal_reclaims_by_itself_before_making_a_spare(data_dir: Path) -> None:
