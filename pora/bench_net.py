@@ -31,7 +31,6 @@ XADD id replies by `pora.resp`), one window update per chunk.
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import os
@@ -50,6 +49,7 @@ from typing import Any, Final
 
 import trio
 
+from pora.gc_tuning import GC_YOUNG_THRESHOLD_DEFAULT, freeze_and_tune
 from pora.resp import ReplyCounter, encode_command
 
 LATENCY_SAMPLES_MAX: Final = 5_000_000
@@ -540,9 +540,9 @@ async def run_bench(
     unknown = [load for load in pora_loads if load not in PORA_LOADS]
     if unknown:
         raise ValueError(f"unknown Pora load {unknown[0]!r}; choose from {', '.join(PORA_LOADS)}")
-    # as `pora serve` does: collections need not rescan import-time objects while the
-    # load generator shares the CPU with the server it measures
-    gc.freeze()
+    # as `pora serve` does (gc_tuning.py): the load generator shares the CPU with the
+    # server it measures, so it spends as little as it can on collections
+    freeze_and_tune(GC_YOUNG_THRESHOLD_DEFAULT)
     ledger_base = int.from_bytes(os.urandom(5), "big") << 8 if connect else 1
     redis_path = shutil.which("redis-server")
     skipped = ""

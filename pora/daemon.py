@@ -14,7 +14,6 @@ Lifecycle:
 
 from __future__ import annotations
 
-import gc
 import ipaddress
 import logging
 import os
@@ -27,6 +26,7 @@ import trio
 
 import pora
 from pora.diskwatch import DiskMonitor, DiskThresholds
+from pora.gc_tuning import freeze_and_tune
 from pora.metrics import NodeMetrics, serve_metrics
 from pora.settings import Settings
 
@@ -150,10 +150,8 @@ async def _run_node(
                     )  # fmt: skip
                     ready["metrics_listen"] = f"{m_host}:{m_port}"
                 stopper.started = True
-                # Everything made so far (modules, the node's long-lived state) lives
-                # as long as the process: keep it out of the garbage collector's full
-                # collections, whose pauses would otherwise show in tail latency.
-                gc.freeze()
+                # everything made so far lives as long as the process (gc_tuning.py)
+                freeze_and_tune(settings.gc_young_threshold)
                 _log.info("serving on %s", ready["listen"], extra={"fields": ready})
                 if on_ready is not None:
                     on_ready(ready)

@@ -27,6 +27,7 @@ from typing import Any, Final, Literal
 from journal.task import GroupCommitConfig
 from ledger.storage import LedgerConfig
 from pora.config import NodeConfig
+from pora.gc_tuning import GC_YOUNG_THRESHOLD_DEFAULT
 
 LogFormat = Literal["json", "logfmt"]
 LOG_FORMATS: Final = ("json", "logfmt")
@@ -220,6 +221,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("read_only_hysteresis_bytes", 256 << 20, parse_bytes,
             "a read-only node takes writes again once free space is this much above "
             "the threshold", "BYTES", "256MiB"),
+    Setting("gc_young_threshold", GC_YOUNG_THRESHOLD_DEFAULT, _parse_int,
+            "container allocations between collections of Python's youngest garbage "
+            "collector generation (Python's own default: 700; 0 turns the cyclic "
+            "collector off)", "COUNT", f"{GC_YOUNG_THRESHOLD_DEFAULT}"),
 )  # fmt: skip
 
 SETTINGS_BY_NAME: Final = {s.name: s for s in SETTINGS}
@@ -283,6 +288,7 @@ class Settings:
     read_only_free_bytes_min: int = 512 << 20
     read_only_free_percent_min: float = 0.0
     read_only_hysteresis_bytes: int = 256 << 20
+    gc_young_threshold: int = GC_YOUNG_THRESHOLD_DEFAULT
     #: options for `open_node`, by name
     node_options: Mapping[str, Any] = field(default_factory=dict)
     #: options for `ServerConfig`, by name
@@ -297,6 +303,8 @@ class Settings:
             raise SettingsError("disk_check_interval_ms must be > 0")
         if not 0 <= self.read_only_free_percent_min < 100:
             raise SettingsError("read_only_free_percent_min must be in [0, 100)")
+        if self.gc_young_threshold < 0:
+            raise SettingsError("gc_young_threshold must be >= 0 (0 turns the collector off)")
 
 
 def _read_file(path: Path) -> dict[str, Any]:

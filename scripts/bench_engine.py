@@ -16,7 +16,6 @@ Prints a table (or JSON with --json):
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import random
@@ -32,6 +31,7 @@ import pora
 from journal.format import RecordKind
 from journal.request import Request
 from journal.segment import SegmentWriter
+from pora.gc_tuning import GC_YOUNG_THRESHOLD_DEFAULT, freeze_and_tune
 
 MIB = 1 << 20
 
@@ -87,7 +87,7 @@ async def closed_loop(
     next_entry = [0] * ledgers
     stop_at = 0.0
     async with pora.open_node(data_dir) as node:
-        gc.freeze()  # as `pora serve` does once it serves: no full-collection pauses
+        freeze_and_tune(GC_YOUNG_THRESHOLD_DEFAULT)  # as `pora serve` does once it serves
 
         async def writer(seed: int) -> None:
             rng = random.Random(seed)
@@ -153,7 +153,7 @@ async def open_loop(
         assert not any(await node.add_entries([(i, 0, payload) for i in range(ledgers)]))
         await node._registry.flush_all()
         next_entry = [1] * ledgers
-        gc.freeze()  # as `pora serve` does once it serves: no full-collection pauses
+        freeze_and_tune(GC_YOUNG_THRESHOLD_DEFAULT)  # as `pora serve` does once it serves
 
         async def one_add(ledger_id: int, entry_id: int, scheduled: float) -> None:
             await node.add_entry(ledger_id, entry_id, payload)

@@ -27,6 +27,7 @@ def test_defaults_when_nothing_is_given() -> None:
     assert settings.listen == Address("127.0.0.1", 3181)
     assert settings.metrics_listen is None
     assert settings.node_options == {}
+    assert settings.gc_young_threshold == 50_000
     assert all(source == "default" for source in settings.sources.values())
 
 
@@ -46,6 +47,11 @@ def test_flags_beat_environment_beat_file_beat_defaults(tmp_path: Path) -> None:
     assert settings.log_level == "info"  # default
     assert settings.sources["data_dir"] == "flag --data-dir"
     assert settings.sources["listen"] == "environment variable PORA_LISTEN"
+
+
+def test_gc_threshold_from_the_environment() -> None:
+    settings = load_settings({}, environ={"PORA_GC_YOUNG_THRESHOLD": "0"})
+    assert settings.gc_young_threshold == 0  # the cyclic collector off
 
 
 def test_config_file_named_by_environment(tmp_path: Path) -> None:
@@ -94,6 +100,8 @@ def test_sizes_and_addresses_parse() -> None:
         ({"read_only_free_bytes_min": "12 parsecs"}, {}, "expected a byte count"),
         ({"drain_timeout_s": "soon"}, {}, "drain_timeout_s in flag --drain-timeout-s"),
         ({"disk_check_interval_ms": "0"}, {}, "disk_check_interval_ms must be > 0"),
+        ({}, {"PORA_GC_YOUNG_THRESHOLD": "-1"}, "gc_young_threshold must be >= 0"),
+        ({}, {"PORA_GC_YOUNG_THRESHOLD": "lots"}, "in environment variable PORA_GC_YOUNG"),
         ({}, {"PORA_NODE_GROUP_WAIT_MS": "1"}, "unknown node option 'group_wait_ms'"),
         ({}, {"PORA_NODE_FSYNC": "maybe"}, "node option fsync in environment variable"),
         ({}, {"PORA_NODE_GROUP_WAIT_MS_MAX": "-1"}, "group_wait_ms_max must be >= 0"),
