@@ -29,7 +29,7 @@ def pwritev_all(fd: int, buffers: Sequence[bytes | bytearray], offset: int) -> i
     position = offset
     for first in range(0, len(buffers), _IOVECS_PER_CALL):
         chunk = buffers[first : first + _IOVECS_PER_CALL]
-        wanted = sum([len(buffer) for buffer in chunk])
+        wanted = sum(map(len, chunk))  # (a C loop: a flush passes thousands)
         written = os.pwritev(fd, chunk, position)
         if written < wanted:  # rare (a regular file writes all or fails): finish plainly
             pwrite_all(fd, memoryview(b"".join(chunk))[written:], position + written)

@@ -18,7 +18,6 @@ pins prevent it).
 
 from __future__ import annotations
 
-import itertools
 import os
 import struct
 import time
@@ -233,14 +232,12 @@ class EntryLog:
         pwrite_all(fd, view, position)
         return positions
 
-    def write_bodies(
-        self, bodies: Sequence[tuple[int, bytes | bytearray]], position: int
-    ) -> list[tuple[int, int, int]]:
+    def write_bodies(self, bodies: Sequence[bytes | bytearray], position: int) -> list[int]:
         """Writes already-encoded records (journal bodies) back to back from `position`.
 
-        `bodies` are `(entry_id, record)` pairs; the records were checksummed when they
-        were journalled and are copied as they are: the flush's hot path. Returns
-        `(entry_id, offset, record_length)` per record. Does not sync.
+        The records were checksummed when they were journalled and are copied as they
+        are: the flush's hot path. Returns each record's length (the first starts at
+        `position`, each next one where the one before it ends). Does not sync.
         """
         fd = self._fd
         if fd < 0:
@@ -249,16 +246,14 @@ class EntryLog:
             raise ValueError(
                 f"{self.path}: write position {position} is inside the {HEADER_SIZE}-byte header"
             )
-        # list operations rather than a Python step per record: a flush holds thousands
-        lengths = [len(body) for _, body in bodies]
-        offsets = list(itertools.accumulate(lengths, initial=position))
-        end = offsets.pop()
-        positions = list(zip([entry_id for entry_id, _ in bodies], offsets, lengths, strict=True))
-        self._ensure_allocated(end)
+        # C loops (map, sum), not a Python step per record: a flush holds thousands,
+        # and this runs in a thread that holds the GIL the event loop is waiting for
+        lengths = list(map(len, bodies))
+        self._ensure_allocated(position + sum(lengths))
         # gathered by the kernel: joining them first would copy megabytes while
-        # holding the GIL, which the event loop is waiting for
-        pwritev_all(fd, [body for _, body in bodies], position)
-        return positions
+        # holding the GIL
+        pwritev_all(fd, bodies, position)
+        return lengths
 
     def sync(self) -> None:
         """Makes every earlier write durable (fdatasync), unless built with fsync=False."""

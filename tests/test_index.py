@@ -125,6 +125,35 @@ def test_positions_behave_like_a_map_whatever_the_runs(
         assert index.get_position(8, 0) is None
 
 
+@given(
+    records=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 300)), max_size=30)
+    | st.builds(lambda n, first: [(first + i, 100 + i) for i in range(n)],
+                st.integers(1, 30), st.integers(0, 40)),
+    offset=st.integers(512, 2**40),
+)  # fmt: skip
+def test_back_to_back_records_index_as_their_positions_would(
+    tmp_path_factory: pytest.TempPathFactory, records: list[tuple[int, int]], offset: int
+) -> None:
+    """A flush's columns (ids, one offset, lengths) give what the positions would:
+    the consecutive case packed at once, anything else (gaps, repeats, disorder) too."""
+    entry_ids = [entry_id for entry_id, _ in records]
+    lengths = [length for _, length in records]
+    starts = [offset + sum(lengths[:i]) for i in range(len(lengths))]
+    with Index(tmp_path_factory.mktemp("columns") / "index", cache_bytes=1 << 20) as index:
+        index.apply_flush(7, list(zip(entry_ids, starts, lengths, strict=True)), meta_for(7))
+        index.apply_back_to_back(8, entry_ids, offset, lengths, meta_for(8))
+        assert list(index.iter_positions(8)) == list(index.iter_positions(7))
+        assert index.get_meta(8) == meta_for(8)
+        for entry_id in set(entry_ids):
+            assert index.get_position(8, entry_id) == index.get_position(7, entry_id)
+
+
+def test_back_to_back_needs_a_length_per_id(index: Index) -> None:
+    with pytest.raises(ValueError, match="3 entry ids for 2 record lengths"):
+        index.apply_back_to_back(1, [0, 1, 2], 512, [10, 10], meta_for(1))
+    assert index.get_meta(1) is None  # nothing written
+
+
 def test_apply_flush_installs_positions_and_meta_together(index: Index) -> None:
     meta = meta_for(9, 99, log_end=512 + 100 * 100)
     index.apply_flush(9, positions_for(100), meta)
