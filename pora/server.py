@@ -497,6 +497,12 @@ class _Connection:
             self.last_received = trio.current_time()
             server.bytes_received += len(data)
             decoder.receive_data(data if type(data) is bytes else bytes(data))
+            if drained and decoder.buffered_bytes:
+                # the read ended inside a frame: the rest of a big one (a run) is
+                # usually in the next TCP segment, there already, and one more read
+                # costs less than a wait for readiness (epoll_ctl, a turn, epoll_wait).
+                # If it is not there, that read fails and the next wait is the real one
+                drained = False
 
     async def _dispatch(self, requests: list[RequestMessage | WireAdd]) -> None:
         server = self.server

@@ -36,6 +36,33 @@ def payloads(first: int, count: int, tag: bytes = b"p") -> list[bytes]:
     ]
 
 
+async def test_runs_trickling_in_pieces_are_answered_whole(data_dir: Path) -> None:
+    """A read that ends inside a frame is followed by another read at once (the rest
+    usually follows); when the rest is late, the node waits for it, then answers."""
+    async with serving(data_dir) as (node, _server, address):
+        first = codec.encode_add_run(1, 5, 0, [b"a" * 1000] * 64, master_key=KEY)
+        second = codec.encode_add_run(2, 5, 64, [b"b" * 1000] * 64, master_key=KEY)
+        stream = await raw_connection(address)
+        async with stream:
+            # the first frame in three pieces with pauses, the last with the second
+            # frame's first bytes; then the rest of the second
+            await stream.send_all(first[:10])
+            await trio.sleep(0.05)
+            await stream.send_all(first[10:40_000])
+            await trio.sleep(0.05)
+            await stream.send_all(first[40_000:] + second[:100])
+            await trio.sleep(0.05)
+            await stream.send_all(second[100:])
+            responses, closed = await receive_responses(stream, 2)
+        assert not closed
+        assert sorted(responses, key=lambda r: r.request_id) == [
+            AddRunResponse(1, 5, 0, 64, []),
+            AddRunResponse(2, 5, 64, 64, []),
+        ]
+        stored = await node.read_range(5, 0, 127, max_entries=200)
+        assert [payload for _, payload in stored] == [b"a" * 1000] * 64 + [b"b" * 1000] * 64
+
+
 async def test_a_run_is_stored_with_one_journal_record_and_one_response(
     data_dir: Path,
 ) -> None:
