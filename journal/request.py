@@ -110,7 +110,7 @@ class Request:
         request.lac = lac
         request.master_key = master_key
         request.bodies = bodies
-        request.body_bytes = sum([len(body) for body in bodies])
+        request.body_bytes = sum(map(len, bodies))  # (C loops: a run has up to 1024)
         request.tag = 0
         request.tags = tags
         request.seq = -1

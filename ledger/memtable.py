@@ -88,14 +88,14 @@ class Memtable:
         self._budget.unflushed_bytes += added
 
     def put_many(self, entry_ids: Sequence[int], bodies: Sequence[Body]) -> int:
-        """`put` for many entries at once (dict and sum work in C); returns their bytes.
+        """`put` for many entries at once (dict, map and sum work in C); returns their bytes.
         `entry_ids` ascend (a run) and none is held yet."""
         if entry_ids:
             if entry_ids[0] <= self._unflushed_last_id:
                 self.unflushed_in_order = False
             self._unflushed_last_id = max(self._unflushed_last_id, entry_ids[-1])
         self.unflushed.update(zip(entry_ids, bodies, strict=True))
-        added = sum([len(body) for body in bodies])
+        added = sum(map(len, bodies))
         self.unflushed_bytes += added
         self._budget.unflushed_bytes += added
         return added
