@@ -188,20 +188,12 @@ class Index:
         operations, without a Python step per entry."""
         if len(entry_ids) != len(lengths):
             raise ValueError(f"{len(entry_ids)} entry ids for {len(lengths)} record lengths")
-        ends = list(itertools.accumulate(lengths))
         runs: list[tuple[int, int, bytes]] = []
         if entry_ids:
-            first, last = entry_ids[0], entry_ids[-1]
-            if (
-                first >= 0
-                and last < _ID_LIMIT
-                and last - first == len(entry_ids) - 1
-                and list(entry_ids) == list(range(first, last + 1))
-                and ends[-1] < _RUN_BYTES_LIMIT
-                and min(lengths) >= 0
-                and 0 <= offset < 2**64
-            ):
-                runs = [(first, last, _run_value(offset, ends))]
+            ends = list(itertools.accumulate(lengths))
+            run = _one_run(list(entry_ids), offset, lengths, ends)
+            if run is not None:
+                runs = [run]
             else:
                 starts = [offset, *[offset + end for end in ends[:-1]]]
                 runs = _runs(list(zip(entry_ids, starts, lengths, strict=True)))
@@ -403,18 +395,12 @@ def _runs(positions: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, byt
     entry_ids = [position[0] for position in positions]
     offsets = [position[1] for position in positions]
     lengths = [position[2] for position in positions]
-    first, base = entry_ids[0], offsets[0]
+    base = offsets[0]
     ends = list(itertools.accumulate(lengths))
-    if (
-        first >= 0
-        and entry_ids[-1] < _ID_LIMIT
-        and entry_ids == list(range(first, first + len(entry_ids)))
-        and [base + end for end in ends[:-1]] == offsets[1:]
-        and ends[-1] < _RUN_BYTES_LIMIT
-        and min(lengths) >= 0
-        and 0 <= base < 2**64
-    ):
-        return [(first, entry_ids[-1], _run_value(base, ends))]
+    if [base + end for end in ends[:-1]] == offsets[1:]:  # back to back
+        run = _one_run(entry_ids, base, lengths, ends)
+        if run is not None:
+            return [run]
     by_entry = {entry_id: (offset, length) for entry_id, offset, length in positions}
     runs: list[tuple[int, int, bytes]] = []
     run_first = run_base = run_next_offset = -1
@@ -440,6 +426,26 @@ def _runs(positions: Sequence[tuple[int, int, int]]) -> list[tuple[int, int, byt
         run_next_offset = offset + length
     runs.append((run_first, run_first + len(run_ends) - 1, _run_value(run_base, run_ends)))
     return runs
+
+
+def _one_run(
+    entry_ids: list[int], offset: int, lengths: Sequence[int], ends: list[int]
+) -> tuple[int, int, bytes] | None:
+    """The one run of records written back to back from `offset` (`ends` accumulate
+    `lengths`), if their ids are consecutive and every value fits a run; else None.
+    List operations only: this is the flush's case, thousands of entries at a time."""
+    first, last = entry_ids[0], entry_ids[-1]
+    if (
+        first >= 0
+        and last < _ID_LIMIT
+        and last - first == len(entry_ids) - 1
+        and entry_ids == list(range(first, last + 1))
+        and ends[-1] < _RUN_BYTES_LIMIT
+        and min(lengths) >= 0
+        and 0 <= offset < 2**64
+    ):
+        return (first, last, _run_value(offset, ends))
+    return None
 
 
 def _run_value(offset: int, ends: list[int]) -> bytes:

@@ -36,7 +36,9 @@ def payloads(first: int, count: int, tag: bytes = b"p") -> list[bytes]:
     ]
 
 
-async def test_runs_trickling_in_pieces_are_answered_whole(data_dir: Path) -> None:
+async def test_runs_trickling_in_pieces_are_answered_whole(
+    data_dir: Path, autojump_clock: trio.abc.Clock
+) -> None:
     """A read that ends inside a frame is followed by another read at once (the rest
     usually follows); when the rest is late, the node waits for it, then answers."""
     async with serving(data_dir) as (node, _server, address):
