@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fs_faults import SmallFilesystems
 
 
 @pytest.fixture
@@ -35,3 +36,14 @@ def tiny_filesystem(tmp_path: Path) -> Iterator[Path]:
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+@pytest.fixture
+def small_filesystems(tmp_path: Path) -> Iterator[SmallFilesystems]:
+    """Real ext4 filesystems of a few MiB, loop-mounted wherever the test asks
+    (`small_filesystems.mount(folder, size_mib)`); skipped without root."""
+    filesystems = SmallFilesystems(tmp_path / "images")
+    try:
+        yield filesystems
+    finally:
+        filesystems.unmount_all()
