@@ -9,6 +9,7 @@ once space returns.
 from __future__ import annotations
 
 import random
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import trio
 from cli_support import run_cli
 from fs_faults import SmallFilesystems, fill
 from test_crash import tear_journal_tail
+from test_serve import Daemon, assert_all_there, serve, stop, write_until_stopped
 from test_trim_and_scale import wait_until
 
 import pora
@@ -192,3 +194,82 @@ def test_recover_on_a_still_full_disk_keeps_the_journal_and_fails(
             assert node.statistics().recovery.records_replayed == 0
 
     trio.run(read)
+
+
+# --- `pora serve` on a full disk: SIGTERM, SIGKILL, restarts -----------------------------
+
+#: never read-only (the disk watcher would refuse the adds on these small disks) and
+#: small segments
+SERVE_OPTIONS = (
+    "--read-only-free-bytes-min", "0",
+    "--node-option", "segment_bytes=65536",
+    "--node-option", "spare_segments_max=0",
+)  # fmt: skip
+
+
+async def write_some(address: str, ledger_id: int, count: int) -> list[int]:
+    """Acknowledged adds to `ledger_id` (8 writers) until `count` are in; stops them."""
+    acknowledged: list[int] = []
+    enough = trio.Event()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(write_until_stopped, address, ledger_id, acknowledged, enough, count)
+        await enough.wait()
+        nursery.cancel_scope.cancel()
+    return acknowledged
+
+
+def stop_messages(daemon: Daemon) -> list[str]:
+    return [str(line["msg"]) for line in daemon.log_lines() if "stopped" in str(line["msg"])]
+
+
+async def assert_stopped_keeping_the_journal(daemon: Daemon, data_dir: Path) -> None:
+    assert await stop(daemon) == 1
+    messages = stop_messages(daemon)
+    assert not any(m.startswith("stopped cleanly") for m in messages), messages
+    assert any("not cleanly" in m and "could not be flushed" in m for m in messages), messages
+    assert segment_names(data_dir)
+
+
+async def test_serve_on_a_full_data_dir_stops_with_status_1_and_keeps_every_entry(
+    data_dir: Path, tmp_path: Path, small_filesystems: SmallFilesystems
+) -> None:
+    small_filesystems.mount(data_dir, 32)
+    options = (*SERVE_OPTIONS, "--node-option", "flush_interval_ms=3600000")
+    async with serve(data_dir, tmp_path, *options) as daemon:
+        acknowledged = await write_some(daemon.address, 5, 300)
+        filler = await trio.to_thread.run_sync(fill, data_dir)
+        await assert_stopped_keeping_the_journal(daemon, data_dir)
+    await trio.to_thread.run_sync(filler.unlink)
+    async with serve(data_dir, tmp_path, *options) as daemon:
+        await assert_all_there(daemon.address, 5, acknowledged)
+        assert await stop(daemon) == 0
+        assert any(m.startswith("stopped cleanly") for m in stop_messages(daemon))
+
+
+async def test_serve_with_full_entry_logs_survives_sigterm_sigkill_and_restarts(
+    data_dir: Path, tmp_path: Path, small_filesystems: SmallFilesystems
+) -> None:
+    ledgers = await trio.to_thread.run_sync(ledgers_on_own_filesystem, data_dir, small_filesystems)
+    filler = await trio.to_thread.run_sync(fill, ledgers)
+    # flushes are tried (and fail) while the node serves
+    options = (*SERVE_OPTIONS, "--node-option", "flush_interval_ms=100")
+    async with serve(data_dir, tmp_path, *options) as daemon:
+        first = await write_some(daemon.address, 5, 300)
+        await assert_stopped_keeping_the_journal(daemon, data_dir)
+    # the disk is still full: the node starts, serves what it replayed from memory,
+    # takes more adds, and is killed
+    async with serve(data_dir, tmp_path, *options) as daemon:
+        await assert_all_there(daemon.address, 5, first)
+        second = await write_some(daemon.address, 6, 300)
+        assert await stop(daemon, signal.SIGKILL) == -signal.SIGKILL
+    async with serve(data_dir, tmp_path, *options) as daemon:
+        await assert_all_there(daemon.address, 5, first)
+        await assert_all_there(daemon.address, 6, second)
+        await assert_stopped_keeping_the_journal(daemon, data_dir)
+    await trio.to_thread.run_sync(filler.unlink)
+    async with serve(data_dir, tmp_path, *options) as daemon:
+        await assert_all_there(daemon.address, 5, first)
+        await assert_all_there(daemon.address, 6, second)
+        assert await stop(daemon) == 0
+        assert any(m.startswith("stopped cleanly") for m in stop_messages(daemon))
+    assert segment_names(data_dir) == []
