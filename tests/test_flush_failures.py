@@ -8,11 +8,13 @@ once space returns.
 
 from __future__ import annotations
 
+import errno
 import random
 import signal
 from pathlib import Path
 from typing import Any
 
+import plyvel
 import pytest
 import trio
 from cli_support import run_cli
@@ -23,7 +25,7 @@ from test_trim_and_scale import wait_until
 
 import pora
 from journal.segment import list_segments
-from ledger.errors import FlushFailed
+from ledger.errors import FlushFailed, describe_os_error
 
 #: small segments, so the entries below span several; nothing flushes or trims by
 #: itself unless a test says so
@@ -72,7 +74,7 @@ def ledgers_on_own_filesystem(data_dir: Path, small_filesystems: SmallFilesystem
 
 
 async def test_a_ledger_whose_flush_fails_holds_its_journal_until_a_retry_succeeds(
-    data_dir: Path, small_filesystems: SmallFilesystems
+    data_dir: Path, small_filesystems: SmallFilesystems, caplog: pytest.LogCaptureFixture
 ) -> None:
     ledgers = await trio.to_thread.run_sync(ledgers_on_own_filesystem, data_dir, small_filesystems)
     filler = fill(ledgers)
@@ -85,6 +87,12 @@ async def test_a_ledger_whose_flush_fails_holds_its_journal_until_a_retry_succee
             await registry.flush_all()
         assert failed.value.ledger_ids == list(LEDGERS)
         assert "ENOSPC (No space left on device)" in str(failed.value)
+        logged = [r.getMessage() for r in caplog.records if r.name == "pora.ledger"]
+        assert any(
+            m.startswith(f"flush of ledger 1 failed: ENOSPC (No space left on device) on {ledgers}")
+            and "stay in memory and in the journal" in m
+            for m in logged
+        ), logged
         # failing, idle for longer than idle_retire_ms: the workers stay, holding
         # their oldest undurable seq, and the trimmer deletes none of their segments
         segments_before = segment_names(data_dir)
@@ -273,3 +281,12 @@ async def test_serve_with_full_entry_logs_survives_sigterm_sigkill_and_restarts(
         assert await stop(daemon) == 0
         assert any(m.startswith("stopped cleanly") for m in stop_messages(daemon))
     assert segment_names(data_dir) == []
+
+
+def test_disk_errors_read_as_text() -> None:
+    assert describe_os_error(OSError(errno.ENOSPC, "No space left on device", b"/d/x.log")) == (
+        "ENOSPC (No space left on device)"
+    )
+    assert describe_os_error(OSError(errno.EIO, "")) == "EIO (Input/output error)"
+    leveldb = plyvel.IOError(b"IO error: /d/index/000005.log: No space left on device")
+    assert describe_os_error(leveldb) == "IO error: /d/index/000005.log: No space left on device"
