@@ -159,6 +159,11 @@ async def test_a_restart_on_a_still_full_disk_serves_from_the_kept_journal(
         with pytest.raises(FlushFailed):
             async with pora.open_node(data_dir, **QUIET) as node:
                 assert node.statistics().recovery.unflushed_ledgers == list(LEDGERS)
+                kept = segment_names(data_dir)
+                # the replayed ledgers hold the kept segments, older than the journal's
+                # new first seq, from the trimmer
+                assert await node.reclaim_journal() == 0
+                assert segment_names(data_dir) == kept
                 await assert_entries(node, ENTRIES // 2 * (restart + 1))
                 await add_entries(
                     node, range(ENTRIES // 2 * (restart + 1), ENTRIES // 2 * (restart + 2))
