@@ -3,6 +3,7 @@
 from ledger.errors import (
     EntryConflict,
     EntryTooLarge,
+    FlushFailed,
     InvalidArgument,
     LedgerClosed,
     LedgerError,
@@ -18,6 +19,7 @@ __all__ = [
     "NO_ENTRY",
     "EntryConflict",
     "EntryTooLarge",
+    "FlushFailed",
     "InvalidArgument",
     "LedgerClosed",
     "LedgerError",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from journal.errors import PoraError
@@ -100,3 +103,33 @@ class Unauthorized(LedgerError):
 
 class NodeReadOnly(PoraError):
     """The node takes no writes for now (its disk is nearly full); reads go on."""
+
+
+class FlushFailed(PoraError):
+    """Ledgers could not write their entries to their entry logs and index (a full
+    or failing disk). Nothing is lost: those entries are in the journal, which is
+    kept until a flush of them succeeds."""
+
+    def __init__(self, ledger_ids: Iterable[int], message: str) -> None:
+        #: the ledgers whose flush failed, ascending
+        self.ledger_ids = sorted(ledger_ids)
+        super().__init__(message)
+
+
+def ledger_list(ledger_ids: Sequence[int], shown_max: int = 10) -> str:
+    """`ledger_ids` for a message: the first few, then how many more."""
+    shown = ", ".join(str(ledger_id) for ledger_id in ledger_ids[:shown_max])
+    if len(ledger_ids) > shown_max:
+        shown += f" and {len(ledger_ids) - shown_max} more"
+    return shown
+
+
+def describe_os_error(error: OSError) -> str:
+    """An OS error as its errno name and text (`ENOSPC (No space left on device)`),
+    without Python's repr; LevelDB's errors (plyvel) carry their message as bytes."""
+    if error.errno is not None:
+        name = errno.errorcode.get(error.errno, f"errno {error.errno}")
+        return f"{name} ({error.strerror or os.strerror(error.errno)})"
+    if error.args and isinstance(error.args[0], bytes):
+        return error.args[0].decode("utf-8", "replace")
+    return str(error)

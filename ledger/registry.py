@@ -5,6 +5,11 @@ ledger and hands each part to that ledger's worker, starting the worker if the
 ledger has none (workers retire when idle). It serves reads from a worker's
 memtable or from the index and entry log, and tells the trimmer how far the
 journal is durable elsewhere.
+
+That answer comes only from flushes that succeeded: a worker whose flush failed
+keeps its oldest undurable seq, does not retire, and, if it ends (at `close`)
+with entries still unflushed, stays counted (`unflushed_ledgers`), so that the
+journal holding those entries is kept.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from dataclasses import dataclass
 import trio
 
 from journal.request import Request
-from ledger.errors import NoSuchEntry, NoSuchLedger
+from ledger.errors import FlushFailed, NoSuchEntry, NoSuchLedger, ledger_list
 from ledger.state import LedgerMeta, LedgerState
 from ledger.storage import LedgerStorage
 from ledger.worker import FlushBarrier, LedgerWorker
@@ -36,6 +41,9 @@ class LedgerRegistry:
         #: every ledger on the node, active or not; workers mutate their own entry
         self.metas = metas
         self.active: dict[int, LedgerWorker] = {}
+        #: workers that ended (at close) with entries their last flush failed to make
+        #: durable: the journal must keep those entries for the next start to replay
+        self._ended_unflushed: dict[int, LedgerWorker] = {}
         self._nursery: trio.Nursery | None = None
         self._closing = False
         self._closed = trio.Event()
@@ -137,8 +145,13 @@ class LedgerRegistry:
         worker = LedgerWorker(ledger_id, self.storage, self.metas, self._retire)
         self.active[ledger_id] = worker
         self._workers_started += 1
-        self._nursery.start_soon(worker.run)
+        self._nursery.start_soon(self._run_worker, worker)
         return worker
+
+    async def _run_worker(self, worker: LedgerWorker) -> None:
+        await worker.run()
+        if worker.oldest_undurable_seq() is not None:
+            self._ended_unflushed[worker.ledger_id] = worker
 
     def _retire(self, worker: LedgerWorker) -> None:
         if self.active.get(worker.ledger_id) is worker:
@@ -152,8 +165,12 @@ class LedgerRegistry:
         `undurable_before` (those keep the journal from being trimmed there), and
         whose last flush did not fail (those retry on their own schedule: asked
         again at every trim, a full disk would have them fail and log every
-        second)."""
-        barriers: list[FlushBarrier] = []
+        second).
+
+        Raises FlushFailed, naming them, if the flush of any ledger failed: their
+        entries are then in memory and in the journal only (and still counted in
+        `oldest_undurable_seq`); the other ledgers' flushes went through."""
+        barriers: list[tuple[int, FlushBarrier]] = []
         for worker in list(self.active.values()):
             if undurable_before is not None:
                 oldest = worker.oldest_undurable_seq()
@@ -164,16 +181,40 @@ class LedgerRegistry:
                 await worker.send.send(barrier)
             except trio.ClosedResourceError:  # retired meanwhile: it flushed on the way out
                 continue
-            barriers.append(barrier)
-        for barrier in barriers:
+            barriers.append((worker.ledger_id, barrier))
+        failures: dict[int, str] = {}
+        for ledger_id, barrier in barriers:
             await barrier.done.wait()
+            if barrier.failure is not None:
+                failures[ledger_id] = barrier.failure
+        if failures:
+            failed = sorted(failures)
+            raise FlushFailed(
+                failed,
+                f"the flush of {len(failed)} ledger(s) to their entry logs failed "
+                f"(ledgers {ledger_list(failed)}; first: {failures[failed[0]]}); their "
+                "entries stay in memory and in the journal until a flush succeeds",
+            )
+
+    def unflushed_ledgers(self) -> dict[int, str]:
+        """The ledgers whose last flush failed and that hold entries not yet durable
+        outside the journal, with why: running workers, and those that ended so (at
+        `close`)."""
+        unflushed = {
+            ledger_id: worker.flush_failure
+            for ledger_id, worker in self.active.items()
+            if worker.flush_failure is not None and worker.oldest_undurable_seq() is not None
+        }
+        for ledger_id, worker in self._ended_unflushed.items():
+            unflushed[ledger_id] = worker.flush_failure or "its last flush did not finish"
+        return unflushed
 
     # --- what the trimmer needs ------------------------------------------------------------
 
     def oldest_undurable_seq(self) -> int | None:
         """The smallest journal seq not yet durable in entry logs and index, if any."""
         oldest: int | None = None
-        for worker in self.active.values():
+        for worker in (*self.active.values(), *self._ended_unflushed.values()):
             seq = worker.oldest_undurable_seq()
             if seq is not None and (oldest is None or seq < oldest):
                 oldest = seq

@@ -21,6 +21,7 @@ import collections
 import dataclasses
 import itertools
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
@@ -37,7 +38,13 @@ from ledger.entrylog_format import (
     encode_record,
     encode_state_record,
 )
-from ledger.errors import EntryConflict, LedgerClosed, LedgerFenced, NoSuchLedger
+from ledger.errors import (
+    EntryConflict,
+    LedgerClosed,
+    LedgerFenced,
+    NoSuchLedger,
+    describe_os_error,
+)
 from ledger.filecache import FilePinned
 from ledger.memtable import Body, Memtable
 from ledger.state import NO_ENTRY, LedgerMeta, LedgerState
@@ -52,11 +59,14 @@ _ENTRY_ONLY: Final = {RecordKind.ENTRY}
 
 
 class FlushBarrier(list[Request]):
-    """Sent through a ledger channel in place of a batch: flush everything before me."""
+    """Sent through a ledger channel in place of a batch: flush everything before me.
+
+    Once `done` is set, `failure` says whether that flush failed (why, or None)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.done = trio.Event()
+        self.failure: str | None = None
 
 
 class LedgerWorker:
@@ -89,7 +99,8 @@ class LedgerWorker:
         self._flush_finished = trio.Event()
         #: the ledger was deleted and its files and index keys are not yet removed
         self.delete_pending = False
-        self._last_flush_failed = False
+        #: why the last flush failed (None: it succeeded, or none ran yet)
+        self._last_flush_failure: str | None = None
         self._nursery: trio.Nursery | None = None
         #: the ledger state this worker last wrote to the entry log (None: not yet)
         self._logged_state: LedgerStateRecord | None = None
@@ -101,8 +112,14 @@ class LedgerWorker:
     @property
     def flush_failing(self) -> bool:
         """The last flush failed (a full or failing disk): it retries on its own
-        schedule, every `flush_interval_ms`."""
-        return self._last_flush_failed
+        schedule, every `flush_interval_ms`. Until one succeeds, what it holds stays
+        in `oldest_undurable_seq`, and the worker does not retire."""
+        return self._last_flush_failure is not None
+
+    @property
+    def flush_failure(self) -> str | None:
+        """Why the last flush failed, or None."""
+        return self._last_flush_failure
 
     def oldest_undurable_seq(self) -> int | None:
         """The smallest journal seq of this ledger not yet durable elsewhere."""
@@ -114,10 +131,12 @@ class LedgerWorker:
     # --- the task ------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Serve until the input closes (shutdown or retirement), then flush what is
+        left. If that flush fails, `oldest_undurable_seq` still says what the
+        journal must keep: the registry asks it after this returns."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await self._serve()
-            # input closed (shutdown or retirement): leave nothing unflushed
             await self._flush_and_wait()
 
     async def _serve(self) -> None:
@@ -141,7 +160,7 @@ class LedgerWorker:
                 # flushes fall behind: stop taking entries, so the channel fills and
                 # the journal waits (backpressure) rather than memory growing
                 await self._flush_and_wait()
-                if self._last_flush_failed:
+                if self.flush_failing:
                     await trio.sleep(flush_interval_s)
 
     def take_nowait(self, batch: list[Request]) -> bool:
@@ -390,6 +409,7 @@ class LedgerWorker:
 
     async def _flush_for_barrier(self, barrier: FlushBarrier) -> None:
         await self._flush_and_wait()
+        barrier.failure = self._last_flush_failure
         barrier.done.set()
 
     async def _flush(self) -> None:
@@ -415,16 +435,16 @@ class LedgerWorker:
                     meta.log_end = snapshot.log_end
                     meta.durable_seq = durable_seq
             memtable.end_flush()
-            self._last_flush_failed = False
+            self._last_flush_failure = None
         except OSError as exc:
-            self._last_flush_failed = True
             # a full or failing disk: nothing is lost (the journal keeps every record
             # until a flush succeeds, the memtable keeps serving reads); retry later
+            self._last_flush_failure = self._flush_failure_text(exc)
             _log.error(
-                "flush of ledger %d failed (%s); its entries stay in memory and in the "
-                "journal, retrying in %.0f ms",
+                "flush of ledger %d failed: %s; its entries stay in memory and in the "
+                "journal (which keeps them until a flush succeeds), retrying every %.0f ms",
                 self.ledger_id,
-                exc,
+                self._last_flush_failure,
                 self._storage.config.flush_interval_ms,
             )
             self._undo_flush()
@@ -436,6 +456,17 @@ class LedgerWorker:
             self._flushing_since = None
             self._flush_running = False
             self._flush_finished.set()
+
+    def _flush_failure_text(self, error: OSError) -> str:
+        """What failed, where: the file as text and the errno's name and meaning."""
+        if error.errno is None:  # LevelDB's (plyvel.IOError): its message names the file
+            return f"index write failed: {describe_os_error(error)}"
+        path = error.filename
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if path is None:  # the entry log's writes and syncs name no file
+            path = self._storage.entrylog_path(self.ledger_id)
+        return f"{describe_os_error(error)} on {path}"
 
     def _undo_flush(self) -> None:
         self.memtable.abort_flush()

@@ -10,6 +10,8 @@ Lifecycle:
 4. On the first signal: stop accepting, let in-flight requests finish (up to
    `drain_timeout_s`), then leave `open_node`, which writes what is queued, flushes
    every ledger and closes the node. A second signal cuts the drain short.
+5. If a ledger's last flush failed (a full disk), the node keeps its journal and
+   the daemon says so and exits 1, not "stopped cleanly".
 """
 
 from __future__ import annotations
@@ -88,16 +90,28 @@ async def run_daemon(
     *,
     on_ready: Callable[[dict[str, Any]], None] | None = None,
 ) -> int:
-    """Run until a stop signal; returns the process exit status (0 after a clean stop)."""
+    """Run until a stop signal; returns the process exit status (0 after a clean stop,
+    1 when the node stopped with ledgers unflushed and its journal kept)."""
     started_at = time.monotonic()
     stopper = _Stopper()
+    unflushed: pora.FlushFailed | None = None
     with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         async with trio.open_nursery() as watcher:
             watcher.start_soon(stopper.watch, signals)
             try:
                 await _run_node(settings, stopper, on_ready)
+            except pora.FlushFailed as error:
+                unflushed = error
             finally:
                 watcher.cancel_scope.cancel()
+    if unflushed is not None:
+        _log.error(
+            "stopped after %.1fs, not cleanly: %s",
+            time.monotonic() - started_at,
+            unflushed,
+            extra={"fields": {"signal": stopper.signal_name, "error": "FlushFailed"}},
+        )
+        return 1
     _log.info(
         "stopped cleanly after %.1fs",
         time.monotonic() - started_at,

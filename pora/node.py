@@ -3,6 +3,8 @@
 `open_node` is the one way to run a node (in-process, in tests, and under
 `pora serve`): it locks the data dir, recovers, starts the tasks, yields the
 `Node`, and on exit stops taking requests, drains, flushes, trims and unlocks.
+If a ledger's last flush failed (a full or failing disk), the exit keeps the
+whole journal, which holds that ledger's entries, and raises FlushFailed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Final
 import crc32c
 import trio
 
-from journal.errors import PoraError
+from journal.errors import JournalError, PoraError
 from journal.format import (
     BODY_CRC_FIELD,
     BODY_FIELDS,
@@ -35,12 +37,15 @@ from journal.task import Journal, JournalStatistics
 from journal.trim import delete_segments, trimmable_segments
 from ledger.errors import (
     EntryTooLarge,
+    FlushFailed,
     InvalidArgument,
     NodeClosed,
     NodeReadOnly,
     NoSuchEntry,
     NoSuchLedger,
     Unauthorized,
+    describe_os_error,
+    ledger_list,
 )
 from ledger.index import Index
 from ledger.registry import LedgerRegistry, RegistryStatistics
@@ -667,7 +672,10 @@ class Node:
         """
         segment = self._journal.open_segment
         if segment is not None:
-            await self._registry.flush_all(undurable_before=segment.first_seq)
+            # a ledger whose flush fails keeps its segments (its oldest undurable seq
+            # stays) and retries on its own schedule; the others' flushes went through
+            with contextlib.suppress(FlushFailed):
+                await self._registry.flush_all(undurable_before=segment.first_seq)
         return await self.trim_journal()
 
     async def _trim_periodically(self) -> None:
@@ -761,7 +769,15 @@ async def _running_node(
                 finally:
                     journal_done.set()
 
-            await nursery.start(run_journal)
+            try:
+                await nursery.start(run_journal)
+            except OSError as error:  # no room for a new segment, say
+                raise JournalError(
+                    f"cannot start the journal in {directory.journal_dir}: "
+                    f"{describe_os_error(error)}. Nothing acknowledged is lost: every "
+                    "journal segment is kept. Free space on that filesystem (or fix the "
+                    "disk), then start the node again"
+                ) from error
             node = Node(directory, config, journal, registry, report)
             trimmer = trio.CancelScope()
 
@@ -785,8 +801,25 @@ async def _running_node(
     finally:
         storage.files.close_all()
     if clean_exit:
+        unflushed = registry.unflushed_ledgers()
+        if unflushed:
+            # their entries are durable in the journal only: keep all of it (the next
+            # start replays what the index does not hold yet)
+            raise _journal_kept(directory, unflushed)
         # every record is durable in entry logs and index: start next time with an
         # empty journal (nothing to replay)
         await trio.to_thread.run_sync(index.sync)
         segments = await trio.to_thread.run_sync(list_segments, directory.journal_dir)
         await trio.to_thread.run_sync(delete_segments, directory.journal_dir, segments)
+
+
+def _journal_kept(directory: DataDir, unflushed: dict[int, str]) -> FlushFailed:
+    ledgers = sorted(unflushed)
+    return FlushFailed(
+        ledgers,
+        f"the node closed, but {len(ledgers)} ledger(s) could not be flushed to their "
+        f"entry logs (ledgers {ledger_list(ledgers)}; first: {unflushed[ledgers[0]]}). "
+        f"Nothing acknowledged is lost: the journal in {directory.journal_dir} is kept "
+        "with their entries. Free space on the disk (or fix it), then start the node "
+        "again or run `pora recover`: the journal is replayed then",
+    )

@@ -8,6 +8,11 @@ The seed's algorithm, made safe:
    and ledger-worker code as live writes; entry-log writes are positioned (at
    `log_end`), so bytes a crashed flush left past the end are simply overwritten.
 3. Every ledger is flushed, the index synced, and then all segments are deleted.
+   If a flush fails (a full or failing disk), every segment is kept instead, and
+   the replayed entries of those ledgers stay in their memtables (readable); their
+   workers retry the flush on their own schedule and hold the journal from being
+   trimmed until it succeeds. A torn tail is then cut off the kept journal, so
+   that the segments the node writes next can follow it.
 
 Idempotent: a crash anywhere in here leaves either the old journal (replayed again
 next time, skipping what became durable) or nothing left to replay.
@@ -18,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,10 +31,12 @@ from pathlib import Path
 
 import trio
 
+from journal.fileio import fsync_directory
 from journal.reader import JournalScanner, ReplayTally, TornTail
 from journal.request import Request
-from journal.segment import list_segments
+from journal.segment import SegmentInfo, list_segments
 from journal.trim import delete_segments
+from ledger.errors import FlushFailed
 from ledger.registry import LedgerRegistry
 
 _log = logging.getLogger("pora.recovery")
@@ -52,6 +60,8 @@ class RecoveryReport:
     ledgers_touched: set[int] = field(default_factory=set)
     torn_tail: TornTail | None = None
     segments_trimmed: int = 0
+    #: ledgers whose flush after replay failed: the journal was kept for them
+    unflushed_ledgers: list[int] = field(default_factory=list)
     next_seq: int = 0
     seconds: float = 0.0
 
@@ -143,10 +153,48 @@ async def replay_journal(
     first_seq_on_disk = max((s.first_seq for s in segments), default=0)
     report.next_seq = max(summary.last_seq + 1, first_seq_on_disk, max_durable + 1)
     if not dry_run:
-        await registry.flush_all()
-        await trio.to_thread.run_sync(registry.storage.index.sync)
-        # everything is durable in entry logs and index now: the journal can go
-        report.segments_trimmed = len(segments)
-        await trio.to_thread.run_sync(delete_segments, journal_dir, segments)
+        await _flush_then_trim(journal_dir, registry, segments, report)
     report.seconds = time.perf_counter() - started
     return report
+
+
+async def _flush_then_trim(
+    journal_dir: Path, registry: LedgerRegistry, segments: list[SegmentInfo], report: RecoveryReport
+) -> None:
+    """Flush every replayed ledger; delete the journal only if all of them flushed."""
+    try:
+        await registry.flush_all()
+    except FlushFailed as failed:
+        report.unflushed_ledgers = failed.ledger_ids
+        _log.error(
+            "after replay, %s. The journal in %s is kept (%d segments): the node serves "
+            "those entries from memory, retries the flushes every flush interval, and "
+            "trims the journal once they succeed. Free space on the disk (or fix it)",
+            failed,
+            journal_dir,
+            len(segments),
+        )
+        if report.torn_tail is not None:
+            await trio.to_thread.run_sync(_cut_torn_tail, journal_dir, report.torn_tail)
+        return
+    await trio.to_thread.run_sync(registry.storage.index.sync)
+    # everything is durable in entry logs and index now: the journal can go
+    report.segments_trimmed = len(segments)
+    await trio.to_thread.run_sync(delete_segments, journal_dir, segments)
+
+
+def _cut_torn_tail(journal_dir: Path, torn: TornTail) -> None:
+    """End the kept journal where its valid data ends: only the last segment may end
+    torn, and the node is about to write segments after it. What goes was never
+    acknowledged (a torn write and the batches written while it synced); cutting
+    frees space and needs none."""
+    if torn.offset == 0:  # the segment's header never reached the disk: no records
+        torn.segment.unlink(missing_ok=True)
+    else:
+        fd = os.open(torn.segment, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, torn.offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fsync_directory(journal_dir)

@@ -25,8 +25,9 @@ table; PORA_NODE_<NAME> / PORA_SERVER_<NAME> variables and repeated --node-optio
 defaults. Sizes accept units (512MiB, 2GB). Full table: docs/configuration.md.
 
 Signals: SIGINT or SIGTERM stops accepting connections, lets in-flight requests
-finish (up to --drain-timeout-s), flushes and closes the node, and exits 0; a
-second signal cuts the drain short.
+finish (up to --drain-timeout-s), flushes and closes the node, and exits 0 (1 if
+a ledger could not be flushed, a full disk: its journal is kept for the next
+start); a second signal cuts the drain short.
 """
 
 
