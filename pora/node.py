@@ -33,6 +33,7 @@ from journal.request import Request
 from journal.segment import list_segments
 from journal.task import Journal, JournalStatistics
 from journal.trim import delete_segments, trimmable_segments
+from journal.watermark import JournalState, Watermark, write_watermark
 from ledger.errors import (
     EntryTooLarge,
     InvalidArgument,
@@ -646,8 +647,12 @@ class Node:
         # before the journal that could redo them goes away
         await trio.to_thread.run_sync(index.sync)
         pool = self._journal.recycle_pool
+        # the journal must hold everything from the first segment it keeps on
+        kept_from = Watermark(JournalState.HOLDING, segments[len(victims)].first_seq)
         await trio.to_thread.run_sync(
-            functools.partial(delete_segments, journal_dir, victims, recycle_into=pool)
+            functools.partial(
+                delete_segments, journal_dir, victims, watermark=kept_from, recycle_into=pool
+            )
         )
         self._segments_trimmed += len(victims)
         return len(victims)
@@ -730,7 +735,10 @@ async def _running_node(
             await nursery.start(registry.run)
             _log.info("recovering %s: %d ledgers known", directory.root, len(metas))
             report = await replay_journal(
-                directory.journal_dir, registry, progress=recovery_progress
+                directory.journal_dir,
+                registry,
+                progress=recovery_progress,
+                require_watermark=directory.journal_watermark_required,
             )
             _log.info(
                 "recovered in %.2fs: %d segments, %d of %d records replayed into %d ledgers",
@@ -762,6 +770,8 @@ async def _running_node(
                     journal_done.set()
 
             await nursery.start(run_journal)
+            # before the first record: from now on the journal holds what it gets
+            await trio.to_thread.run_sync(_mark_journal_holding, directory.journal_dir)
             node = Node(directory, config, journal, registry, report)
             trimmer = trio.CancelScope()
 
@@ -789,4 +799,15 @@ async def _running_node(
         # empty journal (nothing to replay)
         await trio.to_thread.run_sync(index.sync)
         segments = await trio.to_thread.run_sync(list_segments, directory.journal_dir)
-        await trio.to_thread.run_sync(delete_segments, directory.journal_dir, segments)
+        emptied = Watermark(JournalState.EMPTY, journal.next_seq)
+        await trio.to_thread.run_sync(
+            functools.partial(delete_segments, directory.journal_dir, segments, watermark=emptied)
+        )
+
+
+def _mark_journal_holding(journal_dir: Path) -> None:
+    """Set the watermark to the oldest segment: the journal just opened its first one
+    (after recovery emptied the journal, the only one), and must hold it all."""
+    segments = list_segments(journal_dir)
+    assert segments, "the journal opens its segment before it starts"
+    write_watermark(journal_dir, Watermark(JournalState.HOLDING, segments[0].first_seq))

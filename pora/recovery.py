@@ -7,7 +7,11 @@ The seed's algorithm, made safe:
 2. Every journal record after that seq is applied again through the *same* dispatch
    and ledger-worker code as live writes; entry-log writes are positioned (at
    `log_end`), so bytes a crashed flush left past the end are simply overwritten.
-3. Every ledger is flushed, the index synced, and then all segments are deleted.
+3. Every ledger is flushed, the index synced, the journal watermark set past the
+   journal's end (journal/watermark.py), and then all segments are deleted.
+
+Before any record is applied, the scan checks that the segments hold every seq from
+the watermark on, without a gap (JournalGap otherwise: nothing is replayed).
 
 Idempotent: a crash anywhere in here leaves either the old journal (replayed again
 next time, skipping what became durable) or nothing left to replay.
@@ -29,6 +33,7 @@ from journal.reader import JournalScanner, ReplayTally, TornTail
 from journal.request import Request
 from journal.segment import list_segments
 from journal.trim import delete_segments
+from journal.watermark import JournalState, Watermark
 from ledger.registry import LedgerRegistry
 
 _log = logging.getLogger("pora.recovery")
@@ -74,8 +79,12 @@ async def replay_journal(
     *,
     dry_run: bool = False,
     progress: ProgressCallback | None = None,
+    require_watermark: bool = False,
 ) -> RecoveryReport:
-    """Replay every record not yet durable elsewhere; flush; trim (unless dry_run)."""
+    """Replay every record not yet durable elsewhere; flush; trim (unless dry_run).
+
+    `require_watermark`: the data dir's format keeps a journal watermark, so a
+    journal without one is refused (`JournalScanner`)."""
     started = time.perf_counter()
     report = RecoveryReport()
     # snapshot: live durable_seq values move as replayed data gets flushed
@@ -83,7 +92,7 @@ async def replay_journal(
     max_durable = max(durable.values(), default=-1)
     segments = await trio.to_thread.run_sync(list_segments, journal_dir)
     report.segments = len(segments)
-    scanner = JournalScanner(journal_dir)
+    scanner = JournalScanner(journal_dir, require_watermark=require_watermark)
     tally = ReplayTally()
     batches = scanner.replay_requests(durable, tally)
 
@@ -133,20 +142,20 @@ async def replay_journal(
     summary = scanner.summary
     report.torn_tail = summary.torn_tail
     if report.torn_tail is not None:
-        _log.warning(
-            "journal ends with a torn tail in %s at byte %d (%s): the last group commit "
-            "was cut by the crash; it was never acknowledged",
-            report.torn_tail.segment,
-            report.torn_tail.offset,
-            report.torn_tail.reason,
-        )
+        _log.warning("journal ends with a torn tail: %s", report.torn_tail.describe())
     first_seq_on_disk = max((s.first_seq for s in segments), default=0)
-    report.next_seq = max(summary.last_seq + 1, first_seq_on_disk, max_durable + 1)
+    # the watermark too: after a clean stop it is the journal's end, and the ledger
+    # that held the highest durable seq may have been deleted since
+    watermark_seq = 0 if summary.watermark is None else summary.watermark.first_seq
+    report.next_seq = max(summary.last_seq + 1, first_seq_on_disk, max_durable + 1, watermark_seq)
     if not dry_run:
         await registry.flush_all()
         await trio.to_thread.run_sync(registry.storage.index.sync)
         # everything is durable in entry logs and index now: the journal can go
         report.segments_trimmed = len(segments)
-        await trio.to_thread.run_sync(delete_segments, journal_dir, segments)
+        emptied = Watermark(JournalState.EMPTY, report.next_seq)
+        await trio.to_thread.run_sync(
+            lambda: delete_segments(journal_dir, segments, watermark=emptied)
+        )
     report.seconds = time.perf_counter() - started
     return report
