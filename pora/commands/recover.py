@@ -66,7 +66,12 @@ def run(args: argparse.Namespace) -> int:
                 index.close()
         if args.dry_run:
             with Progress("scanning journal", journal_data_bytes(directory.journal_dir)) as bar:
-                plan = plan_replay(directory.journal_dir, durable_seqs(metas), progress=bar.update)
+                plan = plan_replay(
+                    directory.journal_dir,
+                    durable_seqs(metas),
+                    progress=bar.update,
+                    require_watermark=directory.journal_watermark_required,
+                )
             result: dict[str, Any] = {
                 "dry_run": True,
                 "segments": plan.segments,
@@ -124,10 +129,7 @@ def _print_result(result: dict[str, Any], *, as_json: bool) -> None:
         ("ledgers touched", f"{len(ledgers)}" + (f": {shown}" if ledgers else "")),
         (
             "torn tail",
-            "none"
-            if torn is None
-            else f"{torn['segment']} at byte {torn['offset']}: {torn['reason']} "
-            "(the last write of a crash, never acknowledged)",
+            "none" if torn is None else torn["message"],
         ),
     ]
     if dry:
