@@ -36,7 +36,7 @@ from typing import Any, Final, Literal, NamedTuple
 
 import crc32c
 
-from journal.errors import JournalCorruption, JournalFormatError, JournalGap
+from journal.errors import JournalCorruption, JournalError, JournalFormatError, JournalGap
 from journal.format import (
     BATCH_HEADER,
     BATCH_HEADER_SIZE,
@@ -150,6 +150,8 @@ class ScanSummary:
     torn_tail: TornTail | None = None
     #: the journal's watermark (journal/watermark.py), None for a journal without one
     watermark: Watermark | None = None
+    #: gaps the scan went past (only with `accept_gaps`)
+    gaps_accepted: list[JournalGap] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -201,14 +203,24 @@ class JournalScanner:
     `require_watermark` (a data dir whose format keeps one), a journal without a
     watermark raises JournalFormatError; otherwise (older dirs, bare journals) only
     the segments' continuity is checked.
+
+    `accept_gaps` is the operator's explicit override (`pora recover
+    --accept-journal-gap`): gaps, and a missing or damaged watermark, are put in
+    `summary.gaps_accepted` instead of raised, and the scan goes on.
     """
 
     def __init__(
-        self, directory: Path, *, from_seq: int = 0, require_watermark: bool = False
+        self,
+        directory: Path,
+        *,
+        from_seq: int = 0,
+        require_watermark: bool = False,
+        accept_gaps: bool = False,
     ) -> None:
         self._directory = directory
         self._from_seq = from_seq
         self._require_watermark = require_watermark
+        self._accept_gaps = accept_gaps
         #: the segment scanned before the current one (for a gap's message)
         self._previous_segment: Path | None = None
         #: the seq the next batch must start with; None until the first segment header
@@ -247,21 +259,41 @@ class JournalScanner:
         segments = list_segments(self._directory)
         # all of them, also when damage stops the scan before the last
         self.summary.segments = len(segments)
-        watermark = read_watermark(self._directory)
-        if watermark is None and self._require_watermark:
-            raise JournalFormatError(
-                watermark_path(self._directory),
-                "the journal watermark is missing, and this data dir's format keeps one: "
-                "without it a lost journal segment cannot be told from a trimmed one. "
-                "Restore the file from a backup of this node, or see docs/operations.md, "
-                "'The journal watermark is missing or damaged'",
-            )
+        watermark = self._read_watermark()
         self.summary.watermark = watermark
         if watermark is not None:
-            _check_covers_watermark(self._directory, segments, watermark)
+            try:
+                _check_covers_watermark(self._directory, segments, watermark)
+            except JournalGap as gap:
+                self._accept_or_raise(gap)
         for index, segment in enumerate(segments):
             yield from self._scan_segment(segment, is_last=index == len(segments) - 1)
             self._previous_segment = segment.path
+
+    def _read_watermark(self) -> Watermark | None:
+        try:
+            watermark = read_watermark(self._directory)
+        except JournalFormatError as error:
+            self._accept_or_raise(JournalGap(error.path, 0, None, error.reason), error)
+            return None
+        if watermark is None and self._require_watermark:
+            missing = JournalFormatError(
+                watermark_path(self._directory),
+                "the journal watermark is missing, and this data dir's format keeps "
+                "one: without it a lost journal segment cannot be told from a trimmed "
+                "one. Restore the file from a backup of this node, or see "
+                "docs/operations.md, 'The journal watermark is missing or damaged'",
+            )
+            self._accept_or_raise(JournalGap(missing.path, 0, None, missing.reason), missing)
+        return watermark
+
+    def _accept_or_raise(self, gap: JournalGap, error: JournalError | None = None) -> None:
+        """With `accept_gaps`, note `gap` and go on; else raise `error` (or `gap`).
+        A watermark that is missing or damaged is a gap of unknown extent: any seq
+        might be missing."""
+        if not self._accept_gaps:
+            raise gap if error is None else error
+        self.summary.gaps_accepted.append(gap)
 
     # --- segments -------------------------------------------------------------------
 
@@ -361,15 +393,17 @@ class JournalScanner:
         expected = self._next_seq
         if expected is not None and first_seq > expected:
             previous = "?" if self._previous_segment is None else self._previous_segment.name
-            raise JournalGap(
-                path,
-                expected,
-                first_seq - 1,
-                f"{_seqs_are(expected, first_seq - 1)} in no segment: {previous} ends at "
-                f"seq {expected - 1} and "
-                f"{path.name} starts at seq {first_seq}, so a segment between them was "
-                "deleted or lost",
+            self._accept_or_raise(
+                JournalGap(
+                    path,
+                    expected,
+                    first_seq - 1,
+                    f"{_seqs_are(expected, first_seq - 1)} in no segment: {previous} ends at "
+                    f"seq {expected - 1} and {path.name} starts at seq {first_seq}, so a "
+                    "segment between them was deleted or lost",
+                )
             )
+            expected = None  # accepted: the journal goes on from this segment
         if expected is not None and first_seq != expected:
             raise JournalCorruption(
                 path,

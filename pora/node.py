@@ -687,6 +687,7 @@ async def open_node(
     data_dir: str | Path = "pora-data",
     *,
     recovery_progress: ProgressCallback | None = None,
+    accept_journal_gap: bool = False,
     **options: Any,
 ) -> AsyncIterator[Node]:
     """Run a node on `data_dir` for the duration of the `async with` block.
@@ -694,7 +695,10 @@ async def open_node(
     Options are the fields of NodeConfig, GroupCommitConfig and LedgerConfig, by
     name (for example `group_wait_ms_max=2`, `memtable_flush_bytes=8 << 20`).
     `recovery_progress`, if given, is called now and then during recovery with the
-    journal bytes scanned so far (for progress bars).
+    journal bytes scanned so far (for progress bars). `accept_journal_gap` is the
+    operator's override (`pora recover --accept-journal-gap`): recovery replays what
+    the journal holds past a gap, or a missing or damaged watermark, instead of
+    refusing; what may be lost is logged and in `statistics().recovery`.
     """
     config = NodeConfig.from_options(**options)
     root = Path(data_dir)
@@ -711,7 +715,9 @@ async def open_node(
             )
         )
         try:
-            async with _running_node(directory, config, index, recovery_progress) as node:
+            async with _running_node(
+                directory, config, index, recovery_progress, accept_journal_gap
+            ) as node:
                 yield node
         finally:
             await trio.to_thread.run_sync(index.close)
@@ -725,6 +731,7 @@ async def _running_node(
     config: NodeConfig,
     index: Index,
     recovery_progress: ProgressCallback | None,
+    accept_journal_gap: bool = False,
 ) -> AsyncIterator[Node]:
     metas = await trio.to_thread.run_sync(index.load_all_meta)
     storage = LedgerStorage(directory.ledgers_dir, index, config.ledger)
@@ -739,6 +746,7 @@ async def _running_node(
                 registry,
                 progress=recovery_progress,
                 require_watermark=directory.journal_watermark_required,
+                accept_gaps=accept_journal_gap,
             )
             _log.info(
                 "recovered in %.2fs: %d segments, %d of %d records replayed into %d ledgers",

@@ -56,6 +56,8 @@ class RecoveryReport:
     bytes_replayed: int = 0
     ledgers_touched: set[int] = field(default_factory=set)
     torn_tail: TornTail | None = None
+    #: what each gap the operator accepted (`accept_gaps`) left out
+    gaps_accepted: list[str] = field(default_factory=list)
     segments_trimmed: int = 0
     next_seq: int = 0
     seconds: float = 0.0
@@ -80,11 +82,13 @@ async def replay_journal(
     dry_run: bool = False,
     progress: ProgressCallback | None = None,
     require_watermark: bool = False,
+    accept_gaps: bool = False,
 ) -> RecoveryReport:
     """Replay every record not yet durable elsewhere; flush; trim (unless dry_run).
 
     `require_watermark`: the data dir's format keeps a journal watermark, so a
-    journal without one is refused (`JournalScanner`)."""
+    journal without one is refused (`JournalScanner`). `accept_gaps`: the
+    operator's override; replay what the segments hold past any gap (each logged)."""
     started = time.perf_counter()
     report = RecoveryReport()
     # snapshot: live durable_seq values move as replayed data gets flushed
@@ -92,7 +96,9 @@ async def replay_journal(
     max_durable = max(durable.values(), default=-1)
     segments = await trio.to_thread.run_sync(list_segments, journal_dir)
     report.segments = len(segments)
-    scanner = JournalScanner(journal_dir, require_watermark=require_watermark)
+    scanner = JournalScanner(
+        journal_dir, require_watermark=require_watermark, accept_gaps=accept_gaps
+    )
     tally = ReplayTally()
     batches = scanner.replay_requests(durable, tally)
 
@@ -141,6 +147,9 @@ async def replay_journal(
     report.ledgers_touched = tally.ledgers_selected
     summary = scanner.summary
     report.torn_tail = summary.torn_tail
+    for gap in summary.gaps_accepted:
+        _log.warning("journal gap accepted by the operator: %s", gap.reason)
+        report.gaps_accepted.append(gap.reason)
     if report.torn_tail is not None:
         _log.warning("journal ends with a torn tail: %s", report.torn_tail.describe())
     first_seq_on_disk = max((s.first_seq for s in segments), default=0)

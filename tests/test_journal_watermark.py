@@ -213,3 +213,34 @@ def test_a_damaged_watermark_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(JournalFormatError, match="has 24 bytes, this file 3"):
         decode_watermark(path, b"abc")
     assert len(encode_watermark(Watermark(JournalState.EMPTY, 0))) == 24
+
+
+def test_recover_accepts_a_gap_only_when_told(data_dir: Path, capsys: Capsys) -> None:
+    oldest, newest = _abandoned_journal(data_dir, 2)
+    oldest.path.unlink()
+    assert run_cli(capsys, "recover", "--data-dir", str(data_dir)).status == 1
+    accepted = run_cli(
+        capsys, "recover", "--accept-journal-gap", "--json", "--data-dir", str(data_dir)
+    )
+    assert accepted.status == 0
+    (gap,) = accepted.json()["gaps_accepted"]
+    assert f"seqs {oldest.first_seq}-{newest.first_seq - 1} are in no segment" in gap
+    # the node is whole again from what was left: it opens, and the journal checks out
+    assert run_cli(capsys, "journal", "verify", "--data-dir", str(data_dir)).status == 0
+
+    async def check() -> None:
+        async with pora.open_node(data_dir) as node:
+            assert await node.read_entry(1, 0) == ENTRY_PAYLOAD  # flushed before the trim
+
+    trio.run(check)
+
+
+def test_recover_accepts_a_missing_watermark_when_told(data_dir: Path, capsys: Capsys) -> None:
+    _abandoned_journal(data_dir, 2)
+    (data_dir / "journal" / WATERMARK_NAME).unlink()
+    assert run_cli(capsys, "recover", "--data-dir", str(data_dir)).status == 1
+    accepted = run_cli(capsys, "recover", "--accept-journal-gap", "--data-dir", str(data_dir))
+    assert accepted.status == 0
+    assert "GAP ACCEPTED" in accepted.out and "the journal watermark is missing" in accepted.out
+    watermark = read_watermark(data_dir / "journal")
+    assert watermark is not None and watermark.state is JournalState.EMPTY
