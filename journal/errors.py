@@ -43,3 +43,28 @@ class JournalCorruption(JournalError):
             "Valid records follow, so this is not a torn tail; inspect it with "
             "`pora journal verify` before deciding how to repair the node."
         )
+
+
+class JournalGap(JournalCorruption):
+    """Seqs the journal must hold are in no segment: a segment was deleted or lost.
+
+    Acknowledged entries may have been in it. Never replayed past: recovery stops,
+    and the operator restores the segment or decides (docs/operations.md).
+    """
+
+    def __init__(
+        self, path: Path, first_missing: int, last_missing: int | None, reason: str
+    ) -> None:
+        self.path = path
+        self.offset = 0
+        #: the seqs missing: first_missing .. last_missing (None: and every later one)
+        self.first_missing = first_missing
+        self.last_missing = last_missing
+        self.reason = reason
+        JournalError.__init__(
+            self,
+            f"journal gap at {path}: {reason}. Acknowledged entries may be lost: restore "
+            "the missing segment file(s) from a backup of this node's journal directory, "
+            "then start the node again; without a backup, see docs/operations.md, "
+            "'The journal has a gap'",
+        )

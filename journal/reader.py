@@ -6,9 +6,11 @@ many; 1 means it syncs a batch before it writes the next), all at the end of the
 last segment, since a roll syncs the old segment first. So a damaged batch is a
 torn tail only in the last segment, followed by at most `unsynced_batches_max - 1`
 valid batches, each right after the one before, in seq order. Those were written
-while it synced and so were never acknowledged either (acks go in journal order):
-they are dropped with it. Anything else that is damaged is corruption, reported
-with file and offset and never skipped. The rules, as a grammar, are in
+while it synced and, if a crash cut it, were never acknowledged either (acks go in
+journal order): they are dropped with it. A flipped bit in the last batch looks the
+same, and its records may have been acknowledged: `TornTail` claims neither.
+Anything else that is damaged is corruption, reported with file and offset and
+never skipped. The rules, as a grammar, are in
 docs/formats.md ("Journal").
 
 Segments are read through a read-only mmap: the kernel pages them in as the scan
@@ -30,11 +32,11 @@ import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 import crc32c
 
-from journal.errors import JournalCorruption, JournalFormatError
+from journal.errors import JournalCorruption, JournalError, JournalFormatError, JournalGap
 from journal.format import (
     BATCH_HEADER,
     BATCH_HEADER_SIZE,
@@ -59,6 +61,7 @@ from journal.format import (
 )
 from journal.request import Request
 from journal.segment import SegmentInfo, batch_header_crc, list_segments, segment_header_crc
+from journal.watermark import JournalState, Watermark, read_watermark, watermark_path
 
 
 class JournalRecord(NamedTuple):
@@ -74,26 +77,81 @@ class JournalRecord(NamedTuple):
     body: bytes  # the record's body: an entry-log record, header and payload
 
 
+#: why the data at a torn tail is not a whole batch (`TornTail.kind`):
+#: "incomplete": cut short by the end of the file (a write cut off, a truncated file);
+#: "zeroed": zeros where data should be (blocks that never reached the disk, or zeroed);
+#: "stale": a recycled segment's older bytes there (blocks that never reached the disk);
+#: "checksum": a checksum, magic or length fails (a write cut off, or damaged media)
+TornKind = Literal["incomplete", "zeroed", "stale", "checksum"]
+
+_TORN_KIND_MEANS: Final[dict[str, str]] = {
+    "incomplete": "is cut short by the end of the file: a write cut by a crash, or a "
+    "truncated file",
+    "zeroed": "is zeros: a write that had not reached the disk when the node crashed, "
+    "or zeroed media",
+    "stale": "holds a recycled segment's older bytes: a write that had not reached the "
+    "disk when the node crashed",
+    "checksum": "fails its checksum: a write cut by a crash, or damaged media",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class TornTail:
+    """Where the last segment's data ends in a batch that is not whole (and, at most,
+    the batches written while it synced). A crash cutting the last write short and
+    media damage to the last batch look alike here: the tool cannot tell them
+    apart, so nothing here claims which it was."""
+
     segment: Path
     offset: int  # where the valid data ends
     reason: str
     #: valid batches after the damaged one, written while it synced, dropped with it
     batches_after: int = 0
+    kind: TornKind = "checksum"
+    #: journal records (a run of entries is one) not replayed: the damaged batch's
+    #: and those after it; None when the damaged batch's header is unreadable and
+    #: nothing follows it, so its record count is unknown
+    records_dropped: int | None = 0
+    #: the seq of the first record not replayed
+    first_seq_dropped: int = 0
+
+    def describe(self) -> str:
+        """What the operator is told: what is known, and only that."""
+        if self.offset < SEGMENT_HEADER_SIZE:
+            where = f"the segment header of {self.segment}"
+        else:
+            where = f"the last batch at byte {self.offset} of {self.segment}"
+        if self.records_dropped is None:
+            dropped = (
+                f"its records, from seq {self.first_seq_dropped} on, were not replayed "
+                "(how many is unknown: its header is damaged)"
+            )
+        elif self.records_dropped == 0:
+            dropped = "no record was lost with it"
+        else:
+            last = self.first_seq_dropped + self.records_dropped - 1
+            dropped = (
+                f"{self.records_dropped} record(s), seqs {self.first_seq_dropped}-{last}, "
+                "were not replayed"
+            )
+        return f"{where} {_TORN_KIND_MEANS[self.kind]} ({self.reason}); {dropped}"
 
 
 @dataclass(slots=True)
 class ScanSummary:
     """What a scan found. Counts cover every valid record, also those below from_seq."""
 
-    segments: int = 0
+    segments: int = 0  # in the journal directory, whether or not the scan reached them
     batches: int = 0
     records: int = 0
     record_bytes: int = 0  # bytes of valid records incl. headers
     first_seq: int = -1
     last_seq: int = -1
     torn_tail: TornTail | None = None
+    #: the journal's watermark (journal/watermark.py), None for a journal without one
+    watermark: Watermark | None = None
+    #: gaps the scan went past (only with `accept_gaps`)
+    gaps_accepted: list[JournalGap] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -128,19 +186,43 @@ _new_record: Final = tuple.__new__
 class _Damage(Exception):
     """A batch that is not intact; whether it is a torn tail is decided by the caller."""
 
-    def __init__(self, reason: str, valid_header: bool) -> None:
+    def __init__(self, reason: str, valid_header: bool, *, incomplete: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         #: the header's magic and crc are right, so its length can be trusted
         self.valid_header = valid_header
+        #: the file ends inside the batch (else its bytes are inconsistent)
+        self.kind: TornKind = "incomplete" if incomplete else "checksum"
 
 
 class JournalScanner:
-    """Reads a journal directory's records in seq order, from `from_seq` on."""
+    """Reads a journal directory's records in seq order, from `from_seq` on.
 
-    def __init__(self, directory: Path, *, from_seq: int = 0) -> None:
+    Before any record, the segments are checked against the journal's watermark
+    (journal/watermark.py): a missing one raises JournalGap. With
+    `require_watermark` (a data dir whose format keeps one), a journal without a
+    watermark raises JournalFormatError; otherwise (older dirs, bare journals) only
+    the segments' continuity is checked.
+
+    `accept_gaps` is the operator's explicit override (`pora recover
+    --accept-journal-gap`): gaps, and a missing or damaged watermark, are put in
+    `summary.gaps_accepted` instead of raised, and the scan goes on.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        from_seq: int = 0,
+        require_watermark: bool = False,
+        accept_gaps: bool = False,
+    ) -> None:
         self._directory = directory
         self._from_seq = from_seq
+        self._require_watermark = require_watermark
+        self._accept_gaps = accept_gaps
+        #: the segment scanned before the current one (for a gap's message)
+        self._previous_segment: Path | None = None
         #: the seq the next batch must start with; None until the first segment header
         self._next_seq: int | None = None
         #: the open segment header's promise: batches written and not yet synced
@@ -172,11 +254,46 @@ class JournalScanner:
 
     def _all_batches(self) -> Iterator[list[Any]]:
         self._next_seq = None
+        self._previous_segment = None
         self.summary = ScanSummary()
         segments = list_segments(self._directory)
+        # all of them, also when damage stops the scan before the last
+        self.summary.segments = len(segments)
+        watermark = self._read_watermark()
+        self.summary.watermark = watermark
+        if watermark is not None:
+            try:
+                _check_covers_watermark(self._directory, segments, watermark)
+            except JournalGap as gap:
+                self._accept_or_raise(gap)
         for index, segment in enumerate(segments):
-            self.summary.segments += 1
             yield from self._scan_segment(segment, is_last=index == len(segments) - 1)
+            self._previous_segment = segment.path
+
+    def _read_watermark(self) -> Watermark | None:
+        try:
+            watermark = read_watermark(self._directory)
+        except JournalFormatError as error:
+            self._accept_or_raise(JournalGap(error.path, 0, None, error.reason), error)
+            return None
+        if watermark is None and self._require_watermark:
+            missing = JournalFormatError(
+                watermark_path(self._directory),
+                "the journal watermark is missing, and this data dir's format keeps "
+                "one: without it a lost journal segment cannot be told from a trimmed "
+                "one. Restore the file from a backup of this node, or see "
+                "docs/operations.md, 'The journal watermark is missing or damaged'",
+            )
+            self._accept_or_raise(JournalGap(missing.path, 0, None, missing.reason), missing)
+        return watermark
+
+    def _accept_or_raise(self, gap: JournalGap, error: JournalError | None = None) -> None:
+        """With `accept_gaps`, note `gap` and go on; else raise `error` (or `gap`).
+        A watermark that is missing or damaged is a gap of unknown extent: any seq
+        might be missing."""
+        if not self._accept_gaps:
+            raise gap if error is None else error
+        self.summary.gaps_accepted.append(gap)
 
     # --- segments -------------------------------------------------------------------
 
@@ -206,7 +323,13 @@ class JournalScanner:
                             reason,
                             segment.first_seq,
                         )
-                self.summary.torn_tail = TornTail(path, 0, reason)
+                self.summary.torn_tail = TornTail(
+                    path,
+                    0,
+                    reason,
+                    kind="incomplete" if len(header) < SEGMENT_HEADER_SIZE else "zeroed",
+                    first_seq_dropped=segment.first_seq,
+                )
                 return
             first_seq, unsynced_batches_max = self._check_segment_header(segment, header)
             self._start_segment(path, first_seq)
@@ -268,6 +391,19 @@ class JournalScanner:
 
     def _start_segment(self, path: Path, first_seq: int) -> None:
         expected = self._next_seq
+        if expected is not None and first_seq > expected:
+            previous = "?" if self._previous_segment is None else self._previous_segment.name
+            self._accept_or_raise(
+                JournalGap(
+                    path,
+                    expected,
+                    first_seq - 1,
+                    f"{_seqs_are(expected, first_seq - 1)} in no segment: {previous} ends at "
+                    f"seq {expected - 1} and {path.name} starts at seq {first_seq}, so a "
+                    "segment between them was deleted or lost",
+                )
+            )
+            expected = None  # accepted: the journal goes on from this segment
         if expected is not None and first_seq != expected:
             raise JournalCorruption(
                 path,
@@ -299,6 +435,7 @@ class JournalScanner:
                         offset,
                         "batch header cut short by the end of the file",
                         None,  # nothing can follow it
+                        "incomplete",
                         is_last=is_last,
                     )
                 return
@@ -310,7 +447,8 @@ class JournalScanner:
                 # (a batch of the file's earlier life here is a fallback). Or a batch none
                 # of which reached the disk, with batches written while it synced after it
                 what = "a stale batch header" if stale else "an all-zero batch header"
-                self._end_of_data(path, mapped, fd, offset, what, is_last=is_last)
+                kind: TornKind = "stale" if stale else "zeroed"
+                self._end_of_data(path, mapped, fd, offset, what, kind, is_last=is_last)
                 return
             _magic, _crc, records_length, count, first_seq = fields
             try:
@@ -329,6 +467,7 @@ class JournalScanner:
                         if damage.valid_header
                         else None
                     ),
+                    damage.kind,
                     is_last=is_last,
                 )
                 return
@@ -382,6 +521,7 @@ class JournalScanner:
                 f"batch of {records_length} record bytes runs past the end of the file "
                 f"({size} bytes)",
                 valid_header=True,
+                incomplete=True,
             )
         from_seq = self._from_seq
         if first_seq + count <= from_seq:
@@ -555,6 +695,7 @@ class JournalScanner:
         offset: int,
         reason: str,
         damaged: _Extent | None,
+        kind: TornKind,
         *,
         is_last: bool,
     ) -> None:
@@ -575,10 +716,18 @@ class JournalScanner:
                 offset,
                 f"{reason}; a valid batch follows at byte {not_torn.later}{not_torn.why}",
             ) from None
-        self._torn_tail(path, offset, reason, after)
+        self._torn_tail(path, offset, reason, after, kind, damaged)
 
     def _end_of_data(
-        self, path: Path, mapped: mmap.mmap, fd: int, offset: int, what: str, *, is_last: bool
+        self,
+        path: Path,
+        mapped: mmap.mmap,
+        fd: int,
+        offset: int,
+        what: str,
+        kind: TornKind,
+        *,
+        is_last: bool,
     ) -> None:
         """An all-zero (or stale) batch header at `offset`, `what`: the end of the
         segment's data, or, in the last segment, a batch that never reached the disk
@@ -599,7 +748,7 @@ class JournalScanner:
                 f"{not_torn.later}: a hole in the journal{not_torn.why}",
             ) from None
         if after:  # else nothing follows: a plain end of data
-            self._torn_tail(path, offset, what, after)
+            self._torn_tail(path, offset, what, after, kind, None)
 
     def _batches_after(
         self, mapped: mmap.mmap, fd: int, offset: int, damaged: _Extent | None
@@ -615,15 +764,38 @@ class JournalScanner:
             self._floor_seq,
         )
 
-    def _torn_tail(self, path: Path, offset: int, reason: str, after: list[_Extent]) -> None:
+    def _torn_tail(
+        self,
+        path: Path,
+        offset: int,
+        reason: str,
+        after: list[_Extent],
+        kind: TornKind,
+        damaged: _Extent | None,
+    ) -> None:
+        assert self._next_seq is not None  # set by the segment header
+        first_dropped = self._next_seq
+        # the damaged batch's records: its header says, or the next batch's first seq
+        damaged_records: int | None = None
+        if damaged is not None:
+            damaged_records = damaged.record_count
+        elif after:
+            damaged_records = after[0].first_seq - first_dropped
         if after:
             first, last = after[0], after[-1]
             reason = (
                 f"{reason}; the {len(after)} batch(es) after it (seqs {first.first_seq}-"
                 f"{last.first_seq + last.record_count - 1}) were written while it synced and are "
-                "dropped with it: none was acknowledged"
+                "dropped with it"
             )
-        self.summary.torn_tail = TornTail(path, offset, reason, len(after))
+        records_dropped = (
+            None
+            if damaged_records is None
+            else damaged_records + sum(extent.record_count for extent in after)
+        )
+        self.summary.torn_tail = TornTail(
+            path, offset, reason, len(after), kind, records_dropped, first_dropped
+        )
 
 
 class _Extent(NamedTuple):
@@ -847,3 +1019,59 @@ def _body_lac(body: bytes) -> int:
     """The last-add-confirmed field of a body."""
     lac: int = BODY_HEADER.unpack_from(body)[4]
     return lac
+
+
+def _check_covers_watermark(
+    directory: Path, segments: list[SegmentInfo], watermark: Watermark
+) -> None:
+    """Raise JournalGap unless the segments hold every seq from the watermark on.
+
+    A journal HOLDING from seq W always has a segment starting at W: the watermark
+    is only ever set to a segment's first seq, before the segments below it go.
+    Whether the segments then follow each other without a gap is checked as they
+    are scanned (`_start_segment`).
+    """
+    if watermark.state is not JournalState.HOLDING:
+        return  # EMPTY: nothing from first_seq on was written
+    seq = watermark.first_seq
+    if any(segment.first_seq == seq for segment in segments):
+        return
+    source = watermark_path(directory)
+    holds = f"{source} says the journal holds every seq from {seq} on"
+    below = [segment for segment in segments if segment.first_seq < seq]
+    above = [segment for segment in segments if segment.first_seq > seq]
+    if not segments:
+        raise JournalGap(
+            directory,
+            seq,
+            None,
+            f"{holds}, but {directory} holds no journal segment: seqs from {seq} on are "
+            "missing (the segments were deleted or lost)",
+        )
+    if not above:
+        last = below[-1]
+        raise JournalGap(
+            last.path,
+            seq,
+            None,
+            f"{holds}, but no segment starts at seq {seq}: the last one, {last.path.name}, "
+            f"starts at seq {last.first_seq}, so seqs from {seq} on are missing (the "
+            "segments holding them were deleted or lost)",
+        )
+    first_after = above[0]
+    where = (
+        f"before {first_after.path.name}, the first segment"
+        if not below
+        else f"between {below[-1].path.name} and {first_after.path.name}"
+    )
+    raise JournalGap(
+        first_after.path,
+        seq,
+        first_after.first_seq - 1,
+        f"{holds}, but {_seqs_are(seq, first_after.first_seq - 1)} in no segment: "
+        f"missing {where} (the segment holding them was deleted or lost)",
+    )
+
+
+def _seqs_are(first: int, last: int) -> str:
+    return f"seq {first} is" if first == last else f"seqs {first}-{last} are"

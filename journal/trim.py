@@ -15,6 +15,7 @@ from pathlib import Path
 from journal.fileio import fsync_directory
 from journal.segment import SegmentInfo
 from journal.spares import SpareSegments
+from journal.watermark import Watermark, write_watermark
 
 
 def trimmable_segments(
@@ -39,12 +40,21 @@ def trimmable_segments(
 
 
 def delete_segments(
-    directory: Path, segments: Sequence[SegmentInfo], *, recycle_into: SpareSegments | None = None
+    directory: Path,
+    segments: Sequence[SegmentInfo],
+    *,
+    watermark: Watermark,
+    recycle_into: SpareSegments | None = None,
 ) -> int:
-    """Unlink `segments` oldest first, then fsync `directory`; returns the bytes freed.
+    """Write `watermark` (journal/watermark.py), then unlink `segments` oldest first,
+    then fsync `directory`; returns the bytes freed.
 
-    Oldest first, so a crash part way leaves a journal without holes. A segment that
-    is already gone (an earlier trim crashed after unlinking it) counts as freed.
+    The watermark first, and durably: it says which seqs the segments left behind
+    must hold, so that a segment lost later (or a crash part way through here) is
+    told from one deleted on purpose. Its first seq must be at or below the first
+    seq of every segment kept, and above the seqs of those deleted. Oldest first,
+    so a crash part way leaves a journal without holes. A segment that is already
+    gone (an earlier trim crashed after unlinking it) counts as freed.
 
     With `recycle_into`, a segment becomes a spare instead while that pool has room
     (`SpareSegments.recycle`), and frees nothing. Only for segments trimmed from a
@@ -53,6 +63,7 @@ def delete_segments(
     recovery replayed: a torn tail's dropped batches hold seqs the journal writes
     again.
     """
+    write_watermark(directory, watermark)
     freed_bytes = 0
     for segment in segments:
         if recycle_into is not None and recycle_into.recycle(segment.path):

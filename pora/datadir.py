@@ -2,7 +2,7 @@
 
 <data-dir>/PORA       marker: JSON {"format": "pora-data", "version": 1, ...}
 <data-dir>/LOCK       held (flock) by the one process using the dir; holds its pid
-<data-dir>/journal/   journal segments
+<data-dir>/journal/   journal segments and the journal watermark (WATERMARK, version 6 on)
 <data-dir>/ledgers/   entry logs, <ledger_id & 0xff as 2 hex>/<ledger_id as 16 hex>.log
 <data-dir>/index/     the LevelDB index
 """
@@ -20,6 +20,13 @@ from typing import Final
 
 from journal.errors import PoraError
 from journal.fileio import fsync_directory
+from journal.watermark import (
+    WATERMARK_NAME,
+    JournalState,
+    Watermark,
+    read_watermark,
+    write_watermark,
+)
 
 DATA_DIR_FORMAT: Final = "pora-data"
 # Versions of the directory layout and of every file format in it, as one number:
@@ -30,9 +37,16 @@ DATA_DIR_FORMAT: Final = "pora-data"
 #   5: journal segments may be recycled: a spare made of a trimmed segment keeps
 #      its bytes, which readers before it would take for corruption. A node
 #      upgrades a version 4 dir in place when it starts (nothing else changed).
-DATA_DIR_VERSION: Final = 5
+#   6: journal/WATERMARK, the first journal seq the journal must still hold, must
+#      exist: a missing one is reported, not taken for a journal that never trimmed.
+#      A node upgrades a version 4 or 5 dir in place when it starts, writing an EMPTY
+#      watermark at seq 0 (it asks for nothing: what such a dir lost before cannot
+#      be known) before the marker says 6.
+DATA_DIR_VERSION: Final = 6
 #: versions this build opens; a node rewrites an older one's marker as it starts
-READABLE_VERSIONS: Final = (4, 5)
+READABLE_VERSIONS: Final = (4, 5, 6)
+#: the first version whose journal keeps a watermark
+WATERMARK_VERSION_MIN: Final = 6
 MARKER_NAME: Final = "PORA"
 LOCK_NAME: Final = "LOCK"
 
@@ -57,6 +71,11 @@ class DataDir:
         return self.root / "journal"
 
     @property
+    def journal_watermark_required(self) -> bool:
+        """Whether journal/WATERMARK must exist (journal/watermark.py)."""
+        return self.version >= WATERMARK_VERSION_MIN
+
+    @property
     def ledgers_dir(self) -> Path:
         return self.root / "ledgers"
 
@@ -70,7 +89,7 @@ def open_data_dir(root: Path, *, create: bool = True) -> DataDir:
     root = root.absolute()
     marker = root / MARKER_NAME
     if not marker.exists():
-        if root.exists() and any(root.iterdir()):
+        if root.exists() and not _only_initialisation_leftovers(root):
             raise DataDirError(
                 f"{root} is not a Pora data dir: it is not empty and has no {MARKER_NAME} "
                 "marker. Point --data-dir at a Pora data dir or at an empty or new folder"
@@ -102,6 +121,8 @@ def upgrade_data_dir(directory: DataDir) -> DataDir:
         return directory
     marker = directory.root / MARKER_NAME
     info = json.loads(marker.read_text())
+    if directory.version < WATERMARK_VERSION_MIN and read_watermark(directory.journal_dir) is None:
+        _write_initial_watermark(directory.journal_dir)
     info["version"] = DATA_DIR_VERSION
     _write_marker(directory.root, info)
     return DataDir(directory.root, directory.instance_id, DATA_DIR_VERSION)
@@ -109,6 +130,8 @@ def upgrade_data_dir(directory: DataDir) -> DataDir:
 
 def _initialise(root: Path) -> DataDir:
     root.mkdir(parents=True, exist_ok=True)
+    # before the marker: once it says version 6, the watermark must exist
+    _write_initial_watermark(root / "journal")
     instance_id = uuid.uuid4().hex
     info = {
         "format": DATA_DIR_FORMAT,
@@ -118,6 +141,26 @@ def _initialise(root: Path) -> DataDir:
     }
     _write_marker(root, info)
     return DataDir(root, instance_id)
+
+
+def _write_initial_watermark(journal_dir: Path) -> None:
+    """An EMPTY watermark at seq 0: the journal must hold nothing yet (recovery then
+    sets it as it goes)."""
+    write_watermark(journal_dir, Watermark(JournalState.EMPTY, 0))
+
+
+def _only_initialisation_leftovers(root: Path) -> bool:
+    """Whether `root` holds nothing, or only what `_initialise` writes before the
+    marker (a crash cut it short): then it is still a new, empty data dir."""
+    leftovers = {"journal", MARKER_NAME + ".tmp"}
+    names = set(os.listdir(root))
+    if not names <= leftovers:
+        return False
+    journal = root / "journal"
+    return not journal.exists() or set(os.listdir(journal)) <= {
+        WATERMARK_NAME,
+        WATERMARK_NAME + ".tmp",
+    }
 
 
 def _write_marker(root: Path, info: dict[str, object]) -> None:

@@ -86,6 +86,7 @@ def plan_replay(
     durable_seqs: dict[int, int],
     *,
     progress: Callable[[int], None] | None = None,
+    require_watermark: bool = False,
 ) -> ReplayPlan:
     """Scan the journal and count what recovery would replay: each record whose seq
     is above its ledger's durable_seq (the rule `pora.recovery` applies).
@@ -94,7 +95,7 @@ def plan_replay(
     `progress` is called with the journal bytes passed so far.
     """
     plan = ReplayPlan()
-    scanner = JournalScanner(journal_dir)
+    scanner = JournalScanner(journal_dir, require_watermark=require_watermark)
     starts = segment_starts(journal_dir)
     for batch in scanner.batches():
         for record in batch:
@@ -136,6 +137,10 @@ def torn_tail_json(torn: TornTail | None) -> dict[str, Any] | None:
         "offset": torn.offset,
         "reason": torn.reason,
         "batches_after": torn.batches_after,
+        "kind": torn.kind,
+        "records_dropped": torn.records_dropped,
+        "first_seq_dropped": torn.first_seq_dropped,
+        "message": torn.describe(),
     }
 
 

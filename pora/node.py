@@ -35,6 +35,7 @@ from journal.request import Request
 from journal.segment import list_segments
 from journal.task import Journal, JournalStatistics
 from journal.trim import delete_segments, trimmable_segments
+from journal.watermark import JournalState, Watermark, write_watermark
 from ledger.errors import (
     EntryTooLarge,
     FlushFailed,
@@ -651,8 +652,12 @@ class Node:
         # before the journal that could redo them goes away
         await trio.to_thread.run_sync(index.sync)
         pool = self._journal.recycle_pool
+        # the journal must hold everything from the first segment it keeps on
+        kept_from = Watermark(JournalState.HOLDING, segments[len(victims)].first_seq)
         await trio.to_thread.run_sync(
-            functools.partial(delete_segments, journal_dir, victims, recycle_into=pool)
+            functools.partial(
+                delete_segments, journal_dir, victims, watermark=kept_from, recycle_into=pool
+            )
         )
         self._segments_trimmed += len(victims)
         return len(victims)
@@ -690,6 +695,7 @@ async def open_node(
     data_dir: str | Path = "pora-data",
     *,
     recovery_progress: ProgressCallback | None = None,
+    accept_journal_gap: bool = False,
     **options: Any,
 ) -> AsyncIterator[Node]:
     """Run a node on `data_dir` for the duration of the `async with` block.
@@ -697,7 +703,10 @@ async def open_node(
     Options are the fields of NodeConfig, GroupCommitConfig and LedgerConfig, by
     name (for example `group_wait_ms_max=2`, `memtable_flush_bytes=8 << 20`).
     `recovery_progress`, if given, is called now and then during recovery with the
-    journal bytes scanned so far (for progress bars).
+    journal bytes scanned so far (for progress bars). `accept_journal_gap` is the
+    operator's override (`pora recover --accept-journal-gap`): recovery replays what
+    the journal holds past a gap, or a missing or damaged watermark, instead of
+    refusing; what may be lost is logged and in `statistics().recovery`.
     """
     config = NodeConfig.from_options(**options)
     root = Path(data_dir)
@@ -714,7 +723,9 @@ async def open_node(
             )
         )
         try:
-            async with _running_node(directory, config, index, recovery_progress) as node:
+            async with _running_node(
+                directory, config, index, recovery_progress, accept_journal_gap
+            ) as node:
                 yield node
         finally:
             await trio.to_thread.run_sync(index.close)
@@ -728,6 +739,7 @@ async def _running_node(
     config: NodeConfig,
     index: Index,
     recovery_progress: ProgressCallback | None,
+    accept_journal_gap: bool = False,
 ) -> AsyncIterator[Node]:
     metas = await trio.to_thread.run_sync(index.load_all_meta)
     storage = LedgerStorage(directory.ledgers_dir, index, config.ledger)
@@ -738,7 +750,11 @@ async def _running_node(
             await nursery.start(registry.run)
             _log.info("recovering %s: %d ledgers known", directory.root, len(metas))
             report = await replay_journal(
-                directory.journal_dir, registry, progress=recovery_progress
+                directory.journal_dir,
+                registry,
+                progress=recovery_progress,
+                require_watermark=directory.journal_watermark_required,
+                accept_gaps=accept_journal_gap,
             )
             _log.info(
                 "recovered in %.2fs: %d segments, %d of %d records replayed into %d ledgers",
@@ -778,6 +794,9 @@ async def _running_node(
                     "journal segment is kept. Free space on that filesystem (or fix the "
                     "disk), then start the node again"
                 ) from error
+            # before the first record: from now on the journal holds what it gets (and
+            # the segments a replay could not flush, which come before)
+            await trio.to_thread.run_sync(_mark_journal_holding, directory.journal_dir)
             node = Node(directory, config, journal, registry, report)
             trimmer = trio.CancelScope()
 
@@ -810,7 +829,10 @@ async def _running_node(
         # empty journal (nothing to replay)
         await trio.to_thread.run_sync(index.sync)
         segments = await trio.to_thread.run_sync(list_segments, directory.journal_dir)
-        await trio.to_thread.run_sync(delete_segments, directory.journal_dir, segments)
+        emptied = Watermark(JournalState.EMPTY, journal.next_seq)
+        await trio.to_thread.run_sync(
+            functools.partial(delete_segments, directory.journal_dir, segments, watermark=emptied)
+        )
 
 
 def _journal_kept(directory: DataDir, unflushed: dict[int, str]) -> FlushFailed:
@@ -823,3 +845,11 @@ def _journal_kept(directory: DataDir, unflushed: dict[int, str]) -> FlushFailed:
         "with their entries. Free space on the disk (or fix it), then start the node "
         "again or run `pora recover`: the journal is replayed then",
     )
+
+
+def _mark_journal_holding(journal_dir: Path) -> None:
+    """Set the watermark to the oldest segment: the journal just opened its first one
+    (after recovery emptied the journal, the only one), and must hold it all."""
+    segments = list_segments(journal_dir)
+    assert segments, "the journal opens its segment before it starts"
+    write_watermark(journal_dir, Watermark(JournalState.HOLDING, segments[0].first_seq))

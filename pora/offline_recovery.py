@@ -22,19 +22,22 @@ from pora.recovery import RecoveryReport
 REPLAY_LABEL: Final = "replaying journal (total estimated from segment sizes)"
 
 
-def recover(directory: DataDir) -> RecoveryReport:
+def recover(directory: DataDir, *, accept_journal_gap: bool = False) -> RecoveryReport:
     """Replay and trim the journal of `directory` (the node's lock is taken by
-    `open_node`: a node started meanwhile makes this raise DataDirLocked)."""
-    return trio.run(_recover, directory)
+    `open_node`: a node started meanwhile makes this raise DataDirLocked).
+    `accept_journal_gap`: see `pora.open_node`."""
+    return trio.run(_recover, directory, accept_journal_gap)
 
 
-async def _recover(directory: DataDir) -> RecoveryReport:
+async def _recover(directory: DataDir, accept_journal_gap: bool) -> RecoveryReport:
     # the total is an estimate: the segments' written bytes include batch headers and
     # block padding, which the scan does not count, so the bar may end short of 100%
     # (finish() completes it)
     total = await trio.to_thread.run_sync(journal_data_bytes, directory.journal_dir)
     with Progress(REPLAY_LABEL, total) as bar:
-        async with pora.open_node(directory.root, recovery_progress=bar.update) as node:
+        async with pora.open_node(
+            directory.root, recovery_progress=bar.update, accept_journal_gap=accept_journal_gap
+        ) as node:
             report = node.statistics().recovery
     return report
 
@@ -48,6 +51,7 @@ def report_json(report: RecoveryReport) -> dict[str, Any]:
         "bytes_replayed": report.bytes_replayed,
         "ledgers_touched": sorted(report.ledgers_touched),
         "torn_tail": torn_tail_json(report.torn_tail),
+        "gaps_accepted": report.gaps_accepted,
         "segments_trimmed": report.segments_trimmed,
         "seconds": round(report.seconds, 3),
     }

@@ -7,12 +7,16 @@ The seed's algorithm, made safe:
 2. Every journal record after that seq is applied again through the *same* dispatch
    and ledger-worker code as live writes; entry-log writes are positioned (at
    `log_end`), so bytes a crashed flush left past the end are simply overwritten.
-3. Every ledger is flushed, the index synced, and then all segments are deleted.
+3. Every ledger is flushed, the index synced, the journal watermark set past the
+   journal's end (journal/watermark.py), and then all segments are deleted.
    If a flush fails (a full or failing disk), every segment is kept instead, and
    the replayed entries of those ledgers stay in their memtables (readable); their
    workers retry the flush on their own schedule and hold the journal from being
    trimmed until it succeeds. A torn tail is then cut off the kept journal, so
    that the segments the node writes next can follow it.
+
+Before any record is applied, the scan checks that the segments hold every seq from
+the watermark on, without a gap (JournalGap otherwise: nothing is replayed).
 
 Idempotent: a crash anywhere in here leaves either the old journal (replayed again
 next time, skipping what became durable) or nothing left to replay.
@@ -36,6 +40,7 @@ from journal.reader import JournalScanner, ReplayTally, TornTail
 from journal.request import Request
 from journal.segment import SegmentInfo, list_segments
 from journal.trim import delete_segments
+from journal.watermark import JournalState, Watermark, write_watermark
 from ledger.errors import FlushFailed
 from ledger.registry import LedgerRegistry
 
@@ -59,6 +64,8 @@ class RecoveryReport:
     bytes_replayed: int = 0
     ledgers_touched: set[int] = field(default_factory=set)
     torn_tail: TornTail | None = None
+    #: what each gap the operator accepted (`accept_gaps`) left out
+    gaps_accepted: list[str] = field(default_factory=list)
     segments_trimmed: int = 0
     #: ledgers whose flush after replay failed: the journal was kept for them
     unflushed_ledgers: list[int] = field(default_factory=list)
@@ -84,8 +91,14 @@ async def replay_journal(
     *,
     dry_run: bool = False,
     progress: ProgressCallback | None = None,
+    require_watermark: bool = False,
+    accept_gaps: bool = False,
 ) -> RecoveryReport:
-    """Replay every record not yet durable elsewhere; flush; trim (unless dry_run)."""
+    """Replay every record not yet durable elsewhere; flush; trim (unless dry_run).
+
+    `require_watermark`: the data dir's format keeps a journal watermark, so a
+    journal without one is refused (`JournalScanner`). `accept_gaps`: the
+    operator's override; replay what the segments hold past any gap (each logged)."""
     started = time.perf_counter()
     report = RecoveryReport()
     # snapshot: live durable_seq values move as replayed data gets flushed
@@ -93,7 +106,9 @@ async def replay_journal(
     max_durable = max(durable.values(), default=-1)
     segments = await trio.to_thread.run_sync(list_segments, journal_dir)
     report.segments = len(segments)
-    scanner = JournalScanner(journal_dir)
+    scanner = JournalScanner(
+        journal_dir, require_watermark=require_watermark, accept_gaps=accept_gaps
+    )
     tally = ReplayTally()
     batches = scanner.replay_requests(durable, tally)
 
@@ -142,16 +157,16 @@ async def replay_journal(
     report.ledgers_touched = tally.ledgers_selected
     summary = scanner.summary
     report.torn_tail = summary.torn_tail
+    for gap in summary.gaps_accepted:
+        _log.warning("journal gap accepted by the operator: %s", gap.reason)
+        report.gaps_accepted.append(gap.reason)
     if report.torn_tail is not None:
-        _log.warning(
-            "journal ends with a torn tail in %s at byte %d (%s): the last group commit "
-            "was cut by the crash; it was never acknowledged",
-            report.torn_tail.segment,
-            report.torn_tail.offset,
-            report.torn_tail.reason,
-        )
+        _log.warning("journal ends with a torn tail: %s", report.torn_tail.describe())
     first_seq_on_disk = max((s.first_seq for s in segments), default=0)
-    report.next_seq = max(summary.last_seq + 1, first_seq_on_disk, max_durable + 1)
+    # the watermark too: after a clean stop it is the journal's end, and the ledger
+    # that held the highest durable seq may have been deleted since
+    watermark_seq = 0 if summary.watermark is None else summary.watermark.first_seq
+    report.next_seq = max(summary.last_seq + 1, first_seq_on_disk, max_durable + 1, watermark_seq)
     if not dry_run:
         await _flush_then_trim(journal_dir, registry, segments, report)
     report.seconds = time.perf_counter() - started
@@ -180,16 +195,23 @@ async def _flush_then_trim(
     await trio.to_thread.run_sync(registry.storage.index.sync)
     # everything is durable in entry logs and index now: the journal can go
     report.segments_trimmed = len(segments)
-    await trio.to_thread.run_sync(delete_segments, journal_dir, segments)
+    emptied = Watermark(JournalState.EMPTY, report.next_seq)
+    await trio.to_thread.run_sync(lambda: delete_segments(journal_dir, segments, watermark=emptied))
 
 
 def _cut_torn_tail(journal_dir: Path, torn: TornTail) -> None:
     """End the kept journal where its valid data ends: only the last segment may end
-    torn, and the node is about to write segments after it. What goes was never
-    acknowledged (a torn write and the batches written while it synced); cutting
-    frees space and needs none."""
+    torn, and the node is about to write segments after it. What goes failed its
+    checks (a write cut by a crash, or damaged media) and was not replayed: the
+    warning above said so; cutting frees space and needs none."""
     if torn.offset == 0:  # the segment's header never reached the disk: no records
         torn.segment.unlink(missing_ok=True)
+        fsync_directory(journal_dir)
+        # the watermark may have named that segment's first seq: name what is left
+        left = list_segments(journal_dir)
+        if left:
+            write_watermark(journal_dir, Watermark(JournalState.HOLDING, left[0].first_seq))
+        return
     else:
         fd = os.open(torn.segment, os.O_WRONLY | os.O_CLOEXEC)
         try:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from journal.errors import JournalCorruption, JournalError, JournalFormatError
+from journal.errors import JournalCorruption, JournalError, JournalFormatError, JournalGap
 from ledger.entrylog import EntryLog
 from ledger.entrylog_format import (
     FIRST_RECORD_OFFSET,
@@ -147,7 +147,14 @@ def _ignore(_units: int) -> None:
 
 def _check_journal(directory: DataDir, metas: dict[int, LedgerMeta], report: VerifyReport) -> None:
     try:
-        plan = plan_replay(directory.journal_dir, durable_seqs(metas))
+        plan = plan_replay(
+            directory.journal_dir,
+            durable_seqs(metas),
+            require_watermark=directory.journal_watermark_required,
+        )
+    except JournalGap as error:
+        report.problems.append(Problem("journal-gap", str(error), file=str(error.path)))
+        return
     except JournalCorruption as error:
         report.problems.append(
             Problem("journal-corruption", error.reason, file=str(error.path), offset=error.offset)
@@ -170,10 +177,7 @@ def _check_journal(directory: DataDir, metas: dict[int, LedgerMeta], report: Ver
         )
     if plan.torn_tail is not None:
         torn = plan.torn_tail
-        report.notes.append(
-            f"the journal ends with a torn tail in {torn.segment} at byte {torn.offset} "
-            f"({torn.reason}): the cut-off last write of a crash, never acknowledged"
-        )
+        report.notes.append(f"the journal ends with a torn tail: {torn.describe()}")
 
 
 def _verify_ledger(

@@ -19,6 +19,7 @@ import pytest
 import trio
 
 import pora
+from journal.segment import list_segments
 from pora.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,6 +89,53 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> CliResult:
     status = main(list(argv))
     captured = capsys.readouterr()
     return CliResult(status, captured.out, captured.err)
+
+
+# --- a node left without its clean exit, its journal rolled into segments -------------------
+
+
+ENTRY_PAYLOAD = b"p" * 1500
+
+
+class Abandoned(Exception):
+    """Raised inside `open_node` to leave it without the clean exit that flushes every
+    ledger and empties the journal: the journal stays as a crash leaves it."""
+
+
+async def write_and_abandon(
+    data_dir: Path, segments_wanted: int, *, trim_first: bool, last_batch_ledgers: int = 0
+) -> None:
+    """Add entries until the journal has `segments_wanted` segments (after a trim, if
+    `trim_first`, so the journal no longer starts at seq 0), then, with
+    `last_batch_ledgers`, one submission adding entry 0 to that many new ledgers from
+    ledger 100 on (one group commit: a KEY and an ENTRY record each), then abandon
+    the node."""
+    journal_dir = data_dir / "journal"
+
+    async def fill(node: pora.Node, count: int) -> None:
+        entry_id = await node.last_entry_id(1) + 1 if node.ledgers() else 0
+        while len(list_segments(journal_dir)) < count:
+            await node.add_entry(1, entry_id, ENTRY_PAYLOAD)
+            entry_id += 1
+
+    async def write_then_abandon(node: pora.Node) -> None:
+        if trim_first:
+            await fill(node, 3)
+            assert await node.reclaim_journal() >= 1
+        await fill(node, segments_wanted)
+        if last_batch_ledgers:
+            adds = [(100 + i, 0, ENTRY_PAYLOAD) for i in range(last_batch_ledgers)]
+            assert await node.add_entries(adds) == [None] * last_batch_ledgers
+        raise Abandoned
+
+    try:
+        # small segments that roll every few adds; no spares, so nothing trims by itself
+        async with pora.open_node(
+            data_dir, segment_bytes=8192, spare_segments_max=0, trim_interval_ms=3_600_000.0
+        ) as node:
+            await write_then_abandon(node)
+    except* Abandoned:
+        pass
 
 
 # --- a node killed mid-write ----------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from journal.errors import JournalCorruption, JournalFormatError
+from journal.errors import JournalCorruption, JournalFormatError, JournalGap
 from journal.format import (
     BATCH_HEADER,
     BATCH_HEADER_SIZE,
@@ -398,10 +398,15 @@ def test_a_missing_middle_segment_is_a_gap(tmp_path: Path) -> None:
     write_journal(tmp_path, [3] * 6, segment_bytes=1024)
     segments = list_segments(tmp_path)
     segments[1].path.unlink()
-    with pytest.raises(JournalCorruption, match="a segment may be missing") as caught:
+    with pytest.raises(JournalGap, match="seqs 3-5 are in no segment") as caught:
         scan(tmp_path)
     assert (caught.value.path, caught.value.offset) == (segments[2].path, 0)
-    assert "starts at seq 6" in caught.value.reason and "ends at seq 2" in caught.value.reason
+    assert (caught.value.first_missing, caught.value.last_missing) == (3, 5)
+    assert (
+        f"{segments[0].path.name} ends at seq 2 and {segments[2].path.name} starts at seq 6"
+        in caught.value.reason
+    )
+    assert "Acknowledged entries may be lost" in str(caught.value)
 
 
 def test_a_zero_header_followed_by_a_valid_batch_is_a_hole(tmp_path: Path) -> None:
@@ -464,9 +469,10 @@ def test_a_torn_batch_with_one_written_while_it_synced_after_it_is_a_torn_tail(
     assert (torn.segment, torn.offset, torn.batches_after) == (path, offsets[1], 1)
     assert torn.reason == (
         f"record 4 at byte {second_record}: body crc mismatch; the 1 batch(es) after it "
-        "(seqs 6-8) were written while it synced and are dropped with it: none was "
-        "acknowledged"
+        "(seqs 6-8) were written while it synced and are dropped with it"
     )
+    # the damaged batch's 3 records and the 3 after it: its header is intact
+    assert (torn.kind, torn.records_dropped, torn.first_seq_dropped) == ("checksum", 6, 3)
 
 
 def damage_batch_header(path: Path, offsets: list[int]) -> None:

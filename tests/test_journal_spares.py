@@ -22,6 +22,7 @@ from journal.request import Request
 from journal.segment import SegmentWriter, list_segments
 from journal.spares import PARTIAL_SUFFIX, SPARE_SUFFIX, SpareSegments
 from journal.trim import delete_segments
+from journal.watermark import JournalState, Watermark
 
 SEGMENT_BYTES = 64 * 1024
 
@@ -222,9 +223,11 @@ def recycled_journal(directory: Path) -> tuple[SegmentWriter, SpareSegments, lis
         directory, segment_bytes=SEGMENT_BYTES, first_seq=0, spares=spares, unsynced_batches_max=2
     )
     write_until_roll(writer, 3, 3000)  # the first segment, full of batches
-    first, _second = list_segments(directory)
+    first, second = list_segments(directory)
     inode = first.path.stat().st_ino
-    assert delete_segments(directory, [first], recycle_into=spares) == 0  # nothing freed
+    holding = Watermark(JournalState.HOLDING, second.first_seq)
+    # nothing freed
+    assert delete_segments(directory, [first], watermark=holding, recycle_into=spares) == 0
     assert (spares.recycled, spares.ready_count) == (1, 1)
     (spare,) = spare_files(directory)
     assert spare.stat().st_ino == inode and any(spare.read_bytes()[512:])  # bytes and all
@@ -319,7 +322,8 @@ def test_recycling_keeps_the_pool_bound_and_deletes_the_rest(tmp_path: Path) -> 
     grown = segments[2]
     with open(grown.path, "r+b") as file:  # one that grew past its preallocation
         file.truncate(SEGMENT_BYTES + 512)
-    freed = delete_segments(tmp_path, segments[:3], recycle_into=spares)
+    holding = Watermark(JournalState.HOLDING, segments[3].first_seq)
+    freed = delete_segments(tmp_path, segments[:3], watermark=holding, recycle_into=spares)
     # the oldest became the one spare; the pool was then full, and the grown one
     # would never have qualified: both deleted
     assert spares.recycled == 1 and len(spare_files(tmp_path)) == 1

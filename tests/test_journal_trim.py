@@ -11,6 +11,7 @@ from journal.reader import JournalScanner
 from journal.request import Request
 from journal.segment import SegmentInfo, SegmentWriter, list_segments
 from journal.trim import delete_segments, trimmable_segments
+from journal.watermark import JournalState, Watermark
 
 
 def segments_at(*first_seqs: int) -> list[SegmentInfo]:
@@ -63,10 +64,11 @@ def test_delete_segments_removes_the_files_and_counts_their_bytes(tmp_path: Path
     assert len(segments) == 5
     victims = trimmable_segments(segments, 3)
     assert [s.first_seq for s in victims] == [0, 1, 2]
-    assert delete_segments(tmp_path, victims) == 3 * 1024
+    holding = Watermark(JournalState.HOLDING, 3)
+    assert delete_segments(tmp_path, victims, watermark=holding) == 3 * 1024
     assert list_segments(tmp_path) == segments[3:]
     # what is left is still a readable journal: trimming from the front leaves no hole
     records = [r for batch in JournalScanner(tmp_path).batches() for r in batch]
     assert [r.seq for r in records] == [3, 4]
     # deleting again (a trim that crashed after unlinking) frees nothing more
-    assert delete_segments(tmp_path, victims) == 0
+    assert delete_segments(tmp_path, victims, watermark=holding) == 0

@@ -197,16 +197,16 @@ async def test_a_data_dir_of_version_3_is_refused_by_name(data_dir: Path) -> Non
         await node.add_entry(1, 0, b"kept")
     marker = data_dir / MARKER_NAME
     info = json.loads(marker.read_text())
-    assert info["version"] == DATA_DIR_VERSION == 5
+    assert info["version"] == DATA_DIR_VERSION == 6
     info["version"] = 3
     marker.write_text(json.dumps(info))
     with pytest.raises(
-        pora.DataDirError, match="format version 3; this build reads versions 4, 5"
+        pora.DataDirError, match="format version 3; this build reads versions 4, 5, 6"
     ) as caught:
         async with pora.open_node(data_dir):
             pass
     assert "Use a Pora release that knows version 3" in str(caught.value)
-    info["version"] = 5  # nothing was touched: marked back, it opens with its data
+    info["version"] = 6  # nothing was touched: marked back, it opens with its data
     marker.write_text(json.dumps(info))
     async with pora.open_node(data_dir) as node:
         assert await node.read_entry(1, 0) == b"kept"
@@ -224,7 +224,7 @@ async def test_a_data_dir_of_version_4_is_upgraded_in_place_with_its_data(data_d
     async with pora.open_node(data_dir) as node:
         assert await node.read_entry(1, 0) == b"from version 4"
     upgraded = json.loads(marker.read_text())
-    assert upgraded == {**info, "version": 5}
+    assert upgraded == {**info, "version": 6}
 
 
 async def test_many_concurrent_writers_over_many_ledgers(data_dir: Path) -> None:

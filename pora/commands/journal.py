@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-from journal.errors import JournalCorruption, JournalError, JournalFormatError
+from journal.errors import JournalCorruption, JournalError, JournalFormatError, JournalGap
 from journal.reader import JournalRecord, JournalScanner, ScanSummary
 from pora.commands._common import (
     EXIT_OK,
@@ -58,10 +57,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     verify = commands.add_parser(
         "verify",
         help="check every journal record; report a torn tail or corruption",
-        description="Check every record of the journal. A torn tail (the last, partly "
-        "written group commit of a crash: never acknowledged) is reported and exits 0. "
-        "Corruption (a damaged record with valid records after it, a missing segment, an "
-        "unknown format version) is reported with segment and offset and exits 1.",
+        description="Check every record of the journal, and that its segments hold every "
+        "seq from the journal watermark on. A torn tail (a last group commit that is not "
+        "whole: cut by a crash, or damaged) is reported with the records it drops and why, "
+        "and exits 0. Corruption (a damaged record with valid records after it), a gap (a "
+        "missing segment) or an unknown format version is reported with segment and "
+        "offset and exits 1.",
     )
     add_common_arguments(verify)
     verify.set_defaults(run=run_verify)
@@ -89,7 +90,11 @@ def _record_json(record: JournalRecord) -> dict[str, Any]:
 @command
 def run_dump(args: argparse.Namespace) -> int:
     with offline_data_dir(args.data_dir) as directory:
-        scanner = JournalScanner(directory.journal_dir, from_seq=max(args.from_seq, 0))
+        scanner = JournalScanner(
+            directory.journal_dir,
+            from_seq=max(args.from_seq, 0),
+            require_watermark=directory.journal_watermark_required,
+        )
         table = TableWriter(_DUMP_COLUMNS)
         error: JournalError | None = None
         finished = True
@@ -117,10 +122,7 @@ def run_dump(args: argparse.Namespace) -> int:
         else:
             table.flush()
             if torn is not None:
-                print(
-                    f"-- torn tail in {Path(torn['segment']).name} at byte {torn['offset']}: "
-                    f"{torn['reason']} (the last write of a crash; never acknowledged)"
-                )
+                print(f"-- torn tail: {torn['message']}")
         if error is not None:
             raise error
         return EXIT_OK
@@ -141,7 +143,9 @@ def _summary_json(summary: ScanSummary) -> dict[str, Any]:
 def run_verify(args: argparse.Namespace) -> int:
     with offline_data_dir(args.data_dir) as directory:
         journal_dir = directory.journal_dir
-        scanner = JournalScanner(journal_dir)
+        scanner = JournalScanner(
+            journal_dir, require_watermark=directory.journal_watermark_required
+        )
         records_by_segment: Counter[str] = Counter()
         problem: dict[str, Any] | None = None
         starts = segment_starts(journal_dir)
@@ -153,6 +157,14 @@ def run_verify(args: argparse.Namespace) -> int:
                     # run share their record's seq
                     records_by_segment[last.segment.name] += last.seq - batch[0].seq + 1
                     bar.update(starts.get(last.segment, 0) + last.offset)
+            except JournalGap as error:
+                problem = {
+                    "kind": "gap",
+                    "segment": str(error.path),
+                    "offset": None,
+                    "reason": error.reason,
+                    "missing_seqs": [error.first_missing, error.last_missing],
+                }
             except JournalCorruption as error:
                 problem = {
                     "kind": "corruption",
@@ -168,11 +180,19 @@ def run_verify(args: argparse.Namespace) -> int:
                     "reason": error.reason,
                 }
         summary = scanner.summary
+        torn = summary.torn_tail
+        watermark = summary.watermark
         result = {
             "ok": problem is None,
             **_summary_json(summary),
             "segment_records": dict(records_by_segment),
-            "torn_tail": torn_tail_json(summary.torn_tail),
+            "watermark": None
+            if watermark is None
+            else {"state": watermark.state.name.lower(), "first_seq": watermark.first_seq},
+            "torn_tail": torn_tail_json(torn),
+            # journal records (a run of entries is one) a torn tail kept from replay
+            "records_dropped": 0 if torn is None else torn.records_dropped,
+            "dropped_because": None if torn is None else _DROPPED_BECAUSE[torn.kind],
             "problem": problem,
         }
         if args.json:
@@ -182,21 +202,46 @@ def run_verify(args: argparse.Namespace) -> int:
         return EXIT_OK if problem is None else EXIT_PROBLEMS
 
 
+#: why a torn tail's records are dropped, by `TornTail.kind`
+_DROPPED_BECAUSE: dict[str, str] = {
+    "incomplete": "torn tail: incomplete",
+    "zeroed": "torn tail: zeroed",
+    "stale": "torn tail: never written (a recycled segment's old bytes)",
+    "checksum": "torn tail: checksum mismatch",
+}
+
+
+def _dropped_text(result: dict[str, Any]) -> str:
+    dropped, because = result["records_dropped"], result["dropped_because"]
+    if because is None:
+        return "0"
+    return f"{'an unknown number' if dropped is None else dropped} ({because})"
+
+
 def _print_verify(result: dict[str, Any]) -> None:
     torn = result["torn_tail"]
     problem = result["problem"]
+    watermark = result["watermark"]
     fields: list[tuple[str, object]] = [
         ("segments", result["segments"]),
         ("batches", result["batches"]),
         ("records", f"{result['records']} ({result['record_bytes']} bytes)"),
         ("seqs", f"{result['first_seq']}..{result['last_seq']}" if result["records"] else "none"),
         (
+            "watermark",
+            "none (a data dir older than version 6)"
+            if watermark is None
+            else f"{watermark['state']} from seq {watermark['first_seq']}",
+        ),
+        (
             "torn tail",
             "none"
             if torn is None
-            else f"{torn['segment']} at byte {torn['offset']}: {torn['reason']} -- the cut-off "
-            "last write of a crash (never acknowledged); normal, `pora recover` ends there",
+            else f"{torn['message']}. After a crash this is normal and `pora recover` ends "
+            "there; if the node did not crash, suspect the disk and compare those ledgers "
+            "with their replicas",
         ),
+        ("records dropped", _dropped_text(result)),
     ]
     if problem is None:
         fields.append(("result", "OK"))
@@ -205,5 +250,6 @@ def _print_verify(result: dict[str, Any]) -> None:
         if problem["offset"] is not None:
             where += f" at byte {problem['offset']}"
         fields.append(("result", f"{problem['kind'].upper()}: {where}: {problem['reason']}"))
-        fields.append(("what to do", "see docs/operations.md, 'Journal corruption'"))
+        section = "The journal has a gap" if problem["kind"] == "gap" else "Journal corruption"
+        fields.append(("what to do", f"see docs/operations.md, '{section}'"))
     print_fields(fields)

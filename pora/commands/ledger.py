@@ -117,7 +117,12 @@ def _pending(directory: DataDir, metas: dict[int, LedgerMeta]) -> ReplayPlan | N
     if the journal cannot be read."""
     try:
         with Progress("scanning journal", journal_data_bytes(directory.journal_dir)) as bar:
-            return plan_replay(directory.journal_dir, durable_seqs(metas), progress=bar.update)
+            return plan_replay(
+                directory.journal_dir,
+                durable_seqs(metas),
+                progress=bar.update,
+                require_watermark=directory.journal_watermark_required,
+            )
     except JournalError as error:
         warn(
             f"the journal cannot be read ({error}); what it holds is not shown. "

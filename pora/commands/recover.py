@@ -51,6 +51,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="only report what would be replayed; change nothing",
     )
+    parser.add_argument(
+        "--accept-journal-gap",
+        action="store_true",
+        help="replay what the journal holds even though segments it must hold are "
+        "missing (or its watermark is missing or damaged), accepting that the entries "
+        "in them are lost on this node; only when they cannot be restored from a "
+        "backup (see docs/operations.md, 'The journal has a gap')",
+    )
     parser.set_defaults(run=run)
 
 
@@ -66,7 +74,12 @@ def run(args: argparse.Namespace) -> int:
                 index.close()
         if args.dry_run:
             with Progress("scanning journal", journal_data_bytes(directory.journal_dir)) as bar:
-                plan = plan_replay(directory.journal_dir, durable_seqs(metas), progress=bar.update)
+                plan = plan_replay(
+                    directory.journal_dir,
+                    durable_seqs(metas),
+                    progress=bar.update,
+                    require_watermark=directory.journal_watermark_required,
+                )
             result: dict[str, Any] = {
                 "dry_run": True,
                 "segments": plan.segments,
@@ -76,12 +89,13 @@ def run(args: argparse.Namespace) -> int:
                 "bytes_replayed": plan.bytes_to_replay,
                 "ledgers_touched": sorted(plan.ledgers),
                 "torn_tail": torn_tail_json(plan.torn_tail),
+                "gaps_accepted": [],
                 "segments_trimmed": 0,
             }
             _print_result(result, as_json=args.json)
             return EXIT_OK
     # the node takes the lock itself: a node started in between is refused by it
-    report = recover(directory)
+    report = recover(directory, accept_journal_gap=args.accept_journal_gap)
     result = {"dry_run": False, **report_json(report)}
     _print_result(result, as_json=args.json)
     return EXIT_OK
@@ -124,12 +138,11 @@ def _print_result(result: dict[str, Any], *, as_json: bool) -> None:
         ("ledgers touched", f"{len(ledgers)}" + (f": {shown}" if ledgers else "")),
         (
             "torn tail",
-            "none"
-            if torn is None
-            else f"{torn['segment']} at byte {torn['offset']}: {torn['reason']} "
-            "(the last write of a crash, never acknowledged)",
+            "none" if torn is None else torn["message"],
         ),
     ]
+    for gap in result["gaps_accepted"]:
+        fields.append(("GAP ACCEPTED", f"{gap}: entries there are lost on this node"))
     if dry:
         fields.append(("note", "dry run: nothing was written; run without --dry-run to replay"))
     else:
