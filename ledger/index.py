@@ -26,10 +26,13 @@ sync=True write.
 from __future__ import annotations
 
 import array
+import contextlib
 import itertools
 import os
+import shutil
 import struct
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -40,7 +43,7 @@ import plyvel
 from journal.errors import PoraError
 from ledger.state import LedgerMeta
 
-__all__ = ["Index", "IndexOpenError"]
+__all__ = ["Index", "IndexDamaged", "IndexOpenError"]
 
 RUN_PREFIX: Final = b"r"
 META_PREFIX: Final = b"m"
@@ -69,12 +72,33 @@ class IndexOpenError(PoraError):
         super().__init__(f"cannot open the index at {path}: {cause}; {advice}")
 
 
+class IndexDamaged(IndexOpenError):
+    """LevelDB found the index damaged (a bad checksum in its log or tables).
+
+    Raised at open rather than let LevelDB drop what it cannot read: with
+    `paranoid_checks` it refuses, where it would otherwise discard a damaged log and
+    forget every write in it (entries acknowledged and intact in their entry logs).
+    """
+
+
 class Index:
     """The LevelDB index of one node. Open it once per data directory."""
 
     def __init__(
-        self, path: Path, *, cache_bytes: int = 64 << 20, bloom_bits: int = 10, create: bool = True
+        self,
+        path: Path,
+        *,
+        cache_bytes: int = 64 << 20,
+        bloom_bits: int = 10,
+        create: bool = True,
+        paranoid_checks: bool = True,
     ) -> None:
+        """Opens (or with `create`, creates) the DB at `path`.
+
+        `paranoid_checks`: refuse (IndexDamaged) a DB LevelDB finds damaged, rather
+        than open it without what it could not read. Only a rebuild, which writes a
+        new index from the entry logs, has a reason to turn it off.
+        """
         if cache_bytes < 0 or bloom_bits < 0:
             raise ValueError(
                 f"cache_bytes ({cache_bytes}) and bloom_bits ({bloom_bits}) must be >= 0"
@@ -88,10 +112,40 @@ class Index:
                 create_if_missing=create,
                 lru_cache_size=cache_bytes,
                 bloom_filter_bits=bloom_bits,
+                paranoid_checks=paranoid_checks,
             )
         except plyvel.Error as error:
             raise _open_error(path, error, create=create) from error
         self._sync_count = 0
+        #: the private copy `open_copy` made, removed by `close`
+        self._copy_dir: Path | None = None
+
+    @classmethod
+    def open_copy(cls, path: Path, *, cache_bytes: int = 8 << 20) -> Index:
+        """The existing index at `path`, opened on a private copy that `close` removes.
+
+        For the inspection commands, which must change nothing: LevelDB writes at
+        every open (its LOG and LOCK files, a log file recovered into a table, files
+        it finds obsolete or damaged deleted), and plyvel has no read-only mode. The
+        copy hard-links the table files (LevelDB never changes one once written, it
+        only deletes them) where the file system allows, and copies the rest.
+        Raises IndexOpenError like the constructor (path named as the original's).
+        """
+        if not (path / "CURRENT").exists():
+            raise IndexOpenError(
+                path, "it has no LevelDB CURRENT file", "the index is missing or incomplete"
+            )
+        copy_dir = _copy_of_index(path)
+        try:
+            index = cls(copy_dir, cache_bytes=cache_bytes, create=False, paranoid_checks=True)
+        except IndexOpenError as error:
+            shutil.rmtree(copy_dir, ignore_errors=True)
+            if isinstance(error, IndexDamaged):
+                raise IndexDamaged(path, error.cause, _DAMAGED_ADVICE) from error
+            raise IndexOpenError(path, error.cause, "it cannot be read") from error
+        index._copy_dir = copy_dir
+        index.path = path
+        return index
 
     # --- entry positions ------------------------------------------------------------
 
@@ -239,6 +293,14 @@ class Index:
 
     # --- ledger metadata --------------------------------------------------------------
 
+    def is_empty(self) -> bool:
+        """Whether the index holds no ledger metadata and no entry position."""
+        for prefix in (META_PREFIX, RUN_PREFIX):
+            with self._db.iterator(prefix=prefix, include_value=False) as keys:
+                for _ in keys:
+                    return False
+        return True
+
     def put_meta(self, meta: LedgerMeta, *, sync: bool = False) -> None:
         _check_id("ledger id", meta.ledger_id)
         self._db.put(_LEDGER_KEY.pack(META_PREFIX, meta.ledger_id), meta.encode(), sync=sync)
@@ -331,6 +393,9 @@ class Index:
     def close(self) -> None:
         """Closes the DB (releases its lock). Idempotent."""
         self._db.close()
+        copy_dir, self._copy_dir = self._copy_dir, None
+        if copy_dir is not None:
+            shutil.rmtree(copy_dir, ignore_errors=True)
 
     def __enter__(self) -> Index:
         return self
@@ -461,6 +526,45 @@ def _node_key(name: str) -> bytes:
     return NODE_PREFIX + name.encode("utf-8")
 
 
+_DAMAGED_ADVICE: Final = (
+    "the index is damaged (the entries it locates are in the entry logs); with the node "
+    "stopped, rebuild it with `pora verify --rebuild-index` (it keeps the damaged index, "
+    "renamed index.damaged-<time>)"
+)
+#: files LevelDB never changes once written (its sorted tables): `open_copy` links them
+_TABLE_SUFFIXES: Final = (".ldb", ".sst")
+
+
+def _copy_of_index(path: Path) -> Path:
+    """A copy of the index directory `path`, next to it if possible (so table files can
+    be hard links), else in the system's temp dir."""
+    try:
+        copy_dir = Path(tempfile.mkdtemp(prefix=f"{path.name}.inspect-", dir=path.parent))
+    except OSError:  # a data dir we may not write to: copy elsewhere
+        copy_dir = Path(tempfile.mkdtemp(prefix="pora-index-copy-"))
+    try:
+        with os.scandir(path) as entries:
+            names = [entry.name for entry in entries if entry.is_file(follow_symlinks=False)]
+        for name in names:
+            if name != "LOCK":  # the original's lock file is not the copy's business
+                _link_or_copy(path / name, copy_dir / name)
+    except BaseException:
+        shutil.rmtree(copy_dir, ignore_errors=True)
+        raise
+    return copy_dir
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A table file is hard-linked if the file system allows; anything else is copied.
+    A file gone meanwhile is skipped (LevelDB deletes obsolete files)."""
+    if source.name.endswith(_TABLE_SUFFIXES):
+        with contextlib.suppress(OSError):  # another file system, or no links: copy
+            os.link(source, target)
+            return
+    with contextlib.suppress(FileNotFoundError):
+        shutil.copy2(source, target)
+
+
 def _open_error(path: Path, error: plyvel.Error, *, create: bool) -> IndexOpenError:
     """Turns plyvel's error into one that says what happened and what to do."""
     raw = error.args[0] if error.args else error
@@ -477,7 +581,7 @@ def _open_error(path: Path, error: plyvel.Error, *, create: bool) -> IndexOpenEr
             "own --data-dir"
         )
     elif isinstance(error, plyvel.CorruptionError):
-        advice = "the index is damaged; stop the node and inspect it with `pora verify`"
+        return IndexDamaged(path, cause, _DAMAGED_ADVICE)
     else:
         advice = "check that the directory exists, is writable and the disk is not full"
     return IndexOpenError(path, cause, advice)
