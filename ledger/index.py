@@ -41,6 +41,7 @@ from typing import Any, Final
 import plyvel
 
 from journal.errors import PoraError
+from ledger.leveldb_tables import check_tables
 from ledger.state import LedgerMeta
 
 __all__ = ["Index", "IndexDamaged", "IndexOpenError"]
@@ -119,6 +120,10 @@ class Index:
         self._sync_count = 0
         #: the private copy `open_copy` made, removed by `close`
         self._copy_dir: Path | None = None
+        #: whether reads check LevelDB's block checksums (plyvel.CorruptionError when
+        #: one fails): the inspection commands do, so that damage in a table file is
+        #: reported as such rather than read as wrong positions
+        self._verify_checksums = False
 
     @classmethod
     def open_copy(cls, path: Path, *, cache_bytes: int = 8 << 20) -> Index:
@@ -144,7 +149,18 @@ class Index:
                 raise IndexDamaged(path, error.cause, _DAMAGED_ADVICE) from error
             raise IndexOpenError(path, error.cause, "it cannot be read") from error
         index._copy_dir = copy_dir
+        index._verify_checksums = True
         index.path = path
+        # the tables left once LevelDB opened the copy are the live ones
+        damage = check_tables(copy_dir)
+        if damage:
+            index.close()
+            first = damage[0]
+            raise IndexDamaged(
+                path,
+                f"its table {path / first.path.name} fails at byte {first.offset}: {first.reason}",
+                _DAMAGED_ADVICE,
+            )
         return index
 
     # --- entry positions ------------------------------------------------------------
@@ -155,7 +171,9 @@ class Index:
         _check_id("entry id", entry_id)
         start = _RUN_KEY.pack(RUN_PREFIX, ledger_id, entry_id)
         stop = _LEDGER_KEY.pack(RUN_PREFIX, ledger_id + 1)
-        with self._db.iterator(start=start, stop=stop) as runs:
+        with self._db.iterator(
+            start=start, stop=stop, verify_checksums=self._verify_checksums
+        ) as runs:
             for key, value in runs:  # the first run ending at or after entry_id
                 first = _RUN_KEY.unpack(key)[2] - _run_count(value) + 1
                 if entry_id < first:
@@ -184,7 +202,9 @@ class Index:
     ) -> Iterator[tuple[int, int, int]]:
         start = _RUN_KEY.pack(RUN_PREFIX, ledger_id, from_entry)
         stop = _LEDGER_KEY.pack(RUN_PREFIX, ledger_id + 1)
-        for key, value in self._db.iterator(start=start, stop=stop):
+        for key, value in self._db.iterator(
+            start=start, stop=stop, verify_checksums=self._verify_checksums
+        ):
             last = _RUN_KEY.unpack(key)[2]
             first = last - _run_count(value) + 1
             if first > to_entry:
@@ -201,7 +221,9 @@ class Index:
         """
         start = _LEDGER_KEY.pack(RUN_PREFIX, 0)
         stop = _LEDGER_KEY.pack(RUN_PREFIX, 2**63)
-        with self._db.iterator(start=start, stop=stop, include_value=False) as keys:
+        with self._db.iterator(
+            start=start, stop=stop, include_value=False, verify_checksums=self._verify_checksums
+        ) as keys:
             for key in keys:
                 ledger_id: int = _LEDGER_KEY.unpack_from(key)[1]
                 yield ledger_id
@@ -211,7 +233,12 @@ class Index:
         """How many entries of the ledger are indexed (walks its runs)."""
         _check_id("ledger id", ledger_id)
         prefix = _LEDGER_KEY.pack(RUN_PREFIX, ledger_id)
-        return sum(_run_count(value) for _, value in self._db.iterator(prefix=prefix))
+        return sum(
+            _run_count(value)
+            for _, value in self._db.iterator(
+                prefix=prefix, verify_checksums=self._verify_checksums
+            )
+        )
 
     def apply_flush(
         self,
@@ -280,7 +307,9 @@ class Index:
         start = _RUN_KEY.pack(RUN_PREFIX, ledger_id, lowest)
         stop = _LEDGER_KEY.pack(RUN_PREFIX, ledger_id + 1)
         new_ids: set[int] | None = None
-        for key, value in self._db.iterator(start=start, stop=stop):
+        for key, value in self._db.iterator(
+            start=start, stop=stop, verify_checksums=self._verify_checksums
+        ):
             run_first = _RUN_KEY.unpack(key)[2] - _run_count(value) + 1
             if run_first > highest:
                 return
@@ -296,7 +325,9 @@ class Index:
     def is_empty(self) -> bool:
         """Whether the index holds no ledger metadata and no entry position."""
         for prefix in (META_PREFIX, RUN_PREFIX):
-            with self._db.iterator(prefix=prefix, include_value=False) as keys:
+            with self._db.iterator(
+                prefix=prefix, include_value=False, verify_checksums=self._verify_checksums
+            ) as keys:
                 for _ in keys:
                     return False
         return True
@@ -310,14 +341,18 @@ class Index:
     def get_meta(self, ledger_id: int) -> LedgerMeta | None:
         """The ledger's metadata; ValueError if it is stored in a version we cannot read."""
         _check_id("ledger id", ledger_id)
-        value = self._db.get(_LEDGER_KEY.pack(META_PREFIX, ledger_id))
+        value = self._db.get(
+            _LEDGER_KEY.pack(META_PREFIX, ledger_id), verify_checksums=self._verify_checksums
+        )
         return None if value is None else LedgerMeta.decode(ledger_id, value)
 
     def load_all_meta(self) -> dict[int, LedgerMeta]:
         """Every ledger's metadata, by ledger id: one pass over the b"m" keys."""
         metas: dict[int, LedgerMeta] = {}
         decode = LedgerMeta.decode
-        for key, value in self._db.iterator(prefix=META_PREFIX):
+        for key, value in self._db.iterator(
+            prefix=META_PREFIX, verify_checksums=self._verify_checksums
+        ):
             if len(key) != _META_KEY_SIZE:
                 raise ValueError(
                     f"index {self.path}: metadata key {key!r} is not b'm' + a u64 ledger id"
@@ -332,7 +367,9 @@ class Index:
         prefix = _LEDGER_KEY.pack(RUN_PREFIX, ledger_id)
         # the iterator reads a snapshot, so deleting while walking it is safe
         with self._db.write_batch(transaction=True, sync=sync) as batch:
-            for key in self._db.iterator(prefix=prefix, include_value=False):
+            for key in self._db.iterator(
+                prefix=prefix, include_value=False, verify_checksums=self._verify_checksums
+            ):
                 batch.delete(key)
             batch.delete(_LEDGER_KEY.pack(META_PREFIX, ledger_id))
         if sync:
@@ -341,7 +378,7 @@ class Index:
     # --- node values ----------------------------------------------------------------
 
     def get_node_value(self, name: str) -> bytes | None:
-        value: bytes | None = self._db.get(_node_key(name))
+        value: bytes | None = self._db.get(_node_key(name), verify_checksums=self._verify_checksums)
         return value
 
     def put_node_value(self, name: str, value: bytes, *, sync: bool = False) -> None:

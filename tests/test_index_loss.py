@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import plyvel
 import pytest
 import trio
 from cli_support import (
@@ -223,3 +224,68 @@ def test_inspection_commands_change_no_byte_of_the_index(
         assert "pora verify --rebuild-index" in result.err
     else:
         assert result.status == 0, result.err
+
+
+# --- damage in the index, not in the entry log -------------------------------------------
+
+
+def test_a_flipped_byte_in_an_index_table_is_index_damage_and_rebuild_fixes_it(
+    data_dir: Path, capsys: Capsys
+) -> None:
+    db = plyvel.DB(str(data_dir / "index"), create_if_missing=False)
+    try:
+        db.compact_range()  # move the index from LevelDB's log into a table file
+    finally:
+        db.close()
+    tables = sorted((data_dir / "index").glob("*.ldb"))
+    assert tables
+    data = bytearray(tables[0].read_bytes())
+    data[0] ^= 0x01  # in the first data block: positions or metadata
+    tables[0].write_bytes(bytes(data))
+    logs_before = hashes(data_dir / "ledgers")
+    index_before = hashes(data_dir / "index")
+
+    result = run_cli(capsys, "verify", "--data-dir", str(data_dir))
+    assert result.status == 1
+    assert f"its table {tables[0]} fails at byte 0: block checksum mismatch" in result.err
+    assert "pora verify --rebuild-index" in result.err
+    assert "bad-record" not in result.out + result.err
+    listed = run_cli(capsys, "ledger", "list", "--data-dir", str(data_dir))
+    assert listed.status == 1  # not a silently short list
+    assert "damaged" in listed.err
+    assert hashes(data_dir / "index") == index_before
+
+    rebuild(capsys, data_dir)
+    assert hashes(data_dir / "ledgers") == logs_before
+    assert_every_entry_readable(data_dir)
+
+
+def test_a_wrong_position_is_index_damage_naming_where_the_entry_is_intact(
+    data_dir: Path, capsys: Capsys
+) -> None:
+    # what a damaged index that still passes its checksums says: entry 3 is where
+    # entry 4 is
+    with Index(data_dir / "index", create=False) as index:
+        real = index.get_position(OPEN_LEDGER, 3)
+        wrong = index.get_position(OPEN_LEDGER, 4)
+        meta = index.get_meta(OPEN_LEDGER)
+        assert real is not None and wrong is not None and meta is not None
+        index.apply_flush(OPEN_LEDGER, [(3, *wrong)], meta, sync=True)
+    log = data_dir / "ledgers" / f"{OPEN_LEDGER:02x}" / f"{OPEN_LEDGER:016x}.log"
+
+    result = run_cli(capsys, "verify", "--json", "--data-dir", str(data_dir))
+
+    assert result.status == 1
+    problems = result.json()["problems"]
+    # not a bad record, not an unindexed one: the log is intact (the wrong length the
+    # index gives entry 3 shows in the ledger's payload bytes too)
+    assert [(p["kind"], p["ledger_id"], p["entry_id"], p["offset"]) for p in problems] == [
+        ("index-damaged", OPEN_LEDGER, 3, real[0]),
+        ("metadata-mismatch", OPEN_LEDGER, None, None),
+    ], problems
+    assert problems[0]["message"].startswith(
+        f"index damaged: ledger {OPEN_LEDGER} entry 3 is intact in {log} at byte {real[0]}"
+    )
+    assert "pora verify --rebuild-index" in problems[0]["message"]
+    rebuild(capsys, data_dir)
+    assert_every_entry_readable(data_dir)
