@@ -156,6 +156,30 @@ def test_a_node_with_no_entry_logs_starts_with_a_new_index(tmp_path: Path) -> No
     assert (tmp_path / "new" / "index" / "CURRENT").exists()
 
 
+def test_an_add_to_a_ledger_the_index_lost_cannot_overwrite_its_log(
+    data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the index lost one ledger (its metadata and positions), the others are there:
+    # the node starts, and a new add to that ledger id must not re-create its log
+    db = plyvel.DB(str(data_dir / "index"), create_if_missing=False)
+    try:
+        for key in list(db.iterator(include_value=False)):
+            if key[1:9] == OPEN_LEDGER.to_bytes(8, "big"):
+                db.delete(key, sync=True)
+    finally:
+        db.close()
+    log = data_dir / "ledgers" / f"{OPEN_LEDGER:02x}" / f"{OPEN_LEDGER:016x}.log"
+    before = log.read_bytes()
+
+    async def add() -> None:
+        async with pora.open_node(data_dir) as node:
+            await node.add_entry(OPEN_LEDGER, 0, b"not what entry 0 was", master_key=b"any")
+
+    trio.run(add)
+    assert log.read_bytes() == before
+    assert "pora verify --rebuild-index" in caplog.text
+
+
 # --- a damaged LevelDB log --------------------------------------------------------------
 
 
