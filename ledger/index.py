@@ -135,6 +135,8 @@ class Index:
         copy hard-links the table files (LevelDB never changes one once written, it
         only deletes them) where the file system allows, and copies the rest.
         Raises IndexOpenError like the constructor (path named as the original's).
+        The caller holds the data dir's lock (a copy left by a killed inspection is
+        removed).
         """
         if not (path / "CURRENT").exists():
             raise IndexOpenError(
@@ -575,8 +577,13 @@ _TABLE_SUFFIXES: Final = (".ldb", ".sst")
 def _copy_of_index(path: Path) -> Path:
     """A copy of the index directory `path`, next to it if possible (so table files can
     be hard links), else in the system's temp dir."""
+    prefix = f"{path.name}.inspect-"
+    # left by an inspection that was killed: the caller holds the data dir's lock, so
+    # no other inspection is using one
+    for stale in path.parent.glob(prefix + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
     try:
-        copy_dir = Path(tempfile.mkdtemp(prefix=f"{path.name}.inspect-", dir=path.parent))
+        copy_dir = Path(tempfile.mkdtemp(prefix=prefix, dir=path.parent))
     except OSError:  # a data dir we may not write to: copy elsewhere
         copy_dir = Path(tempfile.mkdtemp(prefix="pora-index-copy-"))
     try:

@@ -176,7 +176,8 @@ class DataDirLock:
 def refuse_entry_logs_without_index(directory: DataDir, *, index_empty: bool = False) -> None:
     """Raise IndexMissing if entry logs exist while the index has no LevelDB
     `CURRENT` file (it was lost or removed), or is `index_empty` (the caller opened
-    it and found no ledger in it: an index created afresh next to old logs).
+    it and found no ledger in it: an index created afresh next to old logs) and no
+    journal segment could explain the logs.
 
     The one check for `open_node` and `pora recover`: a node must never start its
     ledgers over on top of their logs. `pora verify --rebuild-index` rebuilds the
@@ -184,6 +185,12 @@ def refuse_entry_logs_without_index(directory: DataDir, *, index_empty: bool = F
     """
     index_dir = directory.index_dir
     if not index_empty and (index_dir / "CURRENT").exists():
+        return
+    if index_empty and _has_journal_segments(directory.journal_dir):
+        # also what a crash in a new node's first flush leaves (the log created and
+        # written, the index batch not yet): the journal still holds those entries,
+        # and its replay writes the same bytes at the same place. A log it would not
+        # rewrite identically fails that flush instead (EntryLog.create)
         return
     logs = count_entry_logs(directory.ledgers_dir)
     if not logs:
@@ -217,3 +224,11 @@ def count_entry_logs(ledgers_dir: Path) -> int:
         with os.scandir(folder.path) as files:
             count += sum(1 for file in files if file.name.endswith(".log"))
     return count
+
+
+def _has_journal_segments(journal_dir: Path) -> bool:
+    try:
+        with os.scandir(journal_dir) as files:
+            return any(file.name.endswith(".journal") for file in files)
+    except FileNotFoundError:
+        return False

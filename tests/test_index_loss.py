@@ -27,6 +27,10 @@ from cli_support import (
 )
 
 import pora
+from journal.format import RecordKind
+from journal.reader import JournalScanner
+from ledger.entrylog import EntryLog
+from ledger.entrylog_format import FIRST_RECORD_OFFSET
 from ledger.index import Index, IndexDamaged
 from pora.datadir import IndexMissing
 
@@ -178,6 +182,40 @@ def test_an_add_to_a_ledger_the_index_lost_cannot_overwrite_its_log(
     trio.run(add)
     assert log.read_bytes() == before
     assert "pora verify --rebuild-index" in caplog.text
+
+
+def test_a_crash_in_a_new_nodes_first_flush_is_replayed_not_refused(tmp_path: Path) -> None:
+    # the first flush created the log and wrote and synced its records; the crash
+    # came before its index batch: an empty index, one entry log, the journal
+    live, crashed = tmp_path / "live", tmp_path / "crashed"
+    ledger_id, count = 5, 4
+
+    async def write_then_copy() -> None:
+        async with pora.open_node(live, flush_interval_ms=3_600_000.0) as node:
+            for entry_id in range(count):
+                await node.add_entry(ledger_id, entry_id, payload(ledger_id, entry_id))
+            shutil.copytree(live, crashed)  # idle: what a SIGKILL now would leave
+
+    trio.run(write_then_copy)
+    bodies = [
+        record.body
+        for batch in JournalScanner(crashed / "journal").batches()
+        for record in batch
+        if record.kind is RecordKind.ENTRY
+    ]
+    log_path = crashed / "ledgers" / f"{ledger_id:02x}" / f"{ledger_id:016x}.log"
+    with EntryLog.create(log_path, ledger_id, prealloc_chunk_bytes=1 << 20) as log:
+        log.write_bodies(bodies, FIRST_RECORD_OFFSET)
+        log.sync()
+
+    async def read_back() -> None:
+        async with pora.open_node(crashed) as node:
+            for entry_id in range(count):
+                got = await node.read_entry(ledger_id, entry_id)
+                assert got == payload(ledger_id, entry_id)
+
+    trio.run(read_back)
+    trio.run(read_back)  # and from the entry log and index, after a clean close
 
 
 # --- a damaged LevelDB log --------------------------------------------------------------
