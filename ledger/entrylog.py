@@ -18,6 +18,8 @@ pins prevent it).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 import struct
 import time
@@ -40,11 +42,12 @@ from ledger.entrylog_format import (
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
     RECORD_PAYLOAD_MAX,
+    STATE_ENTRY_ID,
     ZERO_RECORD_HEADER,
     header_crc,
     record_crc,
 )
-from ledger.errors import StorageCorruption
+from ledger.errors import StorageCorruption, UnindexedEntryLog
 
 __all__ = ["EntryLog", "ScannedRecord"]
 
@@ -86,6 +89,7 @@ class EntryLog:
         "_chunk_bytes",
         "_fd",
         "_fsync",
+        "_unindexed",
         "created_ms",
         "ledger_id",
         "path",
@@ -110,6 +114,9 @@ class EntryLog:
         self._chunk_bytes = prealloc_chunk_bytes
         self._allocated_bytes = allocated_bytes
         self._fsync = fsync
+        #: records found in a file `create` reused, which the first write must write
+        #: again byte for byte (None: nothing to check)
+        self._unindexed: list[ScannedRecord] | None = None
 
     # --- opening ------------------------------------------------------------------
 
@@ -119,25 +126,33 @@ class EntryLog:
     ) -> EntryLog:
         """A new, empty entry log for `ledger_id`, durable (header and name) on return.
 
-        A stale file of the same name is truncated: creating means this is a new
-        ledger, and nothing the index points at can be in the old file.
+        Never truncates or overwrites an existing file: the index not knowing a log
+        does not mean the file holds nothing (a lost index does not either). A file
+        of that name is reused only if it holds nothing (a crash cut an earlier
+        create short) or only records that the first write will write again, byte
+        for byte, at the same place (a crash cut the first flush short, after its
+        write and before the index recorded it; the journal replays that flush):
+        `write_bodies` checks that. Any other file raises UnindexedEntryLog.
         """
         _check_id("ledger id", ledger_id)
         _check_chunk(prealloc_chunk_bytes)
         created_dirs = _make_parent_dirs(path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            return cls._reuse(path, ledger_id, prealloc_chunk_bytes, fsync)
         first_chunk_bytes = min(prealloc_chunk_bytes, FIRST_CHUNK_BYTES)
         try:
             os.posix_fallocate(fd, 0, first_chunk_bytes)
-            created_ms = time.time_ns() // 1_000_000
-            pwrite_all(fd, _encode_header(ledger_id, created_ms), 0)
+            created_ms = _write_header(fd, ledger_id, fsync)
             if fsync:
-                os.fdatasync(fd)
                 # the new name, and any directory made for it, must survive a crash too
                 for directory in (*created_dirs, path.parent):
                     fsync_directory(directory)
         except BaseException:
             os.close(fd)
+            # ours, and nothing in it yet: a retry must not find it in its way
+            path.unlink(missing_ok=True)
             raise
         return cls(
             path,
@@ -148,6 +163,43 @@ class EntryLog:
             allocated_bytes=first_chunk_bytes,
             fsync=fsync,
         )
+
+    @classmethod
+    def _reuse(cls, path: Path, ledger_id: int, prealloc_chunk_bytes: int, fsync: bool) -> EntryLog:
+        """`create` met an existing file: reuse it if that cannot lose an entry."""
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            size = os.fstat(fd).st_size
+            if _holds_only_zeros(fd, size):
+                # a create cut short before its header reached the disk
+                created_ms = _write_header(fd, ledger_id, fsync)
+            else:
+                try:
+                    created_ms = _validate_header(path, fd, size, ledger_id)
+                except StorageCorruption as error:
+                    raise UnindexedEntryLog(
+                        path, ledger_id, f"is not an empty log of this ledger ({error.reason})"
+                    ) from error
+        except BaseException:
+            os.close(fd)
+            raise
+        log = cls(
+            path,
+            ledger_id,
+            fd,
+            created_ms=created_ms,
+            prealloc_chunk_bytes=prealloc_chunk_bytes,
+            allocated_bytes=size,
+            fsync=fsync,
+        )
+        try:
+            records = list(log.scan())
+        except BaseException:
+            log.close()
+            raise
+        # checked against the first write (see `_check_rewrite`)
+        log._unindexed = records
+        return log
 
     @classmethod
     def open(
@@ -228,6 +280,8 @@ class EntryLog:
             cursor = end
         assert cursor == total
 
+        if self._unindexed is not None:
+            self._check_rewrite([view], position)
         self._ensure_allocated(position + total)
         pwrite_all(fd, view, position)
         return positions
@@ -249,11 +303,45 @@ class EntryLog:
         # C loops (map, sum), not a Python step per record: a flush holds thousands,
         # and this runs in a thread that holds the GIL the event loop is waiting for
         lengths = list(map(len, bodies))
+        if self._unindexed is not None:
+            self._check_rewrite(bodies, position)
         self._ensure_allocated(position + sum(lengths))
         # gathered by the kernel: joining them first would copy megabytes while
         # holding the GIL
         pwritev_all(fd, bodies, position)
         return lengths
+
+    def _check_rewrite(
+        self, chunks: Sequence[bytes | bytearray | memoryview], position: int
+    ) -> None:
+        """Before the first write to a file `create` reused: every entry record in it
+        must be written again here, the same bytes at the same offset, so that writing
+        loses nothing. State records may go (the flush writes the ledger's state anew);
+        a damaged record is what a cut flush leaves, if this write covers its place."""
+        records = self._unindexed
+        assert records is not None
+        starts = list(itertools.accumulate((len(chunk) for chunk in chunks), initial=position))
+        end = starts[-1]
+        for record in records:
+            if record.crc_ok and record.entry_id == STATE_ENTRY_ID:
+                continue
+            record_end = record.offset + record.record_length
+            if not record.crc_ok:
+                if position <= record.offset < end:
+                    continue
+                why = f"holds a damaged record at byte {record.offset}"
+            elif position <= record.offset and record_end <= end:
+                stored = os.pread(self._fd, record.record_length, record.offset)
+                if stored == _gather(chunks, starts, record.offset, record_end):
+                    continue
+                why = (
+                    f"holds entry {record.entry_id} at byte {record.offset}, with other "
+                    "bytes than this write puts there"
+                )
+            else:
+                why = f"holds entry {record.entry_id} at byte {record.offset}"
+            raise UnindexedEntryLog(self.path, self.ledger_id, why)
+        self._unindexed = None
 
     def sync(self) -> None:
         """Makes every earlier write durable (fdatasync), unless built with fsync=False."""
@@ -490,6 +578,39 @@ class _ReadWindow:
             self._start = offset
             at = 0
         return self._data[at : at + length]
+
+
+def _write_header(fd: int, ledger_id: int, fsync: bool) -> int:
+    """Writes a new header block at offset 0 (and syncs it); returns its created_ms."""
+    created_ms = time.time_ns() // 1_000_000
+    pwrite_all(fd, _encode_header(ledger_id, created_ms), 0)
+    if fsync:
+        os.fdatasync(fd)
+    return created_ms
+
+
+def _holds_only_zeros(fd: int, size: int) -> bool:
+    """Whether the file is no bigger than a new log's first chunk and all zeros: what
+    a crash leaves between a create's open and its header reaching the disk."""
+    if size > FIRST_CHUNK_BYTES:
+        return False
+    return os.pread(fd, size, 0).count(0) == size
+
+
+def _gather(
+    chunks: Sequence[bytes | bytearray | memoryview], starts: list[int], begin: int, end: int
+) -> bytes:
+    """The bytes from file offset `begin` to `end` of chunks written back to back,
+    chunks[i] at file offset starts[i]."""
+    at = bisect.bisect_right(starts, begin) - 1
+    parts: list[bytes] = []
+    while begin < end:
+        chunk = chunks[at]
+        take = min(end, starts[at + 1]) - begin
+        parts.append(bytes(chunk[begin - starts[at] : begin - starts[at] + take]))
+        begin += take
+        at += 1
+    return b"".join(parts)
 
 
 def _encode_header(ledger_id: int, created_ms: int) -> bytes:

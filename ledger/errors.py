@@ -133,3 +133,28 @@ def describe_os_error(error: OSError) -> str:
     if error.args and isinstance(error.args[0], bytes):
         return error.args[0].decode("utf-8", "replace")
     return str(error)
+
+
+class UnindexedEntryLog(FileExistsError, PoraError):
+    """A new ledger's entry log is to be created, but a file of that name exists and
+    may hold entries: it is never truncated or overwritten.
+
+    An OSError (FileExistsError), so a flush that meets it fails the way a disk error
+    fails it: its entries stay in memory and in the journal, nothing is lost.
+    """
+
+    def __init__(self, path: Path, ledger_id: int, reason: str) -> None:
+        self.path = path
+        self.ledger_id = ledger_id
+        self.reason = reason
+        self.message = (
+            f"the entry log {path} of ledger {ledger_id} already exists and {reason}, but "
+            f"the index has no record of ledger {ledger_id}'s log: refusing to overwrite it. "
+            "If the index was lost or damaged, stop the node and run `pora verify "
+            f"--rebuild-index`; if ledger {ledger_id} was deleted and the node crashed "
+            "before the file was removed, remove the file"
+        )
+        super().__init__(errno.EEXIST, self.message, str(path))
+
+    def __str__(self) -> str:
+        return self.message

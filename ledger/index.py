@@ -26,10 +26,13 @@ sync=True write.
 from __future__ import annotations
 
 import array
+import contextlib
 import itertools
 import os
+import shutil
 import struct
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -38,9 +41,10 @@ from typing import Any, Final
 import plyvel
 
 from journal.errors import PoraError
+from ledger.leveldb_tables import check_tables
 from ledger.state import LedgerMeta
 
-__all__ = ["Index", "IndexOpenError"]
+__all__ = ["Index", "IndexDamaged", "IndexOpenError"]
 
 RUN_PREFIX: Final = b"r"
 META_PREFIX: Final = b"m"
@@ -69,12 +73,33 @@ class IndexOpenError(PoraError):
         super().__init__(f"cannot open the index at {path}: {cause}; {advice}")
 
 
+class IndexDamaged(IndexOpenError):
+    """LevelDB found the index damaged (a bad checksum in its log or tables).
+
+    Raised at open rather than let LevelDB drop what it cannot read: with
+    `paranoid_checks` it refuses, where it would otherwise discard a damaged log and
+    forget every write in it (entries acknowledged and intact in their entry logs).
+    """
+
+
 class Index:
     """The LevelDB index of one node. Open it once per data directory."""
 
     def __init__(
-        self, path: Path, *, cache_bytes: int = 64 << 20, bloom_bits: int = 10, create: bool = True
+        self,
+        path: Path,
+        *,
+        cache_bytes: int = 64 << 20,
+        bloom_bits: int = 10,
+        create: bool = True,
+        paranoid_checks: bool = True,
     ) -> None:
+        """Opens (or with `create`, creates) the DB at `path`.
+
+        `paranoid_checks`: refuse (IndexDamaged) a DB LevelDB finds damaged, rather
+        than open it without what it could not read. Only a rebuild, which writes a
+        new index from the entry logs, has a reason to turn it off.
+        """
         if cache_bytes < 0 or bloom_bits < 0:
             raise ValueError(
                 f"cache_bytes ({cache_bytes}) and bloom_bits ({bloom_bits}) must be >= 0"
@@ -88,10 +113,57 @@ class Index:
                 create_if_missing=create,
                 lru_cache_size=cache_bytes,
                 bloom_filter_bits=bloom_bits,
+                paranoid_checks=paranoid_checks,
             )
         except plyvel.Error as error:
             raise _open_error(path, error, create=create) from error
         self._sync_count = 0
+        #: the private copy `open_copy` made, removed by `close`
+        self._copy_dir: Path | None = None
+        #: whether reads check LevelDB's block checksums (plyvel.CorruptionError when
+        #: one fails): the inspection commands do, so that damage in a table file is
+        #: reported as such rather than read as wrong positions
+        self._verify_checksums = False
+
+    @classmethod
+    def open_copy(cls, path: Path, *, cache_bytes: int = 8 << 20) -> Index:
+        """The existing index at `path`, opened on a private copy that `close` removes.
+
+        For the inspection commands, which must change nothing: LevelDB writes at
+        every open (its LOG and LOCK files, a log file recovered into a table, files
+        it finds obsolete or damaged deleted), and plyvel has no read-only mode. The
+        copy hard-links the table files (LevelDB never changes one once written, it
+        only deletes them) where the file system allows, and copies the rest.
+        Raises IndexOpenError like the constructor (path named as the original's).
+        The caller holds the data dir's lock (a copy left by a killed inspection is
+        removed).
+        """
+        if not (path / "CURRENT").exists():
+            raise IndexOpenError(
+                path, "it has no LevelDB CURRENT file", "the index is missing or incomplete"
+            )
+        copy_dir = _copy_of_index(path)
+        try:
+            index = cls(copy_dir, cache_bytes=cache_bytes, create=False, paranoid_checks=True)
+        except IndexOpenError as error:
+            shutil.rmtree(copy_dir, ignore_errors=True)
+            if isinstance(error, IndexDamaged):
+                raise IndexDamaged(path, error.cause, _DAMAGED_ADVICE) from error
+            raise IndexOpenError(path, error.cause, "it cannot be read") from error
+        index._copy_dir = copy_dir
+        index._verify_checksums = True
+        index.path = path
+        # the tables left once LevelDB opened the copy are the live ones
+        damage = check_tables(copy_dir)
+        if damage:
+            index.close()
+            first = damage[0]
+            raise IndexDamaged(
+                path,
+                f"its table {path / first.path.name} fails at byte {first.offset}: {first.reason}",
+                _DAMAGED_ADVICE,
+            )
+        return index
 
     # --- entry positions ------------------------------------------------------------
 
@@ -101,7 +173,9 @@ class Index:
         _check_id("entry id", entry_id)
         start = _RUN_KEY.pack(RUN_PREFIX, ledger_id, entry_id)
         stop = _LEDGER_KEY.pack(RUN_PREFIX, ledger_id + 1)
-        with self._db.iterator(start=start, stop=stop) as runs:
+        with self._db.iterator(
+            start=start, stop=stop, verify_checksums=self._verify_checksums
+        ) as runs:
             for key, value in runs:  # the first run ending at or after entry_id
                 first = _RUN_KEY.unpack(key)[2] - _run_count(value) + 1
                 if entry_id < first:
@@ -130,7 +204,9 @@ class Index:
     ) -> Iterator[tuple[int, int, int]]:
         start = _RUN_KEY.pack(RUN_PREFIX, ledger_id, from_entry)
         stop = _LEDGER_KEY.pack(RUN_PREFIX, ledger_id + 1)
-        for key, value in self._db.iterator(start=start, stop=stop):
+        for key, value in self._db.iterator(
+            start=start, stop=stop, verify_checksums=self._verify_checksums
+        ):
             last = _RUN_KEY.unpack(key)[2]
             first = last - _run_count(value) + 1
             if first > to_entry:
@@ -147,7 +223,9 @@ class Index:
         """
         start = _LEDGER_KEY.pack(RUN_PREFIX, 0)
         stop = _LEDGER_KEY.pack(RUN_PREFIX, 2**63)
-        with self._db.iterator(start=start, stop=stop, include_value=False) as keys:
+        with self._db.iterator(
+            start=start, stop=stop, include_value=False, verify_checksums=self._verify_checksums
+        ) as keys:
             for key in keys:
                 ledger_id: int = _LEDGER_KEY.unpack_from(key)[1]
                 yield ledger_id
@@ -157,7 +235,12 @@ class Index:
         """How many entries of the ledger are indexed (walks its runs)."""
         _check_id("ledger id", ledger_id)
         prefix = _LEDGER_KEY.pack(RUN_PREFIX, ledger_id)
-        return sum(_run_count(value) for _, value in self._db.iterator(prefix=prefix))
+        return sum(
+            _run_count(value)
+            for _, value in self._db.iterator(
+                prefix=prefix, verify_checksums=self._verify_checksums
+            )
+        )
 
     def apply_flush(
         self,
@@ -226,7 +309,9 @@ class Index:
         start = _RUN_KEY.pack(RUN_PREFIX, ledger_id, lowest)
         stop = _LEDGER_KEY.pack(RUN_PREFIX, ledger_id + 1)
         new_ids: set[int] | None = None
-        for key, value in self._db.iterator(start=start, stop=stop):
+        for key, value in self._db.iterator(
+            start=start, stop=stop, verify_checksums=self._verify_checksums
+        ):
             run_first = _RUN_KEY.unpack(key)[2] - _run_count(value) + 1
             if run_first > highest:
                 return
@@ -239,6 +324,16 @@ class Index:
 
     # --- ledger metadata --------------------------------------------------------------
 
+    def is_empty(self) -> bool:
+        """Whether the index holds no ledger metadata and no entry position."""
+        for prefix in (META_PREFIX, RUN_PREFIX):
+            with self._db.iterator(
+                prefix=prefix, include_value=False, verify_checksums=self._verify_checksums
+            ) as keys:
+                for _ in keys:
+                    return False
+        return True
+
     def put_meta(self, meta: LedgerMeta, *, sync: bool = False) -> None:
         _check_id("ledger id", meta.ledger_id)
         self._db.put(_LEDGER_KEY.pack(META_PREFIX, meta.ledger_id), meta.encode(), sync=sync)
@@ -248,14 +343,18 @@ class Index:
     def get_meta(self, ledger_id: int) -> LedgerMeta | None:
         """The ledger's metadata; ValueError if it is stored in a version we cannot read."""
         _check_id("ledger id", ledger_id)
-        value = self._db.get(_LEDGER_KEY.pack(META_PREFIX, ledger_id))
+        value = self._db.get(
+            _LEDGER_KEY.pack(META_PREFIX, ledger_id), verify_checksums=self._verify_checksums
+        )
         return None if value is None else LedgerMeta.decode(ledger_id, value)
 
     def load_all_meta(self) -> dict[int, LedgerMeta]:
         """Every ledger's metadata, by ledger id: one pass over the b"m" keys."""
         metas: dict[int, LedgerMeta] = {}
         decode = LedgerMeta.decode
-        for key, value in self._db.iterator(prefix=META_PREFIX):
+        for key, value in self._db.iterator(
+            prefix=META_PREFIX, verify_checksums=self._verify_checksums
+        ):
             if len(key) != _META_KEY_SIZE:
                 raise ValueError(
                     f"index {self.path}: metadata key {key!r} is not b'm' + a u64 ledger id"
@@ -270,7 +369,9 @@ class Index:
         prefix = _LEDGER_KEY.pack(RUN_PREFIX, ledger_id)
         # the iterator reads a snapshot, so deleting while walking it is safe
         with self._db.write_batch(transaction=True, sync=sync) as batch:
-            for key in self._db.iterator(prefix=prefix, include_value=False):
+            for key in self._db.iterator(
+                prefix=prefix, include_value=False, verify_checksums=self._verify_checksums
+            ):
                 batch.delete(key)
             batch.delete(_LEDGER_KEY.pack(META_PREFIX, ledger_id))
         if sync:
@@ -279,7 +380,7 @@ class Index:
     # --- node values ----------------------------------------------------------------
 
     def get_node_value(self, name: str) -> bytes | None:
-        value: bytes | None = self._db.get(_node_key(name))
+        value: bytes | None = self._db.get(_node_key(name), verify_checksums=self._verify_checksums)
         return value
 
     def put_node_value(self, name: str, value: bytes, *, sync: bool = False) -> None:
@@ -331,6 +432,9 @@ class Index:
     def close(self) -> None:
         """Closes the DB (releases its lock). Idempotent."""
         self._db.close()
+        copy_dir, self._copy_dir = self._copy_dir, None
+        if copy_dir is not None:
+            shutil.rmtree(copy_dir, ignore_errors=True)
 
     def __enter__(self) -> Index:
         return self
@@ -461,6 +565,50 @@ def _node_key(name: str) -> bytes:
     return NODE_PREFIX + name.encode("utf-8")
 
 
+_DAMAGED_ADVICE: Final = (
+    "the index is damaged (the entries it locates are in the entry logs); with the node "
+    "stopped, rebuild it with `pora verify --rebuild-index` (it keeps the damaged index, "
+    "renamed index.damaged-<time>)"
+)
+#: files LevelDB never changes once written (its sorted tables): `open_copy` links them
+_TABLE_SUFFIXES: Final = (".ldb", ".sst")
+
+
+def _copy_of_index(path: Path) -> Path:
+    """A copy of the index directory `path`, next to it if possible (so table files can
+    be hard links), else in the system's temp dir."""
+    prefix = f"{path.name}.inspect-"
+    # left by an inspection that was killed: the caller holds the data dir's lock, so
+    # no other inspection is using one
+    for stale in path.parent.glob(prefix + "*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        copy_dir = Path(tempfile.mkdtemp(prefix=prefix, dir=path.parent))
+    except OSError:  # a data dir we may not write to: copy elsewhere
+        copy_dir = Path(tempfile.mkdtemp(prefix="pora-index-copy-"))
+    try:
+        with os.scandir(path) as entries:
+            names = [entry.name for entry in entries if entry.is_file(follow_symlinks=False)]
+        for name in names:
+            if name != "LOCK":  # the original's lock file is not the copy's business
+                _link_or_copy(path / name, copy_dir / name)
+    except BaseException:
+        shutil.rmtree(copy_dir, ignore_errors=True)
+        raise
+    return copy_dir
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A table file is hard-linked if the file system allows; anything else is copied.
+    A file gone meanwhile is skipped (LevelDB deletes obsolete files)."""
+    if source.name.endswith(_TABLE_SUFFIXES):
+        with contextlib.suppress(OSError):  # another file system, or no links: copy
+            os.link(source, target)
+            return
+    with contextlib.suppress(FileNotFoundError):
+        shutil.copy2(source, target)
+
+
 def _open_error(path: Path, error: plyvel.Error, *, create: bool) -> IndexOpenError:
     """Turns plyvel's error into one that says what happened and what to do."""
     raw = error.args[0] if error.args else error
@@ -477,7 +625,7 @@ def _open_error(path: Path, error: plyvel.Error, *, create: bool) -> IndexOpenEr
             "own --data-dir"
         )
     elif isinstance(error, plyvel.CorruptionError):
-        advice = "the index is damaged; stop the node and inspect it with `pora verify`"
+        return IndexDamaged(path, cause, _DAMAGED_ADVICE)
     else:
         advice = "check that the directory exists, is writable and the disk is not full"
     return IndexOpenError(path, cause, advice)

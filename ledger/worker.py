@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from journal.errors import PoraError
 from journal.format import BODY_HEADER_SIZE, CLOSE_KEEP_ALL, RecordFlag, RecordKind
 from journal.request import Request
 from ledger.entrylog import EntryLog
@@ -459,6 +460,8 @@ class LedgerWorker:
 
     def _flush_failure_text(self, error: OSError) -> str:
         """What failed, where: the file as text and the errno's name and meaning."""
+        if isinstance(error, PoraError):  # ours (UnindexedEntryLog): it says all of that
+            return str(error)
         if error.errno is None:  # LevelDB's (plyvel.IOError): its message names the file
             return f"index write failed: {describe_os_error(error)}"
         path = error.filename

@@ -59,6 +59,12 @@ class DataDirLocked(DataDirError):
     pass
 
 
+class IndexMissing(DataDirError):
+    """Entry logs exist but the index that locates their entries does not (or holds
+    nothing): started as it is, a node would show no ledgers, and a new add to one
+    of them would be written over its log."""
+
+
 @dataclass(frozen=True, slots=True)
 class DataDir:
     root: Path
@@ -208,3 +214,64 @@ class DataDirLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def refuse_entry_logs_without_index(directory: DataDir, *, index_empty: bool = False) -> None:
+    """Raise IndexMissing if entry logs exist while the index has no LevelDB
+    `CURRENT` file (it was lost or removed), or is `index_empty` (the caller opened
+    it and found no ledger in it: an index created afresh next to old logs) and no
+    journal segment could explain the logs.
+
+    The one check for `open_node` and `pora recover`: a node must never start its
+    ledgers over on top of their logs. `pora verify --rebuild-index` rebuilds the
+    index from the logs (and the journal).
+    """
+    index_dir = directory.index_dir
+    if not index_empty and (index_dir / "CURRENT").exists():
+        return
+    if index_empty and _has_journal_segments(directory.journal_dir):
+        # also what a crash in a new node's first flush leaves (the log created and
+        # written, the index batch not yet): the journal still holds those entries,
+        # and its replay writes the same bytes at the same place. A log it would not
+        # rewrite identically fails that flush instead (EntryLog.create)
+        return
+    logs = count_entry_logs(directory.ledgers_dir)
+    if not logs:
+        return  # a new node, or one whose ledgers were all deleted
+    what = (
+        "holds no ledger"
+        if index_empty
+        else "is missing"
+        if not index_dir.exists()
+        else "has no LevelDB CURRENT file"
+    )
+    raise IndexMissing(
+        f"the index {index_dir} {what} but {logs} entry logs exist in "
+        f"{directory.ledgers_dir}: started like this, the node would show none of their "
+        "ledgers and a new add could overwrite their entries. Rebuild the index from the "
+        f"entry logs and the journal with `pora verify --rebuild-index --data-dir "
+        f"{directory.root}`, then start the node again"
+    )
+
+
+def count_entry_logs(ledgers_dir: Path) -> int:
+    """How many `<2 hex>/<16 hex>.log` files are under `ledgers_dir` (by name only)."""
+    count = 0
+    try:
+        folders = list(os.scandir(ledgers_dir))
+    except FileNotFoundError:
+        return 0
+    for folder in folders:
+        if not folder.is_dir(follow_symlinks=False):
+            continue
+        with os.scandir(folder.path) as files:
+            count += sum(1 for file in files if file.name.endswith(".log"))
+    return count
+
+
+def _has_journal_segments(journal_dir: Path) -> bool:
+    try:
+        with os.scandir(journal_dir) as files:
+            return any(file.name.endswith(".journal") for file in files)
+    except FileNotFoundError:
+        return False

@@ -53,7 +53,13 @@ from ledger.registry import LedgerRegistry, RegistryStatistics
 from ledger.state import LedgerInfo, LedgerState
 from ledger.storage import LedgerStorage
 from pora.config import NodeConfig
-from pora.datadir import DataDir, DataDirLock, open_data_dir, upgrade_data_dir
+from pora.datadir import (
+    DataDir,
+    DataDirLock,
+    open_data_dir,
+    refuse_entry_logs_without_index,
+    upgrade_data_dir,
+)
 from pora.recovery import ProgressCallback, RecoveryReport, replay_journal
 
 _log = logging.getLogger("pora.node")
@@ -715,14 +721,21 @@ async def open_node(
     lock.acquire()
     try:
         directory = await trio.to_thread.run_sync(upgrade_data_dir, directory)
+        # before LevelDB is asked: it would create an empty index in place of a lost one
+        await trio.to_thread.run_sync(refuse_entry_logs_without_index, directory)
         index = await trio.to_thread.run_sync(
             lambda: Index(
                 directory.index_dir,
                 cache_bytes=config.index_cache_bytes,
                 bloom_bits=config.index_bloom_bits,
+                paranoid_checks=True,
             )
         )
         try:
+            if await trio.to_thread.run_sync(index.is_empty):
+                await trio.to_thread.run_sync(
+                    functools.partial(refuse_entry_logs_without_index, directory, index_empty=True)
+                )
             async with _running_node(
                 directory, config, index, recovery_progress, accept_journal_gap
             ) as node:

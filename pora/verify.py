@@ -16,13 +16,15 @@ replayed yet (else the figures are stale).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import plyvel
+
 from journal.errors import JournalCorruption, JournalError, JournalFormatError, JournalGap
-from ledger.entrylog import EntryLog
+from ledger.entrylog import EntryLog, ScannedRecord
 from ledger.entrylog_format import (
     FIRST_RECORD_OFFSET,
     RECORD_HEADER_SIZE,
@@ -41,6 +43,7 @@ from pora.inspect import (
     open_entry_log,
     plan_replay,
 )
+from pora.rebuild import find_next_record
 
 #: positions fetched from the index and read from the entry log at a time
 _CHECK_BATCH_ENTRIES: Final = 1024
@@ -103,8 +106,18 @@ def verify_data_dir(
     logs, strays = find_entry_logs(directory)
     for stray in strays:
         report.notes.append(f"{stray} is not an entry log (by its name); Pora ignores it")
-    for ledger_id in sorted(metas):
-        _verify_ledger(directory, index, metas[ledger_id], report, step)
+    try:
+        for ledger_id in sorted(metas):
+            _verify_ledger(directory, index, metas[ledger_id], report, step)
+        _check_orphan_positions(index, metas, report)
+    except plyvel.CorruptionError as error:
+        report.problems.append(
+            Problem(
+                "index-damaged",
+                f"LevelDB finds the index damaged ({_cause(error)}); " + REBUILD_ADVICE,
+                file=str(directory.index_dir),
+            )
+        )
     for ledger_id in sorted(set(logs) - set(metas)):
         report.problems.append(
             Problem(
@@ -115,8 +128,19 @@ def verify_data_dir(
                 file=str(logs[ledger_id]),
             )
         )
-    _check_orphan_positions(index, metas, report)
     return report
+
+
+#: what to do about damage in the index (the entry logs it locates are intact)
+REBUILD_ADVICE: Final = (
+    "the entry logs are not at fault: rebuild the index from them with "
+    "`pora verify --rebuild-index`"
+)
+
+
+def _cause(error: plyvel.Error) -> str:
+    raw = error.args[0] if error.args else error
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
 
 
 def _check_orphan_positions(
@@ -221,8 +245,11 @@ def _verify_ledger(
         return
     with log:
         reported_offsets: set[int] = set()
-        _check_positions(index, log, meta, indexed, report, reported_offsets, step)
-        logged = _check_records(index, log, meta, report, reported_offsets, step)
+        finder = _EntryFinder(log)
+        _check_positions(index, log, meta, indexed, report, reported_offsets, finder, step)
+        logged = _check_records(
+            index, log, meta, report, reported_offsets, finder.misplaced_offsets, step
+        )
     report.entries += indexed.count
     report.entry_log_bytes += max(meta.log_end - FIRST_RECORD_OFFSET, 0)
     _check_meta(meta, indexed, report, path)
@@ -252,6 +279,7 @@ def _check_positions(
     indexed: _IndexedFacts,
     report: VerifyReport,
     reported_offsets: set[int],
+    finder: _EntryFinder,
     step: Advance,
 ) -> None:
     """Every index position points at the right, intact record before log_end."""
@@ -266,16 +294,12 @@ def _check_positions(
             indexed.add(entry_id, record_length)
             if offset + record_length > meta.log_end:
                 reported_offsets.add(offset)
+                reason = (
+                    f"the index places a {record_length}-byte record at byte {offset}, "
+                    f"past the entry log's end ({meta.log_end}) in the metadata"
+                )
                 report.problems.append(
-                    Problem(
-                        "position-past-log-end",
-                        f"the index places a {record_length}-byte record at byte {offset}, "
-                        f"past the entry log's end ({meta.log_end}) in the metadata",
-                        ledger_id,
-                        entry_id,
-                        str(log.path),
-                        offset,
-                    )
+                    finder.problem("position-past-log-end", reason, entry_id, offset, record_length)
                 )
             else:
                 readable.append((entry_id, offset, record_length))
@@ -290,16 +314,64 @@ def _check_positions(
                 except StorageCorruption as error:
                     reported_offsets.add(offset)
                     report.problems.append(
-                        Problem(
-                            "bad-record",
-                            error.reason,
-                            ledger_id,
-                            entry_id,
-                            str(log.path),
-                            offset,
-                        )
+                        finder.problem("bad-record", error.reason, entry_id, offset, record_length)
                     )
         step(sum(record_length for _, _, record_length in chunk) // 2)
+
+
+class _EntryFinder:
+    """Where a ledger's entries lie in its log, by a scan: to tell an index position
+    that is wrong (the entry is intact elsewhere in the log: the index is damaged,
+    and a rebuild restores it) from an entry-log record that is damaged."""
+
+    def __init__(self, log: EntryLog) -> None:
+        self._log = log
+        self._found: dict[int, tuple[int, int]] | None = None
+        #: offsets of intact records whose entry the index places elsewhere
+        self.misplaced_offsets: set[int] = set()
+
+    def problem(
+        self, kind: str, reason: str, entry_id: int, offset: int, record_length: int
+    ) -> Problem:
+        """`kind` at the index's position, or index-damaged if the log holds the entry
+        intact at another position."""
+        log = self._log
+        where = self._where(entry_id)
+        if where is None or where == (offset, record_length):
+            return Problem(kind, reason, log.ledger_id, entry_id, str(log.path), offset)
+        found = where[0]
+        self.misplaced_offsets.add(found)
+        return Problem(
+            "index-damaged",
+            f"index damaged: ledger {log.ledger_id} entry {entry_id} is intact in "
+            f"{log.path} at byte {found}, but the index places it at byte {offset} "
+            f"({reason}); {REBUILD_ADVICE}",
+            log.ledger_id,
+            entry_id,
+            str(log.path),
+            found,
+        )
+
+    def _where(self, entry_id: int) -> tuple[int, int] | None:
+        if self._found is None:
+            self._found = _intact_entries(self._log)
+        return self._found.get(entry_id)
+
+
+def _intact_entries(log: EntryLog) -> dict[int, tuple[int, int]]:
+    """`(offset, record_length)` of every intact entry record of the log's ledger,
+    past any damage (the first one of an entry written twice)."""
+    found: dict[int, tuple[int, int]] = {}
+    start: int | None = FIRST_RECORD_OFFSET
+    while start is not None:
+        resume_at: int | None = None
+        for record in log.scan(start):
+            if not record.crc_ok:
+                resume_at = find_next_record(log.path, log.ledger_id, record.offset + 1)
+            elif record.ledger_id == log.ledger_id and record.entry_id >= 0:
+                found.setdefault(record.entry_id, (record.offset, record.record_length))
+        start = resume_at
+    return found
 
 
 @dataclass(slots=True)
@@ -321,33 +393,16 @@ def _check_records(
     meta: LedgerMeta,
     report: VerifyReport,
     reported_offsets: set[int],
+    misplaced_offsets: set[int],
     step: Advance,
 ) -> _LoggedFacts:
     """Every record up to log_end is intact and indexed where it lies; they end at log_end."""
     logged = _LoggedFacts()
     ledger_id = meta.ledger_id
     path = str(log.path)
-    end_of_records = FIRST_RECORD_OFFSET
-    stopped = False
-    for record in log.scan(FIRST_RECORD_OFFSET, meta.log_end):
+    walk = _RecordWalk(index, log, meta, report, reported_offsets)
+    for record in walk.records():
         step(record.record_length // 2)
-        if not record.crc_ok:
-            stopped = True
-            if record.offset not in reported_offsets:
-                report.problems.append(
-                    Problem(
-                        "bad-record",
-                        f"the record's checksum fails (or its length, {record.record_length} "
-                        "bytes, cannot be right); the records after it cannot be checked from "
-                        "the log side",
-                        ledger_id,
-                        record.entry_id,
-                        path,
-                        record.offset,
-                    )
-                )
-            break
-        end_of_records = record.offset + record.record_length
         if record.ledger_id != ledger_id:
             report.problems.append(
                 Problem(
@@ -392,6 +447,8 @@ def _check_records(
             continue
         logged.lac = max(logged.lac, record.lac)
         position = index.get_position(ledger_id, record.entry_id)
+        if record.offset in misplaced_offsets:
+            continue  # reported from the index side: index-damaged
         if position != (record.offset, record.record_length):
             where = (
                 "the index has no position for it"
@@ -402,7 +459,8 @@ def _check_records(
             report.problems.append(
                 Problem("unindexed-record", where, ledger_id, record.entry_id, path, record.offset)
             )
-    if stopped:
+    end_of_records = walk.end_of_records
+    if walk.stopped:
         logged.complete = False
     elif end_of_records != meta.log_end:
         report.problems.append(
@@ -423,6 +481,84 @@ def _check_records(
             "a flush a crash cut short, never indexed; the next flush overwrites them"
         )
     return logged
+
+
+class _RecordWalk:
+    """The intact records of a log up to its log_end, for `_check_records`.
+
+    A damaged record ends the walk (reported as bad-record: what follows cannot be
+    found by its lengths), except the trace of a flush a crash cut short, once a
+    rebuild and the journal replay made it good: one damaged record (the next intact
+    one starts where its length says) whose entry is indexed, intact, elsewhere. It is
+    noted, and the walk goes on after it.
+    """
+
+    def __init__(
+        self,
+        index: Index,
+        log: EntryLog,
+        meta: LedgerMeta,
+        report: VerifyReport,
+        reported_offsets: set[int],
+    ) -> None:
+        self._index = index
+        self._log = log
+        self._meta = meta
+        self._report = report
+        self._reported_offsets = reported_offsets
+        self.end_of_records = FIRST_RECORD_OFFSET
+        #: a damaged record ended the walk before log_end
+        self.stopped = False
+
+    def records(self) -> Iterator[ScannedRecord]:
+        start: int | None = FIRST_RECORD_OFFSET
+        while start is not None:
+            resume_at: int | None = None
+            for record in self._log.scan(start, self._meta.log_end):
+                if record.crc_ok:
+                    self.end_of_records = record.offset + record.record_length
+                    yield record
+                    continue
+                resume_at = self._damaged(record)
+            start = resume_at
+
+    def _damaged(self, record: ScannedRecord) -> int | None:
+        """Report or note a damaged record; where the walk goes on (None: it stops)."""
+        path = str(self._log.path)
+        ledger_id = self._meta.ledger_id
+        resumes_at = find_next_record(self._log.path, ledger_id, record.offset + 1)
+        intact_copy = (
+            self._index.get_position(ledger_id, record.entry_id) if record.entry_id >= 0 else None
+        )
+        if (
+            intact_copy is not None
+            and intact_copy[0] != record.offset
+            and intact_copy[0] not in self._reported_offsets
+            and resumes_at in (None, record.offset + record.record_length)
+            and record.offset + record.record_length <= self._meta.log_end
+        ):
+            self._report.notes.append(
+                f"{path}: a damaged copy of entry {record.entry_id} at byte {record.offset} "
+                f"(the trace of a flush a crash cut short); the entry is intact at byte "
+                f"{intact_copy[0]}, where the index places it"
+            )
+            self.end_of_records = record.offset + record.record_length
+            return resumes_at
+        self.stopped = True
+        if record.offset not in self._reported_offsets:
+            self._report.problems.append(
+                Problem(
+                    "bad-record",
+                    f"the record's checksum fails (or its length, {record.record_length} "
+                    "bytes, cannot be right); the records after it cannot be checked from "
+                    "the log side",
+                    ledger_id,
+                    record.entry_id,
+                    path,
+                    record.offset,
+                )
+            )
+        return None
 
 
 def _check_logged_state(

@@ -138,6 +138,37 @@ async def write_and_abandon(
         pass
 
 
+# --- a node stopped between a flush and the next ------------------------------------------
+
+#: the ledger `cut_flush_copy` writes: CUT_FLUSHED entries flushed, CUT_PENDING more
+#: only in the journal
+CUT_LEDGER, CUT_FLUSHED, CUT_PENDING = 21, 10, 3
+
+
+async def _write_then_copy(live: Path, destination: Path) -> None:
+    async with pora.open_node(
+        live,
+        flush_interval_ms=3_600_000.0,
+        trim_interval_ms=3_600_000.0,
+        segment_bytes=1 << 20,
+        spare_segments_max=0,
+    ) as node:
+        for entry_id in range(CUT_FLUSHED + CUT_PENDING):
+            if entry_id == CUT_FLUSHED:
+                await node._registry.flush_all()
+            await node.add_entry(CUT_LEDGER, entry_id, payload(CUT_LEDGER, entry_id))
+        # the node is idle: its files are what a SIGKILL now would leave
+        shutil.copytree(live, destination)
+
+
+def cut_flush_copy(live: Path, destination: Path) -> Path:
+    """At `destination`, the data dir of a node killed with CUT_LEDGER's first
+    CUT_FLUSHED entries flushed and indexed and the next CUT_PENDING acknowledged
+    (journalled) only: the same state every time, unlike a kill at a random moment."""
+    trio.run(_write_then_copy, live, destination)
+    return destination
+
+
 # --- a node killed mid-write ----------------------------------------------------------------
 
 

@@ -11,6 +11,9 @@ import pytest
 import trio
 from cli_support import (
     CLOSED_LEDGER,
+    CUT_FLUSHED,
+    CUT_LEDGER,
+    CUT_PENDING,
     ENTRIES_PER_LEDGER,
     FENCED_KEY,
     FENCED_LEDGER,
@@ -20,6 +23,7 @@ from cli_support import (
     SEALED_LEDGER,
     assert_every_ack_readable,
     crashed_copy,
+    cut_flush_copy,
     make_data_dir,
     payload,
     run_cli,
@@ -293,44 +297,53 @@ def test_rebuild_flags_a_damaged_last_state_record_it_cannot_restore(
     assert f"DAMAGED: ledger {CLOSED_LEDGER}: {log} at byte {offset}: a state record" in result.out
 
 
+@pytest.mark.parametrize("after_torn", ["nothing", "intact-records"])
 def test_rebuild_after_a_torn_flush_restores_it_from_the_journal(
-    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, capsys: Capsys
+    tmp_path: Path, capsys: Capsys, after_torn: str
 ) -> None:
-    crashed = crashed_copy(tmp_path_factory, tmp_path / "crashed")
-    with Index(crashed.data_dir / "index", create=False) as index:
-        metas = index.load_all_meta()
-    # an entry the crash left only in the journal, and where its flush would have gone
-    pending = next(
-        (
-            record
-            for batch in JournalScanner(crashed.data_dir / "journal").batches()
-            for record in batch
-            if record.kind is RecordKind.ENTRY
-            and record.ledger_id in metas
-            and record.seq > metas[record.ledger_id].durable_seq
-            and metas[record.ledger_id].log_end > 0
-        ),
-        None,
-    )
-    if pending is None:  # the kill landed where every flushed ledger was flushed anew
-        pytest.skip("the crash left no journalled entry past a flushed ledger's log end")
-    meta = metas[pending.ledger_id]
-    log = _log_path(crashed.data_dir, pending.ledger_id)
-    torn = bytearray(pending.body)  # a journal body is byte for byte an entry-log record
-    torn[-1] ^= 0xFF  # the record's last page never reached the disk
-    with open(log, "r+b") as file:
+    data_dir = cut_flush_copy(tmp_path / "live", tmp_path / "crashed")
+    with Index(data_dir / "index", create=False) as index:
+        meta = index.get_meta(CUT_LEDGER)
+    assert meta is not None and meta.last_entry_id == CUT_FLUSHED - 1
+    # a journal body is byte for byte an entry-log record
+    bodies = {
+        record.entry_id: record.body
+        for batch in JournalScanner(data_dir / "journal").batches()
+        for record in batch
+        if record.kind is RecordKind.ENTRY and record.ledger_id == CUT_LEDGER
+    }
+    # the flush of the pending entries was cut by the crash: the last page of its
+    # first record never reached the disk; with "intact-records", the pages after it
+    # did (writeback order is the kernel's)
+    torn = bytearray(bodies[CUT_FLUSHED])
+    torn[-1] ^= 0xFF
+    written = bytes(torn)
+    if after_torn == "intact-records":
+        written += bodies[CUT_FLUSHED + 1]
+    with open(_log_path(data_dir, CUT_LEDGER), "r+b") as file:
         file.seek(meta.log_end)
-        file.write(torn)
-    shutil.rmtree(crashed.data_dir / "index")
+        file.write(written)
+    shutil.rmtree(data_dir / "index")
 
-    result = run_cli(
-        capsys, "verify", "--rebuild-index", "--json", "--data-dir", str(crashed.data_dir)
-    )
+    result = run_cli(capsys, "verify", "--rebuild-index", "--json", "--data-dir", str(data_dir))
     assert result.status == 0, result.out + result.err
     report = result.json()
     assert report["ok"] is True
     assert [(d["offset"], d["claimed_entry_id"], d["restored"]) for d in report["damage"]] == [
-        (meta.log_end, pending.entry_id, True)
+        (meta.log_end, CUT_FLUSHED, True)
     ]
-    assert run_cli(capsys, "verify", "--data-dir", str(crashed.data_dir)).status == 0
-    assert_every_ack_readable(crashed.data_dir, crashed.acked)
+    verified = run_cli(capsys, "verify", "--json", "--data-dir", str(data_dir))
+    assert verified.status == 0, verified.out
+    if after_torn == "intact-records":  # the damaged copy stays in the log, noted
+        assert any(
+            f"damaged copy of entry {CUT_FLUSHED} at byte {meta.log_end}" in note
+            for note in verified.json()["notes"]
+        )
+    acked = frozenset((CUT_LEDGER, e) for e in range(CUT_FLUSHED + CUT_PENDING))
+    trio.run(_read_payloads, data_dir, acked)
+
+
+async def _read_payloads(data_dir: Path, entries: frozenset[tuple[int, int]]) -> None:
+    async with pora.open_node(data_dir) as node:
+        for ledger_id, entry_id in sorted(entries):
+            assert await node.read_entry(ledger_id, entry_id) == payload(ledger_id, entry_id)

@@ -25,8 +25,9 @@ from ledger.entrylog_format import (
     MAGIC,
     RECORD_HEADER_SIZE,
     ZERO_RECORD_HEADER,
+    encode_record,
 )
-from ledger.errors import StorageCorruption
+from ledger.errors import StorageCorruption, UnindexedEntryLog
 
 CHUNK = 64 * 1024
 LEDGER = 7
@@ -446,19 +447,74 @@ def test_header_layout(make_log: MakeLog) -> None:
     assert block[HEADER.size :] == bytes(HEADER_SIZE - HEADER.size)
 
 
-def test_create_over_a_stale_file_starts_empty(make_log: MakeLog) -> None:
-    stale = make_log(ledger_id=1)
-    positions = stale.write_records(entries(100, size=2000), FIRST_RECORD_OFFSET)
-    stale.sync()
-    stale.close()
-    assert os.stat(stale.path).st_size > CHUNK
+def test_create_over_a_log_holding_entries_refuses_and_changes_nothing(
+    make_log: MakeLog,
+) -> None:
+    # what a lost index leaves: the log of a ledger the index does not know
+    old = make_log()
+    old.write_records(entries(100, size=2000), FIRST_RECORD_OFFSET)
+    old.sync()
+    old.close()
+    before = old.path.read_bytes()
 
-    fresh = make_log(ledger_id=2)  # same name: a new ledger reusing the path
-    assert list(fresh.scan()) == []
-    assert os.stat(fresh.path).st_size == CHUNK
-    _, offset, record_length = positions[0]
-    with pytest.raises(StorageCorruption, match="zero fill"):
-        fresh.read_record(offset, record_length, 0)
+    log = make_log()  # a new add to the same ledger id, entry 100, written
+    with pytest.raises(UnindexedEntryLog, match="verify --rebuild-index") as caught:
+        log.write_bodies([encode_record(LEDGER, 100, b"new")], FIRST_RECORD_OFFSET)
+    assert isinstance(caught.value, OSError)  # a flush keeps its entries and retries
+    assert old.path.read_bytes() == before
+
+
+def test_create_over_another_ledgers_log_refuses(make_log: MakeLog) -> None:
+    other = make_log(ledger_id=1)
+    other.close()
+    before = other.path.read_bytes()
+    with pytest.raises(UnindexedEntryLog, match="ledger 1, expected ledger 2"):
+        make_log(ledger_id=2)
+    assert other.path.read_bytes() == before
+
+
+@pytest.mark.parametrize("size", [0, HEADER_SIZE, CHUNK])
+def test_create_reuses_a_file_a_crash_left_before_its_header(
+    make_log: MakeLog, tmp_path: Path, size: int
+) -> None:
+    path = tmp_path / "07" / "log.log"
+    path.parent.mkdir()
+    path.write_bytes(bytes(size))
+    log = make_log()
+    positions = log.write_records(entries(3), FIRST_RECORD_OFFSET)
+    assert log.read_record(*positions[2][1:], 2) == entries(3)[2][1]
+    log.close()
+    assert [record.entry_id for record in make_log(create=False).scan()] == [0, 1, 2]
+
+
+def test_create_reuses_an_empty_log_of_the_same_ledger(make_log: MakeLog) -> None:
+    make_log().close()  # created; the index never heard of it before a crash
+    log = make_log()
+    log.write_records(entries(2), FIRST_RECORD_OFFSET)
+    assert [record.entry_id for record in log.scan()] == [0, 1]
+
+
+def test_create_over_a_cut_first_flush_takes_the_same_flush_again(make_log: MakeLog) -> None:
+    # the first flush wrote and synced, then the crash came before the index recorded
+    # it; the journal replays those entries and more
+    cut = make_log()
+    cut.write_records(entries(5), FIRST_RECORD_OFFSET)
+    cut.sync()
+    cut.close()
+    log = make_log()
+    log.write_records(entries(8), FIRST_RECORD_OFFSET)
+    assert [record.entry_id for record in log.scan()] == list(range(8))
+
+
+def test_create_over_a_cut_flush_refuses_a_write_with_other_bytes(make_log: MakeLog) -> None:
+    cut = make_log()
+    cut.write_records(entries(5), FIRST_RECORD_OFFSET)
+    cut.close()
+    before = cut.path.read_bytes()
+    log = make_log()
+    with pytest.raises(UnindexedEntryLog, match="entry 0 at byte 512, with other bytes"):
+        log.write_records(entries(5, size=99), FIRST_RECORD_OFFSET)
+    assert log.path.read_bytes() == before
 
 
 def test_create_makes_parent_directories(tmp_path: Path) -> None:

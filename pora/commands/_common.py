@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from journal.errors import PoraError
-from ledger.index import Index, IndexOpenError
+from ledger.index import Index, IndexDamaged, IndexOpenError
 from pora.datadir import DataDir, DataDirError, DataDirLock, DataDirLocked, open_data_dir
 from pora.inspect import find_entry_logs
 
@@ -162,10 +162,10 @@ def ensure_not_locked(directory: DataDir) -> None:
 
 
 def open_index(directory: DataDir) -> Index:
-    """The existing index of `directory`; never creates one (an empty index next to
+    """The existing index of `directory`, read-only: opened on a private copy, so that
+    inspecting changes no byte of it (LevelDB writes at every open, and would drop a
+    damaged log file: the evidence). Never creates one (an empty index next to
     existing entry logs would hide every ledger)."""
-    # checked before LevelDB is asked: it creates the directory even when told not to
-    # create the database
     if not (directory.index_dir / "CURRENT").exists():
         logs, _ = find_entry_logs(directory)
         if not logs:
@@ -181,7 +181,9 @@ def open_index(directory: DataDir) -> Index:
             EXIT_PROBLEMS,
         )
     try:
-        return Index(directory.index_dir, create=False)
+        return Index.open_copy(directory.index_dir)
+    except IndexDamaged as error:
+        raise CommandError(str(error), EXIT_PROBLEMS) from error
     except IndexOpenError as error:
         raise CommandError(
             f"{error}. If the index is damaged, rebuild it with `pora verify --rebuild-index`",

@@ -24,10 +24,9 @@ from pora.commands._common import (
     print_fields,
     print_json,
 )
-from pora.datadir import DataDir
+from pora.datadir import DataDir, IndexMissing, refuse_entry_logs_without_index
 from pora.inspect import (
     durable_seqs,
-    find_entry_logs,
     journal_data_bytes,
     plan_replay,
     torn_tail_json,
@@ -102,19 +101,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _open_existing_index(directory: DataDir) -> Index | None:
-    """The index, or None for a node that never stored anything. A missing index next
-    to entry logs is refused: recovering into a fresh index would start those ledgers
-    over and overwrite their logs."""
+    """The index (read-only), or None for a node that never stored anything. A
+    missing index next to entry logs is refused (the node's own check): recovering
+    into a fresh index would start those ledgers over and overwrite their logs."""
+    try:
+        refuse_entry_logs_without_index(directory)
+    except IndexMissing as error:
+        raise CommandError(str(error), EXIT_PROBLEMS) from error
     if not (directory.index_dir / "CURRENT").exists():
-        logs, _ = find_entry_logs(directory)
-        if not logs:
-            return None
-        raise CommandError(
-            f"the index {directory.index_dir} is missing but {len(logs)} entry logs exist: "
-            "rebuild it first with `pora verify --rebuild-index` (which also replays the "
-            "journal)",
-            EXIT_PROBLEMS,
-        )
+        return None
     return open_index(directory)
 
 

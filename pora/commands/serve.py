@@ -13,6 +13,8 @@ from typing import Any
 import trio
 
 from journal.errors import PoraError
+from ledger.index import IndexDamaged
+from pora.datadir import IndexMissing
 from pora.settings import SETTINGS, SettingsError, load_settings
 
 EPILOG = """\
@@ -114,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
             logging.getLogger("pora.serve").error(  # noqa: TRY400 (a reason, not a bug)
                 "cannot serve: %s", reason, extra={"fields": {"error": type(reason).__name__}}
             )
-        return 1
+        # a data dir the node must not start on as it is (the operator repairs it first)
+        refused = all(isinstance(reason, IndexMissing | IndexDamaged) for reason in reasons)
+        return 2 if refused else 1
 
 
 def _pora_errors(error: BaseException) -> list[PoraError] | None:
