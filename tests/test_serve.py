@@ -225,6 +225,22 @@ def test_bad_settings_exit_2_with_the_reason(capsys: pytest.CaptureFixture[str])
     assert "unknown node option 'group_wait_ms'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--drain-timeout-s", "nan"], "expected a finite number, got 'nan'"),
+        (["--drain-timeout-s", "-3"], "drain_timeout_s must be a finite number of seconds >= 0"),
+        (["--server-option", "connections_max=0"], "connections_max must be at least 1"),
+    ],
+)
+def test_values_that_would_fail_later_are_refused_before_starting(
+    argv: list[str], expected: str, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0", *argv]) == 2
+    assert expected in capsys.readouterr().err
+    assert not data_dir.exists()  # refused before the node touched anything
+
+
 @pytest.mark.parametrize("command", ["serve", "bench"])
 def test_help(command: str) -> None:
     result = subprocess.run(
