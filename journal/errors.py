@@ -43,3 +43,8 @@ class JournalCorruption(JournalError):
             "Valid records follow, so this is not a torn tail; inspect it with "
             "`pora journal verify` before deciding how to repair the node."
         )
+
+
+class JournalNoSpace(JournalError):
+    """The journal's filesystem has too little free space for the journal to start:
+    a refusal to start (the message says how much is free and needed), not damage."""
