@@ -160,11 +160,9 @@ async def _run_node(
     with stopper.startup_scope:
         async with pora.open_node(settings.data_dir, **settings.node_options) as node:
             server = _make_server(node, settings)
-            metrics = NodeMetrics(node, node.data_dir.journal_dir, server.statistics)
-            node.add_commit_listener(metrics.commits.on_commit)
             monitor = DiskMonitor(
                 node,
-                settings.data_dir,
+                node.data_dir.root,
                 DiskThresholds(
                     settings.read_only_free_bytes_min,
                     settings.read_only_free_percent_min,
@@ -172,6 +170,13 @@ async def _run_node(
                 ),
                 settings.disk_check_interval_ms,
             )
+            metrics = NodeMetrics(
+                node,
+                node.data_dir.journal_dir,
+                server.statistics,
+                disk_space=lambda: monitor.last_by_folder,
+            )
+            node.add_commit_listener(metrics.commits.on_commit)
             async with trio.open_nursery() as nursery:
                 await monitor.check()  # start read-only if the disk is already full
                 nursery.start_soon(monitor.run)
