@@ -217,7 +217,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("drain_timeout_s", 10.0, _parse_float,
             "on SIGINT/SIGTERM, how long in-flight requests may take to finish", "SECONDS", "10"),
     Setting("disk_check_interval_ms", 1000.0, _parse_float,
-            "how often free space of the data dir's filesystem is checked", "MS", "1000"),
+            "how often free space is checked (of the data dir's filesystem, and of journal/, "
+            "ledgers/ or index/ where one is mounted elsewhere)", "MS", "1000"),
     Setting("read_only_free_bytes_min", 512 << 20, parse_bytes,
             "below this much free space the node turns read-only (adds, fences and "
             "closes fail with read-only; reads go on)", "BYTES", "512MiB"),
