@@ -133,3 +133,25 @@ async def test_a_start_with_room_is_not_refused(tmp_path: Path) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(journal_.run)
         journal_.close_input()
+
+
+def test_a_full_disk_met_while_making_the_data_dir_is_said_plainly(
+    tmp_path: Path, small_filesystems: SmallFilesystems
+) -> None:
+    mounted = small_filesystems.mount(tmp_path / "disk", 16)
+    fill(mounted, 0)
+    for number in range(10_000):  # the last blocks, which the filler's big writes leave
+        try:
+            (mounted / f"crumb-{number}").write_bytes(b"x" * 1024)
+        except OSError:
+            break
+    result = subprocess.run(
+        [sys.executable, "-m", "pora.cli", "serve", "--data-dir", str(mounted / "pora-data"),
+         "--listen", "127.0.0.1:0", "--log-format", "logfmt"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "level=error" in line]
+    assert "No space left on device on " in line
+    assert "free space on that filesystem, then start again" in line
