@@ -68,3 +68,8 @@ class JournalGap(JournalCorruption):
             "then start the node again; without a backup, see docs/operations.md, "
             "'The journal has a gap'",
         )
+
+
+class JournalNoSpace(JournalError):
+    """The journal's filesystem has too little free space for the journal to start:
+    a refusal to start (the message says how much is free and needed), not damage."""

@@ -200,3 +200,19 @@ class SpareSegments:
                 except FileExistsError:
                     continue
         raise AssertionError("unreachable: itertools.count() never ends")
+
+
+def usable_spares(directory: Path, segment_bytes: int) -> int:
+    """How many complete spares of `segment_bytes` `directory` holds (what `adopt`
+    would keep, before its maximum): space the journal has already set aside."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return 0
+    count = 0
+    for name in names:
+        if name.endswith(SPARE_SUFFIX):
+            with contextlib.suppress(FileNotFoundError):
+                status = (directory / name).stat()
+                count += status.st_size == segment_bytes and status.st_nlink == 1
+    return count

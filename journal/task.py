@@ -16,6 +16,7 @@ A full channel makes `submit` wait: that is the node's backpressure.
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,11 +24,12 @@ from pathlib import Path
 
 import trio
 
-from journal.errors import JournalError
+from journal.errors import JournalError, JournalNoSpace
 from journal.format import UNSYNCED_BATCHES_LIMIT
+from journal.mounts import describe, free_bytes
 from journal.request import Request
 from journal.segment import SegmentInfo, SegmentWriter, encode_batch
-from journal.spares import SpareSegments
+from journal.spares import SpareSegments, usable_spares
 from journal.syncs import RingSyncs, Sync, SyncInThread
 
 _log = logging.getLogger("pora.journal")
@@ -265,7 +267,15 @@ class Journal:
                 unsynced_batches_max=config.syncs_in_flight_max,
             )
 
-        self._writer = await trio.to_thread.run_sync(open_writer)
+        await trio.to_thread.run_sync(self._check_free_space)
+        try:
+            self._writer = await trio.to_thread.run_sync(open_writer)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            # the space went between the check and the preallocation (or the
+            # filesystem counts differently): the same refusal, not a traceback
+            raise self._no_space_error() from None
         ring_syncs = None
         if config.fsync and config.sync_with_io_uring:
             ring_syncs = RingSyncs.open(
@@ -312,6 +322,32 @@ class Journal:
             writer, self._writer = self._writer, None
             if writer is not None:
                 writer.close()
+
+    def _space_needed(self) -> int:
+        """Free bytes the journal needs to start: its first segment, preallocated
+        whole, unless a spare left by the last run becomes that segment. Spares are
+        not counted: one that does not fit is skipped (journal/spares.py) and the
+        journal goes on, with slower syncs."""
+        config = self._config
+        if not config.preallocate:
+            return 0  # segments grow as they are written
+        if self._spares is not None and usable_spares(self._directory, config.segment_bytes):
+            return 0
+        return config.segment_bytes
+
+    def _no_space_error(self) -> JournalNoSpace:
+        return JournalNoSpace(
+            f"{self._directory.name}/ ({self._directory}) on {describe(self._directory)} "
+            f"has {_mib(free_bytes(self._directory))} free; the journal needs "
+            f"{_mib(self._space_needed())} (one segment of segment_bytes="
+            f"{self._config.segment_bytes}): free space on that filesystem, or lower "
+            "segment_bytes (--node-option segment_bytes=...)"
+        )
+
+    def _check_free_space(self) -> None:
+        """Refuse to start, saying what is needed where, rather than fail to preallocate."""
+        if free_bytes(self._directory) < self._space_needed():
+            raise self._no_space_error()
 
     async def _keep_spares(self, spares: SpareSegments, scope: trio.CancelScope) -> None:
         """Make spare segments when asked (`_spare_wanted`), one at a time, in a thread."""
@@ -547,6 +583,10 @@ class Journal:
             "the node no longer accepts writes. Free space or fix the disk, then restart "
             "the node: recovery replays everything that was acknowledged"
         )
+        _log.error(
+            "%s", _failure_advice(self._directory, exc),
+            extra={"fields": {"errno": exc.errno, "journal_dir": str(self._directory)}},
+        )  # fmt: skip
         for request in group:
             request.fail(self._failure)
         while True:
@@ -557,6 +597,34 @@ class Journal:
             for request in queued:
                 request.fail(self._failure)
         self._send.close()
+
+
+def _failure_advice(directory: Path, exc: OSError) -> str:
+    """The operator's view of a failed journal write: what failed, what the node does
+    from now on, and what to do."""
+    what = (
+        f"journal write failed in {directory} ({exc.strerror or exc}): the node refuses "
+        "every add, fence and close from now on (reads go on, /health answers 503) "
+        "until it is restarted; nothing acknowledged is lost."
+    )
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            where = f"{describe(directory)} ({_mib(free_bytes(directory))} free now)"
+        except OSError:
+            where = "the journal's filesystem"
+        return (
+            f"{what} Free space on {where}, then restart the node: recovery replays "
+            "everything acknowledged"
+        )
+    return (
+        f"{what} Check the disk (kernel log, `dmesg`; SMART), then restart the node: "
+        "recovery replays everything acknowledged. If the journal is damaged, the node "
+        "refuses to start: see `pora journal verify`"
+    )
+
+
+def _mib(count: int) -> str:
+    return f"{count / (1 << 20):.1f} MiB"
 
 
 class _Unsynced:

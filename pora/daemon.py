@@ -16,25 +16,65 @@ Lifecycle:
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
 import signal
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
 import pora
+from journal.errors import PoraError
 from pora.diskwatch import DiskMonitor, DiskThresholds
 from pora.gc_tuning import freeze_and_tune
 from pora.metrics import NodeMetrics, serve_metrics
-from pora.settings import Settings
+from pora.settings import Address, Settings
 
 _log = logging.getLogger("pora.serve")
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StartRefused(PoraError):
+    """The daemon cannot start as configured (an address it cannot listen on, ...):
+    `pora serve` says why and exits with status 2."""
+
+
+async def _listen(
+    what: str, address: Address, start: Callable[[], Awaitable[tuple[str, int]]]
+) -> tuple[str, int]:
+    """`start()` (which binds `address`), with the reasons a bind fails told plainly."""
+    try:
+        return await start()
+    except OSError as error:
+        raise StartRefused(_listen_failure(what, address, error)) from None
+
+
+def _listen_failure(what: str, address: Address, error: OSError) -> str:
+    flag = "--listen" if what == "the node" else "--metrics-listen"
+    if error.errno == errno.EADDRINUSE:
+        return (
+            f"{address} is in use by another process: cannot listen there for {what}. "
+            f"Stop that process or choose another port ({flag})"
+        )
+    if error.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"cannot listen on {address} for {what}: no such address on this machine. "
+            f"Use one of its addresses, 127.0.0.1, or 0.0.0.0 for all ({flag})"
+        )
+    if error.errno == errno.EACCES:
+        return (
+            f"cannot listen on {address} for {what}: permission denied (ports below 1024 "
+            f"need privileges). Choose a port of 1024 or more ({flag})"
+        )
+    if isinstance(error, socket.gaierror):
+        return f"cannot listen on {address} for {what}: {error.strerror} (check {flag})"
+    return f"cannot listen on {address} for {what}: {error.strerror or error} (check {flag})"
 
 
 def _settings_fields(settings: Settings) -> dict[str, Any]:
@@ -134,11 +174,9 @@ async def _run_node(
     with stopper.startup_scope:
         async with pora.open_node(settings.data_dir, **settings.node_options) as node:
             server = _make_server(node, settings)
-            metrics = NodeMetrics(node, node.data_dir.journal_dir, server.statistics)
-            node.add_commit_listener(metrics.commits.on_commit)
             monitor = DiskMonitor(
                 node,
-                settings.data_dir,
+                node.data_dir.root,
                 DiskThresholds(
                     settings.read_only_free_bytes_min,
                     settings.read_only_free_percent_min,
@@ -146,21 +184,33 @@ async def _run_node(
                 ),
                 settings.disk_check_interval_ms,
             )
+            metrics = NodeMetrics(
+                node,
+                node.data_dir.journal_dir,
+                server.statistics,
+                disk_space=lambda: monitor.last_by_folder,
+            )
+            node.add_commit_listener(metrics.commits.on_commit)
             async with trio.open_nursery() as nursery:
                 await monitor.check()  # start read-only if the disk is already full
                 nursery.start_soon(monitor.run)
-                host, port = await nursery.start(server.run)
+                host, port = await _listen(
+                    "the node", settings.listen, lambda: nursery.start(server.run)
+                )
                 ready: dict[str, Any] = {"listen": f"{host}:{port}"}
-                if settings.metrics_listen is not None:
-                    if not _is_loopback(settings.metrics_listen.host):
+                metrics_listen = settings.metrics_listen
+                if metrics_listen is not None:
+                    if not _is_loopback(metrics_listen.host):
                         _log.warning(
                             "metrics listen on %s, which is not loopback: /metrics and "
                             "/health have no authentication",
-                            settings.metrics_listen,
+                            metrics_listen,
                         )
-                    m_host, m_port = await nursery.start(
-                        serve_metrics, metrics, settings.metrics_listen.host,
-                        settings.metrics_listen.port,
+                    m_host, m_port = await _listen(
+                        "metrics", metrics_listen,
+                        lambda: nursery.start(
+                            serve_metrics, metrics, metrics_listen.host, metrics_listen.port
+                        ),
                     )  # fmt: skip
                     ready["metrics_listen"] = f"{m_host}:{m_port}"
                 stopper.started = True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pwd
 import time
 import uuid
 from dataclasses import dataclass
@@ -93,6 +94,13 @@ class DataDir:
 def open_data_dir(root: Path, *, create: bool = True) -> DataDir:
     """Check that `root` is a Pora data dir of a version we know (creating it if empty)."""
     root = root.absolute()
+    if root.exists() and not root.is_dir():
+        raise DataDirError(
+            f"{root} is a file, not a directory. Point --data-dir at a Pora data dir or at "
+            "an empty or new folder"
+        )
+    if create:
+        _check_writable(root)
     marker = root / MARKER_NAME
     if not marker.exists():
         if root.exists() and not _only_initialisation_leftovers(root):
@@ -117,6 +125,52 @@ def open_data_dir(root: Path, *, create: bool = True) -> DataDir:
             f"knows version {version}"
         )
     return DataDir(root, str(instance_id), int(version))
+
+
+def _user() -> str:
+    uid = os.geteuid()
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _owner(path: Path) -> str:
+    uid = path.stat().st_uid
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _check_writable(root: Path) -> None:
+    """Refuse, before anything is written, a data dir (or the folder it would be made
+    in) this process cannot write: a node run as the wrong user, a read-only mount."""
+    existing = root
+    while not existing.exists():
+        existing = existing.parent
+    folders = [existing]
+    if existing == root:  # the node writes in these too, and in files made by an owner
+        folders += [p for p in (root / "journal", root / "ledgers", root / "index") if p.is_dir()]
+    for folder in folders:
+        if not os.access(folder, os.W_OK | os.X_OK):
+            what = "data dir" if folder == root else f"folder {folder.name}/ of data dir {root}"
+            if existing != root:
+                what = f"folder in which to make data dir {root}"
+            raise DataDirError(
+                f"the {what} ({folder}) is not writable by {_user()}: it is owned by "
+                f"{_owner(folder)} with mode {folder.stat().st_mode & 0o7777:o}"
+                f"{' on a read-only filesystem' if _read_only_mount(folder) else ''}. Run "
+                "the node as the user that owns the data dir, or give this user write "
+                "access to it (chown -R / chmod)"
+            )
+
+
+def _read_only_mount(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def upgrade_data_dir(directory: DataDir) -> DataDir:
@@ -189,7 +243,14 @@ class DataDirLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError as error:
+            raise DataDirError(
+                f"cannot take the lock {self.path} ({error.strerror}) as {_user()}: the "
+                f"data dir {self.path.parent} belongs to {_owner(self.path.parent)}. Run "
+                "as that user, or give this user write access to the data dir"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -109,6 +109,16 @@ def _number(record: object, name: str) -> float | None:
     return None
 
 
+class FreeSpace(Protocol):
+    """One filesystem measurement (`pora.diskwatch.DiskSpace`)."""
+
+    @property
+    def free_bytes(self) -> int: ...
+
+    @property
+    def total_bytes(self) -> int: ...
+
+
 class NodeCollector(Collector):
     """Gauges and counters read from the node (and server) statistics per scrape."""
 
@@ -117,10 +127,12 @@ class NodeCollector(Collector):
         node: StatisticsSource,
         journal_dir: Path,
         server_statistics: Callable[[], object] | None = None,
+        disk_space: Callable[[], Mapping[str, FreeSpace]] | None = None,
     ) -> None:
         self.node = node
         self.journal_dir = journal_dir
         self.server_statistics = server_statistics
+        self.disk_space = disk_space
 
     def collect(self) -> Iterable[Metric]:
         stats = self.node.statistics()
@@ -169,6 +181,28 @@ class NodeCollector(Collector):
         )
         if self.server_statistics is not None:
             yield from _server_metrics(self.server_statistics())
+        if self.disk_space is not None:
+            yield from _disk_metrics(self.disk_space())
+
+
+def _disk_metrics(by_folder: Mapping[str, FreeSpace]) -> Iterable[Metric]:
+    """Free and total bytes of the filesystem of each folder the node writes to, as
+    the free-space monitor last measured them (folders sharing one repeat it)."""
+    free = GaugeMetricFamily(
+        "pora_disk_free_bytes",
+        "Bytes free for the node on the filesystem of each data dir folder",
+        labels=["folder"],
+    )
+    total = GaugeMetricFamily(
+        "pora_disk_size_bytes",
+        "Size of the filesystem of each data dir folder",
+        labels=["folder"],
+    )
+    for folder, space in sorted(by_folder.items()):
+        free.add_metric([folder], float(space.free_bytes))
+        total.add_metric([folder], float(space.total_bytes))
+    yield free
+    yield total
 
 
 def _gauge(name: str, documentation: str, value: object) -> GaugeMetricFamily:
@@ -244,11 +278,12 @@ class NodeMetrics:
         node: StatisticsSource,
         journal_dir: Path,
         server_statistics: Callable[[], object] | None = None,
+        disk_space: Callable[[], Mapping[str, FreeSpace]] | None = None,
     ) -> None:
         self.node = node
         self.registry = CollectorRegistry(auto_describe=False)
         self.commits = CommitMetrics(self.registry)
-        self.registry.register(NodeCollector(node, journal_dir, server_statistics))
+        self.registry.register(NodeCollector(node, journal_dir, server_statistics, disk_space))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

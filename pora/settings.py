@@ -17,6 +17,7 @@ A bad value raises `SettingsError` naming the setting, where it came from
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -118,9 +119,14 @@ def _parse_float(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise TypeError(f"expected a number, got {value!r}")
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise ValueError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(number):
+        # nan compares false with every bound, so it would pass the range checks and
+        # fail much later (a drain timeout at SIGTERM); no setting means "forever"
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return number
 
 
 def _parse_int(value: object) -> int:
@@ -211,7 +217,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("drain_timeout_s", 10.0, _parse_float,
             "on SIGINT/SIGTERM, how long in-flight requests may take to finish", "SECONDS", "10"),
     Setting("disk_check_interval_ms", 1000.0, _parse_float,
-            "how often free space of the data dir's filesystem is checked", "MS", "1000"),
+            "how often free space is checked (of the data dir's filesystem, and of journal/, "
+            "ledgers/ or index/ where one is mounted elsewhere)", "MS", "1000"),
     Setting("read_only_free_bytes_min", 512 << 20, parse_bytes,
             "below this much free space the node turns read-only (adds, fences and "
             "closes fail with read-only; reads go on)", "BYTES", "512MiB"),
@@ -297,9 +304,13 @@ class Settings:
     sources: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.drain_timeout_s < 0:
-            raise SettingsError("drain_timeout_s must be >= 0")
-        if self.disk_check_interval_ms <= 0:
+        # finite too: nan passes every comparison below (see _parse_float)
+        if not (math.isfinite(self.drain_timeout_s) and self.drain_timeout_s >= 0):
+            raise SettingsError(
+                f"drain_timeout_s must be a finite number of seconds >= 0, "
+                f"got {self.drain_timeout_s}"
+            )
+        if not (math.isfinite(self.disk_check_interval_ms) and self.disk_check_interval_ms > 0):
             raise SettingsError("disk_check_interval_ms must be > 0")
         if not 0 <= self.read_only_free_percent_min < 100:
             raise SettingsError("read_only_free_percent_min must be in [0, 100)")
@@ -359,6 +370,21 @@ def _options(
             raise SettingsError(f"bad value for {kind} option {name} in {where}: {error}") from None
         sources[f"{kind}.{name}"] = where
     return options, sources
+
+
+def _check_server_options(options: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    """Refuse what `ServerConfig` would refuse once the node is up, now, naming
+    where each option involved came from."""
+    from pora.server import ServerConfig  # noqa: PLC0415 (loaded only when used)
+
+    if not options:
+        return
+    try:
+        ServerConfig(**options)
+    except (TypeError, ValueError) as error:
+        named = [name for name in options if name in str(error)] or sorted(options)
+        where = "; ".join(f"{name} from {sources[f'server.{name}']}" for name in named)
+        raise SettingsError(f"bad server option ({where}): {error}") from None
 
 
 def load_settings(
@@ -424,6 +450,7 @@ def load_settings(
         NodeConfig.from_options(**node_options)
     except (TypeError, ValueError) as error:
         raise SettingsError(f"bad node options {node_options}: {error}") from None
+    _check_server_options(server_options, server_sources)
     return Settings(
         **values,
         node_options=node_options,

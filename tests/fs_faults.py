@@ -22,15 +22,22 @@ class SmallFilesystems:
         self._images_dir = images_dir
         self._mounted: list[Path] = []
 
-    def mount(self, mount_point: Path, size_mib: int) -> Path:
+    def mount(self, mount_point: Path, size_mib: int, *, move_contents: bool = False) -> Path:
         """A fresh ext4 filesystem of `size_mib` mounted at `mount_point` (made if
-        missing, must be empty). No blocks are reserved for root: the node runs as
-        root in tests, and a full disk must be full for it too."""
+        missing; empty, or with `move_contents` its files are moved onto the new
+        filesystem). No blocks are reserved for root: the node runs as root in
+        tests, and a full disk must be full for it too."""
         import pytest  # noqa: PLC0415 (only the tests that mount need pytest's skip)
 
         mount_point.mkdir(parents=True, exist_ok=True)
+        held = mount_point.with_name(mount_point.name + ".before-mount")
         if any(mount_point.iterdir()):
-            raise ValueError(f"{mount_point} is not empty: mount a filesystem on an empty folder")
+            if not move_contents:
+                raise ValueError(
+                    f"{mount_point} is not empty: mount on an empty folder, or move_contents"
+                )
+            mount_point.rename(held)
+            mount_point.mkdir()
         self._images_dir.mkdir(parents=True, exist_ok=True)
         image = self._images_dir / f"fs{len(self._mounted)}.ext4"
         with open(image, "wb") as file:
@@ -54,6 +61,10 @@ class SmallFilesystems:
         self._mounted.append(mount_point)
         # a fresh ext4 has lost+found: a data dir's folders must look as the node made them
         shutil.rmtree(mount_point / "lost+found", ignore_errors=True)
+        if held.exists():
+            for item in held.iterdir():
+                shutil.move(item, mount_point / item.name)
+            held.rmdir()
         return mount_point
 
     def unmount_all(self) -> None:

@@ -140,3 +140,42 @@ def test_read_refuses_while_the_journal_holds_unreplayed_records(
         capsys, "ledger", "read", ledger_id, "--allow-stale", "--data-dir", str(crashed.data_dir)
     )
     assert stale.status == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--from", str(2**63)], f"--from {2**63} is out of range: ids are in 0..{2**63 - 1}"),
+        (["--to", str(2**64)], f"--to {2**64} is out of range"),
+        (["--from", "-1"], "--from -1 is out of range"),
+    ],
+)
+def test_read_refuses_ids_no_entry_can_have(
+    argv: list[str], expected: str, data_dir: Path, capsys: Capsys
+) -> None:
+    make_data_dir(data_dir)
+    result = run_cli(capsys, "ledger", "read", str(OPEN_LEDGER), *argv, "--data-dir", str(data_dir))
+    assert (result.status, result.out) == (2, "")
+    assert expected in result.err
+    result = run_cli(capsys, "ledger", "show", str(2**63), "--data-dir", str(data_dir))
+    assert result.status == 2
+    assert f"ledger id {2**63} is out of range" in result.err
+
+
+def test_read_raw_to_a_missing_folder_or_a_directory_is_refused(
+    data_dir: Path, tmp_path: Path, capsys: Capsys
+) -> None:
+    make_data_dir(data_dir)
+    missing = tmp_path / "no-such-folder" / "out.bin"
+    result = run_cli(
+        capsys, "ledger", "read", str(OPEN_LEDGER), "--raw", str(missing),
+        "--data-dir", str(data_dir),
+    )  # fmt: skip
+    assert result.status == 2
+    assert f"the folder {missing.parent} does not exist; create it first" in result.err
+    result = run_cli(
+        capsys, "ledger", "read", str(OPEN_LEDGER), "--raw", str(tmp_path),
+        "--data-dir", str(data_dir),
+    )  # fmt: skip
+    assert result.status == 2
+    assert f"--raw {tmp_path} is a directory; give a file name" in result.err

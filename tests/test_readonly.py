@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+from fs_faults import SmallFilesystems, fill
+from serve_helpers import samples
 
 import pora
 from pora.diskwatch import DiskMonitor, DiskThresholds, disk_space
-from pora.metrics import node_health
+from pora.metrics import NodeMetrics, node_health
 
 HUGE = 1 << 60
 
@@ -115,3 +118,49 @@ async def test_health_reports_a_journal_that_failed_on_a_full_disk(tiny_filesyst
         assert "journal failed" in health.reason
         assert await node.read_entry(4, 0) == b"kept"  # reads go on
         filler.unlink()
+
+
+@pytest.mark.parametrize("folder", ["journal", "ledgers"])
+async def test_a_folder_on_its_own_filesystem_is_watched_too(
+    folder: str, data_dir: Path, small_filesystems: SmallFilesystems
+) -> None:
+    """`journal/` or `ledgers/` mounted elsewhere fills up while the data dir's own
+    filesystem has plenty: the node turns read-only, naming that folder."""
+    options: dict[str, Any] = {
+        "segment_bytes": 1 << 20,
+        "spare_segments_max": 0,
+        "recycle_segments": False,
+    }
+    async with pora.open_node(data_dir, **options):
+        pass  # made (journal/ holds its watermark, moved onto the new filesystem)
+    mounted = small_filesystems.mount(data_dir / folder, 16, move_contents=True)
+    async with pora.open_node(data_dir, **options) as node:
+        await node.add_entry(1, 0, b"kept")
+        thresholds = DiskThresholds(4 << 20, 0.0, 1 << 20)
+        monitor = DiskMonitor(node, data_dir, thresholds, interval_ms=1000)
+        await monitor.check()
+        assert node.read_only is None
+
+        filler = fill(mounted, 1 << 20)
+        await monitor.check()
+        reason = node.read_only
+        assert reason is not None
+        assert reason.startswith(f"disk nearly full: {folder}/ on /dev/loop")
+        assert "MiB under the minimum of 4.0 MiB" in reason
+        assert "data dir" not in reason  # its own filesystem is fine
+        with pytest.raises(pora.NodeReadOnly):
+            await node.add_entry(1, 1, b"refused")
+        # per-folder free space, as the monitor last measured it
+        scrape = samples(
+            NodeMetrics(node, data_dir / "journal", disk_space=lambda: monitor.last_by_folder)
+            .render()
+            .decode()
+        )
+        assert scrape[f"pora_disk_free_bytes{{folder={folder}}}"] <= 1 << 20
+        assert scrape["pora_disk_free_bytes{folder=data_dir}"] > 4 << 20
+        assert scrape[f"pora_disk_size_bytes{{folder={folder}}}"] <= 16 << 20
+
+        filler.unlink()
+        await monitor.check()
+        assert node.read_only is None
+        await node.add_entry(1, 1, b"stored")

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -212,7 +215,7 @@ async def test_a_locked_data_dir_is_refused_with_a_clear_error(
              "--listen", "127.0.0.1:0", "--log-format", "logfmt"],
             capture_stderr=True, check=False,
         )  # fmt: skip
-        assert second.returncode == 1
+        assert second.returncode == 2  # a refusal, as for the offline tools
         assert b"cannot serve" in second.stderr
         assert b"level=error" in second.stderr
         assert await stop(daemon) == 0
@@ -223,6 +226,100 @@ def test_bad_settings_exit_2_with_the_reason(capsys: pytest.CaptureFixture[str])
     assert "bad value for listen in flag --listen" in capsys.readouterr().err
     assert main(["serve", "--node-option", "group_wait_ms=1"]) == 2
     assert "unknown node option 'group_wait_ms'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--drain-timeout-s", "nan"], "expected a finite number, got 'nan'"),
+        (["--drain-timeout-s", "-3"], "drain_timeout_s must be a finite number of seconds >= 0"),
+        (["--server-option", "connections_max=0"], "connections_max must be at least 1"),
+    ],
+)
+def test_values_that_would_fail_later_are_refused_before_starting(
+    argv: list[str], expected: str, data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0", *argv]) == 2
+    assert expected in capsys.readouterr().err
+    assert not data_dir.exists()  # refused before the node touched anything
+
+
+def refused_start(*argv: str, user: list[str] | None = None) -> str:
+    """Run `pora serve` that must refuse to start: exit status 2 and one error line,
+    no traceback. Returns that line."""
+    result = subprocess.run(
+        [*(user or []), sys.executable, "-m", "pora.cli", "serve", "--log-format", "logfmt",
+         *argv],
+        capture_output=True, text=True, timeout=60, check=False, cwd="/",
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "level=error" in line]
+    return line
+
+
+def test_a_data_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a data dir")
+    line = refused_start("--data-dir", str(a_file), "--listen", "127.0.0.1:0")
+    assert f"{a_file} is a file, not a directory. Point --data-dir at" in line
+
+
+def test_a_listen_address_in_use_is_refused(data_dir: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = refused_start("--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}")
+    assert f"127.0.0.1:{port} is in use by another process" in line
+    assert "choose another port (--listen)" in line
+
+
+def test_a_listen_address_not_on_this_machine_is_refused(data_dir: Path) -> None:
+    # 192.0.2.0/24 is for documentation (RFC 5737): no machine has it
+    line = refused_start("--data-dir", str(data_dir), "--listen", "192.0.2.1:3181")
+    assert "cannot listen on 192.0.2.1:3181 for the node: no such address on this machine" in line
+    line = refused_start(
+        "--data-dir", str(data_dir), "--listen", "127.0.0.1:0", "--metrics-listen", "192.0.2.1:1"
+    )
+    assert "cannot listen on 192.0.2.1:1 for metrics: no such address" in line
+    assert "(--metrics-listen)" in line
+
+
+@pytest.fixture
+def unwritable_dir() -> Iterator[tuple[Path, list[str]]]:
+    """A folder the node's user cannot write, and the command prefix to run as that
+    user: `nobody` under setpriv when the tests run as root, else the tests' user."""
+    parent = Path(tempfile.mkdtemp(prefix="pora-unwritable-"))
+    parent.chmod(0o755)  # reachable by another user (pytest's tmp_path is not)
+    folder = parent / "data"
+    folder.mkdir()
+    folder.chmod(0o555)
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            shutil.rmtree(parent)
+            pytest.skip("running as root without setpriv: cannot run the node as another user")
+        prefix = [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    try:
+        yield folder, prefix
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(parent)
+
+
+def test_a_data_dir_this_user_cannot_write_is_refused(
+    unwritable_dir: tuple[Path, list[str]],
+) -> None:
+    folder, user = unwritable_dir
+    line = refused_start("--data-dir", str(folder), "--listen", "127.0.0.1:0", user=user)
+    assert f"the data dir ({folder}) is not writable by " in line
+    assert "with mode 555" in line
+    assert "Run the node as the user that owns the data dir" in line
+    # a data dir to be made inside it: the folder it would be made in is named
+    line = refused_start("--data-dir", str(folder / "new"), "--listen", "127.0.0.1:0", user=user)
+    assert f"the folder in which to make data dir {folder / 'new'} ({folder})" in line
 
 
 @pytest.mark.parametrize("command", ["serve", "bench"])

@@ -105,6 +105,16 @@ def test_sizes_and_addresses_parse() -> None:
         ({}, {"PORA_NODE_GROUP_WAIT_MS": "1"}, "unknown node option 'group_wait_ms'"),
         ({}, {"PORA_NODE_FSYNC": "maybe"}, "node option fsync in environment variable"),
         ({}, {"PORA_NODE_GROUP_WAIT_MS_MAX": "-1"}, "group_wait_ms_max must be >= 0"),
+        # nan passes every range check: refused where it is given, not at SIGTERM
+        (
+            {"drain_timeout_s": "nan"},
+            {},
+            "drain_timeout_s in flag --drain-timeout-s: expected a finite number, got 'nan'",
+        ),
+        ({"drain_timeout_s": "inf"}, {}, "expected a finite number, got 'inf'"),
+        ({"drain_timeout_s": "-1"}, {}, "drain_timeout_s must be a finite number of seconds >= 0"),
+        ({"disk_check_interval_ms": "nan"}, {}, "expected a finite number"),
+        ({}, {"PORA_NODE_GROUP_WAIT_MS_MAX": "nan"}, "expected a finite number"),
     ],
 )
 def test_bad_values_name_the_setting_and_where_it_came_from(
@@ -139,7 +149,8 @@ def test_every_setting_is_documented() -> None:
 
 def test_server_options_reach_the_server_config(tmp_path: Path) -> None:
     config = _write(
-        tmp_path / "pora.toml", '[server]\nconnections_max = 10\ntls_cert_file = "c.pem"\n'
+        tmp_path / "pora.toml",
+        '[server]\nconnections_max = 10\ntls_cert_file = "c.pem"\ntls_key_file = "k.pem"\n',
     )
     settings = load_settings(
         {},
@@ -150,8 +161,25 @@ def test_server_options_reach_the_server_config(tmp_path: Path) -> None:
     assert settings.server_options == {
         "connections_max": 10,
         "tls_cert_file": "c.pem",
+        "tls_key_file": "k.pem",
         "idle_timeout_s": 5.0,
         "inflight_per_connection_max": 128,
     }
     with pytest.raises(SettingsError, match="unknown server option 'port'"):
         load_settings({}, environ={}, server_option_flags=["port=1"])  # that is --listen
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["connections_max=0"], "connections_max from --server-option connections_max=0"),
+        (["connections_max=0"], "connections_max must be at least 1"),
+        (["idle_timeout_s=0"], "idle_timeout_s must be positive"),
+        (["tls_cert_file=c.pem"], "TLS needs both tls_cert_file and tls_key_file"),
+    ],
+)
+def test_server_options_the_server_would_refuse_are_refused_at_load(
+    flags: list[str], expected: str
+) -> None:
+    with pytest.raises(SettingsError, match=expected):
+        load_settings({}, environ={}, server_option_flags=flags)

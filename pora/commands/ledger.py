@@ -13,7 +13,7 @@ import argparse
 import base64
 import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Final
 
 from journal.errors import JournalError
 from ledger.index import Index
@@ -46,6 +46,9 @@ from pora.inspect import (
     visible_last_entry,
 )
 from pora.progress import Progress
+
+#: ledger and entry ids are non-negative i64
+ID_LIMIT: Final = 2**63
 
 _LIST_COLUMNS = (
     "ledger_id",
@@ -171,9 +174,44 @@ def _few(ids: list[int]) -> str:
     return text + (f", ... ({len(ids) - 10} more)" if len(ids) > 10 else "")
 
 
+def _check_id(what: str, value: int) -> None:
+    """Ledger and entry ids are non-negative signed 64-bit integers: anything else
+    would match nothing, silently."""
+    if not 0 <= value < ID_LIMIT:
+        raise CommandError(
+            f"{what} {value} is out of range: ids are in 0..{ID_LIMIT - 1} (2**63-1)",
+            EXIT_REFUSED,
+        )
+
+
+def _check_raw_target(path: Path) -> None:
+    """Refuse a --raw FILE that cannot be written, before any work is done."""
+    if path.is_dir():
+        raise CommandError(
+            f"--raw {path} is a directory; give a file name to write the payloads to, "
+            f"like {path / 'ledger.bin'}",
+            EXIT_REFUSED,
+        )
+    if not path.parent.is_dir():
+        raise CommandError(
+            f"--raw {path}: the folder {path.parent} does not exist; create it first or "
+            "choose another path",
+            EXIT_REFUSED,
+        )
+
+
+def _open_raw(path: Path) -> BinaryIO:
+    try:
+        return open(path, "wb")
+    except OSError as error:
+        raise CommandError(
+            f"cannot write --raw {path}: {error.strerror}; choose a path this user can write",
+            EXIT_REFUSED,
+        ) from None
+
+
 def _meta_or_fail(index: Index, ledger_id: int, plan: ReplayPlan | None) -> LedgerMeta:
-    if ledger_id < 0:
-        raise CommandError(f"ledger id {ledger_id} is negative", EXIT_REFUSED)
+    _check_id("ledger id", ledger_id)
     try:
         meta = index.get_meta(ledger_id)
     except ValueError as error:
@@ -218,10 +256,16 @@ def run_show(args: argparse.Namespace) -> int:
 def run_read(args: argparse.Namespace) -> int:
     if args.raw is not None and args.json:
         raise CommandError("--raw and --json exclude each other", EXIT_REFUSED)
-    if args.first < 0 or (args.last is not None and args.last < args.first):
+    _check_id("ledger id", args.ledger_id)
+    _check_id("--from", args.first)
+    if args.last is not None:
+        _check_id("--to", args.last)
+    if args.last is not None and args.last < args.first:
         raise CommandError(
             f"bad range --from {args.first} --to {args.last}: need 0 <= from <= to", EXIT_REFUSED
         )
+    if args.raw is not None:
+        _check_raw_target(args.raw)
     with offline_data_dir(args.data_dir) as directory, open_index(directory) as index:
         metas = _load_metas(index)
         plan = _pending(directory, metas)
@@ -253,7 +297,7 @@ def run_read(args: argparse.Namespace) -> int:
                 else read_entries(index, log, meta.ledger_id, args.first, last)
             )
             if args.raw is not None:
-                with open(args.raw, "wb") as out:
+                with _open_raw(args.raw) as out:
                     total = 0
                     for _entry_id, payload in source:
                         out.write(payload)

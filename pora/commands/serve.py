@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import json
 import logging
+import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import trio
 
-from journal.errors import PoraError
+from journal.errors import JournalNoSpace, PoraError
 from ledger.index import IndexDamaged
-from pora.datadir import IndexMissing
+from pora.commands._common import EXIT_REFUSED
+from pora.datadir import DataDirError, IndexMissing
 from pora.settings import SETTINGS, SettingsError, load_settings
 
 EPILOG = """\
@@ -107,31 +110,63 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return trio.run(functools.partial(run_daemon, settings, on_ready=on_ready))
-    except (PoraError, BaseExceptionGroup) as error:
-        # data dir locked or unusable, journal corrupt, ...: say what, not a traceback
-        reasons = _pora_errors(error)
+    except (PoraError, OSError, BaseExceptionGroup) as error:
+        # data dir locked or unusable, no room for the journal, journal corrupt, ...:
+        # say what, not a traceback
+        reasons = _reasons(error)
         if reasons is None:
             raise
         for reason in reasons:
             logging.getLogger("pora.serve").error(  # noqa: TRY400 (a reason, not a bug)
-                "cannot serve: %s", reason, extra={"fields": {"error": type(reason).__name__}}
+                "cannot serve: %s",
+                _describe(reason),
+                extra={"fields": {"error": type(reason).__name__}},
             )
-        # a data dir the node must not start on as it is (the operator repairs it first)
-        refused = all(isinstance(reason, IndexMissing | IndexDamaged) for reason in reasons)
-        return 2 if refused else 1
+        return EXIT_REFUSED if all(_is_refusal(reason) for reason in reasons) else 1
 
 
-def _pora_errors(error: BaseException) -> list[PoraError] | None:
-    """The PoraErrors `error` consists of (through exception groups), or None if
-    anything else is in there (a bug: let its traceback show)."""
+#: errors of the machine around the node, not of Pora: said in words, never a traceback
+_ENVIRONMENT_ERRNOS: Final = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+
+
+def _reasons(error: BaseException) -> list[Exception] | None:
+    """The errors `error` consists of (through exception groups) if each is a
+    PoraError or a fault of the machine (permissions, a full or read-only disk);
+    None if anything else is in there (a bug: let its traceback show)."""
     if isinstance(error, PoraError):
         return [error]
+    if isinstance(error, OSError) and error.errno in _ENVIRONMENT_ERRNOS:
+        return [error]
     if isinstance(error, BaseExceptionGroup):
-        found: list[PoraError] = []
+        found: list[Exception] = []
         for inner in error.exceptions:
-            errors = _pora_errors(inner)
-            if errors is None:
+            reasons = _reasons(inner)
+            if reasons is None:
                 return None
-            found.extend(errors)
+            found.extend(reasons)
         return found
     return None
+
+
+def _describe(reason: Exception) -> str:
+    if not isinstance(reason, OSError):
+        return str(reason)
+    where = f" on {reason.filename}" if reason.filename else ""
+    if reason.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{reason.strerror}{where}: free space on that filesystem, then start again"
+    return (
+        f"{reason.strerror}{where} (running as uid {os.geteuid()}): run the node as the "
+        "user that owns the data dir, or give this user write access to it"
+    )
+
+
+def _is_refusal(reason: Exception) -> bool:
+    """Whether the node refused to start as configured (exit status 2) rather than
+    failed (1): a bad data dir, address, or too little room, or a data dir the node
+    must not start on as it is (a lost or damaged index), all repaired outside."""
+    from pora.daemon import StartRefused  # noqa: PLC0415 (loaded by `run` already)
+
+    return isinstance(
+        reason,
+        DataDirError | JournalNoSpace | StartRefused | OSError | IndexMissing | IndexDamaged,
+    )
