@@ -152,6 +152,11 @@ class Node:
         self._commit_listeners: list[CommitListener] = []
         self._master_keys = registry.storage.master_keys
         self._arrivals = registry.storage.arrivals
+        #: long polls waiting now, by ledger: the last to leave removes the ledger's
+        #: arrival event, so that polls leave nothing behind
+        self._long_polls: dict[int, int] = {}
+        #: ledgers that did not exist when a long poll began to wait for them
+        self._long_polled_unknown: set[int] = set()
 
     # --- writes ------------------------------------------------------------------------------
 
@@ -520,20 +525,49 @@ class Node:
         if wait_s <= 0:
             return await self._registry.read_entry(ledger_id, entry_id)
         deadline = trio.current_time() + wait_s
-        while True:
-            arrived = self._arrivals.get(ledger_id)
-            if arrived is None:
-                arrived = self._arrivals[ledger_id] = trio.Event()
-            try:
-                return await self._registry.read_entry(ledger_id, entry_id)
-            except (NoSuchEntry, NoSuchLedger):
-                meta = self._registry.metas.get(ledger_id)
-                if meta is not None and meta.state is LedgerState.CLOSED:
-                    raise  # nothing more will come
-                with trio.move_on_at(deadline):
-                    await arrived.wait()
-                    continue
-                raise
+        polls = self._long_polls
+        polls[ledger_id] = polls.get(ledger_id, 0) + 1
+        try:
+            while True:
+                arrived = self._arrivals.get(ledger_id)
+                if arrived is None:
+                    arrived = self._arrivals[ledger_id] = trio.Event()
+                try:
+                    return await self._registry.read_entry(ledger_id, entry_id)
+                except (NoSuchEntry, NoSuchLedger) as error:
+                    meta = self._registry.metas.get(ledger_id)
+                    if meta is not None and meta.state is LedgerState.CLOSED:
+                        raise  # nothing more will come
+                    if meta is None:
+                        self._wait_for_unknown_ledger(error, ledger_id)
+                    with trio.move_on_at(deadline):
+                        await arrived.wait()
+                        continue
+                    raise
+        finally:
+            left = polls[ledger_id] - 1
+            if left:
+                polls[ledger_id] = left
+            else:
+                del polls[ledger_id]
+                self._long_polled_unknown.discard(ledger_id)
+                self._arrivals.pop(ledger_id, None)
+
+    def _wait_for_unknown_ledger(self, error: PoraError, ledger_id: int) -> None:
+        """Count a long poll's ledger among those waited for that do not exist here,
+        or raise `error` when there are long_polls_unknown_ledgers_max of them."""
+        unknown = self._long_polled_unknown
+        if ledger_id in unknown:
+            return
+        limit = self.config.long_polls_unknown_ledgers_max
+        if len(unknown) >= limit:
+            error.args = (
+                f"{error}; long polls already wait for {limit} ledgers that do not exist "
+                "on this node (long_polls_unknown_ledgers_max): read without waiting, or "
+                "retry later",
+            )
+            raise error
+        unknown.add(ledger_id)
 
     async def read_range(
         self,
