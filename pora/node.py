@@ -36,6 +36,7 @@ from journal.trim import delete_segments, trimmable_segments
 from ledger.errors import (
     EntryTooLarge,
     InvalidArgument,
+    LedgerClosed,
     NodeClosed,
     NodeReadOnly,
     NoSuchEntry,
@@ -186,9 +187,11 @@ class Node:
             await self._journal.submit(batch)
 
     def _check_master_keys(self, requests: list[Request]) -> list[Request]:
-        """Refuse requests with a wrong key; put a KEY record before the first request
-        of a ledger that has no key yet (it fixes the key, durably, in journal order)."""
+        """Refuse requests with a wrong key, and adds to a closed ledger; put a KEY
+        record before the first request of a ledger that has no key yet (it fixes
+        the key, durably, in journal order). Refused requests are not journalled."""
         keys = self._master_keys
+        metas = self._registry.metas
         checked: list[Request] | None = None  # made only when the batch must change
         for index, request in enumerate(requests):
             claimed = request.master_key
@@ -196,6 +199,14 @@ class Node:
                 if checked is not None:
                     checked.append(request)
                 continue
+            if request.kind is RecordKind.ENTRY:
+                # (a close still in the journal is met by the ledger worker's own check)
+                meta = metas.get(request.ledger_id)
+                if meta is not None and meta.state is LedgerState.CLOSED:
+                    if checked is None:
+                        checked = requests[:index]
+                    request.fail(LedgerClosed(request.ledger_id))
+                    continue
             known = keys.get(request.ledger_id)
             if known is not None and (known is claimed or hmac.compare_digest(known, claimed)):
                 if checked is not None:
@@ -508,11 +519,15 @@ class Node:
         assert result is not None
         return result
 
-    async def delete_ledger(self, ledger_id: int) -> None:
-        """Delete the ledger and all its entries (durably)."""
+    async def delete_ledger(self, ledger_id: int, *, master_key: bytes = b"") -> None:
+        """Delete the ledger and all its entries (durably). Only its owner may: the
+        master key must be the ledger's (else Unauthorized, and nothing changes)."""
         _check_id("ledger_id", ledger_id)
         self._registry.meta(ledger_id)  # NoSuchLedger without journalling anything
-        await self._perform_one(Request(RecordKind.DELETE, ledger_id, -1))
+        known = self._master_keys.get(ledger_id)
+        if known is not None and not hmac.compare_digest(known, master_key):
+            raise Unauthorized(ledger_id)
+        await self._perform_one(Request(RecordKind.DELETE, ledger_id, -1, master_key=master_key))
 
     # --- reads -------------------------------------------------------------------------------
 

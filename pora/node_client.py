@@ -33,6 +33,7 @@ from ledger.errors import (
     NodeReadOnly,
     NoSuchEntry,
     NoSuchLedger,
+    StorageCorruption,
     Unauthorized,
 )
 from netio import frames as f
@@ -91,6 +92,7 @@ _ERROR_TYPES: Final[dict[int, type[PoraError]]] = {
     Status.ENTRY_CONFLICT: EntryConflict,
     Status.INVALID_ARGUMENT: InvalidArgument,
     Status.SHUTTING_DOWN: NodeClosed,
+    Status.CORRUPT: StorageCorruption,
 }
 
 
@@ -823,9 +825,19 @@ class NodeClient:
         response: CloseResponse = await self._call_one(frame, request_id, timeout_s)
         return response.last_entry_id
 
-    async def delete_ledger(self, ledger_id: int, *, timeout_s: float | None = None) -> None:
+    async def delete_ledger(
+        self,
+        ledger_id: int,
+        *,
+        master_key: bytes = b"",
+        password: str | bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Delete the ledger and its entries on the node; only with the ledger's key
+        (its password): else Unauthorized, and nothing is deleted."""
         request_id = self._new_id()
-        await self._call_one(encode_request(Delete(request_id, ledger_id)), request_id, timeout_s)
+        frame = encode_request(Delete(request_id, ledger_id, self._key(master_key, password)))
+        await self._call_one(frame, request_id, timeout_s)
 
     async def list_ledgers(
         self, *, page_size: int = 1000, timeout_s: float | None = None

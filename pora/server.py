@@ -78,7 +78,9 @@ from netio.messages import (
     ReadLac,
     ReadRange,
     ReadRangeResponse,
+    Refused,
     RequestMessage,
+    ResponseMessage,
     WireAdd,
 )
 from pora.node import RUN_ENTRIES_MAX, Node
@@ -204,7 +206,7 @@ def status_of(error: BaseException) -> Status:
     return Status.INTERNAL_ERROR
 
 
-def _error_frame(request_id: int, opcode: int, error: BaseException) -> bytes:
+def _error_frame(request_id: int, opcode: int, error: BaseException, version: int) -> bytes:
     return encode_error(
         request_id,
         opcode,
@@ -212,6 +214,7 @@ def _error_frame(request_id: int, opcode: int, error: BaseException) -> bytes:
         str(error) or type(error).__name__,
         ledger_id=getattr(error, "ledger_id", -1),
         entry_id=getattr(error, "entry_id", -1),
+        version=version,
     )
 
 
@@ -398,6 +401,14 @@ class _Connection:
         if type(stream) is trio.SocketStream:
             self.raw_fd = stream.socket.fileno()
 
+    @property
+    def version(self) -> int:
+        """The protocol version of the connection's requests, and so of its answers."""
+        return self.decoder.version or f.PROTOCOL_VERSION
+
+    def _encode(self, message: ResponseMessage) -> bytes:
+        return encode_response(message, self.version)
+
     def close_if_idle(self, now: float) -> None:
         """Called by the sweeper: close a connection with nothing in flight that sent
         no byte for the idle timeout (even in the middle of a frame: a peer that
@@ -437,7 +448,14 @@ class _Connection:
                 _log.info("closing a connection that sent a bad frame: %s", error)
                 if error.request_id is not None:
                     self._queue(
-                        encode_error(error.request_id, error.opcode, error.status, str(error)), 0
+                        encode_error(
+                            error.request_id,
+                            error.opcode,
+                            error.status,
+                            str(error),
+                            version=self.version,
+                        ),
+                        0,
                     )
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 nursery.cancel_scope.cancel()  # nobody to answer
@@ -504,7 +522,7 @@ class _Connection:
                 # If it is not there, that read fails and the next wait is the real one
                 drained = False
 
-    async def _dispatch(self, requests: list[RequestMessage | WireAdd]) -> None:
+    async def _dispatch(self, requests: list[RequestMessage | WireAdd | Refused]) -> None:
         server = self.server
         node = self.node
         counts = server.requests_by_opcode
@@ -516,6 +534,17 @@ class _Connection:
                 adds.append(message)
                 continue
             assert not isinstance(message, tuple)  # (for the type checker)
+            if isinstance(message, Refused):
+                counts[message.opcode] += 1
+                frame = encode_error(
+                    message.request_id,
+                    message.opcode,
+                    message.status,
+                    message.message,
+                    version=self.version,
+                )
+                self._queue(frame, 1)
+                continue
             if type(message) is AddRun:
                 counts[Opcode.ADD_RUN] += 1
                 if room <= 0:
@@ -552,7 +581,7 @@ class _Connection:
                 adds = adds[: max(room, 0)]
             add_batch, refused = node.entry_requests(adds, self.on_add_done)
             for request_id, error in refused:
-                self._queue(_error_frame(request_id, Opcode.ADD_ENTRY, error), 1)
+                self._queue(_error_frame(request_id, Opcode.ADD_ENTRY, error, self.version), 1)
             server.inflight += len(adds) - len(refused)
             self.inflight_bytes += sum([request.payload_bytes for request in add_batch])
             batch = add_batch + runs if runs else add_batch
@@ -578,7 +607,7 @@ class _Connection:
                 on_done=self.on_run_done,
             )
         except PoraError as error:
-            self._queue(_error_frame(message.request_id, Opcode.ADD_RUN, error), 1)
+            self._queue(_error_frame(message.request_id, Opcode.ADD_RUN, error, self.version), 1)
             return None
         run.tag = message.request_id
         return run
@@ -591,6 +620,7 @@ class _Connection:
                 Status.OVERLOADED,
                 f"the node has {self.server.config.inflight_node_max} requests in flight "
                 "(inflight_node_max); retry later",
+                version=self.version,
             ),
             1,
         )
@@ -667,11 +697,15 @@ class _Connection:
         try:
             frame = await self._execute(message)
         except PoraError as error:
-            frame = _error_frame(message.request_id, opcode, error)
+            frame = _error_frame(message.request_id, opcode, error, self.version)
         except Exception as error:  # a bug: answer it, log it, keep serving
             _log.exception("request %r failed", message)
             frame = encode_error(
-                message.request_id, opcode, Status.INTERNAL_ERROR, f"internal error: {error!r}"
+                message.request_id,
+                opcode,
+                Status.INTERNAL_ERROR,
+                f"internal error: {error!r}",
+                version=self.version,
             )
         finally:
             self.server.inflight -= 1
@@ -704,7 +738,7 @@ class _Connection:
             else:
                 payload = await node.read_entry(message.ledger_id, message.entry_id)
             lac = node.last_add_confirmed(message.ledger_id)
-            return encode_response(
+            return self._encode(
                 ReadEntryResponse(rid, message.ledger_id, message.entry_id, lac, payload)
             )
         if isinstance(message, ReadRange):
@@ -716,21 +750,21 @@ class _Connection:
                 max_bytes=self._range_bytes_max(message),
             )
             lac = node.last_add_confirmed(message.ledger_id)
-            return encode_response(ReadRangeResponse(rid, message.ledger_id, lac, entries))
+            return self._encode(ReadRangeResponse(rid, message.ledger_id, lac, entries))
         if isinstance(message, ReadLac):
             lac = node.last_add_confirmed(message.ledger_id)
-            return encode_response(LacResponse(rid, message.ledger_id, lac))
+            return self._encode(LacResponse(rid, message.ledger_id, lac))
         if isinstance(message, Fence):
             last = await node.fence_ledger(message.ledger_id, master_key=message.master_key)
-            return encode_response(FenceResponse(rid, message.ledger_id, last))
+            return self._encode(FenceResponse(rid, message.ledger_id, last))
         if isinstance(message, Close):
             last = await node.close_ledger(
                 message.ledger_id, message.last_entry_id, master_key=message.master_key
             )
-            return encode_response(CloseResponse(rid, message.ledger_id, last))
+            return self._encode(CloseResponse(rid, message.ledger_id, last))
         if isinstance(message, Delete):
-            await node.delete_ledger(message.ledger_id)
-            return encode_response(DeleteResponse(rid, message.ledger_id))
+            await node.delete_ledger(message.ledger_id, master_key=message.master_key)
+            return self._encode(DeleteResponse(rid, message.ledger_id))
         if isinstance(message, ListLedgers):
             count_max = max(1, min(message.max_count, LIST_LEDGERS_MAX))
             # one more than the page: whether MORE follow
@@ -747,9 +781,9 @@ class _Connection:
                 )
                 for i in infos[:count_max]
             ]
-            return encode_response(ListLedgersResponse(rid, page, len(infos) > count_max))
+            return self._encode(ListLedgersResponse(rid, page, len(infos) > count_max))
         assert isinstance(message, Info)
-        return encode_response(
+        return self._encode(
             InfoResponse(
                 rid,
                 f.PROTOCOL_VERSION,
@@ -791,7 +825,9 @@ class _Connection:
                 self._encode_failed_run(request)
         if ok:
             self.outgoing.append(
-                encode_add_run_responses([(r.tags, r.ledger_id, r.entry_id) for r in ok])
+                encode_add_run_responses(
+                    [(r.tags, r.ledger_id, r.entry_id) for r in ok], self.version
+                )
             )
             statuses[0] += answered if not failed else sum([len(r.tags) for r in ok])
         self.outgoing_count += answered
@@ -804,11 +840,14 @@ class _Connection:
         self.runs_done = []
         statuses = self.server.responses_by_status
         outgoing = self.outgoing
+        version = self.version
         for run in done:
             if run.error is not None:
-                frame = _error_frame(run.tag, Opcode.ADD_RUN, run.error)
+                frame = _error_frame(run.tag, Opcode.ADD_RUN, run.error, version)
             elif run.entry_errors is None:
-                frame = encode_add_run_response(run.tag, run.ledger_id, run.entry_id, run.count)
+                frame = encode_add_run_response(
+                    run.tag, run.ledger_id, run.entry_id, run.count, version=version
+                )
             else:
                 failures = [
                     (run.entry_id + index, int(status_of(error)), str(error))
@@ -816,7 +855,7 @@ class _Connection:
                     if error is not None
                 ]
                 frame = encode_add_run_response(
-                    run.tag, run.ledger_id, run.entry_id, run.count, failures
+                    run.tag, run.ledger_id, run.entry_id, run.count, failures, version
                 )
             outgoing.append(frame)
             statuses[frame[7]] += 1
@@ -830,11 +869,11 @@ class _Connection:
             if error is None:
                 frame = bytes(
                     encode_add_run_responses(
-                        [((tag,), request.ledger_id, request.entry_id + index)]
+                        [((tag,), request.ledger_id, request.entry_id + index)], self.version
                     )
                 )
             else:
-                frame = _error_frame(tag, Opcode.ADD_ENTRY, error)
+                frame = _error_frame(tag, Opcode.ADD_ENTRY, error, self.version)
             self.outgoing.append(frame)
             statuses[frame[7]] += 1
 
