@@ -46,6 +46,7 @@ from ledger.errors import (
     NodeReadOnly,
     NoSuchEntry,
     NoSuchLedger,
+    StorageCorruption,
     Unauthorized,
 )
 from netio import frames as f
@@ -195,6 +196,7 @@ _STATUS_BY_ERROR: Final[tuple[tuple[type[BaseException], Status], ...]] = (
     (Unauthorized, Status.UNAUTHORIZED),
     (NodeReadOnly, Status.READ_ONLY),
     (NodeClosed, Status.SHUTTING_DOWN),
+    (StorageCorruption, Status.CORRUPT),
 )
 
 
@@ -215,6 +217,24 @@ def _error_frame(request_id: int, opcode: int, error: BaseException, version: in
         ledger_id=getattr(error, "ledger_id", -1),
         entry_id=getattr(error, "entry_id", -1),
         version=version,
+    )
+
+
+def _log_corruption(message: RequestMessage, error: StorageCorruption) -> None:
+    """Say where a read met damaged data: the client is told too, but the operator
+    must learn of it to repair the node (docs/operations.md)."""
+    if isinstance(message, ReadRange):
+        entries = f"entries {message.first_entry_id}..{message.last_entry_id}"
+    else:
+        entries = f"entry {getattr(message, 'entry_id', -1)}"
+    _log.error(
+        "corrupt data met reading ledger %d %s: file %s, offset %d: %s; answered CORRUPT. "
+        "Read the entry from another replica; run `pora verify` on the stopped node",
+        getattr(message, "ledger_id", -1),
+        entries,
+        error.path,
+        error.offset,
+        error.reason,
     )
 
 
@@ -697,6 +717,8 @@ class _Connection:
         try:
             frame = await self._execute(message)
         except PoraError as error:
+            if isinstance(error, StorageCorruption):
+                _log_corruption(message, error)
             frame = _error_frame(message.request_id, opcode, error, self.version)
         except Exception as error:  # a bug: answer it, log it, keep serving
             _log.exception("request %r failed", message)
