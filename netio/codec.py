@@ -1008,6 +1008,7 @@ class ResponseDecoder(_FrameBuffer):
         add_unpack = f.ADD_RESPONSE.unpack_from
         add_length = f.ADD_RESPONSE_BYTES - 4
         add_op = int(f.Opcode.ADD_ENTRY)
+        expected = self.version
         try:
             while end - pos >= 4:
                 (length,) = _U32.unpack_from(buf, pos)
@@ -1020,11 +1021,11 @@ class ResponseDecoder(_FrameBuffer):
                     break
                 if length == add_length and buf[pos + 5] == add_op and buf[pos + 7] == 0:
                     _, version, _, flags, _, rid, lid, eid = add_unpack(buf, pos)
-                    if version != self.version or flags != _RESPONSE:
+                    if version != expected or flags != _RESPONSE:
                         raise _bad_add_response(rid, version, flags)
                     out.append(AddEntryResponse(rid, lid, eid))
                 else:
-                    out.append(_decode_response(buf, pos, frame_end, self.version))
+                    out.append(_decode_response(buf, pos, frame_end, expected))
                 pos = frame_end
         except ProtocolError as error:
             return self._fail(error, out)
