@@ -124,9 +124,9 @@ class ServerConfig:
     inflight_bytes_per_connection_max: int = 64 * 1024 * 1024
     #: requests in the node from all connections; past it new ones get OVERLOADED
     inflight_node_max: int = 65_536
-    #: bytes of read responses (READ_ENTRY, READ_RANGE) one connection may hold: a
-    #: read reserves the most its response can take before it reads, and holds the
-    #: response's bytes until its socket took them. Past it the connection's reads
+    #: bytes of read responses (READ_ENTRY, READ_RANGE, LIST_LEDGERS) one connection
+    #: may hold: a read reserves the most its response can take before it reads, and
+    #: holds the response's bytes until its socket took them. Past it the connection's reads
     #: wait and its socket is not read (TCP pushes back on a peer that does not read
     #: its responses); a single response larger than this is still served, alone
     read_bytes_per_connection_max: int = 16 * 1024 * 1024
@@ -887,6 +887,9 @@ class _Connection:
             return self._encode(DeleteResponse(rid, message.ledger_id))
         if isinstance(message, ListLedgers):
             count_max = max(1, min(message.max_count, LIST_LEDGERS_MAX))
+            # a page of 10,000 ledgers is 450 KiB: held like a read's response
+            fixed = f.HEADER_BYTES + f.LIST_RESPONSE.size
+            await self._reserve_read(held, fixed + count_max * f.LEDGER_SUMMARY.size)
             # one more than the page: whether MORE follow
             infos = node.ledgers(after_ledger_id=message.after_ledger_id, count_max=count_max + 1)
             page = [

@@ -126,4 +126,5 @@ async def test_a_response_larger_than_the_connection_limit_is_served(data_dir: P
             for _ in range(5):
                 readers.start_soon(client.read_entry, 4, 0)
         assert await client.read_entry(4, 0) == b"z" * MIB
+        assert [s.ledger_id for s in await client.list_ledgers()] == [4]
         assert server.statistics().read_bytes_held == 0
