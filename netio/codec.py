@@ -48,6 +48,7 @@ from netio.messages import (
     ReadLac,
     ReadRange,
     ReadRangeResponse,
+    Refused,
     RequestMessage,
     ResponseMessage,
     WireAdd,
@@ -88,12 +89,11 @@ def _sizes_struct(count: int) -> struct.Struct:
 #: Bytes a receiver asks its socket for at a time (and so the most one feed adds).
 RECEIVE_BYTES_DEFAULT: Final = 64 * 1024
 
-#: The first 8 bytes of every well-formed OK ADD_ENTRY response (length 28, version,
-#: opcode, RESPONSE flag, status OK); the request id follows, then ledger and entry id.
+#: An OK ADD_ENTRY response: its first 8 bytes (length 28, version, opcode, RESPONSE
+#: flag, status OK) never vary within a version (a ResponseDecoder keeps them, and
+#: the same read as a native-endian u64, as `array("Q")` reads it); the request id
+#: follows, then ledger and entry id.
 _ADD_OK_BYTES: Final = f.ADD_RESPONSE_BYTES
-_ADD_OK_PREFIX: Final = f.HEADER.pack(_ADD_OK_BYTES - 4, _V, _OP_ADD, _RESPONSE, 0, 0)[:8]
-#: ... read as a native-endian u64, as `array("Q")` reads it
-_ADD_OK_PREFIX_WORD: Final = int.from_bytes(_ADD_OK_PREFIX, sys.byteorder)
 #: u64 words per OK add response: prefix, request id, ledger id, entry id
 _ADD_OK_WORDS: Final = _ADD_OK_BYTES // 8
 #: frames checked in one bulk step at most; after a run broken by another response,
@@ -106,8 +106,18 @@ if array("Q").itemsize != 8:  # pragma: no cover (true of every CPython platform
     raise ImportError("netio.codec needs array('Q') items of 8 bytes")
 
 
-def _header(opcode: int, flags: int, status: int, request_id: int, body_bytes: int) -> bytes:
-    return f.HEADER.pack(_LMIN + body_bytes, _V, opcode, flags, status, request_id)
+_SERVED: Final = f.PROTOCOL_VERSIONS_SERVED
+_SERVED_TEXT: Final = " and ".join(str(version) for version in _SERVED)
+#: the version that first carried the CORRUPT status; older peers get INTERNAL_ERROR
+_CORRUPT_SINCE: Final = 3
+#: the version whose DELETE carries the ledger's master key; older ones are refused
+_DELETE_KEYED_SINCE: Final = 3
+
+
+def _header(
+    opcode: int, flags: int, status: int, request_id: int, body_bytes: int, version: int = _V
+) -> bytes:
+    return f.HEADER.pack(_LMIN + body_bytes, version, opcode, flags, status, request_id)
 
 
 def _check_key(master_key: bytes) -> None:
@@ -395,7 +405,8 @@ def encode_request(message: RequestMessage) -> bytes:  # noqa: PLR0911 (one retu
         body = f.CLOSE_REQUEST.pack(m.ledger_id, last, len(m.master_key)) + m.master_key
         return _header(f.Opcode.CLOSE, 0, 0, m.request_id, len(body)) + body
     if isinstance(m, Delete):
-        body = f.LEDGER_ONLY.pack(m.ledger_id)
+        _check_key(m.master_key)
+        body = f.DELETE_REQUEST.pack(m.ledger_id, len(m.master_key)) + m.master_key
         return _header(f.Opcode.DELETE, 0, 0, m.request_id, len(body)) + body
     if isinstance(m, ListLedgers):
         body = f.LIST_REQUEST.pack(m.after_ledger_id, m.max_count)
@@ -413,7 +424,9 @@ class EntryIds(Protocol):
     entry_id: int
 
 
-def encode_add_responses(request_ids: Sequence[int], entries: Sequence[EntryIds]) -> bytearray:
+def encode_add_responses(
+    request_ids: Sequence[int], entries: Sequence[EntryIds], version: int = _V
+) -> bytearray:
     """OK responses to many adds, packed into one buffer (one `send_all` for all)."""
     count = len(request_ids)
     out = bytearray(count * f.ADD_RESPONSE_BYTES)
@@ -427,7 +440,7 @@ def encode_add_responses(request_ids: Sequence[int], entries: Sequence[EntryIds]
             out,
             offset,
             length,
-            _V,
+            version,
             op,
             _RESPONSE,
             0,
@@ -439,7 +452,9 @@ def encode_add_responses(request_ids: Sequence[int], entries: Sequence[EntryIds]
     return out
 
 
-def encode_add_run_responses(runs: Sequence[tuple[Sequence[int], int, int]]) -> bytearray:
+def encode_add_run_responses(
+    runs: Sequence[tuple[Sequence[int], int, int]], version: int = _V
+) -> bytearray:
     """OK responses to runs of adds, packed into one buffer (one `send_all` for all).
 
     Each run is `(request_ids, ledger_id, first_entry_id)`: its adds were entries
@@ -457,7 +472,7 @@ def encode_add_run_responses(runs: Sequence[tuple[Sequence[int], int, int]]) -> 
                 out,
                 offset,
                 length,
-                _V,
+                version,
                 op,
                 _RESPONSE,
                 0,
@@ -477,15 +492,20 @@ def encode_error(
     *,
     ledger_id: int = -1,
     entry_id: int = -1,
+    version: int = _V,
 ) -> bytes:
-    """An error response; the message is cut to ERROR_MESSAGE_BYTES_MAX bytes of UTF-8."""
+    """An error response; the message is cut to ERROR_MESSAGE_BYTES_MAX bytes of UTF-8.
+    A status the peer's `version` does not know is sent as INTERNAL_ERROR (the
+    message still says what happened)."""
+    if status == f.Status.CORRUPT and version < _CORRUPT_SINCE:
+        status = f.Status.INTERNAL_ERROR
     text = message.encode("utf-8", "replace")[: f.ERROR_MESSAGE_BYTES_MAX]
     body = f.ERROR_RESPONSE.pack(ledger_id, entry_id) + text
-    return _header(opcode, _RESPONSE, status, request_id, len(body)) + body
+    return _header(opcode, _RESPONSE, status, request_id, len(body), version) + body
 
 
-def _ok(opcode: int, request_id: int, body: bytes, flags: int = 0) -> bytes:
-    return _header(opcode, _RESPONSE | flags, 0, request_id, len(body)) + body
+def _ok(opcode: int, request_id: int, body: bytes, flags: int = 0, version: int = _V) -> bytes:
+    return _header(opcode, _RESPONSE | flags, 0, request_id, len(body), version) + body
 
 
 def encode_add_run_response(
@@ -494,28 +514,30 @@ def encode_add_run_response(
     first_entry_id: int,
     count: int,
     failures: Sequence[tuple[int, int, str]] = (),
+    version: int = _V,
 ) -> bytes:
     """The OK response to an ADD_RUN: all `count` entries stored but `failures`, each
     `(entry_id, status, message)`; messages are cut to ERROR_MESSAGE_BYTES_MAX bytes."""
     head = f.ADD_RUN_RESPONSE.pack(ledger_id, first_entry_id, count, len(failures))
     if not failures:
-        return _ok(_OP_RUN, request_id, head)
+        return _ok(_OP_RUN, request_id, head, version=version)
     parts = [head]
     for entry_id, status, message in failures:
         text = message.encode("utf-8", "replace")[: f.ERROR_MESSAGE_BYTES_MAX]
         parts.append(f.RUN_FAILURE.pack(entry_id, status, len(text)))
         parts.append(text)
-    return _ok(_OP_RUN, request_id, b"".join(parts))
+    return _ok(_OP_RUN, request_id, b"".join(parts), version=version)
 
 
-def encode_response(message: ResponseMessage) -> bytes:  # noqa: PLR0911 (one return per opcode)
-    """The frame of any response message."""
+def encode_response(message: ResponseMessage, version: int = _V) -> bytes:  # noqa: PLR0911 (one return per opcode)
+    """The frame of any response message, in protocol `version` (the request's)."""
     m = message
+    v = version
     if isinstance(m, AddEntryResponse):
-        return bytes(encode_add_responses((m.request_id,), (m,)))
+        return bytes(encode_add_responses((m.request_id,), (m,), v))
     if isinstance(m, AddRunResponse):
         return encode_add_run_response(
-            m.request_id, m.ledger_id, m.first_entry_id, m.count, m.failures
+            m.request_id, m.ledger_id, m.first_entry_id, m.count, m.failures, v
         )
     if isinstance(m, ErrorResponse):
         return encode_error(
@@ -525,27 +547,28 @@ def encode_response(message: ResponseMessage) -> bytes:  # noqa: PLR0911 (one re
             m.message,
             ledger_id=m.ledger_id,
             entry_id=m.entry_id,
+            version=v,
         )
     if isinstance(m, ReadEntryResponse):
         body = f.READ_ENTRY_RESPONSE.pack(m.ledger_id, m.entry_id, m.last_add_confirmed) + m.payload
-        return _ok(f.Opcode.READ_ENTRY, m.request_id, body)
+        return _ok(f.Opcode.READ_ENTRY, m.request_id, body, version=v)
     if isinstance(m, ReadRangeResponse):
         parts = [f.READ_RANGE_RESPONSE.pack(m.ledger_id, m.last_add_confirmed, len(m.entries))]
         for entry_id, payload in m.entries:
             parts.append(f.RANGE_ITEM.pack(entry_id, len(payload)))
             parts.append(payload)
-        return _ok(f.Opcode.READ_RANGE, m.request_id, b"".join(parts))
+        return _ok(f.Opcode.READ_RANGE, m.request_id, b"".join(parts), version=v)
     if isinstance(m, LacResponse):
         body = f.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_add_confirmed)
-        return _ok(f.Opcode.READ_LAC, m.request_id, body)
+        return _ok(f.Opcode.READ_LAC, m.request_id, body, version=v)
     if isinstance(m, FenceResponse):
         body = f.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_entry_id)
-        return _ok(f.Opcode.FENCE, m.request_id, body)
+        return _ok(f.Opcode.FENCE, m.request_id, body, version=v)
     if isinstance(m, CloseResponse):
         body = f.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_entry_id)
-        return _ok(f.Opcode.CLOSE, m.request_id, body)
+        return _ok(f.Opcode.CLOSE, m.request_id, body, version=v)
     if isinstance(m, DeleteResponse):
-        return _ok(f.Opcode.DELETE, m.request_id, f.LEDGER_ONLY.pack(m.ledger_id))
+        return _ok(f.Opcode.DELETE, m.request_id, f.LEDGER_ONLY.pack(m.ledger_id), version=v)
     if isinstance(m, ListLedgersResponse):
         parts = [f.LIST_RESPONSE.pack(len(m.ledgers))]
         for s in m.ledgers:
@@ -561,8 +584,8 @@ def encode_response(message: ResponseMessage) -> bytes:  # noqa: PLR0911 (one re
                 )
             )
         more = int(f.Flag.MORE) if m.more else 0
-        return _ok(f.Opcode.LIST_LEDGERS, m.request_id, b"".join(parts), more)
-    version = m.server_version.encode("utf-8")[:255]
+        return _ok(f.Opcode.LIST_LEDGERS, m.request_id, b"".join(parts), more, v)
+    server_version = m.server_version.encode("utf-8")[:255]
     reason = (m.read_only_reason or "").encode("utf-8")[: f.ERROR_MESSAGE_BYTES_MAX]
     body = (
         f.INFO_RESPONSE.pack(
@@ -571,12 +594,12 @@ def encode_response(message: ResponseMessage) -> bytes:  # noqa: PLR0911 (one re
             m.frame_bytes_max,
             m.entry_bytes_max,
             m.ledger_count,
-            len(version),
+            len(server_version),
         )
-        + version
+        + server_version
         + reason
     )
-    return _ok(f.Opcode.INFO, m.request_id, body)
+    return _ok(f.Opcode.INFO, m.request_id, body, version=v)
 
 
 # --- decoding ----------------------------------------------------------------------------------
@@ -670,9 +693,14 @@ def _bad_add_response(request_id: int, version: int, flags: int) -> ProtocolErro
 
 
 class RequestDecoder(_FrameBuffer):
-    """The server side: bytes in, request messages out."""
+    """The server side: bytes in, request messages out.
 
-    __slots__ = ()
+    A connection speaks one protocol version, that of its first frame (any of
+    PROTOCOL_VERSIONS_SERVED); `version` says which once a frame has come, and the
+    server answers in it. A frame of another version fails the stream.
+    """
+
+    __slots__ = ("version",)
 
     def __init__(
         self,
@@ -680,8 +708,10 @@ class RequestDecoder(_FrameBuffer):
         receive_bytes_max: int = RECEIVE_BYTES_DEFAULT,
     ) -> None:
         super().__init__(frame_bytes_max, receive_bytes_max)
+        #: the connection's protocol version (None until its first frame came)
+        self.version: int | None = None
 
-    def next_requests(self, count_max: int) -> list[RequestMessage]:
+    def next_requests(self, count_max: int) -> list[RequestMessage | Refused]:
         """Every complete request buffered, up to `count_max`, in order.
 
         Raises ProtocolError for a frame that is not a valid request (its
@@ -694,7 +724,7 @@ class RequestDecoder(_FrameBuffer):
             for item in self.next_requests_raw(count_max)
         ]
 
-    def next_requests_raw(self, count_max: int) -> list[RequestMessage | WireAdd]:
+    def next_requests_raw(self, count_max: int) -> list[RequestMessage | WireAdd | Refused]:
         """As `next_requests`, but each ADD_ENTRY comes as a plain `WireAdd` tuple.
 
         The server's hot path: a tuple costs a fraction of a message object, and
@@ -705,8 +735,15 @@ class RequestDecoder(_FrameBuffer):
         buf = self._buffer
         pos = self._position
         end = len(buf)
-        out: list[RequestMessage | WireAdd] = []
+        out: list[RequestMessage | WireAdd | Refused] = []
         frame_max = self._frame_bytes_max
+        v = self.version
+        if v is None:
+            if end - pos >= 5:
+                # a version not served pins the newest: the frame is refused by name
+                v = self.version = buf[pos + 4] if buf[pos + 4] in _SERVED else _V
+            else:
+                v = _V  # (no frame is complete yet: nothing is decoded in it)
         add_unpack = f.ADD_REQUEST.unpack_from
         add_fixed = f.ADD_REQUEST.size
         add_op = int(f.Opcode.ADD_ENTRY)
@@ -725,8 +762,8 @@ class RequestDecoder(_FrameBuffer):
                     # the hot path: header and fixed body in one call
                     _, version, _, flags, status, rid, lid, eid, lac, klen = add_unpack(buf, pos)
                     key_end = pos + add_fixed + klen
-                    if version != _V or flags & ~recovery or status or key_end > frame_end:
-                        raise _invalid_add(version, flags, status, rid, key_end > frame_end)
+                    if version != v or flags & ~recovery or status or key_end > frame_end:
+                        raise _invalid_add(version, v, flags, status, rid, key_end > frame_end)
                     out.append(
                         (
                             rid,
@@ -739,9 +776,9 @@ class RequestDecoder(_FrameBuffer):
                         )
                     )
                 elif buf[pos + 5] == _OP_RUN and length >= _RUN_FIXED - 4:
-                    out.append(_decode_add_run(buf, pos, frame_end))
+                    out.append(_decode_add_run(buf, pos, frame_end, v))
                 else:
-                    out.append(_decode_request(buf, pos, frame_end))
+                    out.append(_decode_request(buf, pos, frame_end, v))
                 pos = frame_end
         except ProtocolError as error:
             return self._fail(error, out)
@@ -754,11 +791,25 @@ class RequestDecoder(_FrameBuffer):
         return out
 
 
+def _wrong_version(version: int, connection_version: int) -> str:
+    if version not in _SERVED:
+        return f"protocol version {version}; this node speaks versions {_SERVED_TEXT}"
+    return (
+        f"protocol version {version} on a connection that began with version "
+        f"{connection_version}; one connection speaks one version"
+    )
+
+
 def _invalid_add(
-    version: int, flags: int, status: int, request_id: int, key_overflows: bool
+    version: int,
+    connection_version: int,
+    flags: int,
+    status: int,
+    request_id: int,
+    key_overflows: bool,
 ) -> ProtocolError:
-    if version != _V:
-        reason = f"protocol version {version}; this node speaks version {_V}"
+    if version != connection_version:
+        reason = _wrong_version(version, connection_version)
     elif status:
         reason = f"a request carries status {status}; requests carry 0"
     elif flags & ~int(f.Flag.RECOVERY):
@@ -773,20 +824,22 @@ def _invalid_add(
     )
 
 
-def _decode_add_run(buf: bytes, pos: int, frame_end: int) -> AddRun:
+def _decode_add_run(buf: bytes, pos: int, frame_end: int, connection_version: int) -> AddRun:
     """An ADD_RUN frame: every size read in one call, every payload sliced in one
     comprehension; no Python step per entry beyond its slice."""
     _, version, _, flags, status, rid, lid, first, lac, count, klen = _RUN_UNPACK(buf, pos)
     key_end = pos + _RUN_FIXED + klen
     payloads_at = key_end + 4 * count
     if (
-        version != _V
+        version != connection_version
         or flags & ~_FLAG_RECOVERY
         or status
         or not 1 <= count <= _RUN_MAX
         or payloads_at > frame_end
     ):
-        raise _invalid_run(version, flags, status, rid, count, payloads_at - frame_end)
+        raise _invalid_run(
+            version, connection_version, flags, status, rid, count, payloads_at - frame_end
+        )
     sizes = _sizes_struct(count).unpack_from(buf, key_end)
     ends = list(accumulate(sizes, initial=payloads_at))
     if ends[-1] != frame_end:
@@ -809,10 +862,16 @@ def _decode_add_run(buf: bytes, pos: int, frame_end: int) -> AddRun:
 
 
 def _invalid_run(
-    version: int, flags: int, status: int, request_id: int, count: int, overrun: int
+    version: int,
+    connection_version: int,
+    flags: int,
+    status: int,
+    request_id: int,
+    count: int,
+    overrun: int,
 ) -> ProtocolError:
-    if version != _V:
-        reason = f"protocol version {version}; this node speaks version {_V}"
+    if version != connection_version:
+        reason = _wrong_version(version, connection_version)
     elif status:
         reason = f"a request carries status {status}; requests carry 0"
     elif flags & ~_FLAG_RECOVERY:
@@ -829,7 +888,9 @@ def _invalid_run(
     )
 
 
-def _decode_request(buf: bytes, pos: int, frame_end: int) -> RequestMessage:  # noqa: PLR0911 (one return per opcode)
+def _decode_request(  # noqa: PLR0911 (one return per opcode)
+    buf: bytes, pos: int, frame_end: int, connection_version: int
+) -> RequestMessage | Refused:
     _, version, opcode, flags, status, rid = f.HEADER.unpack_from(buf, pos)
 
     def bad(reason: str) -> ProtocolError:
@@ -837,8 +898,8 @@ def _decode_request(buf: bytes, pos: int, frame_end: int) -> RequestMessage:  # 
             f"bad request {rid}: {reason}", status=_BAD, request_id=rid, opcode=opcode
         )
 
-    if version != _V:
-        raise bad(f"protocol version {version}; this node speaks version {_V}")
+    if version != connection_version:
+        raise bad(_wrong_version(version, connection_version))
     if status:
         raise bad(f"a request carries status {status}; requests carry 0")
     if flags & _RESPONSE:
@@ -885,8 +946,18 @@ def _decode_request(buf: bytes, pos: int, frame_end: int) -> RequestMessage:  # 
         master_key = key(body + f.CLOSE_REQUEST.size, klen)
         return Close(rid, lid, None if last == f.CLOSE_AT_LAST_STORED else last, master_key)
     if opcode == f.Opcode.DELETE:
-        (lid,) = fixed(f.LEDGER_ONLY)
-        return Delete(rid, lid)
+        if version < _DELETE_KEYED_SINCE:
+            (lid,) = fixed(f.LEDGER_ONLY)
+            return Refused(
+                rid,
+                opcode,
+                _BAD,
+                f"DELETE of ledger {lid} in protocol version {version} carries no master "
+                f"key and is refused: deleting a ledger takes its key since version "
+                f"{_DELETE_KEYED_SINCE}. Upgrade the client and pass the ledger's password",
+            )
+        lid, klen = fixed(f.DELETE_REQUEST, tail=True)
+        return Delete(rid, lid, key(body + f.DELETE_REQUEST.size, klen))
     if opcode == f.Opcode.LIST_LEDGERS:
         after, max_count = fixed(f.LIST_REQUEST)
         return ListLedgers(rid, after, max_count)
@@ -908,16 +979,21 @@ class AddOutcomes(NamedTuple):
 
 
 class ResponseDecoder(_FrameBuffer):
-    """The client side: bytes in, response messages out."""
+    """The client side: bytes in, response messages out, of one protocol `version`
+    (the one its requests were sent in)."""
 
-    __slots__ = ()
+    __slots__ = ("_ok_prefix", "_ok_prefix_word", "version")
 
     def __init__(
         self,
         frame_bytes_max: int = f.FRAME_BYTES_MAX_DEFAULT,
         receive_bytes_max: int = RECEIVE_BYTES_DEFAULT,
+        version: int = _V,
     ) -> None:
         super().__init__(frame_bytes_max, receive_bytes_max)
+        self.version = version
+        self._ok_prefix = f.HEADER.pack(_ADD_OK_BYTES - 4, version, _OP_ADD, _RESPONSE, 0, 0)[:8]
+        self._ok_prefix_word = int.from_bytes(self._ok_prefix, sys.byteorder)
 
     def next_responses(self) -> list[ResponseMessage]:
         """Every complete response buffered, in order. Raises ProtocolError for bytes
@@ -932,6 +1008,7 @@ class ResponseDecoder(_FrameBuffer):
         add_unpack = f.ADD_RESPONSE.unpack_from
         add_length = f.ADD_RESPONSE_BYTES - 4
         add_op = int(f.Opcode.ADD_ENTRY)
+        expected = self.version
         try:
             while end - pos >= 4:
                 (length,) = _U32.unpack_from(buf, pos)
@@ -944,11 +1021,11 @@ class ResponseDecoder(_FrameBuffer):
                     break
                 if length == add_length and buf[pos + 5] == add_op and buf[pos + 7] == 0:
                     _, version, _, flags, _, rid, lid, eid = add_unpack(buf, pos)
-                    if version != _V or flags != _RESPONSE:
+                    if version != expected or flags != _RESPONSE:
                         raise _bad_add_response(rid, version, flags)
                     out.append(AddEntryResponse(rid, lid, eid))
                 else:
-                    out.append(_decode_response(buf, pos, frame_end))
+                    out.append(_decode_response(buf, pos, frame_end, expected))
                 pos = frame_end
         except ProtocolError as error:
             return self._fail(error, out)
@@ -982,20 +1059,22 @@ class ResponseDecoder(_FrameBuffer):
         frame_max = self._frame_bytes_max
         bulk = frame_max >= _ADD_OK_BYTES - 4  # else an OK add frame is over the limit
         run_max = _ADD_OK_RUN_MAX
+        ok_prefix = self._ok_prefix
+        ok_word = self._ok_prefix_word
         view = memoryview(buf)
         try:
             while end - pos >= 4:
-                if bulk and buf[pos : pos + 8] == _ADD_OK_PREFIX:
+                if bulk and buf[pos : pos + 8] == ok_prefix:
                     run = min((end - pos) // _ADD_OK_BYTES, run_max)
                     if run:
                         words = array("Q")
                         words.frombytes(view[pos : pos + run * _ADD_OK_BYTES])
                         prefixes = words[::_ADD_OK_WORDS]
-                        if prefixes.count(_ADD_OK_PREFIX_WORD) == run:
+                        if prefixes.count(ok_word) == run:
                             good = run
                             run_max = min(run_max * 2, _ADD_OK_RUN_MAX)
                         else:
-                            good = _leading_run(prefixes, _ADD_OK_PREFIX_WORD)
+                            good = _leading_run(prefixes, ok_word)
                             run_max = _ADD_OK_RUN_AFTER_BREAK
                         request_ids = words[1 : good * _ADD_OK_WORDS : _ADD_OK_WORDS]
                         if _NATIVE_LITTLE_ENDIAN:
@@ -1013,7 +1092,7 @@ class ResponseDecoder(_FrameBuffer):
                     break
                 if buf[pos + 5] == _OP_ADD and buf[pos + 7] == 0:
                     raise _malformed_ok_add(buf, pos, length)
-                others.append(_decode_response(buf, pos, frame_end))
+                others.append(_decode_response(buf, pos, frame_end, self.version))
                 pos = frame_end
         except ProtocolError as error:
             return self._fail_outcomes(error, ok, others)
@@ -1097,9 +1176,11 @@ def _overruns(rid: int, what: str) -> ProtocolError:
     return ProtocolError(f"{what} response {rid} overruns its frame", status=_BAD, request_id=rid)
 
 
-def _decode_response(buf: bytes, pos: int, frame_end: int) -> ResponseMessage:  # noqa: PLR0911 (one return per opcode)
+def _decode_response(  # noqa: PLR0911 (one return per opcode)
+    buf: bytes, pos: int, frame_end: int, expected_version: int
+) -> ResponseMessage:
     _, version, opcode, flags, status, rid = f.HEADER.unpack_from(buf, pos)
-    if version != _V or not flags & _RESPONSE:
+    if version != expected_version or not flags & _RESPONSE:
         raise ProtocolError(
             f"bad response {rid}: version {version}, flags 0x{flags:02x}",
             status=_BAD,

@@ -15,9 +15,12 @@ import enum
 import struct
 from typing import Final
 
-#: Protocol version carried by every frame; docs/protocol.md is version 2. Version 1
-#: had no ADD_RUN; a node of version 2 refuses version-1 frames by name.
-PROTOCOL_VERSION: Final = 2
+#: Protocol version of this implementation; docs/protocol.md is version 3. Version 2
+#: had a DELETE without the ledger's master key; version 1 had no ADD_RUN.
+PROTOCOL_VERSION: Final = 3
+#: Versions a node serves. A connection speaks the version of its first frame, and
+#: is answered in it; a version-2 DELETE is refused (it carries no key).
+PROTOCOL_VERSIONS_SERVED: Final = (2, 3)
 
 #: length u32, version u8, opcode u8, flags u8, status u8, request_id u64
 HEADER: Final = struct.Struct(">IBBBBQ")
@@ -84,6 +87,9 @@ class Status(enum.IntEnum):
     ENTRY_CONFLICT = 11
     INVALID_ARGUMENT = 12
     SHUTTING_DOWN = 13
+    #: version 3: the node found its stored copy of the data damaged (a checksum
+    #: failed); read it from another replica. Version-2 peers get INTERNAL_ERROR.
+    CORRUPT = 14
 
 
 # --- bodies (after the 16-byte header) ---------------------------------------------------------
@@ -120,8 +126,10 @@ READ_RANGE_REQUEST: Final = struct.Struct(">qqqII")
 READ_RANGE_RESPONSE: Final = struct.Struct(">qqI")
 #: one entry of a READ_RANGE response: entry_id i64, payload_len u32 (then payload)
 RANGE_ITEM: Final = struct.Struct(">qI")
-#: READ_LAC request: ledger_id. DELETE request and response: ledger_id.
+#: READ_LAC request: ledger_id. DELETE response (and version-2 request): ledger_id.
 LEDGER_ONLY: Final = struct.Struct(">q")
+#: DELETE request (version 3): ledger_id, key_len u8 (then key)
+DELETE_REQUEST: Final = struct.Struct(">qB")
 #: READ_LAC response: ledger_id, last_add_confirmed. FENCE/CLOSE response: ledger_id,
 #: last_entry_id.
 LEDGER_AND_VALUE: Final = struct.Struct(">qq")

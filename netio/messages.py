@@ -85,6 +85,20 @@ class Close:
 class Delete:
     request_id: int
     ledger_id: int
+    #: the ledger's master key: only its owner may delete it
+    master_key: bytes = b""
+
+
+@dataclass(slots=True)
+class Refused:
+    """A well-framed request the decoder refuses by itself, keeping the stream in
+    step (a version-2 DELETE, say): answered with `status` and `message`, and the
+    connection goes on. Not a request anyone sends: no encoder takes it."""
+
+    request_id: int
+    opcode: int
+    status: int
+    message: str
 
 
 @dataclass(slots=True)

@@ -27,12 +27,18 @@ class NodeConfig:
     index_bloom_bits: int = 10
     #: how often the trimmer looks for journal segments it may delete
     trim_interval_ms: float = 1000.0
+    #: ledgers not (yet) on this node that long polls may wait for at once: a tail
+    #: reader may wait for the first entry of a ledger striped here; past this many
+    #: such ledgers a long poll on one more fails at once with NoSuchLedger
+    long_polls_unknown_ledgers_max: int = 10_000
 
     def __post_init__(self) -> None:
         if not 0 < self.entry_bytes_max <= 64 << 20:
             raise ValueError("entry_bytes_max must be in (0, 64 MiB]")
         if self.entry_bytes_max > self.journal.group_bytes_max * 64:
             raise ValueError("entry_bytes_max is out of proportion to group_bytes_max")
+        if self.long_polls_unknown_ledgers_max < 0:
+            raise ValueError("long_polls_unknown_ledgers_max must be >= 0")
 
     @classmethod
     def from_options(cls, **options: Any) -> NodeConfig:

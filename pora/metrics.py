@@ -231,6 +231,8 @@ def _server_metrics(stats: object) -> Iterable[Metric]:
         ("bytes_received", "Bytes received from clients", "counter"),
         ("bytes_sent", "Bytes sent to clients", "counter"),
         ("bytes_buffered", "Bytes received and not yet decoded", "gauge"),
+        ("read_bytes_held", "Bytes of read responses held (read_bytes_node_max)", "gauge"),
+        ("reads_waiting", "Reads waiting for room under the read-response limits", "gauge"),
     ):
         value = _number(stats, name)
         if value is None:

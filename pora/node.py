@@ -40,6 +40,7 @@ from ledger.errors import (
     EntryTooLarge,
     FlushFailed,
     InvalidArgument,
+    LedgerClosed,
     NodeClosed,
     NodeReadOnly,
     NoSuchEntry,
@@ -164,6 +165,11 @@ class Node:
         self._commit_listeners: list[CommitListener] = []
         self._master_keys = registry.storage.master_keys
         self._arrivals = registry.storage.arrivals
+        #: long polls waiting now, by ledger: the last to leave removes the ledger's
+        #: arrival event, so that polls leave nothing behind
+        self._long_polls: dict[int, int] = {}
+        #: ledgers that did not exist when a long poll began to wait for them
+        self._long_polled_unknown: set[int] = set()
 
     # --- writes ------------------------------------------------------------------------------
 
@@ -193,9 +199,11 @@ class Node:
             await self._journal.submit(batch)
 
     def _check_master_keys(self, requests: list[Request]) -> list[Request]:
-        """Refuse requests with a wrong key; put a KEY record before the first request
-        of a ledger that has no key yet (it fixes the key, durably, in journal order)."""
+        """Refuse requests with a wrong key, and adds to a closed ledger; put a KEY
+        record before the first request of a ledger that has no key yet (it fixes
+        the key, durably, in journal order). Refused requests are not journalled."""
         keys = self._master_keys
+        metas = self._registry.metas
         checked: list[Request] | None = None  # made only when the batch must change
         for index, request in enumerate(requests):
             claimed = request.master_key
@@ -203,6 +211,14 @@ class Node:
                 if checked is not None:
                     checked.append(request)
                 continue
+            if request.kind is RecordKind.ENTRY:
+                # (a close still in the journal is met by the ledger worker's own check)
+                meta = metas.get(request.ledger_id)
+                if meta is not None and meta.state is LedgerState.CLOSED:
+                    if checked is None:
+                        checked = requests[:index]
+                    request.fail(LedgerClosed(request.ledger_id))
+                    continue
             known = keys.get(request.ledger_id)
             if known is not None and (known is claimed or hmac.compare_digest(known, claimed)):
                 if checked is not None:
@@ -515,11 +531,15 @@ class Node:
         assert result is not None
         return result
 
-    async def delete_ledger(self, ledger_id: int) -> None:
-        """Delete the ledger and all its entries (durably)."""
+    async def delete_ledger(self, ledger_id: int, *, master_key: bytes = b"") -> None:
+        """Delete the ledger and all its entries (durably). Only its owner may: the
+        master key must be the ledger's (else Unauthorized, and nothing changes)."""
         _check_id("ledger_id", ledger_id)
         self._registry.meta(ledger_id)  # NoSuchLedger without journalling anything
-        await self._perform_one(Request(RecordKind.DELETE, ledger_id, -1))
+        known = self._master_keys.get(ledger_id)
+        if known is not None and not hmac.compare_digest(known, master_key):
+            raise Unauthorized(ledger_id)
+        await self._perform_one(Request(RecordKind.DELETE, ledger_id, -1, master_key=master_key))
 
     # --- reads -------------------------------------------------------------------------------
 
@@ -532,20 +552,49 @@ class Node:
         if wait_s <= 0:
             return await self._registry.read_entry(ledger_id, entry_id)
         deadline = trio.current_time() + wait_s
-        while True:
-            arrived = self._arrivals.get(ledger_id)
-            if arrived is None:
-                arrived = self._arrivals[ledger_id] = trio.Event()
-            try:
-                return await self._registry.read_entry(ledger_id, entry_id)
-            except (NoSuchEntry, NoSuchLedger):
-                meta = self._registry.metas.get(ledger_id)
-                if meta is not None and meta.state is LedgerState.CLOSED:
-                    raise  # nothing more will come
-                with trio.move_on_at(deadline):
-                    await arrived.wait()
-                    continue
-                raise
+        polls = self._long_polls
+        polls[ledger_id] = polls.get(ledger_id, 0) + 1
+        try:
+            while True:
+                arrived = self._arrivals.get(ledger_id)
+                if arrived is None:
+                    arrived = self._arrivals[ledger_id] = trio.Event()
+                try:
+                    return await self._registry.read_entry(ledger_id, entry_id)
+                except (NoSuchEntry, NoSuchLedger) as error:
+                    meta = self._registry.metas.get(ledger_id)
+                    if meta is not None and meta.state is LedgerState.CLOSED:
+                        raise  # nothing more will come
+                    if meta is None:
+                        self._wait_for_unknown_ledger(error, ledger_id)
+                    with trio.move_on_at(deadline):
+                        await arrived.wait()
+                        continue
+                    raise
+        finally:
+            left = polls[ledger_id] - 1
+            if left:
+                polls[ledger_id] = left
+            else:
+                del polls[ledger_id]
+                self._long_polled_unknown.discard(ledger_id)
+                self._arrivals.pop(ledger_id, None)
+
+    def _wait_for_unknown_ledger(self, error: PoraError, ledger_id: int) -> None:
+        """Count a long poll's ledger among those waited for that do not exist here,
+        or raise `error` when there are long_polls_unknown_ledgers_max of them."""
+        unknown = self._long_polled_unknown
+        if ledger_id in unknown:
+            return
+        limit = self.config.long_polls_unknown_ledgers_max
+        if len(unknown) >= limit:
+            error.args = (
+                f"{error}; long polls already wait for {limit} ledgers that do not exist "
+                "on this node (long_polls_unknown_ledgers_max): read without waiting, or "
+                "retry later",
+            )
+            raise error
+        unknown.add(ledger_id)
 
     async def read_range(
         self,

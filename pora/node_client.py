@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ssl
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -32,6 +33,7 @@ from ledger.errors import (
     NodeReadOnly,
     NoSuchEntry,
     NoSuchLedger,
+    StorageCorruption,
     Unauthorized,
 )
 from netio import frames as f
@@ -90,6 +92,7 @@ _ERROR_TYPES: Final[dict[int, type[PoraError]]] = {
     Status.ENTRY_CONFLICT: EntryConflict,
     Status.INVALID_ARGUMENT: InvalidArgument,
     Status.SHUTTING_DOWN: NodeClosed,
+    Status.CORRUPT: StorageCorruption,
 }
 
 
@@ -242,6 +245,17 @@ class _Session:
         self.node_frame_bytes_max: int | None = None
 
 
+def _why_lost(error: BaseException | None) -> str:
+    """Why a connection ended, for its ConnectionLost message."""
+    if error is None:
+        return "the node closed it"
+    text = str(error) or str(error.__cause__ or "")
+    kind = type(error).__name__
+    if isinstance(error, anyio.BrokenResourceError | anyio.ClosedResourceError | OSError):
+        kind = f"the connection broke: {kind}"
+    return f"{kind}: {text}" if text else kind
+
+
 def _split_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep:
@@ -285,7 +299,11 @@ class NodeClient:
         self._session: _Session | None = None
         self._connect_lock = anyio.Lock()
         self._next_request_id = 1  # 0 is for messages about the connection itself
-        self._space = anyio.Event()
+        #: callers waiting for room under `inflight_max`, first come first served:
+        #: one event each, set when room is handed to it
+        self._room_waiters: deque[_Event] = deque()
+        #: room handed to woken callers that have not yet put their requests in
+        self._room_granted = 0
         self._closed = False
         self.reconnects = 0
         #: deadline bucket -> waiters whose timeout ends in it
@@ -353,9 +371,10 @@ class NodeClient:
             session.alive = False
             error = session.error
             lost: PoraError = ConnectionLost(
-                f"connection to node {self.address} lost"
-                + (f": {error}" if error is not None else "")
-                + "; requests in flight may or may not have been performed"
+                f"connection to node {self.address} lost ({_why_lost(error)}); the "
+                f"{len(session.pending)} requests in flight on it may or may not have been "
+                "performed: retry them (an add retried with the same bytes is safe); the "
+                "next call reconnects"
             )
             if isinstance(error, PoraError) and not isinstance(error, ProtocolError):
                 lost = error  # the node said why (it is overloaded, say)
@@ -365,7 +384,7 @@ class NodeClient:
                 if waiter.error is None:
                     waiter.error = lost
                     waiter.event.set()
-            self._space.set()
+            self._grant_room(0)
             with anyio.CancelScope(shield=True):
                 await anyio.aclose_forcefully(session.stream)
 
@@ -389,8 +408,8 @@ class NodeClient:
                     waiter.remaining -= 1
                     if waiter.remaining == 0:
                         waiter.event.set()
-                if len(pending) < self._inflight_max:
-                    self._space.set()
+                if self._room_waiters:
+                    self._grant_room(len(pending))
         except anyio.EndOfStream:
             pass  # the node closed the connection (after saying why, if it did)
         except Exception as error:
@@ -461,20 +480,19 @@ class NodeClient:
     ) -> list[ResponseMessage | PoraError]:
         """Send frames (one buffer may hold many) for `request_ids` and wait for their
         responses (errors as values, in the order of `request_ids`)."""
-        while True:
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        left_s = timeout
+        session = await self._connected()
+        if self._room_waiters or len(session.pending) + self._room_granted >= self._inflight_max:
+            left_s = await self._wait_for_room(timeout)
             session = await self._connected()
-            if len(session.pending) < self._inflight_max:
-                break
-            self._space = anyio.Event()
-            await self._space.wait()
         waiter = _Waiter(len(request_ids), self._new_event())
         pending = session.pending
         for index, request_id in enumerate(request_ids):
             pending[request_id] = (waiter, index)
         session.outbox.extend(frames)
         session.outbox_ready.set()
-        timeout = self.timeout_s if timeout_s is None else timeout_s
-        bucket = self._track_deadline(waiter, timeout)
+        bucket = self._track_deadline(waiter, left_s)
         try:
             await waiter.event.wait()
         finally:
@@ -484,6 +502,8 @@ class NodeClient:
             if waiter.remaining:
                 for request_id in request_ids:
                     pending.pop(request_id, None)
+                if self._room_waiters:
+                    self._grant_room(len(pending))
         if waiter.timed_out:
             raise RequestTimeout(
                 f"no response from node {self.address} within {timeout} s; the request may "
@@ -501,6 +521,43 @@ class NodeClient:
             else:
                 results.append(response)
         return results
+
+    def _grant_room(self, pending: int) -> None:
+        """Wake the callers first in line, as many as there is room for besides the
+        `pending` requests in flight and the room already handed out."""
+        waiters = self._room_waiters
+        while waiters and pending + self._room_granted < self._inflight_max:
+            self._room_granted += 1
+            waiters.popleft().set()
+
+    async def _wait_for_room(self, timeout_s: float) -> float:
+        """Wait in line for room under `inflight_max`; returns what is left of the
+        call's timeout, or raises RequestTimeout when it runs out first."""
+        event = self._new_event()
+        self._room_waiters.append(event)
+        started = anyio.current_time()
+        try:
+            with anyio.move_on_after(timeout_s):
+                await event.wait()
+        except BaseException:  # cancelled: room handed to this caller goes to the next
+            if event.is_set():
+                self._room_granted -= 1
+                session = self._session
+                self._grant_room(len(session.pending) if session is not None else 0)
+            else:
+                self._room_waiters.remove(event)
+            raise
+        if event.is_set():
+            self._room_granted -= 1  # this caller's requests take the room now
+        else:
+            self._room_waiters.remove(event)
+        if not event.is_set():
+            raise RequestTimeout(
+                f"no room to send a request to node {self.address} within {timeout_s} s: "
+                f"{self._inflight_max} requests were in flight all along (inflight_max); "
+                "nothing was sent. Retry, raise inflight_max, or make fewer calls at once"
+            )
+        return max(0.0, timeout_s - (anyio.current_time() - started))
 
     async def _call_one(self, frame: bytes, request_id: int, timeout_s: float | None) -> Any:
         (result,) = await self._call([frame], [request_id], timeout_s)
@@ -768,9 +825,19 @@ class NodeClient:
         response: CloseResponse = await self._call_one(frame, request_id, timeout_s)
         return response.last_entry_id
 
-    async def delete_ledger(self, ledger_id: int, *, timeout_s: float | None = None) -> None:
+    async def delete_ledger(
+        self,
+        ledger_id: int,
+        *,
+        master_key: bytes = b"",
+        password: str | bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Delete the ledger and its entries on the node; only with the ledger's key
+        (its password): else Unauthorized, and nothing is deleted."""
         request_id = self._new_id()
-        await self._call_one(encode_request(Delete(request_id, ledger_id)), request_id, timeout_s)
+        frame = encode_request(Delete(request_id, ledger_id, self._key(master_key, password)))
+        await self._call_one(frame, request_id, timeout_s)
 
     async def list_ledgers(
         self, *, page_size: int = 1000, timeout_s: float | None = None

@@ -46,6 +46,7 @@ from ledger.errors import (
     NodeReadOnly,
     NoSuchEntry,
     NoSuchLedger,
+    StorageCorruption,
     Unauthorized,
 )
 from netio import frames as f
@@ -78,10 +79,13 @@ from netio.messages import (
     ReadLac,
     ReadRange,
     ReadRangeResponse,
+    Refused,
     RequestMessage,
+    ResponseMessage,
     WireAdd,
 )
 from pora.node import RUN_ENTRIES_MAX, Node
+from pora.read_budget import ByteBudget
 
 _log = logging.getLogger("pora.server")
 
@@ -91,6 +95,8 @@ LONG_POLL_MS_MAX: Final = 60_000
 RANGE_ENTRIES_MAX: Final = 10_000
 #: Most ledgers one LIST_LEDGERS response carries.
 LIST_LEDGERS_MAX: Final = 10_000
+#: Bytes of a READ_ENTRY response besides its payload.
+_ENTRY_RESPONSE_OVERHEAD: Final = f.HEADER_BYTES + f.READ_ENTRY_RESPONSE.size
 
 # an ADD_RUN frame becomes one run request of the node: the wire's bound must fit it
 assert f.RUN_ENTRIES_MAX <= RUN_ENTRIES_MAX
@@ -102,10 +108,11 @@ class ServerConfig:
     on a developer machine; `pora serve` maps its flags and config file onto these.
 
     Memory the network layer can be made to hold, at most: per connection, one
-    receive buffer (`frame_bytes_max + receive_bytes_max`) plus the requests and
+    receive buffer (`frame_bytes_max + receive_bytes_max`) plus the adds and other
     responses in flight (`inflight_bytes_per_connection_max`, overshot by at most
-    one read); times `connections_max`. A connection that begins a frame and
-    stalls is closed after `idle_timeout_s`.
+    one read); times `connections_max`; plus read responses, at most
+    `read_bytes_node_max` over all connections (or one response, if larger). A
+    connection that begins a frame and stalls is closed after `idle_timeout_s`.
     """
 
     host: str = "127.0.0.1"
@@ -117,6 +124,14 @@ class ServerConfig:
     inflight_bytes_per_connection_max: int = 64 * 1024 * 1024
     #: requests in the node from all connections; past it new ones get OVERLOADED
     inflight_node_max: int = 65_536
+    #: bytes of read responses (READ_ENTRY, READ_RANGE, LIST_LEDGERS) one connection
+    #: may hold: a read reserves the most its response can take before it reads, and
+    #: holds the response's bytes until its socket took them. Past it the connection's reads
+    #: wait and its socket is not read (TCP pushes back on a peer that does not read
+    #: its responses); a single response larger than this is still served, alone
+    read_bytes_per_connection_max: int = 16 * 1024 * 1024
+    #: the same over all connections: past it new reads wait
+    read_bytes_node_max: int = 256 * 1024 * 1024
     frame_bytes_max: int = f.FRAME_BYTES_MAX_DEFAULT
     #: bytes asked of a socket at a time, into one buffer the server's plain-TCP
     #: connections share (TLS ones read through the ssl module): an ADD_RUN of
@@ -133,6 +148,8 @@ class ServerConfig:
             "inflight_per_connection_max",
             "inflight_bytes_per_connection_max",
             "inflight_node_max",
+            "read_bytes_per_connection_max",
+            "read_bytes_node_max",
             "receive_bytes_max",
         ):
             if getattr(self, name) < 1:
@@ -179,6 +196,11 @@ class ServerStatistics:
     #: responses sent straight from completion whose socket took only part (the
     #: writer task sent the rest): a peer reading slowly
     sends_backed_up: int = 0
+    #: bytes of read responses held over all connections (reserved by reads under
+    #: way, or waiting to be sent); bounded by read_bytes_node_max
+    read_bytes_held: int = 0
+    #: reads waiting for room under read_bytes_per_connection_max or read_bytes_node_max
+    reads_waiting: int = 0
 
 
 #: Engine errors and the status codes that carry them; subclasses before their bases.
@@ -193,6 +215,7 @@ _STATUS_BY_ERROR: Final[tuple[tuple[type[BaseException], Status], ...]] = (
     (Unauthorized, Status.UNAUTHORIZED),
     (NodeReadOnly, Status.READ_ONLY),
     (NodeClosed, Status.SHUTTING_DOWN),
+    (StorageCorruption, Status.CORRUPT),
 )
 
 
@@ -204,7 +227,7 @@ def status_of(error: BaseException) -> Status:
     return Status.INTERNAL_ERROR
 
 
-def _error_frame(request_id: int, opcode: int, error: BaseException) -> bytes:
+def _error_frame(request_id: int, opcode: int, error: BaseException, version: int) -> bytes:
     return encode_error(
         request_id,
         opcode,
@@ -212,6 +235,25 @@ def _error_frame(request_id: int, opcode: int, error: BaseException) -> bytes:
         str(error) or type(error).__name__,
         ledger_id=getattr(error, "ledger_id", -1),
         entry_id=getattr(error, "entry_id", -1),
+        version=version,
+    )
+
+
+def _log_corruption(message: RequestMessage, error: StorageCorruption) -> None:
+    """Say where a read met damaged data: the client is told too, but the operator
+    must learn of it to repair the node (docs/operations.md)."""
+    if isinstance(message, ReadRange):
+        entries = f"entries {message.first_entry_id}..{message.last_entry_id}"
+    else:
+        entries = f"entry {getattr(message, 'entry_id', -1)}"
+    _log.error(
+        "corrupt data met reading ledger %d %s: file %s, offset %d: %s; answered CORRUPT. "
+        "Read the entry from another replica; run `pora verify` on the stopped node",
+        getattr(message, "ledger_id", -1),
+        entries,
+        error.path,
+        error.offset,
+        error.reason,
     )
 
 
@@ -237,6 +279,8 @@ class Server:
         self.bytes_received = 0
         self.bytes_sent = 0
         self.sends_backed_up = 0
+        #: bytes of read responses held by all connections
+        self.read_budget = ByteBudget(self.config.read_bytes_node_max)
         #: what every plain-TCP connection reads into, then copies out of before it
         #: awaits anything (one event loop: no two reads overlap). `recv` would
         #: allocate `receive_bytes_max` per call instead: past glibc's mmap threshold
@@ -352,6 +396,9 @@ class Server:
             bytes_sent=self.bytes_sent,
             bytes_buffered=sum(c.decoder.buffered_bytes for c in self._connections),
             sends_backed_up=self.sends_backed_up,
+            read_bytes_held=self.read_budget.used,
+            reads_waiting=self.read_budget.waiting
+            + sum(c.read_budget.waiting for c in self._connections),
         )
 
 
@@ -380,6 +427,11 @@ class _Connection:
         self.inflight_bytes = 0
         self.writer_wakeup = trio.Event()
         self.space = trio.Event()
+        #: bytes of read responses this connection holds (see ServerConfig), and of
+        #: those, the ones queued in `outgoing` and the ones in the writer's send
+        self.read_budget = ByteBudget(config.read_bytes_per_connection_max)
+        self.outgoing_read_bytes = 0
+        self.sending_read_bytes = 0
         self.reading = True
         self.read_scope = trio.CancelScope()
         #: cancel scopes of the long-poll reads waiting now
@@ -397,6 +449,14 @@ class _Connection:
         self.raw_fd = -1
         if type(stream) is trio.SocketStream:
             self.raw_fd = stream.socket.fileno()
+
+    @property
+    def version(self) -> int:
+        """The protocol version of the connection's requests, and so of its answers."""
+        return self.decoder.version or f.PROTOCOL_VERSION
+
+    def _encode(self, message: ResponseMessage) -> bytes:
+        return encode_response(message, self.version)
 
     def close_if_idle(self, now: float) -> None:
         """Called by the sweeper: close a connection with nothing in flight that sent
@@ -424,6 +484,12 @@ class _Connection:
             await self._run()
         finally:
             self.raw_fd = -1
+            # responses never sent give their bytes back (reads under way did, when
+            # they were cancelled)
+            held = self.outgoing_read_bytes + self.sending_read_bytes
+            self.outgoing_read_bytes = self.sending_read_bytes = 0
+            if held:
+                self._release_read(held)
 
     async def _run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -437,7 +503,14 @@ class _Connection:
                 _log.info("closing a connection that sent a bad frame: %s", error)
                 if error.request_id is not None:
                     self._queue(
-                        encode_error(error.request_id, error.opcode, error.status, str(error)), 0
+                        encode_error(
+                            error.request_id,
+                            error.opcode,
+                            error.status,
+                            str(error),
+                            version=self.version,
+                        ),
+                        0,
                     )
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 nursery.cancel_scope.cancel()  # nobody to answer
@@ -461,9 +534,10 @@ class _Connection:
         #: the last read left the socket empty: wait for it before reading again,
         #: rather than spend a system call to learn it is still empty
         drained = False
+        reads = self.read_budget
         while True:
             budget = per_connection_max - self.inflight
-            if budget <= 0 or self.inflight_bytes >= bytes_max:
+            if budget <= 0 or self.inflight_bytes >= bytes_max or reads.used >= reads.limit:
                 self.space = trio.Event()
                 await self.space.wait()
                 continue
@@ -504,7 +578,7 @@ class _Connection:
                 # If it is not there, that read fails and the next wait is the real one
                 drained = False
 
-    async def _dispatch(self, requests: list[RequestMessage | WireAdd]) -> None:
+    async def _dispatch(self, requests: list[RequestMessage | WireAdd | Refused]) -> None:
         server = self.server
         node = self.node
         counts = server.requests_by_opcode
@@ -516,6 +590,17 @@ class _Connection:
                 adds.append(message)
                 continue
             assert not isinstance(message, tuple)  # (for the type checker)
+            if isinstance(message, Refused):
+                counts[message.opcode] += 1
+                frame = encode_error(
+                    message.request_id,
+                    message.opcode,
+                    message.status,
+                    message.message,
+                    version=self.version,
+                )
+                self._queue(frame, 1)
+                continue
             if type(message) is AddRun:
                 counts[Opcode.ADD_RUN] += 1
                 if room <= 0:
@@ -533,13 +618,7 @@ class _Connection:
                 continue
             room -= 1
             server.inflight += 1
-            # a range read may bring up to its byte limit back: count it before
-            # it runs, so a pipeline of them cannot pile up unbounded responses
-            charge = 0
-            if type(message) is ReadRange:
-                charge = self._range_bytes_max(message)
-                self.inflight_bytes += charge
-            self.nursery.start_soon(self._perform, message, opcode, charge)
+            self.nursery.start_soon(self._perform, message, opcode)
         if runs:
             server.inflight += len(runs)
             self.inflight_bytes += sum([run.payload_bytes for run in runs])
@@ -552,7 +631,7 @@ class _Connection:
                 adds = adds[: max(room, 0)]
             add_batch, refused = node.entry_requests(adds, self.on_add_done)
             for request_id, error in refused:
-                self._queue(_error_frame(request_id, Opcode.ADD_ENTRY, error), 1)
+                self._queue(_error_frame(request_id, Opcode.ADD_ENTRY, error, self.version), 1)
             server.inflight += len(adds) - len(refused)
             self.inflight_bytes += sum([request.payload_bytes for request in add_batch])
             batch = add_batch + runs if runs else add_batch
@@ -578,7 +657,7 @@ class _Connection:
                 on_done=self.on_run_done,
             )
         except PoraError as error:
-            self._queue(_error_frame(message.request_id, Opcode.ADD_RUN, error), 1)
+            self._queue(_error_frame(message.request_id, Opcode.ADD_RUN, error, self.version), 1)
             return None
         run.tag = message.request_id
         return run
@@ -591,6 +670,7 @@ class _Connection:
                 Status.OVERLOADED,
                 f"the node has {self.server.config.inflight_node_max} requests in flight "
                 "(inflight_node_max); retry later",
+                version=self.version,
             ),
             1,
         )
@@ -647,6 +727,9 @@ class _Connection:
             self.outgoing = []
             self.inflight_bytes -= self.outgoing_bytes
             self.outgoing_bytes = 0
+            if self.outgoing_read_bytes:
+                self._release_read(self.outgoing_read_bytes)
+                self.outgoing_read_bytes = 0
             if not self.reading:
                 self._wake_writer()  # it ends the connection once nothing is in flight
         else:
@@ -663,20 +746,94 @@ class _Connection:
         # keep the response within a frame the client accepts
         return max(1, min(message.max_bytes, self.config.frame_bytes_max // 2))
 
-    async def _perform(self, message: RequestMessage, opcode: int, charge: int) -> None:
+    async def _perform(self, message: RequestMessage, opcode: int) -> None:
+        held = _Held()  # read-response bytes reserved for this request
         try:
-            frame = await self._execute(message)
-        except PoraError as error:
-            frame = _error_frame(message.request_id, opcode, error)
-        except Exception as error:  # a bug: answer it, log it, keep serving
-            _log.exception("request %r failed", message)
-            frame = encode_error(
-                message.request_id, opcode, Status.INTERNAL_ERROR, f"internal error: {error!r}"
-            )
+            try:
+                frame = await self._execute(message, held)
+            except PoraError as error:
+                if isinstance(error, StorageCorruption):
+                    _log_corruption(message, error)
+                frame = _error_frame(message.request_id, opcode, error, self.version)
+            except Exception as error:  # a bug: answer it, log it, keep serving
+                _log.exception("request %r failed", message)
+                frame = encode_error(
+                    message.request_id,
+                    opcode,
+                    Status.INTERNAL_ERROR,
+                    f"internal error: {error!r}",
+                    version=self.version,
+                )
+            read_bytes = 0
+            if held.bytes:  # a read: its response holds its own size until sent
+                read_bytes = len(frame)
+                self._resize_read(held.bytes, read_bytes)
+                held.bytes = 0
         finally:
             self.server.inflight -= 1
-            self.inflight_bytes -= charge
-        self._queue(frame, 1)
+            if held.bytes:  # cancelled: the connection is ending
+                self._release_read(held.bytes)
+        self._queue(frame, 1, read_bytes)
+
+    # --- read-response bytes -----------------------------------------------------------------
+
+    async def _reserve_read(self, held: _Held, size: int) -> None:
+        """Reserve `size` bytes for a read's response, under the connection's limit
+        and then the node's, waiting in line for each."""
+        await self.read_budget.acquire(size)
+        try:
+            await self.server.read_budget.acquire(size)
+        except BaseException:
+            self._release_connection_read(size)
+            raise
+        held.bytes += size
+
+    def _release_connection_read(self, size: int) -> None:
+        self.read_budget.release(size)
+        if not self.space.is_set():
+            self.space.set()  # the reader may read the socket again
+
+    def _release_read(self, size: int) -> None:
+        self.server.read_budget.release(size)
+        self._release_connection_read(size)
+
+    def _resize_read(self, reserved: int, size: int) -> None:
+        """Hold `size` bytes instead of the `reserved` ones (a response is rarely
+        larger than reserved: then it is in memory already, and counts as it is)."""
+        if size < reserved:
+            self._release_read(reserved - size)
+        elif size > reserved:
+            self.read_budget.force(size - reserved)
+            self.server.read_budget.force(size - reserved)
+
+    def _entry_response_bytes_max(self) -> int:
+        return self.node.config.entry_bytes_max + _ENTRY_RESPONSE_OVERHEAD
+
+    def _range_response_bytes_max(self, message: ReadRange) -> int:
+        # at most max_bytes of payload, or one entry when the first one is larger
+        payload = max(self._range_bytes_max(message), self.node.config.entry_bytes_max)
+        entries = max(1, min(message.max_entries, RANGE_ENTRIES_MAX))
+        fixed = f.HEADER_BYTES + f.READ_RANGE_RESPONSE.size
+        return fixed + payload + entries * f.RANGE_ITEM.size
+
+    async def _read_entry(self, message: ReadEntry, held: _Held) -> bytes:
+        """The payload of a READ_ENTRY, read under a reservation of read-response
+        bytes; a long poll waits for its entry holding none."""
+        node = self.node
+        await self._reserve_read(held, self._entry_response_bytes_max())
+        if message.wait_ms <= 0:
+            return await node.read_entry(message.ledger_id, message.entry_id)
+        try:
+            return await node.read_entry(message.ledger_id, message.entry_id)
+        except (NoSuchEntry, NoSuchLedger):
+            pass
+        self._release_read(held.bytes)
+        held.bytes = 0
+        wait_s = min(message.wait_ms, LONG_POLL_MS_MAX) / 1000.0
+        payload = await self._long_poll(message, wait_s)
+        # (an entry that just arrived is the memtable's own bytes: no copy waits here)
+        await self._reserve_read(held, len(payload) + _ENTRY_RESPONSE_OVERHEAD)
+        return payload
 
     async def _long_poll(self, message: ReadEntry, wait_s: float) -> bytes:
         """A read that may wait for its entry; shutdown ends the wait at once (the
@@ -692,22 +849,19 @@ class _Connection:
                     self.long_polls.discard(scope)
         raise NodeClosed("the node is shutting down; read from another node, or retry")
 
-    async def _execute(self, message: RequestMessage) -> bytes:  # noqa: PLR0911 (one per op)
+    async def _execute(self, message: RequestMessage, held: _Held) -> bytes:  # noqa: PLR0911 (one per op)
         node = self.node
         rid = message.request_id
         if isinstance(message, ReadEntry):
             if message.fence:
                 await node.fence_ledger(message.ledger_id, master_key=message.master_key)
-            if message.wait_ms > 0:
-                wait_s = min(message.wait_ms, LONG_POLL_MS_MAX) / 1000.0
-                payload = await self._long_poll(message, wait_s)
-            else:
-                payload = await node.read_entry(message.ledger_id, message.entry_id)
+            payload = await self._read_entry(message, held)
             lac = node.last_add_confirmed(message.ledger_id)
-            return encode_response(
+            return self._encode(
                 ReadEntryResponse(rid, message.ledger_id, message.entry_id, lac, payload)
             )
         if isinstance(message, ReadRange):
+            await self._reserve_read(held, self._range_response_bytes_max(message))
             entries = await node.read_range(
                 message.ledger_id,
                 message.first_entry_id,
@@ -716,23 +870,26 @@ class _Connection:
                 max_bytes=self._range_bytes_max(message),
             )
             lac = node.last_add_confirmed(message.ledger_id)
-            return encode_response(ReadRangeResponse(rid, message.ledger_id, lac, entries))
+            return self._encode(ReadRangeResponse(rid, message.ledger_id, lac, entries))
         if isinstance(message, ReadLac):
             lac = node.last_add_confirmed(message.ledger_id)
-            return encode_response(LacResponse(rid, message.ledger_id, lac))
+            return self._encode(LacResponse(rid, message.ledger_id, lac))
         if isinstance(message, Fence):
             last = await node.fence_ledger(message.ledger_id, master_key=message.master_key)
-            return encode_response(FenceResponse(rid, message.ledger_id, last))
+            return self._encode(FenceResponse(rid, message.ledger_id, last))
         if isinstance(message, Close):
             last = await node.close_ledger(
                 message.ledger_id, message.last_entry_id, master_key=message.master_key
             )
-            return encode_response(CloseResponse(rid, message.ledger_id, last))
+            return self._encode(CloseResponse(rid, message.ledger_id, last))
         if isinstance(message, Delete):
-            await node.delete_ledger(message.ledger_id)
-            return encode_response(DeleteResponse(rid, message.ledger_id))
+            await node.delete_ledger(message.ledger_id, master_key=message.master_key)
+            return self._encode(DeleteResponse(rid, message.ledger_id))
         if isinstance(message, ListLedgers):
             count_max = max(1, min(message.max_count, LIST_LEDGERS_MAX))
+            # a page of 10,000 ledgers is 450 KiB: held like a read's response
+            fixed = f.HEADER_BYTES + f.LIST_RESPONSE.size
+            await self._reserve_read(held, fixed + count_max * f.LEDGER_SUMMARY.size)
             # one more than the page: whether MORE follow
             infos = node.ledgers(after_ledger_id=message.after_ledger_id, count_max=count_max + 1)
             page = [
@@ -747,9 +904,9 @@ class _Connection:
                 )
                 for i in infos[:count_max]
             ]
-            return encode_response(ListLedgersResponse(rid, page, len(infos) > count_max))
+            return self._encode(ListLedgersResponse(rid, page, len(infos) > count_max))
         assert isinstance(message, Info)
-        return encode_response(
+        return self._encode(
             InfoResponse(
                 rid,
                 f.PROTOCOL_VERSION,
@@ -763,10 +920,12 @@ class _Connection:
 
     # --- writing -----------------------------------------------------------------------------
 
-    def _queue(self, frame: bytes, responses: int) -> None:
+    def _queue(self, frame: bytes, responses: int, read_bytes: int = 0) -> None:
         """Queue one response frame; `responses` is how many requests in flight it
-        answers (0 for the answer to a frame that never became a request)."""
+        answers (0 for the answer to a frame that never became a request), and
+        `read_bytes` the read-response bytes it holds until it is sent."""
         self.outgoing.append(frame)
+        self.outgoing_read_bytes += read_bytes
         self.outgoing_count += responses
         # responses waiting to be sent count as bytes in flight until they are
         self.outgoing_bytes += len(frame)
@@ -791,7 +950,9 @@ class _Connection:
                 self._encode_failed_run(request)
         if ok:
             self.outgoing.append(
-                encode_add_run_responses([(r.tags, r.ledger_id, r.entry_id) for r in ok])
+                encode_add_run_responses(
+                    [(r.tags, r.ledger_id, r.entry_id) for r in ok], self.version
+                )
             )
             statuses[0] += answered if not failed else sum([len(r.tags) for r in ok])
         self.outgoing_count += answered
@@ -804,11 +965,14 @@ class _Connection:
         self.runs_done = []
         statuses = self.server.responses_by_status
         outgoing = self.outgoing
+        version = self.version
         for run in done:
             if run.error is not None:
-                frame = _error_frame(run.tag, Opcode.ADD_RUN, run.error)
+                frame = _error_frame(run.tag, Opcode.ADD_RUN, run.error, version)
             elif run.entry_errors is None:
-                frame = encode_add_run_response(run.tag, run.ledger_id, run.entry_id, run.count)
+                frame = encode_add_run_response(
+                    run.tag, run.ledger_id, run.entry_id, run.count, version=version
+                )
             else:
                 failures = [
                     (run.entry_id + index, int(status_of(error)), str(error))
@@ -816,7 +980,7 @@ class _Connection:
                     if error is not None
                 ]
                 frame = encode_add_run_response(
-                    run.tag, run.ledger_id, run.entry_id, run.count, failures
+                    run.tag, run.ledger_id, run.entry_id, run.count, failures, version
                 )
             outgoing.append(frame)
             statuses[frame[7]] += 1
@@ -830,11 +994,11 @@ class _Connection:
             if error is None:
                 frame = bytes(
                     encode_add_run_responses(
-                        [((tag,), request.ledger_id, request.entry_id + index)]
+                        [((tag,), request.ledger_id, request.entry_id + index)], self.version
                     )
                 )
             else:
-                frame = _error_frame(tag, Opcode.ADD_ENTRY, error)
+                frame = _error_frame(tag, Opcode.ADD_ENTRY, error, self.version)
             self.outgoing.append(frame)
             statuses[frame[7]] += 1
 
@@ -855,6 +1019,8 @@ class _Connection:
             frames = self.outgoing
             count = self.outgoing_count
             sent_bytes = self.outgoing_bytes
+            sending_read_bytes = self.sending_read_bytes = self.outgoing_read_bytes
+            self.outgoing_read_bytes = 0
             self.outgoing_bytes = 0
             self.outgoing = []
             self.outgoing_count = 0
@@ -869,8 +1035,20 @@ class _Connection:
             server.bytes_sent += len(data)
             self.inflight -= count
             self.inflight_bytes -= sent_bytes
+            if sending_read_bytes:
+                self.sending_read_bytes = 0
+                self._release_read(sending_read_bytes)
             if not self.space.is_set():
                 self.space.set()
+
+
+class _Held:
+    """The read-response bytes one request has reserved."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
 
 
 _OPCODES: Final[dict[type, int]] = {

@@ -40,7 +40,7 @@ async def test_the_first_key_fixes_the_ledger_key_and_survives_restart(data_dir:
 async def test_a_deleted_ledger_forgets_its_key(data_dir: Path) -> None:
     async with pora.open_node(data_dir) as node:
         await node.add_entry(5, 0, b"a", master_key=b"old")
-        await node.delete_ledger(5)
+        await node.delete_ledger(5, master_key=b"old")
         await node.add_entry(5, 0, b"new", master_key=b"new")
         assert await node.read_entry(5, 0) == b"new"
 

@@ -36,6 +36,7 @@ from netio.messages import (
     ReadLac,
     ReadRange,
     ReadRangeResponse,
+    Refused,
     RequestMessage,
     ResponseMessage,
 )
@@ -141,7 +142,7 @@ def test_requests_round_trip_however_the_stream_is_split(
 ) -> None:
     stream = b"".join(codec.encode_request(m) for m in messages)
     decoder = codec.RequestDecoder()
-    decoded: list[RequestMessage] = []
+    decoded: list[RequestMessage | Refused] = []
     for piece in _split(stream, cuts):
         decoder.receive_data(piece)
         decoded.extend(decoder.next_requests(1000))
@@ -224,7 +225,7 @@ def _frame(version: int, opcode: int, flags: int, status: int, rid: int, body: b
 @pytest.mark.parametrize(
     ("frame", "reason"),
     [
-        (_frame(1, 9, 0, 0, 7, b""), "protocol version 1; this node speaks version 2"),
+        (_frame(1, 9, 0, 0, 7, b""), "protocol version 1; this node speaks versions 2 and 3"),
         (_frame(_V, 99, 0, 0, 7, b""), "unknown opcode 99"),
         (_frame(_V, 9, 0, 3, 7, b""), "carries status 3"),
         (_frame(_V, 9, 0x80, 0, 7, b""), "response flag"),
@@ -236,7 +237,7 @@ def _frame(version: int, opcode: int, flags: int, status: int, rid: int, body: b
         (_frame(_V, 1, 0, 0, 7, b"\0" * 10), "ADD_ENTRY body of 10 bytes"),
         (
             _frame(1, 1, 0, 0, 7, struct.pack(">qqqB", 1, 2, 3, 0)),
-            "protocol version 1; this node speaks version 2",
+            "protocol version 1; this node speaks versions 2 and 3",
         ),
         (_frame(_V, 2, 0x04, 0, 7, struct.pack(">qqIB", 1, 2, 0, 0)), "unknown flags 0x04"),
     ],
@@ -510,7 +511,7 @@ def test_an_add_run_round_trips_however_its_frame_is_split(run: AddRun, cuts: li
     frame = codec.encode_request(run)
     assert len(frame) == 4 + struct.unpack_from(">I", frame)[0]
     decoder = codec.RequestDecoder()
-    decoded: list[RequestMessage] = []
+    decoded: list[RequestMessage | Refused] = []
     for piece in _split(frame, cuts):
         decoder.receive_data(piece)
         decoded.extend(decoder.next_requests(1000))
@@ -562,7 +563,7 @@ def test_mixed_streams_of_adds_runs_and_others_decode_in_order(
 ) -> None:
     stream = b"".join(codec.encode_request(m) for m in messages)
     decoder = codec.RequestDecoder()
-    decoded: list[RequestMessage] = []
+    decoded: list[RequestMessage | Refused] = []
     for piece in [*_split(stream, cuts), b""]:
         decoder.receive_data(piece)
         while batch := decoder.next_requests_raw(count_max):
@@ -701,9 +702,9 @@ _GOOD_RUN_BODY = _run_body(2, [1, 3], b"abcd", key=b"k")
         (_frame(_V, _RUN, 0, 3, 7, _GOOD_RUN_BODY), "carries status 3"),
         (
             _frame(1, _RUN, 0, 0, 7, _GOOD_RUN_BODY),
-            "protocol version 1; this node speaks version 2",
+            "protocol version 1; this node speaks versions 2 and 3",
         ),
-        (_frame(1, _RUN, 0, 0, 7, b""), "protocol version 1; this node speaks version 2"),
+        (_frame(1, _RUN, 0, 0, 7, b""), "protocol version 1; this node speaks versions 2 and 3"),
         (
             _frame(_V, _RUN, 0, 0, 7, _GOOD_RUN_BODY[:28]),
             "ADD_RUN body of 28 bytes; expected at least 29",
