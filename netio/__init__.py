@@ -3,7 +3,7 @@
 `docs/protocol.md` is the grammar; `netio.frames` holds its constants, `netio.messages`
 the decoded messages, `netio.codec` the encoders and the bounded decoders, and
 `netio.security` the master-key derivation. The server (`pora.server`) and the client
-(`pora.node_client`) drive this codec over trio and anyio streams.
+(`pora.client.node_client`) drive this codec over trio and anyio streams.
 """
 
 from netio.codec import RequestDecoder, ResponseDecoder

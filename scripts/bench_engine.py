@@ -31,7 +31,7 @@ import pora
 from journal.format import RecordKind
 from journal.request import Request
 from journal.segment import SegmentWriter
-from pora.gc_tuning import GC_YOUNG_THRESHOLD_DEFAULT, freeze_and_tune
+from pora.server.gc_tuning import GC_YOUNG_THRESHOLD_DEFAULT, freeze_and_tune
 
 MIB = 1 << 20
 

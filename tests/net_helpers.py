@@ -15,8 +15,8 @@ import trio
 import pora
 from netio import codec
 from netio.messages import ResponseMessage
-from pora.node import Node
-from pora.server import Server, ServerConfig
+from pora.node.node import Node
+from pora.server.server import Server, ServerConfig
 
 
 @contextlib.asynccontextmanager

@@ -201,7 +201,7 @@ def test_a_flipped_byte_in_the_last_batch_is_not_called_unacknowledged(
     recovered = run_cli(capsys, "recover", "--data-dir", str(data_dir))
     assert recovered.status == 0
     assert expected in recovered.out and "never acknowledged" not in recovered.out
-    warnings = [r.getMessage() for r in caplog.records if r.name == "pora.recovery"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "pora.replay"]
     assert len(warnings) == 1 and expected in warnings[0] and dropped in warnings[0]
     assert "never acknowledged" not in warnings[0]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from pora.progress import Progress, format_bytes, format_duration
+from pora.tools.progress import Progress, format_bytes, format_duration
 
 
 class FakeClock:

@@ -24,7 +24,7 @@ from cli_support import (
 
 import pora
 from pora.cli import main
-from pora.datadir import MARKER_NAME
+from pora.node.datadir import MARKER_NAME
 
 Capsys = pytest.CaptureFixture[str]
 
@@ -223,7 +223,7 @@ def test_recover_shows_replay_progress_with_rate_and_eta(
 ) -> None:
     crashed = crashed_copy(tmp_path_factory, tmp_path / "crashed")
     # report on every update, so that even a short replay draws its bar
-    monkeypatch.setattr("pora.progress.PLAIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr("pora.tools.progress.PLAIN_INTERVAL_S", 0.0)
 
     done = run_cli(capsys, "recover", "--data-dir", str(crashed.data_dir))
 

@@ -35,8 +35,8 @@ from journal.reader import JournalScanner
 from ledger.entrylog_format import STATE_ENTRY_ID
 from ledger.index import META_PREFIX, Index
 from ledger.state import LedgerMeta
-from pora.datadir import open_data_dir
-from pora.inspect import entrylog_path, open_entry_log
+from pora.node.datadir import open_data_dir
+from pora.tools.inspection import entrylog_path, open_entry_log
 
 Capsys = pytest.CaptureFixture[str]
 

@@ -1,4 +1,4 @@
-"""The daemon's garbage-collector settings (pora/gc_tuning.py)."""
+"""The daemon's garbage-collector settings (pora/server/gc_tuning.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pora.gc_tuning import freeze_and_tune
+from pora.server.gc_tuning import freeze_and_tune
 
 
 @pytest.fixture

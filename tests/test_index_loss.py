@@ -32,7 +32,7 @@ from journal.reader import JournalScanner
 from ledger.entrylog import EntryLog
 from ledger.entrylog_format import FIRST_RECORD_OFFSET
 from ledger.index import Index, IndexDamaged
-from pora.datadir import IndexMissing
+from pora.node.datadir import IndexMissing
 
 Capsys = pytest.CaptureFixture[str]
 

@@ -26,7 +26,7 @@ from journal.watermark import (
     read_watermark,
     write_watermark,
 )
-from pora.datadir import MARKER_NAME
+from pora.node.datadir import MARKER_NAME
 
 Capsys = pytest.CaptureFixture[str]
 

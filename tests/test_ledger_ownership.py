@@ -26,7 +26,7 @@ from netio.messages import (
     ReadEntry,
     ReadEntryResponse,
 )
-from pora.node_client import connect_node
+from pora.client.node_client import connect_node
 
 
 async def test_delete_without_the_ledgers_key_is_refused_and_changes_nothing(

@@ -10,9 +10,9 @@ import trio
 from serve_helpers import http_get, samples
 
 import pora
-from pora.logs import JsonFormatter, LogfmtFormatter
-from pora.metrics import NodeMetrics, serve_metrics
-from pora.resp import ReplyCounter, encode_command
+from pora.bench.resp import ReplyCounter, encode_command
+from pora.server.logs import JsonFormatter, LogfmtFormatter
+from pora.server.metrics import NodeMetrics, serve_metrics
 
 
 async def test_scrape_moves_with_adds_and_health_follows_read_only(data_dir: Path) -> None:

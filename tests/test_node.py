@@ -12,7 +12,7 @@ import trio
 import pora
 from journal.format import RecordFlag, RecordKind
 from journal.request import Request
-from pora.datadir import DATA_DIR_VERSION, MARKER_NAME
+from pora.node.datadir import DATA_DIR_VERSION, MARKER_NAME
 
 
 async def test_add_then_read_returns_the_same_bytes(data_dir: Path) -> None:

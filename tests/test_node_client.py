@@ -11,8 +11,8 @@ import trio
 from net_helpers import self_signed_certificate, serving
 
 import pora
-from pora.node_client import connect_node
-from pora.server import Server, ServerConfig
+from pora.client.node_client import connect_node
+from pora.server.server import Server, ServerConfig
 
 
 async def test_every_operation_round_trips(data_dir: Path) -> None:

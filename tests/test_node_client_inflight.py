@@ -14,7 +14,7 @@ import trio.testing
 from net_helpers import serving
 
 import pora
-from pora.node_client import connect_node
+from pora.client.node_client import connect_node
 
 
 async def test_callers_past_inflight_max_all_complete(data_dir: Path) -> None:

@@ -13,8 +13,8 @@ import pora
 from netio import codec
 from netio import frames as f
 from netio.messages import AddRun, AddRunResponse, Info, InfoResponse
-from pora.node_client import connect_node
-from pora.server import Server
+from pora.client.node_client import connect_node
+from pora.server.server import Server
 
 
 def payload(entry_id: int, tag: bytes = b"p") -> bytes:

@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from pora.read_budget import ByteBudget
+from pora.server.read_budget import ByteBudget
 
 
 async def test_reservations_wait_in_line_and_never_pass_the_limit() -> None:

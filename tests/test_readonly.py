@@ -12,8 +12,8 @@ from fs_faults import SmallFilesystems, fill
 from serve_helpers import samples
 
 import pora
-from pora.diskwatch import DiskMonitor, DiskThresholds, disk_space
-from pora.metrics import NodeMetrics, node_health
+from pora.server.diskwatch import DiskMonitor, DiskThresholds, disk_space
+from pora.server.metrics import NodeMetrics, node_health
 
 HUGE = 1 << 60
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pora.bench_net import LoadConfig, SendTimes, Window
-from pora.resp import ReplyCounter, RespError
+from pora.bench.network import LoadConfig, SendTimes, Window
+from pora.bench.resp import ReplyCounter, RespError
 
 
 @pytest.mark.parametrize("with_redis", [False, True])

@@ -26,8 +26,8 @@ from netio.messages import (
     ReadRange,
     ReadRangeResponse,
 )
-from pora.node_client import connect_node
-from pora.server import ServerConfig
+from pora.client.node_client import connect_node
+from pora.server.server import ServerConfig
 
 
 async def test_pipelining_thousands_of_adds_on_one_connection(data_dir: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from net_helpers import serving
 
 import pora
-from pora.node_client import connect_node
+from pora.client.node_client import connect_node
 
 MARKER = b"0123456789abcdef" * 8
 

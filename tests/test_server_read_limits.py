@@ -15,8 +15,8 @@ from net_helpers import raw_connection, serving
 
 from netio import codec
 from netio.messages import ReadEntry, ReadRange
-from pora.node_client import connect_node
-from pora.server import Server
+from pora.client.node_client import connect_node
+from pora.server.server import Server
 
 MIB = 1024 * 1024
 

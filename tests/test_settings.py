@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pora.settings import (
+from pora.server.settings import (
     SETTINGS,
     Address,
     SettingsError,

@@ -15,7 +15,7 @@ import pora
 from journal.segment import list_segments
 from ledger.entrylog import EntryLog
 from ledger.worker import FlushBarrier
-from pora.node import Node
+from pora.node.node import Node
 
 
 def crash_image(data_dir: Path, target: Path) -> Path:

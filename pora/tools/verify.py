@@ -35,15 +35,15 @@ from ledger.entrylog_format import (
 from ledger.errors import StorageCorruption
 from ledger.index import Index
 from ledger.state import NO_ENTRY, LedgerMeta, LedgerState
-from pora.datadir import DataDir
-from pora.inspect import (
+from pora.node.datadir import DataDir
+from pora.tools.inspection import (
     durable_seqs,
     entrylog_path,
     find_entry_logs,
     open_entry_log,
     plan_replay,
 )
-from pora.rebuild import find_next_record
+from pora.tools.rebuild import find_next_record
 
 #: positions fetched from the index and read from the entry log at a time
 _CHECK_BATCH_ENTRIES: Final = 1024

@@ -53,15 +53,15 @@ from ledger.index import Index
 from ledger.registry import LedgerRegistry, RegistryStatistics
 from ledger.state import LedgerInfo, LedgerState
 from ledger.storage import LedgerStorage
-from pora.config import NodeConfig
-from pora.datadir import (
+from pora.node.config import NodeConfig
+from pora.node.datadir import (
     DataDir,
     DataDirLock,
     open_data_dir,
     refuse_entry_logs_without_index,
     upgrade_data_dir,
 )
-from pora.recovery import ProgressCallback, RecoveryReport, replay_journal
+from pora.node.replay import ProgressCallback, RecoveryReport, replay_journal
 
 _log = logging.getLogger("pora.node")
 

@@ -12,7 +12,7 @@ from typing import Any
 from journal.errors import PoraError
 from ledger.entrylog_format import STATE_ENTRY_ID
 from ledger.state import LedgerMeta
-from pora.commands._common import (
+from pora.cli._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
     CommandError,
@@ -26,16 +26,16 @@ from pora.commands._common import (
     print_json,
     print_table,
 )
-from pora.offline_recovery import recover, report_json
-from pora.progress import Progress
-from pora.rebuild import (
+from pora.tools.offline_replay import recover, report_json
+from pora.tools.progress import Progress
+from pora.tools.rebuild import (
     Damage,
     RebuildReport,
     entry_log_bytes,
     rebuild_index,
     unrestored,
 )
-from pora.verify import VerifyReport, verify_data_dir, verify_total_bytes
+from pora.tools.verify import VerifyReport, verify_data_dir, verify_total_bytes
 
 _PROBLEM_COLUMNS = ("kind", "ledger", "entry", "file", "offset", "problem")
 

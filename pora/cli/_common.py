@@ -17,8 +17,8 @@ from typing import Any, Final
 
 from journal.errors import PoraError
 from ledger.index import Index, IndexDamaged, IndexOpenError
-from pora.datadir import DataDir, DataDirError, DataDirLock, DataDirLocked, open_data_dir
-from pora.inspect import find_entry_logs
+from pora.node.datadir import DataDir, DataDirError, DataDirLock, DataDirLocked, open_data_dir
+from pora.tools.inspection import find_entry_logs
 
 #: the command ran and everything is fine
 EXIT_OK: Final = 0

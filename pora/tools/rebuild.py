@@ -38,8 +38,8 @@ from ledger.entrylog_format import (
 from ledger.errors import StorageCorruption
 from ledger.index import Index
 from ledger.state import NO_ENTRY, LedgerMeta
-from pora.datadir import DataDir
-from pora.inspect import data_bytes, find_entry_logs, open_entry_log
+from pora.node.datadir import DataDir
+from pora.tools.inspection import data_bytes, find_entry_logs, open_entry_log
 
 #: positions installed in the index per write batch (bounds memory on huge ledgers)
 _INSTALL_BATCH_ENTRIES: Final = 8192

@@ -84,8 +84,8 @@ from netio.messages import (
     ResponseMessage,
     WireAdd,
 )
-from pora.node import RUN_ENTRIES_MAX, Node
-from pora.read_budget import ByteBudget
+from pora.node.node import RUN_ENTRIES_MAX, Node
+from pora.server.read_budget import ByteBudget
 
 _log = logging.getLogger("pora.server")
 

@@ -16,9 +16,9 @@ import trio
 
 from journal.errors import JournalNoSpace, PoraError
 from ledger.index import IndexDamaged
-from pora.commands._common import EXIT_REFUSED
-from pora.datadir import DataDirError, IndexMissing
-from pora.settings import SETTINGS, SettingsError, load_settings
+from pora.cli._common import EXIT_REFUSED
+from pora.node.datadir import DataDirError, IndexMissing
+from pora.server.settings import SETTINGS, SettingsError, load_settings
 
 EPILOG = """\
 Each setting can also come from an environment variable (shown in brackets) or
@@ -85,8 +85,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pora.daemon import run_daemon  # noqa: PLC0415 (keeps `--help` fast)
-    from pora.logs import configure_logging  # noqa: PLC0415
+    from pora.server.daemon import run_daemon  # noqa: PLC0415 (keeps `--help` fast)
+    from pora.server.logs import configure_logging  # noqa: PLC0415
 
     flags = {s.name: getattr(args, s.name) for s in SETTINGS}
     try:
@@ -164,7 +164,7 @@ def _is_refusal(reason: Exception) -> bool:
     """Whether the node refused to start as configured (exit status 2) rather than
     failed (1): a bad data dir, address, or too little room, or a data dir the node
     must not start on as it is (a lost or damaged index), all repaired outside."""
-    from pora.daemon import StartRefused  # noqa: PLC0415 (loaded by `run` already)
+    from pora.server.daemon import StartRefused  # noqa: PLC0415 (loaded by `run` already)
 
     return isinstance(
         reason,

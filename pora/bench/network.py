@@ -49,8 +49,8 @@ from typing import Any, Final
 
 import trio
 
-from pora.gc_tuning import GC_YOUNG_THRESHOLD_DEFAULT, freeze_and_tune
-from pora.resp import ReplyCounter, encode_command
+from pora.bench.resp import ReplyCounter, encode_command
+from pora.server.gc_tuning import GC_YOUNG_THRESHOLD_DEFAULT, freeze_and_tune
 
 LATENCY_SAMPLES_MAX: Final = 5_000_000
 #: bytes asked of the socket per receive, for both clients. Python's `recv` allocates

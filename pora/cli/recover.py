@@ -13,7 +13,7 @@ from typing import Any
 
 from ledger.index import Index
 from ledger.state import LedgerMeta
-from pora.commands._common import (
+from pora.cli._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
     CommandError,
@@ -24,15 +24,15 @@ from pora.commands._common import (
     print_fields,
     print_json,
 )
-from pora.datadir import DataDir, IndexMissing, refuse_entry_logs_without_index
-from pora.inspect import (
+from pora.node.datadir import DataDir, IndexMissing, refuse_entry_logs_without_index
+from pora.tools.inspection import (
     durable_seqs,
     journal_data_bytes,
     plan_replay,
     torn_tail_json,
 )
-from pora.offline_recovery import recover, report_json
-from pora.progress import Progress
+from pora.tools.offline_replay import recover, report_json
+from pora.tools.progress import Progress
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -83,7 +83,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import trio  # noqa: PLC0415
 
-    from pora.bench_net import LoadConfig, format_table, run_bench  # noqa: PLC0415
+    from pora.bench.network import LoadConfig, format_table, run_bench  # noqa: PLC0415
 
     try:
         config = LoadConfig(
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         print("pora bench: --rounds must be >= 1", file=sys.stderr)
         return 2
-    from pora.bench_net import PORA_LOADS  # noqa: PLC0415
+    from pora.bench.network import PORA_LOADS  # noqa: PLC0415
 
     pora_loads = [] if args.redis_only else [x.strip() for x in args.pora_load.split(",") if x]
     for load in pora_loads:

@@ -13,10 +13,10 @@ from typing import Any, Final
 import trio
 
 import pora
-from pora.datadir import DataDir
-from pora.inspect import journal_data_bytes, torn_tail_json
-from pora.progress import Progress
-from pora.recovery import RecoveryReport
+from pora.node.datadir import DataDir
+from pora.node.replay import RecoveryReport
+from pora.tools.inspection import journal_data_bytes, torn_tail_json
+from pora.tools.progress import Progress
 
 #: the progress bar's label: its total is the journal's written bytes, an estimate
 REPLAY_LABEL: Final = "replaying journal (total estimated from segment sizes)"

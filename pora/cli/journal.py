@@ -14,7 +14,7 @@ from typing import Any
 
 from journal.errors import JournalCorruption, JournalError, JournalFormatError, JournalGap
 from journal.reader import JournalRecord, JournalScanner, ScanSummary
-from pora.commands._common import (
+from pora.cli._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
     TableWriter,
@@ -25,8 +25,8 @@ from pora.commands._common import (
     print_json,
     print_json_line,
 )
-from pora.inspect import journal_data_bytes, segment_starts, torn_tail_json
-from pora.progress import Progress
+from pora.tools.inspection import journal_data_bytes, segment_starts, torn_tail_json
+from pora.tools.progress import Progress
 
 _DUMP_COLUMNS = ("segment", "offset", "seq", "type", "ledger", "entry", "size", "checksum")
 

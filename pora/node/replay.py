@@ -44,7 +44,7 @@ from journal.watermark import JournalState, Watermark, write_watermark
 from ledger.errors import FlushFailed
 from ledger.registry import LedgerRegistry
 
-_log = logging.getLogger("pora.recovery")
+_log = logging.getLogger("pora.replay")
 
 #: called with the number of journal bytes scanned so far
 ProgressCallback = Callable[[int], None]

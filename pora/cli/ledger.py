@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, Final
 from journal.errors import JournalError
 from ledger.index import Index
 from ledger.state import NO_ENTRY, LedgerMeta
-from pora.commands._common import (
+from pora.cli._common import (
     EXIT_OK,
     EXIT_REFUSED,
     CommandError,
@@ -32,8 +32,8 @@ from pora.commands._common import (
     print_table,
     warn,
 )
-from pora.datadir import DataDir
-from pora.inspect import (
+from pora.node.datadir import DataDir
+from pora.tools.inspection import (
     ReplayPlan,
     durable_seqs,
     entrylog_path,
@@ -45,7 +45,7 @@ from pora.inspect import (
     read_entries,
     visible_last_entry,
 )
-from pora.progress import Progress
+from pora.tools.progress import Progress
 
 #: ledger and entry ids are non-negative i64
 ID_LIMIT: Final = 2**63

@@ -1,7 +1,7 @@
 """The `pora` command line.
 
-Each subcommand (or group of subcommands) lives in its own module under
-`pora/commands/` and exposes `register(subparsers)`, which adds its parser and sets
+Each subcommand (or group of subcommands) lives in its own module of this
+package and exposes `register(subparsers)`, which adds its parser and sets
 `run` (a function of the parsed arguments returning the exit status) as a default.
 Modules are found by listing the package, so adding a command touches one file.
 """
@@ -11,11 +11,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
-import sys
 from collections.abc import Callable, Sequence
 from typing import cast
 
-import pora.commands
+import pora.cli
 from pora import __version__
 
 Run = Callable[[argparse.Namespace], int]
@@ -29,10 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"pora {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_info in sorted(pkgutil.iter_modules(pora.commands.__path__), key=lambda m: m.name):
+    for module_info in sorted(pkgutil.iter_modules(pora.cli.__path__), key=lambda m: m.name):
         if module_info.name.startswith("_"):
             continue  # helpers shared by commands
-        module = importlib.import_module(f"pora.commands.{module_info.name}")
+        module = importlib.import_module(f"pora.cli.{module_info.name}")
         module.register(subparsers)
     return parser
 
@@ -45,7 +44,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     return run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -30,10 +30,10 @@ import trio
 
 import pora
 from journal.errors import PoraError
-from pora.diskwatch import DiskMonitor, DiskThresholds
-from pora.gc_tuning import freeze_and_tune
-from pora.metrics import NodeMetrics, serve_metrics
-from pora.settings import Address, Settings
+from pora.server.diskwatch import DiskMonitor, DiskThresholds
+from pora.server.gc_tuning import freeze_and_tune
+from pora.server.metrics import NodeMetrics, serve_metrics
+from pora.server.settings import Address, Settings
 
 _log = logging.getLogger("pora.serve")
 
@@ -92,7 +92,7 @@ def _settings_fields(settings: Settings) -> dict[str, Any]:
 
 
 def _make_server(node: pora.Node, settings: Settings) -> Any:
-    from pora.server import Server, ServerConfig  # noqa: PLC0415 (keeps `--help` light)
+    from pora.server.server import Server, ServerConfig  # noqa: PLC0415 (keeps `--help` light)
 
     config = ServerConfig(
         host=settings.listen.host, port=settings.listen.port, **settings.server_options

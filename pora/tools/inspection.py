@@ -19,7 +19,7 @@ from journal.segment import list_segments
 from ledger.entrylog import EntryLog
 from ledger.index import Index
 from ledger.state import LedgerMeta, LedgerState
-from pora.datadir import DataDir
+from pora.node.datadir import DataDir
 
 #: entry logs are opened only to read; the chunk size matters only to writers
 _READ_ONLY_CHUNK_BYTES: Final = 1 << 20
@@ -89,7 +89,7 @@ def plan_replay(
     require_watermark: bool = False,
 ) -> ReplayPlan:
     """Scan the journal and count what recovery would replay: each record whose seq
-    is above its ledger's durable_seq (the rule `pora.recovery` applies).
+    is above its ledger's durable_seq (the rule `pora.node.replay` applies).
 
     Raises JournalCorruption / JournalFormatError as the scanner finds them.
     `progress` is called with the journal bytes passed so far.

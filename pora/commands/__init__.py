@@ -1,1 +1,0 @@
-"""Subcommands of `pora`: one module each, found by `pora.cli` (see its docstring)."""
