@@ -46,7 +46,6 @@ from ledger.errors import (
     NoSuchLedger,
     describe_os_error,
 )
-from ledger.filecache import FilePinned
 from ledger.memtable import Body, Memtable
 from ledger.state import NO_ENTRY, LedgerMeta, LedgerState
 
@@ -534,12 +533,7 @@ class LedgerWorker:
         storage = self._storage
         ledger_id = self.ledger_id
         # a reader may hold the file for a moment; it fails cleanly once we are done
-        while True:
-            try:
-                storage.files.discard(ledger_id)
-                break
-            except FilePinned:
-                await trio.sleep(0.001)
+        await storage.files.discard_when_released(ledger_id)
         path = storage.entrylog_path(ledger_id)
 
         def delete() -> None:
