@@ -1,7 +1,7 @@
 """One ledger's worker: the only task that touches the ledger's private workspace.
 
 (Or rather, the one task but for one case: while it waits for input with none
-queued, the journal's hand-over applies a synced batch at once (`take_nowait`),
+queued, the journal's hand-over applies a synced batch at once (`offer_nowait`),
 which is what the task would do first when woken, one turn of the loop later.)
 
 It applies journalled requests in journal order (so replay after a crash applies
@@ -87,7 +87,7 @@ class LedgerWorker:
         )
         self.memtable = Memtable(storage.budget, config.recent_bytes_max)
         #: first seq of each batch dispatched to us and not yet applied
-        self.queued_seqs: collections.deque[int] = collections.deque()
+        self._queued_seqs: collections.deque[int] = collections.deque()
         #: first seq applied since the last flush began (None: nothing to flush)
         self._unflushed_since: int | None = None
         #: first seq covered by the flush in progress
@@ -124,8 +124,8 @@ class LedgerWorker:
     def oldest_undurable_seq(self) -> int | None:
         """The smallest journal seq of this ledger not yet durable elsewhere."""
         candidates = [s for s in (self._flushing_since, self._unflushed_since) if s is not None]
-        if self.queued_seqs:
-            candidates.append(self.queued_seqs[0])
+        if self._queued_seqs:
+            candidates.append(self._queued_seqs[0])
         return min(candidates) if candidates else None
 
     # --- the task ------------------------------------------------------------------------
@@ -163,7 +163,34 @@ class LedgerWorker:
                 if self.flush_failing:
                     await trio.sleep(flush_interval_s)
 
-    def take_nowait(self, batch: list[Request]) -> bool:
+    async def enqueue(self, batch: list[Request]) -> None:
+        """Queue a synced batch for this worker; waits while its channel is full."""
+        # counted from now: while it waits for room, the batch is not durable here
+        self._queued_seqs.append(batch[0].seq)
+        try:
+            self.send.send_nowait(batch)
+        except trio.WouldBlock:
+            await self.send.send(batch)
+
+    def offer_nowait(self, batch: list[Request]) -> bool:
+        """Apply a synced batch at once (`_take_nowait`) or queue it; False, with
+        nothing taken, when the channel is full."""
+        if self._take_nowait(batch):
+            return True
+        try:
+            self.send.send_nowait(batch)
+        except trio.WouldBlock:
+            return False
+        self._queued_seqs.append(batch[0].seq)
+        return True
+
+    @property
+    def channel_full(self) -> bool:
+        """`offer_nowait` would refuse a batch now."""
+        channel = self.send.statistics()
+        return channel.current_buffer_used >= channel.max_buffer_size
+
+    def _take_nowait(self, batch: list[Request]) -> bool:
         """Apply `batch` now, in the caller's task, if this worker's task waits for
         input with none queued (so nothing is ahead of the batch) and the memtable
         has room; False: send it through the channel. A synced group's acks then go
@@ -176,7 +203,7 @@ class LedgerWorker:
             or self.memtable.unflushed_bytes >= self._storage.config.memtable_ledger_bytes_max
         ):
             return False
-        self.queued_seqs.append(batch[0].seq)
+        self._queued_seqs.append(batch[0].seq)
         self._handle(batch)
         return True
 
@@ -184,7 +211,7 @@ class LedgerWorker:
         if type(batch) is FlushBarrier:
             self._nursery_start(self._flush_for_barrier, batch)
             return
-        self.queued_seqs.popleft()
+        self._queued_seqs.popleft()
         self._apply(batch)
         self._last_activity = trio.current_time()
         config = self._storage.config
@@ -231,9 +258,7 @@ class LedgerWorker:
             self._unflushed_since = batch[0].seq
             self._dirty_since = trio.current_time()
         self._applied_seq = batch[-1].seq
-        arrived = self._storage.arrivals.pop(ledger_id, None)
-        if arrived is not None:  # long-poll readers look again
-            arrived.set()
+        self._storage.arrivals.signal(ledger_id)  # long-poll readers look again
 
     def _append_run(self, batch: list[Request], meta: LedgerMeta) -> bool:
         """Apply the batch at once if it is the common case: runs of new entries with
@@ -396,7 +421,7 @@ class LedgerWorker:
         self.memtable.clear()
         self.delete_pending = True
         self._logged_state = None
-        self._storage.master_keys.pop(self.ledger_id, None)
+        self._storage.keys.forget(self.ledger_id)
         request.complete()
 
     # --- flushing ------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import heapq
-import hmac
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -36,11 +35,11 @@ from journal.segment import list_segments
 from journal.task import Journal, JournalStatistics
 from journal.trim import delete_segments, trimmable_segments
 from journal.watermark import JournalState, Watermark, write_watermark
+from ledger.arrivals import Arrivals
 from ledger.errors import (
     EntryTooLarge,
     FlushFailed,
     InvalidArgument,
-    LedgerClosed,
     NodeClosed,
     NodeReadOnly,
     NoSuchEntry,
@@ -163,13 +162,8 @@ class Node:
         journal.reclaim = self.reclaim_journal
         self._read_only: str | None = None
         self._commit_listeners: list[CommitListener] = []
-        self._master_keys = registry.storage.master_keys
+        self._keys = registry.storage.keys
         self._arrivals = registry.storage.arrivals
-        #: long polls waiting now, by ledger: the last to leave removes the ledger's
-        #: arrival event, so that polls leave nothing behind
-        self._long_polls: dict[int, int] = {}
-        #: ledgers that did not exist when a long poll began to wait for them
-        self._long_polled_unknown: set[int] = set()
 
     # --- writes ------------------------------------------------------------------------------
 
@@ -189,7 +183,7 @@ class Node:
             for request in requests:
                 request.fail(refusal)
             return
-        batch = self._check_master_keys(requests)
+        batch = self._keys.admit(requests, self._registry.metas)
         if not batch:
             await trio.lowlevel.checkpoint()
             return
@@ -197,42 +191,6 @@ class Node:
             self._journal.submit_nowait(batch)
         except trio.WouldBlock:
             await self._journal.submit(batch)
-
-    def _check_master_keys(self, requests: list[Request]) -> list[Request]:
-        """Refuse requests with a wrong key, and adds to a closed ledger; put a KEY
-        record before the first request of a ledger that has no key yet (it fixes
-        the key, durably, in journal order). Refused requests are not journalled."""
-        keys = self._master_keys
-        metas = self._registry.metas
-        checked: list[Request] | None = None  # made only when the batch must change
-        for index, request in enumerate(requests):
-            claimed = request.master_key
-            if claimed is None:
-                if checked is not None:
-                    checked.append(request)
-                continue
-            if request.kind is RecordKind.ENTRY:
-                # (a close still in the journal is met by the ledger worker's own check)
-                meta = metas.get(request.ledger_id)
-                if meta is not None and meta.state is LedgerState.CLOSED:
-                    if checked is None:
-                        checked = requests[:index]
-                    request.fail(LedgerClosed(request.ledger_id))
-                    continue
-            known = keys.get(request.ledger_id)
-            if known is not None and (known is claimed or hmac.compare_digest(known, claimed)):
-                if checked is not None:
-                    checked.append(request)
-                continue
-            if checked is None:
-                checked = requests[:index]
-            if known is None:
-                keys[request.ledger_id] = claimed
-                checked.append(Request(RecordKind.KEY, request.ledger_id, -1, claimed))
-                checked.append(request)
-            else:
-                request.fail(Unauthorized(request.ledger_id))
-        return requests if checked is None else checked
 
     async def _perform(self, requests: list[Request]) -> None:
         """Submit `requests` and wait until every one of them has completed.
@@ -536,8 +494,7 @@ class Node:
         master key must be the ledger's (else Unauthorized, and nothing changes)."""
         _check_id("ledger_id", ledger_id)
         self._registry.meta(ledger_id)  # NoSuchLedger without journalling anything
-        known = self._master_keys.get(ledger_id)
-        if known is not None and not hmac.compare_digest(known, master_key):
+        if not self._keys.matches(ledger_id, master_key):
             raise Unauthorized(ledger_id)
         await self._perform_one(Request(RecordKind.DELETE, ledger_id, -1, master_key=master_key))
 
@@ -552,13 +509,10 @@ class Node:
         if wait_s <= 0:
             return await self._registry.read_entry(ledger_id, entry_id)
         deadline = trio.current_time() + wait_s
-        polls = self._long_polls
-        polls[ledger_id] = polls.get(ledger_id, 0) + 1
-        try:
+        arrivals = self._arrivals
+        with arrivals.waiting(ledger_id):
             while True:
-                arrived = self._arrivals.get(ledger_id)
-                if arrived is None:
-                    arrived = self._arrivals[ledger_id] = trio.Event()
+                arrived = arrivals.next_arrival(ledger_id)
                 try:
                     return await self._registry.read_entry(ledger_id, entry_id)
                 except (NoSuchEntry, NoSuchLedger) as error:
@@ -566,35 +520,11 @@ class Node:
                     if meta is not None and meta.state is LedgerState.CLOSED:
                         raise  # nothing more will come
                     if meta is None:
-                        self._wait_for_unknown_ledger(error, ledger_id)
+                        arrivals.wait_for_unknown_ledger(ledger_id, error)
                     with trio.move_on_at(deadline):
                         await arrived.wait()
                         continue
                     raise
-        finally:
-            left = polls[ledger_id] - 1
-            if left:
-                polls[ledger_id] = left
-            else:
-                del polls[ledger_id]
-                self._long_polled_unknown.discard(ledger_id)
-                self._arrivals.pop(ledger_id, None)
-
-    def _wait_for_unknown_ledger(self, error: PoraError, ledger_id: int) -> None:
-        """Count a long poll's ledger among those waited for that do not exist here,
-        or raise `error` when there are long_polls_unknown_ledgers_max of them."""
-        unknown = self._long_polled_unknown
-        if ledger_id in unknown:
-            return
-        limit = self.config.long_polls_unknown_ledgers_max
-        if len(unknown) >= limit:
-            error.args = (
-                f"{error}; long polls already wait for {limit} ledgers that do not exist "
-                "on this node (long_polls_unknown_ledgers_max): read without waiting, or "
-                "retry later",
-            )
-            raise error
-        unknown.add(ledger_id)
 
     async def read_range(
         self,
@@ -804,7 +734,8 @@ async def _running_node(
     accept_journal_gap: bool = False,
 ) -> AsyncIterator[Node]:
     metas = await trio.to_thread.run_sync(index.load_all_meta)
-    storage = LedgerStorage(directory.ledgers_dir, index, config.ledger)
+    arrivals = Arrivals(config.long_polls_unknown_ledgers_max)
+    storage = LedgerStorage(directory.ledgers_dir, index, config.ledger, arrivals)
     registry = LedgerRegistry(storage, metas)
     clean_exit = False
     try:
@@ -827,7 +758,7 @@ async def _running_node(
                 len(report.ledgers_touched),
             )
             # the keys replay restored, and those the index had, are checked from now on
-            storage.master_keys.update(
+            storage.keys.restore(
                 (ledger_id, meta.master_key)
                 for ledger_id, meta in registry.metas.items()
                 if meta.master_key is not None
