@@ -36,6 +36,8 @@ _log = logging.getLogger("pora.journal")
 Dispatch = Callable[[list[Request]], Awaitable[None]]
 #: hands a group over without waiting, all of it or (False) none of it
 DispatchNowait = Callable[[list[Request]], bool]
+#: told (operations, bytes written, sync seconds) after every group commit
+CommitListener = Callable[[int, int, float], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,12 +175,21 @@ class Journal:
         #: when the last write began; requests found queued at the next gather have
         #: waited at most since then, so the group-wait clock starts there
         self._last_write_started = 0.0
-        #: called with (records, bytes, sync seconds) after every commit (metrics)
-        self.on_commit: Callable[[int, int, float], None] | None = None
-        #: awaited before a spare is zero-filled: the node trims the journal then, and
-        #: a trimmed segment may become that spare (`recycle_pool`), with no zeros
-        #: to write. By then the segment closed last is usually all flushed
-        self.reclaim: Callable[[], Awaitable[object]] | None = None
+        self._commit_listeners: list[CommitListener] = []
+        self._reclaim: Callable[[], Awaitable[object]] | None = None
+
+    def add_commit_listener(self, listener: CommitListener) -> None:
+        """Call `listener(operations, bytes, sync_seconds)` after every group commit
+        (metrics). It runs on the journal task: it must be quick and not raise."""
+        self._commit_listeners.append(listener)
+
+    def set_reclaim(self, reclaim: Callable[[], Awaitable[object]]) -> None:
+        """Have `reclaim()` awaited before a spare segment is zero-filled: the node
+        trims the journal then, and a trimmed segment may become that spare
+        (`recycle_pool`), with no zeros to write. By then the segment closed last is
+        usually all flushed. One reclaimer; until it is set, spares are zero-filled."""
+        assert self._reclaim is None, "one reclaimer"
+        self._reclaim = reclaim
 
     @property
     def recycle_pool(self) -> SpareSegments | None:
@@ -355,9 +366,9 @@ class Journal:
             while True:
                 await self._spare_wanted.wait()
                 self._spare_wanted = trio.Event()
-                if self.reclaim is not None and spares.wanted():
+                if self._reclaim is not None and spares.wanted():
                     try:
-                        await self.reclaim()
+                        await self._reclaim()
                     except OSError as exc:
                         _log.warning(
                             "trimming the journal in %s before making a spare failed (%s); "
@@ -563,8 +574,8 @@ class Journal:
         self._group_records_max = max(self._group_records_max, operations)
         self._sync_seconds_total += sync_seconds
         self._sync_seconds_max = max(self._sync_seconds_max, sync_seconds)
-        if self.on_commit is not None:
-            self.on_commit(operations, unsynced.written, sync_seconds)
+        for listener in self._commit_listeners:
+            listener(operations, unsynced.written, sync_seconds)
         self._dispatched_seq = group[-1].seq + 1
 
     def _fail(self, group: list[Request], exc: OSError) -> None:

@@ -32,7 +32,7 @@ from journal.format import (
 )
 from journal.request import Request
 from journal.segment import list_segments
-from journal.task import Journal, JournalStatistics
+from journal.task import CommitListener, Journal, JournalStatistics
 from journal.trim import delete_segments, trimmable_segments
 from journal.watermark import JournalState, Watermark, write_watermark
 from ledger.arrivals import Arrivals
@@ -68,8 +68,6 @@ ID_MAX: Final = 2**63 - 1
 #: read_range's defaults: bound what one call may gather in memory
 RANGE_ENTRIES_MAX: Final = 1024
 RANGE_BYTES_MAX: Final = 4 << 20
-
-CommitListener = Callable[[int, int, float], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +155,10 @@ class Node:
         self._recovery = recovery
         self._closed = False
         self._segments_trimmed = 0
-        #: one trim at a time: the periodic one and the journal's `reclaim` may meet
+        #: one trim at a time: the periodic one and the journal's reclaim may meet
         self._trim_lock = trio.Lock()
-        journal.reclaim = self.reclaim_journal
+        journal.set_reclaim(self.reclaim_journal)
         self._read_only: str | None = None
-        self._commit_listeners: list[CommitListener] = []
         self._keys = registry.storage.keys
         self._arrivals = registry.storage.arrivals
 
@@ -594,13 +591,7 @@ class Node:
     def add_commit_listener(self, listener: CommitListener) -> None:
         """Call `listener(records, bytes, fsync_seconds)` after every group commit
         (metrics). It runs on the journal task: it must be quick and not raise."""
-        self._commit_listeners.append(listener)
-
-        def notify(records: int, written: int, seconds: float) -> None:
-            for each in self._commit_listeners:
-                each(records, written, seconds)
-
-        self._journal.on_commit = notify
+        self._journal.add_commit_listener(listener)
 
     def statistics(self) -> NodeStatistics:
         return NodeStatistics(
@@ -617,7 +608,7 @@ class Node:
         keep them as spares: `GroupCommitConfig.recycle_segments`).
 
         Returns how many went. Runs periodically, and before the journal makes a
-        spare segment (`Journal.reclaim`); callable by hand (tests).
+        spare segment (`Journal.set_reclaim`); callable by hand (tests).
         """
         async with self._trim_lock:
             return await self._trim_journal()
