@@ -18,19 +18,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import crc32c
 import trio
 
 from journal.errors import JournalError, PoraError
 from journal.format import (
-    BODY_CRC_FIELD,
-    BODY_FIELDS,
     CLOSE_KEEP_ALL,
     MASTER_KEY_BYTES_MAX,
     RecordFlag,
     RecordKind,
 )
-from journal.request import Request
+from journal.request import (
+    ID_MAX,
+    RUN_ENTRIES_MAX,
+    Add,
+    Request,
+    entry_run_request,
+    entry_runs,
+    merged_runs,
+)
 from journal.segment import list_segments
 from journal.task import CommitListener, Journal, JournalStatistics
 from journal.trim import delete_segments, trimmable_segments
@@ -62,9 +67,11 @@ from pora.node.datadir import (
 )
 from pora.node.replay import ProgressCallback, RecoveryReport, replay_journal
 
+#: (RUN_ENTRIES_MAX: the server's bound on a run, as the node takes it)
+__all__ = ["RUN_ENTRIES_MAX", "Node", "NodeStatistics", "open_node"]
+
 _log = logging.getLogger("pora.node")
 
-ID_MAX: Final = 2**63 - 1
 #: read_range's defaults: bound what one call may gather in memory
 RANGE_ENTRIES_MAX: Final = 1024
 RANGE_BYTES_MAX: Final = 4 << 20
@@ -82,53 +89,6 @@ def _as_pora_error(error: BaseException | None) -> PoraError | None:
     if error is None or isinstance(error, PoraError):
         return error
     raise error  # not an outcome of the request: a bug, let it surface
-
-
-#: the most adds one run request carries: runs are what one connection read or one
-#: `add_entries` call brings, so this only bounds a record's size in odd cases
-RUN_ENTRIES_MAX: Final = 1024
-#: a run request made from one ADD_RUN frame answers that one frame: no per-add tags
-_NO_RUN_TAGS: Final[list[int]] = []
-
-
-def _as_runs(requests: list[Request]) -> list[Request]:
-    """Single-entry requests, in order, with each stretch of consecutive entries of a
-    ledger (same key and flags) merged into one run request."""
-    runs: list[Request] = []
-    stretch: list[Request] = []
-    for request in requests:
-        if stretch:
-            head = stretch[-1]
-            if (
-                request.ledger_id == head.ledger_id
-                and request.entry_id == head.entry_id + 1
-                and request.flags == head.flags
-                and request.master_key == head.master_key
-                and len(stretch) < RUN_ENTRIES_MAX
-            ):
-                stretch.append(request)
-                continue
-            runs.append(_merged(stretch))
-        stretch = [request]
-    if stretch:
-        runs.append(_merged(stretch))
-    return runs
-
-
-def _merged(stretch: list[Request]) -> Request:
-    if len(stretch) == 1:
-        return stretch[0]
-    first = stretch[0]
-    return Request.entry_run(
-        first.ledger_id,
-        first.entry_id,
-        [request.bodies[0] for request in stretch],
-        max([request.lac for request in stretch]),
-        first.flags,
-        first.master_key,
-        None,
-        [],
-    )
 
 
 def _check_id(kind: str, value: int) -> None:
@@ -269,7 +229,7 @@ class Node:
 
     def entry_requests(
         self,
-        adds: Sequence[tuple[int, int, int, int, bytes, bytes, bool]],
+        adds: Sequence[Add],
         on_done: Callable[[Request], None],
     ) -> tuple[list[Request], list[tuple[int, PoraError]]]:
         """Checked add requests for `submit`, many at once: the served node's hot path.
@@ -282,75 +242,24 @@ class Node:
         the requests, each completing through `on_done`, and the refused adds as
         `(tag, error)`, with the same checks and errors as `entry_request`.
         """
-        entry_bytes_max = self.config.entry_bytes_max
-        refused: list[tuple[int, PoraError]] = []
-        new_run = Request.entry_run
-        pack_fields = BODY_FIELDS.pack
-        pack_crc = BODY_CRC_FIELD.pack
-        checksum = crc32c.crc32c
-        join = b"".join
-        plain = RecordFlag.NONE
-        recovering = RecordFlag.RECOVERY_ADD
-        # each run: ledger, first entry id, key, flags, bodies, tags, lacs
-        runs: list[tuple[int, int, bytes, RecordFlag, list[bytes], list[int], list[int]]] = []
-        # the run being gathered: its ledger, the entry id that would extend it, ...
-        run_ledger = run_next = -1
-        run_key = b""
-        run_recovery = False
-        bodies: list[bytes] = []
-        tags: list[int] = []
-        lacs: list[int] = []
-        for tag, ledger_id, entry_id, lac, master_key, payload, recovery in adds:
-            if not (
-                ledger_id >= 0
-                and entry_id >= 0
-                and lac >= -1
-                and len(payload) <= entry_bytes_max
-                and len(master_key) <= MASTER_KEY_BYTES_MAX
-                and type(payload) is bytes
-                and type(ledger_id) is int
-                and type(entry_id) is int
-                and ledger_id <= ID_MAX
-                and entry_id <= ID_MAX
-                and lac <= ID_MAX
-            ):
-                # rare: let the one-at-a-time path find what is wrong and say so
-                try:
-                    self.entry_request(
-                        ledger_id,
-                        entry_id,
-                        payload,
-                        master_key=master_key,
-                        recovery=recovery,
-                        last_add_confirmed=lac,
-                    )
-                except PoraError as error:
-                    refused.append((tag, error))
-                    continue
-            if (
-                entry_id != run_next
-                or ledger_id != run_ledger
-                or master_key != run_key
-                or recovery != run_recovery
-                or len(bodies) >= RUN_ENTRIES_MAX
-            ):
-                bodies, tags, lacs = [], [], []
-                flags = recovering if recovery else plain
-                runs.append((ledger_id, entry_id, master_key, flags, bodies, tags, lacs))
-                run_ledger = ledger_id
-                run_key = master_key
-                run_recovery = recovery
-            # encode_body, inlined: a call per add is a tenth of this loop's cost
-            fields = pack_fields(len(payload), ledger_id, entry_id, lac)
-            bodies.append(join((pack_crc(checksum(payload, checksum(fields))), fields, payload)))
-            tags.append(tag)
-            lacs.append(lac)
-            run_next = entry_id + 1
-        requests = [
-            new_run(ledger, first, bodies, max(lacs), flags, key, on_done, tags)
-            for ledger, first, key, flags, bodies, tags, lacs in runs
-        ]
-        return requests, refused
+        return entry_runs(adds, self.config.entry_bytes_max, on_done, self._refusal)
+
+    def _refusal(self, add: Add) -> PoraError | None:
+        """What is wrong with an add that failed `entry_runs`' quick checks (None:
+        nothing, take it): the one-at-a-time checks of `entry_request`."""
+        _tag, ledger_id, entry_id, lac, master_key, payload, recovery = add
+        try:
+            self.entry_request(
+                ledger_id,
+                entry_id,
+                payload,
+                master_key=master_key,
+                recovery=recovery,
+                last_add_confirmed=lac,
+            )
+        except PoraError as error:
+            return error
+        return None
 
     def run_request(
         self,
@@ -389,27 +298,14 @@ class Node:
                 (i, len(p)) for i, p in enumerate(payloads) if len(p) > entry_bytes_max
             )
             raise EntryTooLarge(ledger_id, size, entry_bytes_max, first_entry_id + index)
-        pack_fields = BODY_FIELDS.pack
-        pack_crc = BODY_CRC_FIELD.pack
-        checksum = crc32c.crc32c
-        join = b"".join
-        bodies: list[bytes] = []
-        append = bodies.append
-        entry_id = first_entry_id
-        for payload in payloads:
-            # encode_body, inlined (as in entry_requests): the call would cost a tenth
-            fields = pack_fields(len(payload), ledger_id, entry_id, last_add_confirmed)
-            append(join((pack_crc(checksum(payload, checksum(fields))), fields, payload)))
-            entry_id += 1
-        return Request.entry_run(
+        return entry_run_request(
             ledger_id,
             first_entry_id,
-            bodies,
+            payloads,
             last_add_confirmed,
             RecordFlag.RECOVERY_ADD if recovery else RecordFlag.NONE,
             master_key,
             on_done,
-            _NO_RUN_TAGS,
         )
 
     async def add_entry(
@@ -450,7 +346,7 @@ class Node:
         costs a fraction of one `add_entry` call per entry. Arguments are checked
         before anything is submitted: a bad one raises and nothing is stored.
         """
-        runs = _as_runs([self.entry_request(*entry, master_key=master_key) for entry in entries])
+        runs = merged_runs([self.entry_request(*entry, master_key=master_key) for entry in entries])
         if not runs:
             await trio.lowlevel.checkpoint()
             return []
