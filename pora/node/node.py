@@ -1,11 +1,5 @@
-"""The node: wires the journal, the ledger registry, recovery and the trimmer.
-
-`open_node` is the one way to run a node (in-process, in tests, and under
-`pora serve`): it locks the data dir, recovers, starts the tasks, yields the
-`Node`, and on exit stops taking requests, drains, flushes, trims and unlocks.
-If a ledger's last flush failed (a full or failing disk), the exit keeps the
-whole journal, which holds that ledger's entries, and raises FlushFailed.
-"""
+"""The node's operations: adds, fences, closes, deletes and reads, over the journal
+and the ledger registry that `open_node` (pora/node/lifecycle.py) starts."""
 
 from __future__ import annotations
 
@@ -13,14 +7,13 @@ import contextlib
 import functools
 import heapq
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import trio
 
-from journal.errors import JournalError, PoraError
+from journal.errors import PoraError
 from journal.format import (
     CLOSE_KEEP_ALL,
     MASTER_KEY_BYTES_MAX,
@@ -39,8 +32,7 @@ from journal.request import (
 from journal.segment import list_segments
 from journal.task import CommitListener, Journal, JournalStatistics
 from journal.trim import delete_segments, trimmable_segments
-from journal.watermark import JournalState, Watermark, write_watermark
-from ledger.arrivals import Arrivals
+from journal.watermark import JournalState, Watermark
 from ledger.errors import (
     EntryTooLarge,
     FlushFailed,
@@ -50,25 +42,17 @@ from ledger.errors import (
     NoSuchEntry,
     NoSuchLedger,
     Unauthorized,
-    describe_os_error,
-    ledger_list,
 )
-from ledger.index import Index
 from ledger.registry import LedgerRegistry, RegistryStatistics
 from ledger.state import LedgerInfo, LedgerState
-from ledger.storage import LedgerStorage
 from pora.node.config import NodeConfig
 from pora.node.datadir import (
     DataDir,
-    DataDirLock,
-    open_data_dir,
-    refuse_entry_logs_without_index,
-    upgrade_data_dir,
 )
-from pora.node.replay import ProgressCallback, RecoveryReport, replay_journal
+from pora.node.replay import RecoveryReport
 
 #: (RUN_ENTRIES_MAX: the server's bound on a run, as the node takes it)
-__all__ = ["RUN_ENTRIES_MAX", "Node", "NodeStatistics", "open_node"]
+__all__ = ["RUN_ENTRIES_MAX", "Node", "NodeStatistics"]
 
 _log = logging.getLogger("pora.node")
 
@@ -560,176 +544,3 @@ class Node:
         while True:
             await trio.sleep(interval_s)
             await self.reclaim_journal()
-
-
-@contextlib.asynccontextmanager
-async def open_node(
-    data_dir: str | Path = "pora-data",
-    *,
-    recovery_progress: ProgressCallback | None = None,
-    accept_journal_gap: bool = False,
-    **options: Any,
-) -> AsyncIterator[Node]:
-    """Run a node on `data_dir` for the duration of the `async with` block.
-
-    Options are the fields of NodeConfig, GroupCommitConfig and LedgerConfig, by
-    name (for example `group_wait_ms_max=2`, `memtable_flush_bytes=8 << 20`).
-    `recovery_progress`, if given, is called now and then during recovery with the
-    journal bytes scanned so far (for progress bars). `accept_journal_gap` is the
-    operator's override (`pora recover --accept-journal-gap`): recovery replays what
-    the journal holds past a gap, or a missing or damaged watermark, instead of
-    refusing; what may be lost is logged and in `statistics().recovery`.
-    """
-    config = NodeConfig.from_options(**options)
-    root = Path(data_dir)
-    directory = await trio.to_thread.run_sync(lambda: open_data_dir(root))
-    lock = DataDirLock(directory.root)
-    lock.acquire()
-    try:
-        directory = await trio.to_thread.run_sync(upgrade_data_dir, directory)
-        # before LevelDB is asked: it would create an empty index in place of a lost one
-        await trio.to_thread.run_sync(refuse_entry_logs_without_index, directory)
-        index = await trio.to_thread.run_sync(
-            lambda: Index(
-                directory.index_dir,
-                cache_bytes=config.index_cache_bytes,
-                bloom_bits=config.index_bloom_bits,
-                paranoid_checks=True,
-            )
-        )
-        try:
-            if await trio.to_thread.run_sync(index.is_empty):
-                await trio.to_thread.run_sync(
-                    functools.partial(refuse_entry_logs_without_index, directory, index_empty=True)
-                )
-            async with _running_node(
-                directory, config, index, recovery_progress, accept_journal_gap
-            ) as node:
-                yield node
-        finally:
-            await trio.to_thread.run_sync(index.close)
-    finally:
-        lock.release()
-
-
-@contextlib.asynccontextmanager
-async def _running_node(
-    directory: DataDir,
-    config: NodeConfig,
-    index: Index,
-    recovery_progress: ProgressCallback | None,
-    accept_journal_gap: bool = False,
-) -> AsyncIterator[Node]:
-    metas = await trio.to_thread.run_sync(index.load_all_meta)
-    arrivals = Arrivals(config.long_polls_unknown_ledgers_max)
-    storage = LedgerStorage(directory.ledgers_dir, index, config.ledger, arrivals)
-    registry = LedgerRegistry(storage, metas)
-    clean_exit = False
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(registry.run)
-            _log.info("recovering %s: %d ledgers known", directory.root, len(metas))
-            report = await replay_journal(
-                directory.journal_dir,
-                registry,
-                progress=recovery_progress,
-                require_watermark=directory.journal_watermark_required,
-                accept_gaps=accept_journal_gap,
-            )
-            _log.info(
-                "recovered in %.2fs: %d segments, %d of %d records replayed into %d ledgers",
-                report.seconds,
-                report.segments,
-                report.records_replayed,
-                report.records_scanned,
-                len(report.ledgers_touched),
-            )
-            # the keys replay restored, and those the index had, are checked from now on
-            storage.keys.restore(
-                (ledger_id, meta.master_key)
-                for ledger_id, meta in registry.metas.items()
-                if meta.master_key is not None
-            )
-            journal = Journal(
-                directory.journal_dir,
-                config.journal,
-                first_seq=report.next_seq,
-                dispatch=registry.dispatch,
-                dispatch_nowait=registry.dispatch_nowait,
-            )
-            journal_done = trio.Event()
-
-            async def run_journal(task_status: trio.TaskStatus[None]) -> None:
-                try:
-                    await journal.run(task_status=task_status)
-                finally:
-                    journal_done.set()
-
-            try:
-                await nursery.start(run_journal)
-            except OSError as error:  # no room for a new segment, say
-                raise JournalError(
-                    f"cannot start the journal in {directory.journal_dir}: "
-                    f"{describe_os_error(error)}. Nothing acknowledged is lost: every "
-                    "journal segment is kept. Free space on that filesystem (or fix the "
-                    "disk), then start the node again"
-                ) from error
-            # before the first record: from now on the journal holds what it gets (and
-            # the segments a replay could not flush, which come before)
-            await trio.to_thread.run_sync(_mark_journal_holding, directory.journal_dir)
-            node = Node(directory, config, journal, registry, report)
-            trimmer = trio.CancelScope()
-
-            async def run_trimmer() -> None:
-                with trimmer:
-                    await node._trim_periodically()
-
-            nursery.start_soon(run_trimmer)
-            try:
-                yield node
-            finally:
-                # stop taking requests, write what is queued, let every ledger
-                # apply and flush it, then stop
-                node._closed = True
-                journal.close_input()
-                with trio.CancelScope(shield=True):
-                    await journal_done.wait()
-                    trimmer.cancel()
-                    registry.close()
-        clean_exit = True
-    finally:
-        storage.files.close_all()
-    if clean_exit:
-        unflushed = registry.unflushed_ledgers()
-        if unflushed:
-            # their entries are durable in the journal only: keep all of it (the next
-            # start replays what the index does not hold yet)
-            raise _journal_kept(directory, unflushed)
-        # every record is durable in entry logs and index: start next time with an
-        # empty journal (nothing to replay)
-        await trio.to_thread.run_sync(index.sync)
-        segments = await trio.to_thread.run_sync(list_segments, directory.journal_dir)
-        emptied = Watermark(JournalState.EMPTY, journal.next_seq)
-        await trio.to_thread.run_sync(
-            functools.partial(delete_segments, directory.journal_dir, segments, watermark=emptied)
-        )
-
-
-def _journal_kept(directory: DataDir, unflushed: dict[int, str]) -> FlushFailed:
-    ledgers = sorted(unflushed)
-    return FlushFailed(
-        ledgers,
-        f"the node closed, but {len(ledgers)} ledger(s) could not be flushed to their "
-        f"entry logs (ledgers {ledger_list(ledgers)}; first: {unflushed[ledgers[0]]}). "
-        f"Nothing acknowledged is lost: the journal in {directory.journal_dir} is kept "
-        "with their entries. Free space on the disk (or fix it), then start the node "
-        "again or run `pora recover`: the journal is replayed then",
-    )
-
-
-def _mark_journal_holding(journal_dir: Path) -> None:
-    """Set the watermark to the oldest segment: the journal just opened its first one
-    (after recovery emptied the journal, the only one), and must hold it all."""
-    segments = list_segments(journal_dir)
-    assert segments, "the journal opens its segment before it starts"
-    write_watermark(journal_dir, Watermark(JournalState.HOLDING, segments[0].first_seq))
