@@ -38,6 +38,7 @@ from pora.node.datadir import (
 )
 from pora.node.node import Node
 from pora.node.replay import ProgressCallback, replay_journal
+from pora.node.trimmer import JournalTrimmer
 
 _log = logging.getLogger("pora.node")
 
@@ -157,12 +158,13 @@ async def _running_node(
             # before the first record: from now on the journal holds what it gets (and
             # the segments a replay could not flush, which come before)
             await trio.to_thread.run_sync(_mark_journal_holding, directory.journal_dir)
-            node = Node(directory, config, journal, registry, report)
-            trimmer = trio.CancelScope()
+            trimmer = JournalTrimmer(directory, journal, registry, config.trim_interval_ms)
+            node = Node(directory, config, journal, registry, trimmer, report)
+            trimming = trio.CancelScope()
 
             async def run_trimmer() -> None:
-                with trimmer:
-                    await node._trim_periodically()
+                with trimming:
+                    await trimmer.run()
 
             nursery.start_soon(run_trimmer)
             try:
@@ -170,11 +172,11 @@ async def _running_node(
             finally:
                 # stop taking requests, write what is queued, let every ledger
                 # apply and flush it, then stop
-                node._closed = True
+                node.stop_taking_requests()
                 journal.close_input()
                 with trio.CancelScope(shield=True):
                     await journal_done.wait()
-                    trimmer.cancel()
+                    trimming.cancel()
                     registry.close()
         clean_exit = True
     finally:

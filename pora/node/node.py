@@ -3,8 +3,6 @@ and the ledger registry that `open_node` (pora/node/lifecycle.py) starts."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import heapq
 import logging
 from collections.abc import Callable, Sequence
@@ -29,13 +27,9 @@ from journal.request import (
     entry_runs,
     merged_runs,
 )
-from journal.segment import list_segments
 from journal.task import CommitListener, Journal, JournalStatistics
-from journal.trim import delete_segments, trimmable_segments
-from journal.watermark import JournalState, Watermark
 from ledger.errors import (
     EntryTooLarge,
-    FlushFailed,
     InvalidArgument,
     NodeClosed,
     NodeReadOnly,
@@ -50,6 +44,7 @@ from pora.node.datadir import (
     DataDir,
 )
 from pora.node.replay import RecoveryReport
+from pora.node.trimmer import JournalTrimmer
 
 #: (RUN_ENTRIES_MAX: the server's bound on a run, as the node takes it)
 __all__ = ["RUN_ENTRIES_MAX", "Node", "NodeStatistics"]
@@ -90,6 +85,7 @@ class Node:
         config: NodeConfig,
         journal: Journal,
         registry: LedgerRegistry,
+        trimmer: JournalTrimmer,
         recovery: RecoveryReport,
     ) -> None:
         self.data_dir = data_dir
@@ -97,14 +93,15 @@ class Node:
         self._journal = journal
         self._registry = registry
         self._recovery = recovery
+        self._trimmer = trimmer
         self._closed = False
-        self._segments_trimmed = 0
-        #: one trim at a time: the periodic one and the journal's reclaim may meet
-        self._trim_lock = trio.Lock()
-        journal.set_reclaim(self.reclaim_journal)
         self._read_only: str | None = None
         self._keys = registry.storage.keys
         self._arrivals = registry.storage.arrivals
+
+    def stop_taking_requests(self) -> None:
+        """Refuse what is submitted from now on with NodeClosed (the node stops)."""
+        self._closed = True
 
     # --- writes ------------------------------------------------------------------------------
 
@@ -477,70 +474,19 @@ class Node:
         return NodeStatistics(
             journal=self._journal.statistics(),
             ledgers=self._registry.statistics(),
-            journal_segments_trimmed=self._segments_trimmed,
+            journal_segments_trimmed=self._trimmer.segments_trimmed,
             recovery=self._recovery,
         )
 
     # --- journal trimming --------------------------------------------------------------------
 
     async def trim_journal(self) -> int:
-        """Delete the journal segments whose every record is durable elsewhere (or
-        keep them as spares: `GroupCommitConfig.recycle_segments`).
-
-        Returns how many went. Runs periodically, and before the journal makes a
-        spare segment (`Journal.set_reclaim`); callable by hand (tests).
-        """
-        async with self._trim_lock:
-            return await self._trim_journal()
-
-    async def _trim_journal(self) -> int:
-        oldest = self._registry.oldest_undurable_seq()
-        watermark = self._journal.dispatched_seq
-        if oldest is not None:
-            watermark = min(watermark, oldest)
-        journal_dir = self.data_dir.journal_dir
-        segments = await trio.to_thread.run_sync(list_segments, journal_dir)
-        victims = trimmable_segments(segments, watermark)
-        if not victims:
-            return 0
-        index = self._registry.storage.index
-        # the index writes of flushes were not synced one by one: sync them all now,
-        # before the journal that could redo them goes away
-        await trio.to_thread.run_sync(index.sync)
-        pool = self._journal.recycle_pool
-        # the journal must hold everything from the first segment it keeps on
-        kept_from = Watermark(JournalState.HOLDING, segments[len(victims)].first_seq)
-        await trio.to_thread.run_sync(
-            functools.partial(
-                delete_segments, journal_dir, victims, watermark=kept_from, recycle_into=pool
-            )
-        )
-        self._segments_trimmed += len(victims)
-        return len(victims)
+        """Delete the journal segments whose every record is durable elsewhere (see
+        `JournalTrimmer.trim`); returns how many went. The trimmer runs on its own:
+        this is for tests and tools."""
+        return await self._trimmer.trim()
 
     async def reclaim_journal(self) -> int:
-        """Flush the ledgers whose unflushed entries are in a closed journal segment,
-        then trim (`trim_journal`); returns how many segments went.
-
-        A ledger flushes when its memtable fills or its flush interval passes. Under
-        load a segment closes every second or so, and a ledger that went quiet with
-        a little unflushed would keep it, and every segment after it, for up to its
-        flush interval: the journal grows by gigabytes, spares must be zero-filled
-        instead of recycled, and syncs slow down (a node loaded again right after
-        another load ran at 60 % of a fresh one's adds/s). Flushing such a ledger
-        early costs what its next flush would have cost. The periodic trimmer and
-        the journal, before it makes a spare, reclaim this way.
-        """
-        segment = self._journal.open_segment
-        if segment is not None:
-            # a ledger whose flush fails keeps its segments (its oldest undurable seq
-            # stays) and retries on its own schedule; the others' flushes went through
-            with contextlib.suppress(FlushFailed):
-                await self._registry.flush_all(undurable_before=segment.first_seq)
-        return await self.trim_journal()
-
-    async def _trim_periodically(self) -> None:
-        interval_s = self.config.trim_interval_ms / 1000.0
-        while True:
-            await trio.sleep(interval_s)
-            await self.reclaim_journal()
+        """Flush the ledgers holding a closed journal segment, then trim (see
+        `JournalTrimmer.reclaim`); returns how many segments went."""
+        return await self._trimmer.reclaim()
