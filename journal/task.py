@@ -30,7 +30,7 @@ from journal.mounts import describe, free_bytes
 from journal.request import Request
 from journal.segment import SegmentInfo, SegmentWriter, encode_batch
 from journal.spares import SpareSegments, usable_spares
-from journal.syncs import RingSyncs, Sync, SyncInThread
+from journal.syncs import RingSyncStarter, Sync, SyncInThread
 
 _log = logging.getLogger("pora.journal")
 Dispatch = Callable[[list[Request]], Awaitable[None]]
@@ -147,7 +147,7 @@ class Journal:
         self._dispatched_seq = first_seq
         self._writer: SegmentWriter | None = None
         #: set while `run` runs, when syncs go through io_uring
-        self._ring_syncs: RingSyncs | None = None
+        self._ring_syncs: RingSyncStarter | None = None
         self._spares: SpareSegments | None = None
         if config.preallocate and config.spare_segments_max > 0:
             self._spares = SpareSegments(
@@ -289,7 +289,7 @@ class Journal:
             raise self._no_space_error() from None
         ring_syncs = None
         if config.fsync and config.sync_with_io_uring:
-            ring_syncs = RingSyncs.open(
+            ring_syncs = RingSyncStarter.open(
                 config.syncs_in_flight_max,
                 unsignalled_check_s=config.sync_unsignalled_check_ms / 1000.0,
             )
