@@ -104,10 +104,11 @@ class JournalStatistics:
     dispatched_seq: int
     commits: int
     #: operations journalled: each entry of a run counts, as do fences, closes, ...
-    records: int
+    #: (a run is one journal record: this is not a count of records)
+    operations: int
     bytes_written: int
     #: the most operations one group commit carried
-    group_records_max: int
+    group_operations_max: int
     sync_seconds_total: float
     sync_seconds_max: float
     queued_batches: int
@@ -167,9 +168,9 @@ class Journal:
         self._handing_over_later = False
         self._nursery: trio.Nursery | None = None
         self._commits = 0
-        self._records = 0
+        self._operations = 0
         self._bytes_written = 0
-        self._group_records_max = 0
+        self._group_operations_max = 0
         self._sync_seconds_total = 0.0
         self._sync_seconds_max = 0.0
         #: when the last write began; requests found queued at the next gather have
@@ -244,9 +245,9 @@ class Journal:
             next_seq=self._next_seq,
             dispatched_seq=self._dispatched_seq,
             commits=self._commits,
-            records=self._records,
+            operations=self._operations,
             bytes_written=self._bytes_written,
-            group_records_max=self._group_records_max,
+            group_operations_max=self._group_operations_max,
             sync_seconds_total=self._sync_seconds_total,
             sync_seconds_max=self._sync_seconds_max,
             queued_batches=self._receive.statistics().current_buffer_used,
@@ -569,9 +570,9 @@ class Journal:
         # records: what a user of the figures means by "records per group commit"
         operations = sum([len(request.bodies) for request in group])
         self._commits += 1
-        self._records += operations
+        self._operations += operations
         self._bytes_written += unsynced.written
-        self._group_records_max = max(self._group_records_max, operations)
+        self._group_operations_max = max(self._group_operations_max, operations)
         self._sync_seconds_total += sync_seconds
         self._sync_seconds_max = max(self._sync_seconds_max, sync_seconds)
         for listener in self._commit_listeners:
