@@ -51,9 +51,10 @@ __all__ = ["RUN_ENTRIES_MAX", "Node", "NodeStatistics"]
 
 _log = logging.getLogger("pora.node")
 
-#: read_range's defaults: bound what one call may gather in memory
-RANGE_ENTRIES_MAX: Final = 1024
-RANGE_BYTES_MAX: Final = 4 << 20
+#: read_range's defaults for max_entries and max_bytes (a caller may ask for more):
+#: bound what one call gathers in memory
+READ_RANGE_ENTRIES_DEFAULT: Final = 1024
+READ_RANGE_BYTES_DEFAULT: Final = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,8 +407,8 @@ class Node:
         first_entry_id: int,
         last_entry_id: int,
         *,
-        max_entries: int = RANGE_ENTRIES_MAX,
-        max_bytes: int = RANGE_BYTES_MAX,
+        max_entries: int = READ_RANGE_ENTRIES_DEFAULT,
+        max_bytes: int = READ_RANGE_BYTES_DEFAULT,
     ) -> list[tuple[int, bytes]]:
         """The entries stored with ids in [first, last], ascending, as `(entry_id,
         payload)`: at most `max_entries`, and stopping before `max_bytes` of payload
