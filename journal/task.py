@@ -262,42 +262,10 @@ class Journal:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Write groups until the input is closed and drained."""
-        config = self._config
         spares = self._spares
-
-        def open_writer() -> SegmentWriter:
-            if spares is not None:
-                spares.adopt()  # the first segment may be a spare of the last run
-            return SegmentWriter(
-                self._directory,
-                segment_bytes=config.segment_bytes,
-                first_seq=self._next_seq,
-                preallocate=config.preallocate,
-                fsync=config.fsync,
-                spares=spares,
-                # the sync slots below are what keeps this promise
-                unsynced_batches_max=config.syncs_in_flight_max,
-            )
-
-        await trio.to_thread.run_sync(self._check_free_space)
-        try:
-            self._writer = await trio.to_thread.run_sync(open_writer)
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-            # the space went between the check and the preallocation (or the
-            # filesystem counts differently): the same refusal, not a traceback
-            raise self._no_space_error() from None
-        ring_syncs = None
-        if config.fsync and config.sync_with_io_uring:
-            ring_syncs = RingSyncStarter.open(
-                config.syncs_in_flight_max,
-                unsignalled_check_s=config.sync_unsignalled_check_ms / 1000.0,
-            )
+        self._writer = await self._open_first_segment()
+        ring_syncs = self._open_ring_syncs()
         self._ring_syncs = ring_syncs
-        sync_slots = trio.Semaphore(config.syncs_in_flight_max)
-        #: set once the last group started has been synced and handed over (or failed)
-        handed_over: trio.Event | None = None
         spare_maker = trio.CancelScope()
         try:
             async with trio.open_nursery() as nursery:
@@ -308,17 +276,7 @@ class Journal:
                     nursery.start_soon(ring_syncs.reap)
                 task_status.started()
                 try:
-                    while self._failure is None:
-                        # a slot first: while every slot syncs, requests pile up in the
-                        # channel and the next group gathers them all
-                        await sync_slots.acquire()
-                        group = await self._gather()
-                        if not group:
-                            sync_slots.release()
-                            break  # input closed and drained
-                        handed_over = await self._commit(group, handed_over, sync_slots)
-                    if handed_over is not None:
-                        await handed_over.wait()  # every group is handed over before the end
+                    await self._write_groups()
                 finally:
                     # the spare maker's thread stops at its next chunk, and its task
                     # ends: the nursery does not wait for a whole segment of zeros
@@ -334,6 +292,63 @@ class Journal:
             writer, self._writer = self._writer, None
             if writer is not None:
                 writer.close()
+
+    async def _open_first_segment(self) -> SegmentWriter:
+        """The writer of the first segment, after checking there is room for it."""
+        config = self._config
+        spares = self._spares
+
+        def open_writer() -> SegmentWriter:
+            if spares is not None:
+                spares.adopt()  # the first segment may be a spare of the last run
+            return SegmentWriter(
+                self._directory,
+                segment_bytes=config.segment_bytes,
+                first_seq=self._next_seq,
+                preallocate=config.preallocate,
+                fsync=config.fsync,
+                spares=spares,
+                # the sync slots of `_write_groups` are what keeps this promise
+                unsynced_batches_max=config.syncs_in_flight_max,
+            )
+
+        await trio.to_thread.run_sync(self._check_free_space)
+        try:
+            return await trio.to_thread.run_sync(open_writer)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            # the space went between the check and the preallocation (or the
+            # filesystem counts differently): the same refusal, not a traceback
+            raise self._no_space_error() from None
+
+    def _open_ring_syncs(self) -> RingSyncStarter | None:
+        """Syncs through io_uring when configured and the kernel allows it."""
+        config = self._config
+        if not (config.fsync and config.sync_with_io_uring):
+            return None
+        return RingSyncStarter.open(
+            config.syncs_in_flight_max,
+            unsignalled_check_s=config.sync_unsignalled_check_ms / 1000.0,
+        )
+
+    async def _write_groups(self) -> None:
+        """Gather, write and sync groups until the input is closed and drained (or the
+        journal fails), then wait until the last one is handed over."""
+        sync_slots = trio.Semaphore(self._config.syncs_in_flight_max)
+        #: set once the last group started has been synced and handed over (or failed)
+        handed_over: trio.Event | None = None
+        while self._failure is None:
+            # a slot first: while every slot syncs, requests pile up in the channel
+            # and the next group gathers them all
+            await sync_slots.acquire()
+            group = await self._gather()
+            if not group:
+                sync_slots.release()
+                break  # input closed and drained
+            handed_over = await self._commit(group, handed_over, sync_slots)
+        if handed_over is not None:
+            await handed_over.wait()  # every group is handed over before the end
 
     def _space_needed(self) -> int:
         """Free bytes the journal needs to start: its first segment, preallocated
