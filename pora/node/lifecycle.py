@@ -37,7 +37,7 @@ from pora.node.datadir import (
     upgrade_data_dir,
 )
 from pora.node.node import Node
-from pora.node.replay import ProgressCallback, replay_journal
+from pora.node.replay import ProgressCallback, RecoveryReport, replay_journal
 from pora.node.trimmer import JournalTrimmer
 
 _log = logging.getLogger("pora.node")
@@ -109,28 +109,7 @@ async def _running_node(
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(registry.run)
-            _log.info("recovering %s: %d ledgers known", directory.root, len(metas))
-            report = await replay_journal(
-                directory.journal_dir,
-                registry,
-                progress=recovery_progress,
-                require_watermark=directory.journal_watermark_required,
-                accept_gaps=accept_journal_gap,
-            )
-            _log.info(
-                "recovered in %.2fs: %d segments, %d of %d records replayed into %d ledgers",
-                report.seconds,
-                report.segments,
-                report.records_replayed,
-                report.records_scanned,
-                len(report.ledgers_touched),
-            )
-            # the keys replay restored, and those the index had, are checked from now on
-            storage.keys.restore(
-                (ledger_id, meta.master_key)
-                for ledger_id, meta in registry.metas.items()
-                if meta.master_key is not None
-            )
+            report = await _replay(directory, registry, recovery_progress, accept_journal_gap)
             journal = Journal(
                 directory.journal_dir,
                 config.journal,
@@ -138,23 +117,7 @@ async def _running_node(
                 dispatch=registry.dispatch,
                 dispatch_nowait=registry.dispatch_nowait,
             )
-            journal_done = trio.Event()
-
-            async def run_journal(task_status: trio.TaskStatus[None]) -> None:
-                try:
-                    await journal.run(task_status=task_status)
-                finally:
-                    journal_done.set()
-
-            try:
-                await nursery.start(run_journal)
-            except OSError as error:  # no room for a new segment, say
-                raise JournalError(
-                    f"cannot start the journal in {directory.journal_dir}: "
-                    f"{describe_os_error(error)}. Nothing acknowledged is lost: every "
-                    "journal segment is kept. Free space on that filesystem (or fix the "
-                    "disk), then start the node again"
-                ) from error
+            journal_done = await _start_journal(nursery, journal, directory)
             # before the first record: from now on the journal holds what it gets (and
             # the segments a replay could not flush, which come before)
             await trio.to_thread.run_sync(_mark_journal_holding, directory.journal_dir)
@@ -195,6 +158,60 @@ async def _running_node(
         await trio.to_thread.run_sync(
             functools.partial(delete_segments, directory.journal_dir, segments, watermark=emptied)
         )
+
+
+async def _replay(
+    directory: DataDir,
+    registry: LedgerRegistry,
+    recovery_progress: ProgressCallback | None,
+    accept_journal_gap: bool,
+) -> RecoveryReport:
+    """Replay the journal into the (running) registry; from then on the ledgers'
+    master keys, replayed or from the index, are checked."""
+    _log.info("recovering %s: %d ledgers known", directory.root, len(registry.metas))
+    report = await replay_journal(
+        directory.journal_dir,
+        registry,
+        progress=recovery_progress,
+        require_watermark=directory.journal_watermark_required,
+        accept_gaps=accept_journal_gap,
+    )
+    _log.info(
+        "recovered in %.2fs: %d segments, %d of %d records replayed into %d ledgers",
+        report.seconds,
+        report.segments,
+        report.records_replayed,
+        report.records_scanned,
+        len(report.ledgers_touched),
+    )
+    registry.storage.keys.restore(
+        (ledger_id, meta.master_key)
+        for ledger_id, meta in registry.metas.items()
+        if meta.master_key is not None
+    )
+    return report
+
+
+async def _start_journal(nursery: trio.Nursery, journal: Journal, directory: DataDir) -> trio.Event:
+    """Run the journal task in `nursery`; the event is set when it has ended."""
+    journal_done = trio.Event()
+
+    async def run_journal(task_status: trio.TaskStatus[None]) -> None:
+        try:
+            await journal.run(task_status=task_status)
+        finally:
+            journal_done.set()
+
+    try:
+        await nursery.start(run_journal)
+    except OSError as error:  # no room for a new segment, say
+        raise JournalError(
+            f"cannot start the journal in {directory.journal_dir}: "
+            f"{describe_os_error(error)}. Nothing acknowledged is lost: every "
+            "journal segment is kept. Free space on that filesystem (or fix the "
+            "disk), then start the node again"
+        ) from error
+    return journal_done
 
 
 def _journal_kept(directory: DataDir, unflushed: dict[int, str]) -> FlushFailed:
