@@ -506,17 +506,7 @@ class LedgerWorker:
     async def _write_flush(
         self, entries: dict[int, Body], snapshot: LedgerMeta, durable_seq: int, *, create: bool
     ) -> None:
-        storage = self._storage
-        ledger_id = self.ledger_id
-        index = storage.index
-        # entry-id order: range reads become sequential (appends come in order already).
-        # Ids and bodies as two lists made in C: a flush holds thousands of entries
-        entry_ids = list(entries) if self.memtable.flushing_in_order else sorted(entries)
-        bodies: list[Body] = (
-            list(entries.values())
-            if self.memtable.flushing_in_order
-            else [entries[entry_id] for entry_id in entry_ids]
-        )
+        entry_ids, bodies = self._in_entry_order(entries)
         state = LedgerStateRecord(
             snapshot.state, snapshot.fenced, snapshot.sealed_last_entry_id, snapshot.master_key
         )
@@ -524,7 +514,45 @@ class LedgerWorker:
             # the entry log carries the ledger's state too, so that a lost index can be
             # rebuilt from the logs (`pora verify --rebuild-index`); the last one wins.
             # Written after the entries, and not indexed: it is not an entry
-            bodies.append(encode_record(ledger_id, STATE_ENTRY_ID, encode_state_record(state)))
+            bodies.append(encode_record(self.ledger_id, STATE_ENTRY_ID, encode_state_record(state)))
+        if not bodies:
+            await self._write_meta(snapshot, durable_seq)
+            return
+        await self._write_bodies(entry_ids, bodies, snapshot, durable_seq, create=create)
+        self._logged_state = state
+
+    def _in_entry_order(self, entries: dict[int, Body]) -> tuple[list[int], list[Body]]:
+        """The flush's entry ids and bodies, in entry-id order: range reads become
+        sequential (appends come in order already). Two lists made in C: a flush
+        holds thousands of entries."""
+        if self.memtable.flushing_in_order:
+            return list(entries), list(entries.values())
+        entry_ids = sorted(entries)
+        return entry_ids, [entries[entry_id] for entry_id in entry_ids]
+
+    async def _write_meta(self, snapshot: LedgerMeta, durable_seq: int) -> None:
+        """A flush with nothing to write to the entry log: the metadata only."""
+        index = self._storage.index
+        await trio.to_thread.run_sync(
+            lambda: index.put_meta(dataclasses.replace(snapshot, durable_seq=durable_seq)),
+            limiter=self._storage.flush_limiter,
+        )
+        snapshot.durable_seq = durable_seq
+
+    async def _write_bodies(
+        self,
+        entry_ids: list[int],
+        bodies: list[Body],
+        snapshot: LedgerMeta,
+        durable_seq: int,
+        *,
+        create: bool,
+    ) -> None:
+        """Append the bodies to the entry log and sync it, then index the entries'
+        positions with the metadata in one batch; `snapshot` gets the new log end."""
+        storage = self._storage
+        ledger_id = self.ledger_id
+        index = storage.index
 
         def write() -> None:
             # a new log's records start after its header
@@ -536,13 +564,6 @@ class LedgerWorker:
             del lengths[len(entry_ids) :]  # the state record's
             index.apply_back_to_back(ledger_id, entry_ids, start, lengths, snapshot)
 
-        if not bodies:
-            await trio.to_thread.run_sync(
-                lambda: index.put_meta(dataclasses.replace(snapshot, durable_seq=durable_seq)),
-                limiter=storage.flush_limiter,
-            )
-            snapshot.durable_seq = durable_seq
-            return
         # take a flush slot first and only then pin the file: with thousands of
         # ledgers flushing at once, pinning while queued for a slot would hold
         # thousands of files open, past the open_files_max cap
@@ -552,7 +573,6 @@ class LedgerWorker:
                 await trio.to_thread.run_sync(write, limiter=storage.slot_held)
             finally:
                 storage.release_log(ledger_id)
-        self._logged_state = state
 
     async def _delete_storage(self) -> None:
         storage = self._storage
