@@ -542,148 +542,14 @@ class JournalScanner:
         records_end: int,
         fields: tuple[int, int, int, int, int],
     ) -> list[Any]:
-        # the hot loop of replay: locals only, no per-record method calls
-        _magic, _crc, _records_length, count, first_seq = fields
-        unpack_single = RECORD_HEADER.unpack_from
-        unpack_prefix = RECORD_PREFIX.unpack_from
-        checksum = crc32c.crc32c
-        kinds = _KINDS
-        flags_by_bits = _FLAGS
-        new_record = _new_record
-        new_request = Request
-        new_run = Request.entry_run
-        from_seq = self._from_seq
-        selection = self._selection
-        replaying = selection is not None
-        durable_seq = (selection.durable_seqs if selection is not None else {}).get
-        replayed_ledgers = set[int]()
-        add_replayed_ledger = replayed_ledgers.add
-        scanned = scanned_bytes = selected = selected_bytes = 0
-        records: list[Any] = []
-        append = records.append
-        position = records_start
-        seq = first_seq
-        for _ in range(count):
-            if position + RECORD_HEADER_SIZE > records_end:
-                raise _Damage(
-                    f"record {seq} at byte {position}: its header runs past the batch end",
-                    valid_header=True,
-                )
-            crc, kind, flags, body_count, record_seq = unpack_prefix(mapped, position)
-            if body_count == 1:  # the one-body record: header fields in one call
-                (_, _, _, _, _, body_crc, length, ledger_id, entry_id, lac) = unpack_single(
-                    mapped, position
-                )
-                body_start = position + RECORD_PREFIX_SIZE
-                end = body_start + BODY_HEADER_SIZE + length
-                if end > records_end:
-                    raise _Damage(
-                        f"record {seq} at byte {position}: its {length} payload bytes run "
-                        "past the batch end",
-                        valid_header=True,
-                    )
-                if checksum(view[body_start + BODY_CRC_START : end]) != body_crc:
-                    raise _Damage(
-                        f"record {seq} at byte {position}: body crc mismatch", valid_header=True
-                    )
-                crc_fields = mapped[body_start : body_start + BODY_CRC_FIELD_END]
-                bodies = None
-                payload_bytes = length
-            else:
-                ledger_id, entry_id, lac, bodies, end = _read_run(
-                    view, mapped, position, records_end, seq, body_count
-                )
-                crc_fields = b"".join([body[:BODY_CRC_FIELD_END] for body in bodies])
-                payload_bytes = end - position - RECORD_PREFIX_SIZE - body_count * BODY_HEADER_SIZE
-            prefix_fields = mapped[position + PREFIX_CRC_START : position + RECORD_PREFIX_SIZE]
-            if checksum(crc_fields, checksum(prefix_fields)) != crc:
-                raise _Damage(
-                    f"record {seq} at byte {position}: prefix crc mismatch", valid_header=True
-                )
-            # checked only now: a damaged prefix is reported as such, not by its fields
-            if record_seq != seq:
-                raise _Damage(
-                    f"record at byte {position} has seq {record_seq}, expected {seq}",
-                    valid_header=True,
-                )
-            record_kind = kinds.get(kind)
-            if record_kind is None:
-                raise _Damage(
-                    f"record {seq} at byte {position}: unknown kind {kind}", valid_header=True
-                )
-            if body_count == 0 or (body_count > 1 and record_kind is not RecordKind.ENTRY):
-                raise _Damage(
-                    f"record {seq} at byte {position}: a {record_kind.name} record with "
-                    f"{body_count} bodies",
-                    valid_header=True,
-                )
-            if seq < from_seq:
-                pass
-            elif replaying:
-                scanned += body_count
-                scanned_bytes += payload_bytes
-                if seq > durable_seq(ledger_id, -1):
-                    if bodies is None:
-                        # the payload is not copied out: the ledger workers take the
-                        # body, and the few that look at the payload take a view of it
-                        request = new_request(
-                            record_kind,
-                            ledger_id,
-                            entry_id,
-                            b"",
-                            flags_by_bits[flags],
-                            None,
-                            lac,
-                            None,
-                            mapped[body_start:end],
-                        )
-                    else:
-                        request = new_run(
-                            ledger_id, entry_id, bodies, lac, flags_by_bits[flags], None, None, []
-                        )
-                    request.seq = seq
-                    append(request)
-                    selected += body_count
-                    selected_bytes += payload_bytes
-                    add_replayed_ledger(ledger_id)
-            else:
-                single = bodies is None
-                for index, body in enumerate(
-                    [mapped[body_start:end]] if bodies is None else bodies
-                ):
-                    append(
-                        new_record(
-                            JournalRecord,
-                            (
-                                seq,
-                                record_kind,
-                                flags_by_bits[flags],
-                                ledger_id,
-                                entry_id + index,
-                                body[BODY_HEADER_SIZE:],
-                                path,
-                                position,
-                                lac if single else _body_lac(body),
-                                body,
-                            ),
-                        )
-                    )
-            position = end
-            seq += 1
-        if position != records_end:
-            raise _Damage(
-                f"the batch header says its records take {records_end - records_start} bytes, "
-                f"they take {position - records_start}",
-                valid_header=True,
-            )
-        if selection is not None:  # counted once the batch is known intact
-            tally = selection.tally
-            tally.records_scanned += scanned
-            tally.payload_bytes_scanned += scanned_bytes
-            tally.records_selected += selected
-            tally.payload_bytes_selected += selected_bytes
-            tally.ledgers_selected |= replayed_ledgers
-        return records
+        """The batch's records at or above from_seq, checked: Requests to replay
+        while replay_requests runs, JournalRecords otherwise."""
+        framed = _frame_records(
+            mapped, view, records_start, records_end, fields[4], fields[3], self._from_seq
+        )
+        if self._selection is not None:
+            return _replay_requests(framed, mapped, self._selection)
+        return _journal_records(framed, mapped, path)
 
     # --- where the data ends ---------------------------------------------------------
 
@@ -963,6 +829,214 @@ def _find_valid_batch_in(mapped: mmap.mmap, start: int, end: int, floor_seq: int
         # only block boundaries count: jump to the next one
         position = mapped.find(_BATCH_MAGIC_BYTES, round_up_to_block(position + 1), end)
     return None
+
+
+#: one record as `_frame_records` read and checked it: seq, kind, flags, ledger id,
+#: (first) entry id, lac, the record's offset, where its one body starts and where
+#: the record ends, its bodies when it carries a run (else None), payload bytes and
+#: how many bodies it carries
+_Framed = tuple[
+    int, RecordKind, RecordFlag, int, int, int, int, int, int, list[bytes] | None, int, int
+]
+
+
+def _frame_records(
+    mapped: mmap.mmap,
+    view: memoryview,
+    records_start: int,
+    records_end: int,
+    first_seq: int,
+    count: int,
+    from_seq: int,
+) -> list[_Framed]:
+    """The batch's records at or above from_seq, framed; every record of it checked
+    (bounds, crcs, seqs, kinds), those below from_seq too. Raises _Damage.
+
+    The hot loop of replay: locals only, no per-record method calls."""
+    unpack_single = RECORD_HEADER.unpack_from
+    unpack_prefix = RECORD_PREFIX.unpack_from
+    checksum = crc32c.crc32c
+    kinds = _KINDS
+    flags_by_bits = _FLAGS
+    framed: list[_Framed] = []
+    append = framed.append
+    position = records_start
+    seq = first_seq
+    for _ in range(count):
+        if position + RECORD_HEADER_SIZE > records_end:
+            raise _Damage(
+                f"record {seq} at byte {position}: its header runs past the batch end",
+                valid_header=True,
+            )
+        crc, kind, flags, body_count, record_seq = unpack_prefix(mapped, position)
+        body_start = position + RECORD_PREFIX_SIZE
+        if body_count == 1:  # the one-body record: header fields in one call
+            (_, _, _, _, _, body_crc, length, ledger_id, entry_id, lac) = unpack_single(
+                mapped, position
+            )
+            end = body_start + BODY_HEADER_SIZE + length
+            if end > records_end:
+                raise _Damage(
+                    f"record {seq} at byte {position}: its {length} payload bytes run "
+                    "past the batch end",
+                    valid_header=True,
+                )
+            if checksum(view[body_start + BODY_CRC_START : end]) != body_crc:
+                raise _Damage(
+                    f"record {seq} at byte {position}: body crc mismatch", valid_header=True
+                )
+            crc_fields = mapped[body_start : body_start + BODY_CRC_FIELD_END]
+            bodies = None
+            payload_bytes = length
+        else:
+            ledger_id, entry_id, lac, bodies, end = _read_run(
+                view, mapped, position, records_end, seq, body_count
+            )
+            crc_fields = b"".join([body[:BODY_CRC_FIELD_END] for body in bodies])
+            payload_bytes = end - body_start - body_count * BODY_HEADER_SIZE
+        prefix_fields = mapped[position + PREFIX_CRC_START : body_start]
+        if checksum(crc_fields, checksum(prefix_fields)) != crc:
+            raise _Damage(
+                f"record {seq} at byte {position}: prefix crc mismatch", valid_header=True
+            )
+        # checked only now: a damaged prefix is reported as such, not by its fields
+        if record_seq != seq:
+            raise _Damage(
+                f"record at byte {position} has seq {record_seq}, expected {seq}",
+                valid_header=True,
+            )
+        record_kind = kinds.get(kind)
+        if record_kind is None:
+            raise _Damage(
+                f"record {seq} at byte {position}: unknown kind {kind}", valid_header=True
+            )
+        if body_count == 0 or (body_count > 1 and record_kind is not RecordKind.ENTRY):
+            raise _Damage(
+                f"record {seq} at byte {position}: a {record_kind.name} record with "
+                f"{body_count} bodies",
+                valid_header=True,
+            )
+        if seq >= from_seq:
+            append(
+                (
+                    seq,
+                    record_kind,
+                    flags_by_bits[flags],
+                    ledger_id,
+                    entry_id,
+                    lac,
+                    position,
+                    body_start,
+                    end,
+                    bodies,
+                    payload_bytes,
+                    body_count,
+                )
+            )
+        position = end
+        seq += 1
+    if position != records_end:
+        raise _Damage(
+            f"the batch header says its records take {records_end - records_start} bytes, "
+            f"they take {position - records_start}",
+            valid_header=True,
+        )
+    return framed
+
+
+def _replay_requests(
+    framed: list[_Framed], mapped: mmap.mmap, selection: _ReplaySelection
+) -> list[Request]:
+    """The requests to replay of an intact batch: records past their ledger's durable
+    seq. Counts what it scanned and selected in the selection's tally."""
+    new_request = Request
+    new_run = Request.entry_run
+    durable_seq = selection.durable_seqs.get
+    replayed_ledgers = set[int]()
+    add_replayed_ledger = replayed_ledgers.add
+    scanned = scanned_bytes = selected = selected_bytes = 0
+    requests: list[Request] = []
+    append = requests.append
+    for (
+        seq,
+        kind,
+        flags,
+        ledger_id,
+        entry_id,
+        lac,
+        _position,
+        body_start,
+        end,
+        bodies,
+        payload_bytes,
+        body_count,
+    ) in framed:
+        scanned += body_count
+        scanned_bytes += payload_bytes
+        if seq <= durable_seq(ledger_id, -1):
+            continue
+        if bodies is None:
+            # the payload is not copied out: the ledger workers take the body, and
+            # the few that look at the payload take a view of it
+            request = new_request(
+                kind, ledger_id, entry_id, b"", flags, None, lac, None, mapped[body_start:end]
+            )
+        else:
+            request = new_run(ledger_id, entry_id, bodies, lac, flags, None, None, [])
+        request.seq = seq
+        append(request)
+        selected += body_count
+        selected_bytes += payload_bytes
+        add_replayed_ledger(ledger_id)
+    tally = selection.tally
+    tally.records_scanned += scanned
+    tally.payload_bytes_scanned += scanned_bytes
+    tally.records_selected += selected
+    tally.payload_bytes_selected += selected_bytes
+    tally.ledgers_selected |= replayed_ledgers
+    return requests
+
+
+def _journal_records(framed: list[_Framed], mapped: mmap.mmap, path: Path) -> list[JournalRecord]:
+    """An intact batch's records as JournalRecords, one per body (a run's entries
+    each get one)."""
+    new_record = _new_record
+    records: list[JournalRecord] = []
+    append = records.append
+    for (
+        seq,
+        kind,
+        flags,
+        ledger_id,
+        entry_id,
+        lac,
+        position,
+        body_start,
+        end,
+        bodies,
+        _payload_bytes,
+        _body_count,
+    ) in framed:
+        single = bodies is None
+        for index, body in enumerate([mapped[body_start:end]] if bodies is None else bodies):
+            append(
+                new_record(
+                    JournalRecord,
+                    (
+                        seq,
+                        kind,
+                        flags,
+                        ledger_id,
+                        entry_id + index,
+                        body[BODY_HEADER_SIZE:],
+                        path,
+                        position,
+                        lac if single else _body_lac(body),
+                        body,
+                    ),
+                )
+            )
+    return records
 
 
 def _read_run(

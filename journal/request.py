@@ -16,12 +16,34 @@ except where `entry_errors` says otherwise (retries of entries already stored).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
-from journal.format import BODY_HEADER_SIZE, RecordFlag, RecordKind, encode_body
+import crc32c
+
+from journal.errors import PoraError
+from journal.format import (
+    BODY_CRC_FIELD,
+    BODY_FIELDS,
+    BODY_HEADER_SIZE,
+    MASTER_KEY_BYTES_MAX,
+    RecordFlag,
+    RecordKind,
+    encode_body,
+)
 
 _NO_TAGS: Final[list[int]] = []
+
+#: the largest ledger or entry id (ids are signed 64-bit on disk, never negative)
+ID_MAX: Final = 2**63 - 1
+#: the most adds one run request carries: runs are what one connection read or one
+#: `add_entries` call brings, so this only bounds a record's size in odd cases
+RUN_ENTRIES_MAX: Final = 1024
+
+#: an add as the network decoder gives it: `(tag, ledger_id, entry_id,
+#: last_add_confirmed, master_key, payload, recovery)`, the tag being the submitter's
+#: (the wire request id)
+Add = tuple[int, int, int, int, bytes, bytes, bool]
 
 
 class Request:
@@ -164,3 +186,153 @@ class Request:
             f"Request({self.kind.name}, ledger={self.ledger_id}, entry={self.entry_id}, "
             f"count={len(self.bodies)}, seq={self.seq}, {self.payload_bytes} bytes)"
         )
+
+
+def entry_run_request(
+    ledger_id: int,
+    first_entry_id: int,
+    payloads: Iterable[bytes],
+    lac: int,
+    flags: RecordFlag,
+    master_key: bytes,
+    on_done: Callable[[Request], None] | None,
+) -> Request:
+    """An ENTRY request for the run of entries first_entry_id, first_entry_id + 1,
+    ... with these payloads (ids, lac and sizes checked by the caller), its bodies
+    encoded here. One request answers the whole run: it has no per-entry tags."""
+    pack_fields = BODY_FIELDS.pack
+    pack_crc = BODY_CRC_FIELD.pack
+    checksum = crc32c.crc32c
+    join = b"".join
+    bodies: list[bytes] = []
+    append = bodies.append
+    entry_id = first_entry_id
+    for payload in payloads:
+        # encode_body, inlined (as in entry_runs): the call would cost a tenth
+        fields = pack_fields(len(payload), ledger_id, entry_id, lac)
+        append(join((pack_crc(checksum(payload, checksum(fields))), fields, payload)))
+        entry_id += 1
+    return Request.entry_run(
+        ledger_id, first_entry_id, bodies, lac, flags, master_key, on_done, _NO_TAGS
+    )
+
+
+def entry_runs(
+    adds: Sequence[Add],
+    entry_bytes_max: int,
+    on_done: Callable[[Request], None],
+    refusal: Callable[[Add], PoraError | None],
+) -> tuple[list[Request], list[tuple[int, PoraError]]]:
+    """Add requests made from many adds at once: the served node's hot path.
+
+    Adds in a row to one ledger with consecutive entry ids (and the same key and
+    flags) become one run request, their tags in `Request.tags` in order: the journal
+    and the ledger then handle the run, not each add. An add that fails the quick
+    checks (ids in [0, ID_MAX], lac >= -1, sizes, bytes payload) is handed to
+    `refusal`, which says what is wrong with it, or None to take it after all.
+    Returns the requests, each completing through `on_done`, and the refused adds as
+    `(tag, error)`.
+
+    One loop with the body encoding inlined: a call per add is a tenth of its cost.
+    """
+    refused: list[tuple[int, PoraError]] = []
+    new_run = Request.entry_run
+    pack_fields = BODY_FIELDS.pack
+    pack_crc = BODY_CRC_FIELD.pack
+    checksum = crc32c.crc32c
+    join = b"".join
+    plain = RecordFlag.NONE
+    recovering = RecordFlag.RECOVERY_ADD
+    # each run: ledger, first entry id, key, flags, bodies, tags, lacs
+    runs: list[tuple[int, int, bytes, RecordFlag, list[bytes], list[int], list[int]]] = []
+    # the run being gathered: its ledger, the entry id that would extend it, ...
+    run_ledger = run_next = -1
+    run_key = b""
+    run_recovery = False
+    bodies: list[bytes] = []
+    tags: list[int] = []
+    lacs: list[int] = []
+    for add in adds:
+        tag, ledger_id, entry_id, lac, master_key, payload, recovery = add
+        if not (
+            ledger_id >= 0
+            and entry_id >= 0
+            and lac >= -1
+            and len(payload) <= entry_bytes_max
+            and len(master_key) <= MASTER_KEY_BYTES_MAX
+            and type(payload) is bytes
+            and type(ledger_id) is int
+            and type(entry_id) is int
+            and ledger_id <= ID_MAX
+            and entry_id <= ID_MAX
+            and lac <= ID_MAX
+        ):
+            # rare: let the caller's one-at-a-time checks find what is wrong
+            error = refusal(add)
+            if error is not None:
+                refused.append((tag, error))
+                continue
+        if (
+            entry_id != run_next
+            or ledger_id != run_ledger
+            or master_key != run_key
+            or recovery != run_recovery
+            or len(bodies) >= RUN_ENTRIES_MAX
+        ):
+            bodies, tags, lacs = [], [], []
+            flags = recovering if recovery else plain
+            runs.append((ledger_id, entry_id, master_key, flags, bodies, tags, lacs))
+            run_ledger = ledger_id
+            run_key = master_key
+            run_recovery = recovery
+        # encode_body, inlined
+        fields = pack_fields(len(payload), ledger_id, entry_id, lac)
+        bodies.append(join((pack_crc(checksum(payload, checksum(fields))), fields, payload)))
+        tags.append(tag)
+        lacs.append(lac)
+        run_next = entry_id + 1
+    requests = [
+        new_run(ledger, first, bodies, max(lacs), flags, key, on_done, tags)
+        for ledger, first, key, flags, bodies, tags, lacs in runs
+    ]
+    return requests, refused
+
+
+def merged_runs(requests: list[Request]) -> list[Request]:
+    """Single-entry requests, in order, with each stretch of consecutive entries of a
+    ledger (same key and flags) merged into one run request."""
+    runs: list[Request] = []
+    stretch: list[Request] = []
+    for request in requests:
+        if stretch:
+            head = stretch[-1]
+            if (
+                request.ledger_id == head.ledger_id
+                and request.entry_id == head.entry_id + 1
+                and request.flags == head.flags
+                and request.master_key == head.master_key
+                and len(stretch) < RUN_ENTRIES_MAX
+            ):
+                stretch.append(request)
+                continue
+            runs.append(_merged(stretch))
+        stretch = [request]
+    if stretch:
+        runs.append(_merged(stretch))
+    return runs
+
+
+def _merged(stretch: list[Request]) -> Request:
+    if len(stretch) == 1:
+        return stretch[0]
+    first = stretch[0]
+    return Request.entry_run(
+        first.ledger_id,
+        first.entry_id,
+        [request.bodies[0] for request in stretch],
+        max([request.lac for request in stretch]),
+        first.flags,
+        first.master_key,
+        None,
+        [],
+    )

@@ -7,7 +7,7 @@ after the sync, and a task woken by an event runs only in the loop's next batch
 of tasks; called from where the end is read, the hand-over runs in this one.
 A sync is never abandoned (nothing closes the segment under it).
 
-- `RingSyncs`: through io_uring (journal/uring.py), submitted from the event loop,
+- `RingSyncStarter`: through io_uring (journal/uring.py), submitted from the event loop,
   their ends read by one reaper task from an eventfd. No thread of ours in the path.
 - `SyncInThread`: in a worker thread, where io_uring cannot be used.
 """
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from journal.uring import SyncRing
+from journal.uring import FdatasyncRing
 
 if TYPE_CHECKING:
     import outcome  # trio's own dependency: what start_thread_soon delivers
@@ -117,13 +117,13 @@ class _RingSync:
         return self.seconds_taken
 
 
-class RingSyncs:
+class RingSyncStarter:
     """Starts fdatasyncs through one io_uring; `reap` (a task) delivers their ends.
 
     A sync's seconds run from its submission until the loop reads its completion.
     """
 
-    def __init__(self, ring: SyncRing, *, unsignalled_check_s: float = 0.01) -> None:
+    def __init__(self, ring: FdatasyncRing, *, unsignalled_check_s: float = 0.01) -> None:
         self._ring = ring
         #: with syncs in flight and no signal for this long, the reaper looks at the
         #: ring anyway: a completion the kernel held in its overflow list signals
@@ -143,8 +143,8 @@ class RingSyncs:
     @classmethod
     def open(
         cls, syncs_in_flight_max: int, *, unsignalled_check_s: float = 0.01
-    ) -> RingSyncs | None:
-        ring = SyncRing.open(syncs_in_flight_max)
+    ) -> RingSyncStarter | None:
+        ring = FdatasyncRing.open(syncs_in_flight_max)
         return None if ring is None else cls(ring, unsignalled_check_s=unsignalled_check_s)
 
     def start(self, writer: Syncable, on_end: OnEnd) -> Sync:

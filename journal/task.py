@@ -30,12 +30,14 @@ from journal.mounts import describe, free_bytes
 from journal.request import Request
 from journal.segment import SegmentInfo, SegmentWriter, encode_batch
 from journal.spares import SpareSegments, usable_spares
-from journal.syncs import RingSyncs, Sync, SyncInThread
+from journal.syncs import RingSyncStarter, Sync, SyncInThread
 
 _log = logging.getLogger("pora.journal")
 Dispatch = Callable[[list[Request]], Awaitable[None]]
 #: hands a group over without waiting, all of it or (False) none of it
 DispatchNowait = Callable[[list[Request]], bool]
+#: told (operations, bytes written, sync seconds) after every group commit
+CommitListener = Callable[[int, int, float], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +104,11 @@ class JournalStatistics:
     dispatched_seq: int
     commits: int
     #: operations journalled: each entry of a run counts, as do fences, closes, ...
-    records: int
+    #: (a run is one journal record: this is not a count of records)
+    operations: int
     bytes_written: int
     #: the most operations one group commit carried
-    group_records_max: int
+    group_operations_max: int
     sync_seconds_total: float
     sync_seconds_max: float
     queued_batches: int
@@ -145,7 +148,7 @@ class Journal:
         self._dispatched_seq = first_seq
         self._writer: SegmentWriter | None = None
         #: set while `run` runs, when syncs go through io_uring
-        self._ring_syncs: RingSyncs | None = None
+        self._ring_syncs: RingSyncStarter | None = None
         self._spares: SpareSegments | None = None
         if config.preallocate and config.spare_segments_max > 0:
             self._spares = SpareSegments(
@@ -165,20 +168,29 @@ class Journal:
         self._handing_over_later = False
         self._nursery: trio.Nursery | None = None
         self._commits = 0
-        self._records = 0
+        self._operations = 0
         self._bytes_written = 0
-        self._group_records_max = 0
+        self._group_operations_max = 0
         self._sync_seconds_total = 0.0
         self._sync_seconds_max = 0.0
         #: when the last write began; requests found queued at the next gather have
         #: waited at most since then, so the group-wait clock starts there
         self._last_write_started = 0.0
-        #: called with (records, bytes, sync seconds) after every commit (metrics)
-        self.on_commit: Callable[[int, int, float], None] | None = None
-        #: awaited before a spare is zero-filled: the node trims the journal then, and
-        #: a trimmed segment may become that spare (`recycle_pool`), with no zeros
-        #: to write. By then the segment closed last is usually all flushed
-        self.reclaim: Callable[[], Awaitable[object]] | None = None
+        self._commit_listeners: list[CommitListener] = []
+        self._reclaim: Callable[[], Awaitable[object]] | None = None
+
+    def add_commit_listener(self, listener: CommitListener) -> None:
+        """Call `listener(operations, bytes, sync_seconds)` after every group commit
+        (metrics). It runs on the journal task: it must be quick and not raise."""
+        self._commit_listeners.append(listener)
+
+    def set_reclaim(self, reclaim: Callable[[], Awaitable[object]]) -> None:
+        """Have `reclaim()` awaited before a spare segment is zero-filled: the node
+        trims the journal then, and a trimmed segment may become that spare
+        (`recycle_pool`), with no zeros to write. By then the segment closed last is
+        usually all flushed. One reclaimer; until it is set, spares are zero-filled."""
+        assert self._reclaim is None, "one reclaimer"
+        self._reclaim = reclaim
 
     @property
     def recycle_pool(self) -> SpareSegments | None:
@@ -233,9 +245,9 @@ class Journal:
             next_seq=self._next_seq,
             dispatched_seq=self._dispatched_seq,
             commits=self._commits,
-            records=self._records,
+            operations=self._operations,
             bytes_written=self._bytes_written,
-            group_records_max=self._group_records_max,
+            group_operations_max=self._group_operations_max,
             sync_seconds_total=self._sync_seconds_total,
             sync_seconds_max=self._sync_seconds_max,
             queued_batches=self._receive.statistics().current_buffer_used,
@@ -250,42 +262,10 @@ class Journal:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Write groups until the input is closed and drained."""
-        config = self._config
         spares = self._spares
-
-        def open_writer() -> SegmentWriter:
-            if spares is not None:
-                spares.adopt()  # the first segment may be a spare of the last run
-            return SegmentWriter(
-                self._directory,
-                segment_bytes=config.segment_bytes,
-                first_seq=self._next_seq,
-                preallocate=config.preallocate,
-                fsync=config.fsync,
-                spares=spares,
-                # the sync slots below are what keeps this promise
-                unsynced_batches_max=config.syncs_in_flight_max,
-            )
-
-        await trio.to_thread.run_sync(self._check_free_space)
-        try:
-            self._writer = await trio.to_thread.run_sync(open_writer)
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-            # the space went between the check and the preallocation (or the
-            # filesystem counts differently): the same refusal, not a traceback
-            raise self._no_space_error() from None
-        ring_syncs = None
-        if config.fsync and config.sync_with_io_uring:
-            ring_syncs = RingSyncs.open(
-                config.syncs_in_flight_max,
-                unsignalled_check_s=config.sync_unsignalled_check_ms / 1000.0,
-            )
+        self._writer = await self._open_first_segment()
+        ring_syncs = self._open_ring_syncs()
         self._ring_syncs = ring_syncs
-        sync_slots = trio.Semaphore(config.syncs_in_flight_max)
-        #: set once the last group started has been synced and handed over (or failed)
-        handed_over: trio.Event | None = None
         spare_maker = trio.CancelScope()
         try:
             async with trio.open_nursery() as nursery:
@@ -296,17 +276,7 @@ class Journal:
                     nursery.start_soon(ring_syncs.reap)
                 task_status.started()
                 try:
-                    while self._failure is None:
-                        # a slot first: while every slot syncs, requests pile up in the
-                        # channel and the next group gathers them all
-                        await sync_slots.acquire()
-                        group = await self._gather()
-                        if not group:
-                            sync_slots.release()
-                            break  # input closed and drained
-                        handed_over = await self._commit(group, handed_over, sync_slots)
-                    if handed_over is not None:
-                        await handed_over.wait()  # every group is handed over before the end
+                    await self._write_groups()
                 finally:
                     # the spare maker's thread stops at its next chunk, and its task
                     # ends: the nursery does not wait for a whole segment of zeros
@@ -322,6 +292,63 @@ class Journal:
             writer, self._writer = self._writer, None
             if writer is not None:
                 writer.close()
+
+    async def _open_first_segment(self) -> SegmentWriter:
+        """The writer of the first segment, after checking there is room for it."""
+        config = self._config
+        spares = self._spares
+
+        def open_writer() -> SegmentWriter:
+            if spares is not None:
+                spares.adopt()  # the first segment may be a spare of the last run
+            return SegmentWriter(
+                self._directory,
+                segment_bytes=config.segment_bytes,
+                first_seq=self._next_seq,
+                preallocate=config.preallocate,
+                fsync=config.fsync,
+                spares=spares,
+                # the sync slots of `_write_groups` are what keeps this promise
+                unsynced_batches_max=config.syncs_in_flight_max,
+            )
+
+        await trio.to_thread.run_sync(self._check_free_space)
+        try:
+            return await trio.to_thread.run_sync(open_writer)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            # the space went between the check and the preallocation (or the
+            # filesystem counts differently): the same refusal, not a traceback
+            raise self._no_space_error() from None
+
+    def _open_ring_syncs(self) -> RingSyncStarter | None:
+        """Syncs through io_uring when configured and the kernel allows it."""
+        config = self._config
+        if not (config.fsync and config.sync_with_io_uring):
+            return None
+        return RingSyncStarter.open(
+            config.syncs_in_flight_max,
+            unsignalled_check_s=config.sync_unsignalled_check_ms / 1000.0,
+        )
+
+    async def _write_groups(self) -> None:
+        """Gather, write and sync groups until the input is closed and drained (or the
+        journal fails), then wait until the last one is handed over."""
+        sync_slots = trio.Semaphore(self._config.syncs_in_flight_max)
+        #: set once the last group started has been synced and handed over (or failed)
+        handed_over: trio.Event | None = None
+        while self._failure is None:
+            # a slot first: while every slot syncs, requests pile up in the channel
+            # and the next group gathers them all
+            await sync_slots.acquire()
+            group = await self._gather()
+            if not group:
+                sync_slots.release()
+                break  # input closed and drained
+            handed_over = await self._commit(group, handed_over, sync_slots)
+        if handed_over is not None:
+            await handed_over.wait()  # every group is handed over before the end
 
     def _space_needed(self) -> int:
         """Free bytes the journal needs to start: its first segment, preallocated
@@ -355,9 +382,9 @@ class Journal:
             while True:
                 await self._spare_wanted.wait()
                 self._spare_wanted = trio.Event()
-                if self.reclaim is not None and spares.wanted():
+                if self._reclaim is not None and spares.wanted():
                     try:
-                        await self.reclaim()
+                        await self._reclaim()
                     except OSError as exc:
                         _log.warning(
                             "trimming the journal in %s before making a spare failed (%s); "
@@ -558,13 +585,13 @@ class Journal:
         # records: what a user of the figures means by "records per group commit"
         operations = sum([len(request.bodies) for request in group])
         self._commits += 1
-        self._records += operations
+        self._operations += operations
         self._bytes_written += unsynced.written
-        self._group_records_max = max(self._group_records_max, operations)
+        self._group_operations_max = max(self._group_operations_max, operations)
         self._sync_seconds_total += sync_seconds
         self._sync_seconds_max = max(self._sync_seconds_max, sync_seconds)
-        if self.on_commit is not None:
-            self.on_commit(operations, unsynced.written, sync_seconds)
+        for listener in self._commit_listeners:
+            listener(operations, unsynced.written, sync_seconds)
         self._dispatched_seq = group[-1].seq + 1
 
     def _fail(self, group: list[Request], exc: OSError) -> None:

@@ -15,7 +15,7 @@ compiled. The rings are shared memory with the kernel: the kernel orders its sid
 with barriers, and on x86-64 (total store order) plain loads and stores give the
 acquire and release order ours need. So the ring is used on x86-64 Linux only; on
 anything else, or when the kernel refuses io_uring (seccomp, old kernel,
-`kernel.io_uring_disabled`), `SyncRing.open` returns None and the journal syncs in
+`kernel.io_uring_disabled`), `FdatasyncRing.open` returns None and the journal syncs in
 a worker thread as before.
 
 A completion the kernel cannot post to the completion ring goes to its overflow
@@ -75,7 +75,7 @@ _U32: Final = struct.Struct("<I")
 RING_ENTRIES_MAX: Final = 4096
 
 
-class SyncRing:
+class FdatasyncRing:
     """An io_uring that runs fdatasyncs. Not thread-safe: one event loop uses it."""
 
     def __init__(
@@ -104,7 +104,7 @@ class SyncRing:
         self.overflow_flushes = 0
 
     @classmethod
-    def open(cls, entries: int) -> SyncRing | None:
+    def open(cls, entries: int) -> FdatasyncRing | None:
         """A ring for `entries` syncs in flight, or None where io_uring cannot be used."""
         if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
             return None
@@ -128,7 +128,9 @@ class SyncRing:
             return None
 
     @classmethod
-    def _map(cls, ring_fd: int, fields: tuple[int, ...], syscall: Callable[..., int]) -> SyncRing:
+    def _map(
+        cls, ring_fd: int, fields: tuple[int, ...], syscall: Callable[..., int]
+    ) -> FdatasyncRing:
         """Map the rings of a new io_uring and register an eventfd for completions."""
         sq_entries, cq_entries, _flags, _cpu, _idle, features = fields[:6]
         sq_off, cq_off = fields[10:19], fields[19:28]

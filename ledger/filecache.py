@@ -12,6 +12,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+import trio
+
 __all__ = ["FileCache", "FileCacheClosed", "FileCacheStatistics", "FilePinned"]
 
 K = TypeVar("K", bound=Hashable)
@@ -59,6 +61,9 @@ class FileCache(Generic[K, V]):
         # least recently used first
         self._files: OrderedDict[K, V] = OrderedDict()
         self._pins: dict[K, int] = {}
+        #: set when the last pin of a key is released: who waits to discard it wakes
+        #: once, rather than polling the pins
+        self._unpinned: dict[K, trio.Event] = {}
         self._closed = False
         self._hits = 0
         self._misses = 0
@@ -97,6 +102,9 @@ class FileCache(Generic[K, V]):
             self._pins[key] = count - 1
             return
         del self._pins[key]
+        unpinned = self._unpinned.pop(key, None)
+        if unpinned is not None:
+            unpinned.set()
         if self._closed:
             # close_all left it open for its user; the last user closes it
             self._close(self._files.pop(key))
@@ -113,6 +121,16 @@ class FileCache(Generic[K, V]):
         file = self._files.pop(key, None)
         if file is not None:
             self._close(file)
+
+    async def discard_when_released(self, key: K) -> None:
+        """`discard`, once every user of the file has released it (a reader may hold
+        it for a moment: one pread)."""
+        while key in self._pins:
+            unpinned = self._unpinned.get(key)
+            if unpinned is None:
+                unpinned = self._unpinned[key] = trio.Event()
+            await unpinned.wait()
+        self.discard(key)
 
     def close_all(self) -> None:
         """Closes every unpinned file now and every pinned one at its last release;

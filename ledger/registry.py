@@ -107,10 +107,8 @@ class LedgerRegistry:
         by_ledger = _by_ledger(group)
         for ledger_id in by_ledger:
             worker = self.active.get(ledger_id)
-            if worker is not None:
-                channel = worker.send.statistics()
-                if channel.current_buffer_used >= channel.max_buffer_size:
-                    return False
+            if worker is not None and worker.channel_full:
+                return False
         for ledger_id, part in by_ledger.items():
             sent = self._send_nowait(ledger_id, part)
             assert sent, "a channel with room refused a part"
@@ -120,24 +118,13 @@ class LedgerRegistry:
         worker = self.active.get(ledger_id)
         if worker is None:
             worker = self._start_worker(ledger_id)
-        elif worker.take_nowait(part):
-            return True
-        try:
-            worker.send.send_nowait(part)
-        except trio.WouldBlock:
-            return False
-        worker.queued_seqs.append(part[0].seq)
-        return True
+        return worker.offer_nowait(part)
 
     async def _send(self, ledger_id: int, part: list[Request]) -> None:
         worker = self.active.get(ledger_id)
         if worker is None:
             worker = self._start_worker(ledger_id)
-        worker.queued_seqs.append(part[0].seq)
-        try:
-            worker.send.send_nowait(part)
-        except trio.WouldBlock:
-            await worker.send.send(part)
+        await worker.enqueue(part)
 
     def _start_worker(self, ledger_id: int) -> LedgerWorker:
         if self._nursery is None or self._closing:

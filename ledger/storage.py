@@ -9,10 +9,12 @@ from pathlib import Path
 
 import trio
 
+from ledger.arrivals import Arrivals
 from ledger.entrylog import EntryLog
 from ledger.errors import NoSuchEntry
 from ledger.filecache import FileCache
 from ledger.index import Index
+from ledger.keys import LedgerKeys
 from ledger.memtable import MemoryBudget
 
 
@@ -64,7 +66,7 @@ def _not_cached() -> EntryLog:
 
 
 class LedgerStorage:
-    def __init__(self, root: Path, index: Index, config: LedgerConfig) -> None:
+    def __init__(self, root: Path, index: Index, config: LedgerConfig, arrivals: Arrivals) -> None:
         self.root = root
         self.index = index
         self.config = config
@@ -74,11 +76,10 @@ class LedgerStorage:
         #: for thread calls made while already holding a flush_limiter slot
         self.slot_held = trio.CapacityLimiter(math.inf)
         #: every ledger's master key, checked when requests are submitted (before they
-        #: are journalled); fixed by the first add, fence or close of a ledger
-        self.master_keys: dict[int, bytes] = {}
-        #: long-poll readers of a ledger wait on its event; a worker sets and drops it
-        #: after applying anything to that ledger
-        self.arrivals: dict[int, trio.Event] = {}
+        #: are journalled); a worker forgets a deleted ledger's
+        self.keys = LedgerKeys()
+        #: long-poll readers wait here; a worker signals after applying to its ledger
+        self.arrivals = arrivals
 
     def entrylog_path(self, ledger_id: int) -> Path:
         # 256 subfolders keep directories small with 10,000s of ledgers

@@ -1,7 +1,7 @@
 """One ledger's worker: the only task that touches the ledger's private workspace.
 
 (Or rather, the one task but for one case: while it waits for input with none
-queued, the journal's hand-over applies a synced batch at once (`take_nowait`),
+queued, the journal's hand-over applies a synced batch at once (`offer_nowait`),
 which is what the task would do first when woken, one turn of the loop later.)
 
 It applies journalled requests in journal order (so replay after a crash applies
@@ -46,7 +46,6 @@ from ledger.errors import (
     NoSuchLedger,
     describe_os_error,
 )
-from ledger.filecache import FilePinned
 from ledger.memtable import Body, Memtable
 from ledger.state import NO_ENTRY, LedgerMeta, LedgerState
 
@@ -88,7 +87,7 @@ class LedgerWorker:
         )
         self.memtable = Memtable(storage.budget, config.recent_bytes_max)
         #: first seq of each batch dispatched to us and not yet applied
-        self.queued_seqs: collections.deque[int] = collections.deque()
+        self._queued_seqs: collections.deque[int] = collections.deque()
         #: first seq applied since the last flush began (None: nothing to flush)
         self._unflushed_since: int | None = None
         #: first seq covered by the flush in progress
@@ -125,8 +124,8 @@ class LedgerWorker:
     def oldest_undurable_seq(self) -> int | None:
         """The smallest journal seq of this ledger not yet durable elsewhere."""
         candidates = [s for s in (self._flushing_since, self._unflushed_since) if s is not None]
-        if self.queued_seqs:
-            candidates.append(self.queued_seqs[0])
+        if self._queued_seqs:
+            candidates.append(self._queued_seqs[0])
         return min(candidates) if candidates else None
 
     # --- the task ------------------------------------------------------------------------
@@ -164,7 +163,34 @@ class LedgerWorker:
                 if self.flush_failing:
                     await trio.sleep(flush_interval_s)
 
-    def take_nowait(self, batch: list[Request]) -> bool:
+    async def enqueue(self, batch: list[Request]) -> None:
+        """Queue a synced batch for this worker; waits while its channel is full."""
+        # counted from now: while it waits for room, the batch is not durable here
+        self._queued_seqs.append(batch[0].seq)
+        try:
+            self.send.send_nowait(batch)
+        except trio.WouldBlock:
+            await self.send.send(batch)
+
+    def offer_nowait(self, batch: list[Request]) -> bool:
+        """Apply a synced batch at once (`_take_nowait`) or queue it; False, with
+        nothing taken, when the channel is full."""
+        if self._take_nowait(batch):
+            return True
+        try:
+            self.send.send_nowait(batch)
+        except trio.WouldBlock:
+            return False
+        self._queued_seqs.append(batch[0].seq)
+        return True
+
+    @property
+    def channel_full(self) -> bool:
+        """`offer_nowait` would refuse a batch now."""
+        channel = self.send.statistics()
+        return channel.current_buffer_used >= channel.max_buffer_size
+
+    def _take_nowait(self, batch: list[Request]) -> bool:
         """Apply `batch` now, in the caller's task, if this worker's task waits for
         input with none queued (so nothing is ahead of the batch) and the memtable
         has room; False: send it through the channel. A synced group's acks then go
@@ -177,7 +203,7 @@ class LedgerWorker:
             or self.memtable.unflushed_bytes >= self._storage.config.memtable_ledger_bytes_max
         ):
             return False
-        self.queued_seqs.append(batch[0].seq)
+        self._queued_seqs.append(batch[0].seq)
         self._handle(batch)
         return True
 
@@ -185,7 +211,7 @@ class LedgerWorker:
         if type(batch) is FlushBarrier:
             self._nursery_start(self._flush_for_barrier, batch)
             return
-        self.queued_seqs.popleft()
+        self._queued_seqs.popleft()
         self._apply(batch)
         self._last_activity = trio.current_time()
         config = self._storage.config
@@ -232,9 +258,7 @@ class LedgerWorker:
             self._unflushed_since = batch[0].seq
             self._dirty_since = trio.current_time()
         self._applied_seq = batch[-1].seq
-        arrived = self._storage.arrivals.pop(ledger_id, None)
-        if arrived is not None:  # long-poll readers look again
-            arrived.set()
+        self._storage.arrivals.signal(ledger_id)  # long-poll readers look again
 
     def _append_run(self, batch: list[Request], meta: LedgerMeta) -> bool:
         """Apply the batch at once if it is the common case: runs of new entries with
@@ -397,7 +421,7 @@ class LedgerWorker:
         self.memtable.clear()
         self.delete_pending = True
         self._logged_state = None
-        self._storage.master_keys.pop(self.ledger_id, None)
+        self._storage.keys.forget(self.ledger_id)
         request.complete()
 
     # --- flushing ------------------------------------------------------------------------
@@ -482,17 +506,7 @@ class LedgerWorker:
     async def _write_flush(
         self, entries: dict[int, Body], snapshot: LedgerMeta, durable_seq: int, *, create: bool
     ) -> None:
-        storage = self._storage
-        ledger_id = self.ledger_id
-        index = storage.index
-        # entry-id order: range reads become sequential (appends come in order already).
-        # Ids and bodies as two lists made in C: a flush holds thousands of entries
-        entry_ids = list(entries) if self.memtable.flushing_in_order else sorted(entries)
-        bodies: list[Body] = (
-            list(entries.values())
-            if self.memtable.flushing_in_order
-            else [entries[entry_id] for entry_id in entry_ids]
-        )
+        entry_ids, bodies = self._in_entry_order(entries)
         state = LedgerStateRecord(
             snapshot.state, snapshot.fenced, snapshot.sealed_last_entry_id, snapshot.master_key
         )
@@ -500,7 +514,45 @@ class LedgerWorker:
             # the entry log carries the ledger's state too, so that a lost index can be
             # rebuilt from the logs (`pora verify --rebuild-index`); the last one wins.
             # Written after the entries, and not indexed: it is not an entry
-            bodies.append(encode_record(ledger_id, STATE_ENTRY_ID, encode_state_record(state)))
+            bodies.append(encode_record(self.ledger_id, STATE_ENTRY_ID, encode_state_record(state)))
+        if not bodies:
+            await self._write_meta(snapshot, durable_seq)
+            return
+        await self._write_bodies(entry_ids, bodies, snapshot, durable_seq, create=create)
+        self._logged_state = state
+
+    def _in_entry_order(self, entries: dict[int, Body]) -> tuple[list[int], list[Body]]:
+        """The flush's entry ids and bodies, in entry-id order: range reads become
+        sequential (appends come in order already). Two lists made in C: a flush
+        holds thousands of entries."""
+        if self.memtable.flushing_in_order:
+            return list(entries), list(entries.values())
+        entry_ids = sorted(entries)
+        return entry_ids, [entries[entry_id] for entry_id in entry_ids]
+
+    async def _write_meta(self, snapshot: LedgerMeta, durable_seq: int) -> None:
+        """A flush with nothing to write to the entry log: the metadata only."""
+        index = self._storage.index
+        await trio.to_thread.run_sync(
+            lambda: index.put_meta(dataclasses.replace(snapshot, durable_seq=durable_seq)),
+            limiter=self._storage.flush_limiter,
+        )
+        snapshot.durable_seq = durable_seq
+
+    async def _write_bodies(
+        self,
+        entry_ids: list[int],
+        bodies: list[Body],
+        snapshot: LedgerMeta,
+        durable_seq: int,
+        *,
+        create: bool,
+    ) -> None:
+        """Append the bodies to the entry log and sync it, then index the entries'
+        positions with the metadata in one batch; `snapshot` gets the new log end."""
+        storage = self._storage
+        ledger_id = self.ledger_id
+        index = storage.index
 
         def write() -> None:
             # a new log's records start after its header
@@ -512,13 +564,6 @@ class LedgerWorker:
             del lengths[len(entry_ids) :]  # the state record's
             index.apply_back_to_back(ledger_id, entry_ids, start, lengths, snapshot)
 
-        if not bodies:
-            await trio.to_thread.run_sync(
-                lambda: index.put_meta(dataclasses.replace(snapshot, durable_seq=durable_seq)),
-                limiter=storage.flush_limiter,
-            )
-            snapshot.durable_seq = durable_seq
-            return
         # take a flush slot first and only then pin the file: with thousands of
         # ledgers flushing at once, pinning while queued for a slot would hold
         # thousands of files open, past the open_files_max cap
@@ -528,18 +573,12 @@ class LedgerWorker:
                 await trio.to_thread.run_sync(write, limiter=storage.slot_held)
             finally:
                 storage.release_log(ledger_id)
-        self._logged_state = state
 
     async def _delete_storage(self) -> None:
         storage = self._storage
         ledger_id = self.ledger_id
         # a reader may hold the file for a moment; it fails cleanly once we are done
-        while True:
-            try:
-                storage.files.discard(ledger_id)
-                break
-            except FilePinned:
-                await trio.sleep(0.001)
+        await storage.files.discard_when_released(ledger_id)
         path = storage.entrylog_path(ledger_id)
 
         def delete() -> None:

@@ -24,9 +24,9 @@ from ledger.state import LedgerInfo
 from netio.errors import ConnectionLost, NodeOverloaded, ProtocolError, RemoteError, RequestTimeout
 from netio.security import master_key_from_password
 from pora.client.node_client import NodeClient, NodeInfo, connect_node
+from pora.node import Node, NodeStatistics, open_node
 from pora.node.config import NodeConfig
 from pora.node.datadir import DataDirError, DataDirLocked
-from pora.node.node import Node, NodeStatistics, open_node
 
 __version__ = "0.1.0"
 

@@ -36,8 +36,8 @@ async def demo(data_dir: Path) -> None:
         elapsed = time.perf_counter() - started
         stats = node.statistics().journal
         print(
-            f"added {stats.records:,} durable entries in {elapsed:.2f}s "
-            f"({stats.records / elapsed:,.0f}/s, {stats.commits:,} group commits)"
+            f"added {stats.operations:,} durable entries in {elapsed:.2f}s "
+            f"({stats.operations / elapsed:,.0f}/s, {stats.commits:,} group commits)"
         )
         sample = await node.read_entry(first, 1999)
         print(f"read back ledger {first} entry 1999: {sample[:24]!r}...")

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 
 from ledger.entrylog import EntryLog
 from ledger.filecache import (
@@ -179,6 +181,29 @@ def test_discard_of_a_pinned_file_is_refused() -> None:
     assert not file.closed
     cache.release("a")
     cache.discard("a")
+    assert file.closed
+
+
+async def test_a_discard_waits_for_the_last_release_and_wakes_once() -> None:
+    cache, files = make_cache(3)
+    file = cache.acquire("a", lambda: files.opener("a"))
+    cache.acquire("a", lambda: files.opener("a"))  # two readers
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(cache.discard_when_released, "a")
+        await trio.testing.wait_all_tasks_blocked()
+        cache.release("a")
+        await trio.testing.wait_all_tasks_blocked()
+        assert not file.closed  # one reader still holds it
+        cache.release("a")
+    assert file.closed
+    assert "a" not in cache
+
+
+async def test_a_discard_of_an_unpinned_file_does_not_wait() -> None:
+    cache, files = make_cache(3)
+    file = use(cache, files, "a")
+    with trio.testing.assert_no_checkpoints():
+        await cache.discard_when_released("a")
     assert file.closed
 
 

@@ -341,4 +341,4 @@ async def test_hand_overs_that_must_wait_keep_journal_order(tmp_path: Path) -> N
     assert completed == list(range(25))
     assert len(later.groups) >= 4  # groups 3, 6, 9 and 12 at least waited
     assert journal.statistics().commits == len(handed)
-    assert journal.statistics().records == 25
+    assert journal.statistics().operations == 25

@@ -89,7 +89,7 @@ def run(
     flags: RecordFlag = RecordFlag.NONE,
 ) -> Request:
     """An ENTRY run request: entries first_entry_id, first_entry_id + 1, ... of a
-    ledger, as `Node.entry_requests` makes them (ids unchecked: tests make bad runs)."""
+    ledger, as `journal.request.entry_runs` makes them (ids unchecked: tests make bad runs)."""
     lacs = lacs if lacs is not None else [-1] * len(payloads)
     bodies = [
         encode_body(ledger_id, first_entry_id + i, lac, payload)

@@ -21,17 +21,17 @@ from journal.format import RecordKind
 from journal.reader import JournalScanner
 from journal.request import Request
 from journal.segment import SegmentWriter
-from journal.syncs import OnEnd, RingSyncs, Sync, Syncable, SyncInThread
+from journal.syncs import OnEnd, RingSyncStarter, Sync, Syncable, SyncInThread
 from journal.task import GroupCommitConfig, Journal
-from journal.uring import SyncRing
+from journal.uring import FdatasyncRing
 
-RING = SyncRing.open(2)
+RING = FdatasyncRing.open(2)
 needs_ring = pytest.mark.skipif(RING is None, reason="io_uring is not available here")
 if RING is not None:
     RING.close()
 
 
-async def wait_for_completions(ring: SyncRing, count: int) -> list[tuple[int, int]]:
+async def wait_for_completions(ring: FdatasyncRing, count: int) -> list[tuple[int, int]]:
     done: list[tuple[int, int]] = []
     with trio.fail_after(10):
         while len(done) < count:
@@ -42,7 +42,7 @@ async def wait_for_completions(ring: SyncRing, count: int) -> list[tuple[int, in
 
 @needs_ring
 async def test_a_ring_syncs_and_reports_each_sync_by_its_tag(tmp_path: Path) -> None:
-    ring = SyncRing.open(2)
+    ring = FdatasyncRing.open(2)
     assert ring is not None
     fd = os.open(tmp_path / "file", os.O_WRONLY | os.O_CREAT, 0o644)
     try:
@@ -65,7 +65,7 @@ async def test_a_ring_syncs_and_reports_each_sync_by_its_tag(tmp_path: Path) -> 
 
 @needs_ring
 async def test_a_failed_sync_comes_back_as_its_errno(tmp_path: Path) -> None:
-    ring = SyncRing.open(1)
+    ring = FdatasyncRing.open(1)
     assert ring is not None
     fd = os.open(tmp_path / "file", os.O_WRONLY | os.O_CREAT, 0o644)
     os.close(fd)  # a descriptor that is no longer open
@@ -74,7 +74,7 @@ async def test_a_failed_sync_comes_back_as_its_errno(tmp_path: Path) -> None:
     ring.close()
 
 
-async def _complete_unread(ring: SyncRing, fd: int, tags: range) -> None:
+async def _complete_unread(ring: FdatasyncRing, fd: int, tags: range) -> None:
     """Run syncs to their end without reading their completions, past what the
     ring admits in flight; returns once each is posted or overflowed."""
     for tag in tags:
@@ -94,7 +94,7 @@ async def _until(condition: Callable[[], bool]) -> None:
 async def test_completions_held_in_the_kernels_overflow_list_are_flushed(
     tmp_path: Path,
 ) -> None:
-    ring = SyncRing.open(1)  # a completion queue of two
+    ring = FdatasyncRing.open(1)  # a completion queue of two
     assert ring is not None
     fd = os.open(tmp_path / "file", os.O_WRONLY | os.O_CREAT, 0o644)
     try:
@@ -113,7 +113,7 @@ async def test_completions_held_in_the_kernels_overflow_list_are_flushed(
 
 @needs_ring
 async def test_the_reaper_finds_a_sync_whose_end_was_never_signalled(tmp_path: Path) -> None:
-    syncs = RingSyncs.open(1)
+    syncs = RingSyncStarter.open(1)
     assert syncs is not None
     ring = syncs._ring
     fd = os.open(tmp_path / "other", os.O_WRONLY | os.O_CREAT, 0o644)
@@ -166,7 +166,7 @@ async def _ended(start: Callable[[Syncable, OnEnd], Sync], writer: Syncable) -> 
 
 @needs_ring
 async def test_ring_syncs_raise_a_failed_sync_as_oserror(tmp_path: Path) -> None:
-    syncs = RingSyncs.open(2)
+    syncs = RingSyncStarter.open(2)
     assert syncs is not None
     writer = SegmentWriter(tmp_path, segment_bytes=4096, first_seq=0)
     async with trio.open_nursery() as nursery:
@@ -185,7 +185,7 @@ async def test_ring_syncs_raise_a_failed_sync_as_oserror(tmp_path: Path) -> None
 async def test_a_ring_that_cannot_be_read_fails_its_syncs_and_is_not_used_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    syncs = RingSyncs.open(2)
+    syncs = RingSyncStarter.open(2)
     assert syncs is not None
     writer = SegmentWriter(tmp_path, segment_bytes=4096, first_seq=0)
     writer.write_batch([Request(RecordKind.ENTRY, 1, 0, b"kept")], 0)

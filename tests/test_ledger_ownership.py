@@ -124,12 +124,12 @@ async def test_an_add_to_a_closed_ledger_is_not_journalled(data_dir: Path) -> No
     async with pora.open_node(data_dir) as node:
         await node.add_entry(9, 0, b"a", master_key=b"k")
         await node.close_ledger(9, master_key=b"k")
-        records = node.statistics().journal.records
+        records = node.statistics().journal.operations
         journal_bytes = node.statistics().journal.bytes_written
         for entry_id in range(1, 50):
             with pytest.raises(pora.LedgerClosed, match="ledger 9 is closed"):
                 await node.add_entry(9, entry_id, b"late" * 100, master_key=b"k")
         outcomes = await node.add_entries([(9, 50, b"x"), (9, 51, b"y")], master_key=b"k")
         assert all(isinstance(outcome, pora.LedgerClosed) for outcome in outcomes)
-        assert node.statistics().journal.records == records
+        assert node.statistics().journal.operations == records
         assert node.statistics().journal.bytes_written == journal_bytes

@@ -239,7 +239,7 @@ async def test_many_concurrent_writers_over_many_ledgers(data_dir: Path) -> None
                 nursery.start_soon(writer, ledger_id)
         stats = node.statistics()
         # every add, and one KEY record fixing each new ledger's master key
-        assert stats.journal.records == 2000 + 40
+        assert stats.journal.operations == 2000 + 40
         # group commit: far fewer syncs than adds
         assert stats.journal.commits < 1000
         for ledger_id in range(40):
@@ -290,3 +290,26 @@ async def test_full_ledger_channels_keep_every_ledger_in_order(data_dir: Path) -
         assert sorted(infos) == list(range(ledgers))
         assert all(info.entry_count == per_ledger for info in infos.values())
         assert await node.read_entry(3, per_ledger - 1) == f"3/{per_ledger - 1}".encode() * 20
+
+
+async def test_a_delete_waits_for_a_reader_of_its_entry_log_without_polling(
+    data_dir: Path,
+) -> None:
+    async with pora.open_node(data_dir) as node:
+        await node.add_entry(4, 0, b"kept until the reader lets go")
+        await node._registry.flush_all()
+        storage = node._registry.storage
+        path = storage.entrylog_path(4)
+        assert path.exists()
+        await storage.acquire_log(4, create=False)  # a reader's pread holds the file
+        await node.delete_ledger(4)
+        async with trio.open_nursery() as nursery:
+            # the delete's storage work happens at the ledger's next flush
+            nursery.start_soon(node._registry.flush_all)
+            # every task, the delete's included, sleeps until something happens: a
+            # delete polling for the pin would wake every few milliseconds
+            with trio.fail_after(5):
+                await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+            assert path.exists()
+            storage.release_log(4)
+        assert not path.exists()

@@ -3,6 +3,7 @@ dir into a running `Node`; its config, its data dir, and the journal replay at
 start. It knows no wire format: the server puts the protocol in front of it."""
 
 from pora.node.config import NodeConfig
-from pora.node.node import Node, NodeStatistics, open_node
+from pora.node.lifecycle import open_node
+from pora.node.node import Node, NodeStatistics
 
 __all__ = ["Node", "NodeConfig", "NodeStatistics", "open_node"]
