@@ -30,10 +30,14 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
+
+if TYPE_CHECKING:
+    from pora.server.settings import Settings
 
 LATE_BUCKETS_MS = (1, 5, 10, 20, 50, 100, 200, 500)
 STEPS_KEPT = 12
@@ -111,22 +115,24 @@ class _Probe:
 
 def _serve_with_probe(report_path: Path, serve_args: list[str]) -> int:
     """Child: `pora serve` with the probes, report written at exit."""
-    import pora.server.daemon as daemon  # noqa: PLC0415
     from pora.cli import main  # noqa: PLC0415
+    from pora.server import daemon  # noqa: PLC0415
 
     probe = _Probe()
     run_daemon = daemon.run_daemon
 
-    async def run_daemon_probed(*args: Any, **kwargs: Any) -> int:
+    async def run_daemon_probed(
+        settings: Settings, *, on_ready: Callable[[dict[str, Any]], None] | None = None
+    ) -> int:
         trio.lowlevel.add_instrument(probe.steps)
         gc.callbacks.append(probe.on_gc)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(probe.sleep_loop)
-            status = await run_daemon(*args, **kwargs)
+            status = await run_daemon(settings, on_ready=on_ready)
             nursery.cancel_scope.cancel()
         return status
 
-    daemon.run_daemon = run_daemon_probed  # type: ignore[assignment]
+    daemon.run_daemon = run_daemon_probed
     try:
         return main(["serve", *serve_args])
     finally:
@@ -154,6 +160,29 @@ class _DirtySampler(threading.Thread):
                 self.peak_kib[name] = max(self.peak_kib[name], kib)
 
 
+class _DirtyWriter(threading.Thread):
+    """Buffered writes (no sync) as fast as the kernel takes them, into a file that
+    starts over at `cap_bytes`: holds the machine at its dirty-page limits, where the
+    kernel throttles every process that dirties pages, the node's writes included."""
+
+    def __init__(self, path: Path, cap_bytes: int) -> None:
+        super().__init__(daemon=True)
+        self.path, self.cap_bytes = path, cap_bytes
+        self.written = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        chunk = b"\xa5" * (1 << 20)
+        with self.path.open("wb") as file:
+            while not self.stop.is_set():
+                if file.tell() >= self.cap_bytes:
+                    file.seek(0)
+                    file.truncate()
+                file.write(chunk)
+                self.written += len(chunk)
+        self.path.unlink()
+
+
 def _du_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -165,6 +194,13 @@ def main() -> int:
     parser.add_argument("--duration-s", type=float, default=300)
     parser.add_argument("--dir", default=None, help="parent of the temp data dir")
     parser.add_argument("--node-option", action="append", default=[])
+    parser.add_argument(
+        "--dirty-writer-gib",
+        type=float,
+        default=0,
+        help="also write this many GiB over and over without syncing, beside the node "
+        "(default 0: none)",
+    )
     parser.add_argument("bench_args", nargs="*", help="more `pora bench` arguments")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pora-stall-", dir=args.dir) as directory:
@@ -186,6 +222,9 @@ def main() -> int:
             address = json.loads(ready.read_text())["listen"]
             sampler = _DirtySampler()
             sampler.start()
+            writer = _DirtyWriter(root / "dirty", int(args.dirty_writer_gib * (1 << 30)))
+            if args.dirty_writer_gib > 0:
+                writer.start()
             bench = [
                 sys.executable, "-m", "pora.cli", "bench", "--connect", address,
                 "--no-redis", "--rounds", "1", "--duration-s", str(args.duration_s),
@@ -193,13 +232,14 @@ def main() -> int:
             ]  # fmt: skip
             result = subprocess.run(bench, check=True, capture_output=True, text=True)
             sampler.stop.set()
+            writer.stop.set()
+            if writer.is_alive():
+                writer.join()
             written = _du_bytes(root / "data")
         finally:
             server.send_signal(signal.SIGTERM)
             server.wait(timeout=600)
-        dirty = {
-            p.name: int(p.read_text()) for p in Path("/proc/sys/vm").glob("dirty_*")
-        }
+        dirty = {p.name: int(p.read_text()) for p in Path("/proc/sys/vm").glob("dirty_*")}
         print(
             json.dumps(
                 {
@@ -207,6 +247,7 @@ def main() -> int:
                     "probe": json.loads(report.read_text()),
                     "data_dir_bytes_at_end": written,
                     "peak_kib": sampler.peak_kib,
+                    "dirty_writer_bytes": writer.written,
                     "vm_dirty": dirty,
                     "load_average": os.getloadavg(),
                 },
