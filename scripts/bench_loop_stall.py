@@ -44,26 +44,37 @@ STEPS_KEPT = 12
 
 
 class _StepTimer(trio.abc.Instrument):
-    """Keeps the longest task steps (wall seconds, CPU seconds of the loop's thread,
-    task name): wall well above CPU is time the step spent off the CPU, blocked in a
-    system call or waiting for a core the other processes held."""
+    """Keeps the longest task steps: wall ms, then where the wall time went by the
+    loop thread's /proc schedstat (ms on a core, ms waiting for a core that other
+    threads or processes held, ms off both: blocked in a system call), task name."""
 
     def __init__(self) -> None:
         self.started: float | None = None
-        self.cpu_started = 0.0
-        self.longest: list[tuple[float, float, str]] = []
+        self.sched_started = b""
+        self.longest: list[tuple[float, float, float, float, str]] = []
+        self._schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+
+    def _sched(self) -> bytes:
+        return os.pread(self._schedstat, 96, 0)
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.sched_started = self._sched()
         self.started = time.perf_counter()
-        self.cpu_started = time.thread_time()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
         if self.started is None:  # the step that added the instrument
             return
         took = time.perf_counter() - self.started
         if len(self.longest) < STEPS_KEPT or took > self.longest[-1][0]:
-            cpu = time.thread_time() - self.cpu_started
-            self.longest.append((took, cpu, task.name))
+            on_core_ns, waited_ns = (
+                int(after) - int(before)
+                for after, before in zip(
+                    self._sched().split()[:2], self.sched_started.split()[:2], strict=True
+                )
+            )
+            on_core, waited = on_core_ns / 1e9, waited_ns / 1e9
+            blocked = max(took - on_core - waited, 0.0)
+            self.longest.append((took, on_core, waited, blocked, task.name))
             self.longest.sort(reverse=True)
             del self.longest[STEPS_KEPT:]
 
@@ -106,8 +117,8 @@ class _Probe:
             "late_max_ms": round(self.late_max_s * 1000, 2),
             "late_max_at_s": round(self.late_at_s, 1),
             "wakeups_late_ms_at_least": {str(k): v for k, v in self.buckets.items()},
-            "longest_steps_ms_wall_cpu": [
-                (round(s * 1000, 1), round(c * 1000, 1), n) for s, c, n in self.steps.longest
+            "longest_steps_ms_wall_oncore_waited_blocked": [
+                (*(round(t * 1000, 1) for t in times), name) for *times, name in self.steps.longest
             ],
             "longest_gc_ms": [round(s * 1000, 2) for s in self.gc_longest],
         }
