@@ -24,6 +24,7 @@ import argparse
 import gc
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -147,7 +148,12 @@ def _serve_with_probe(report_path: Path, serve_args: list[str]) -> int:
     try:
         return main(["serve", *serve_args])
     finally:
-        report_path.write_text(json.dumps(probe.report()))
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        report = probe.report() | {
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+            "context_switches": usage.ru_nvcsw + usage.ru_nivcsw,
+        }
+        report_path.write_text(json.dumps(report))
 
 
 def _meminfo_kib(*names: str) -> dict[str, int]:
