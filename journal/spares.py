@@ -2,9 +2,9 @@
 
 Why: `posix_fallocate` reserves blocks as *unwritten* extents. The first write into
 one makes the next `fdatasync` also commit the extent's conversion to written,
-a metadata change in the filesystem's own journal. On this project's ext4 VM a
-256 KiB append + fdatasync took ~250 µs into fallocated space and ~130 µs into
-space that had been written with zeros before: the group commit's whole cost.
+a metadata change in the filesystem's own journal: on ext4 that about doubles
+the append + fdatasync of a group commit (figures: docs/performance.md,
+`scripts/bench_zerofill.py`).
 PostgreSQL zero-fills new WAL files for the same reason (`wal_init_zero`).
 
 The cheapest spare is a recycled one: a segment the trimmer no longer needs, given

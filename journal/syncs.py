@@ -190,8 +190,8 @@ class RingSyncStarter:
     async def _look_when_unsignalled(self) -> None:
         """While syncs are in flight, look at the ring every `unsignalled_check_s`
         whatever the eventfd says. A task of its own, not a deadline on each wait
-        for a signal: a cancel scope per reap cost 5.5 us, this costs a wake-up
-        every 10 ms."""
+        for a signal: a cancel scope per reap cost more than this task's wake-up
+        every `unsignalled_check_s` (docs/performance.md)."""
         pending = self._pending
         while True:
             await self._busy.wait()

@@ -51,9 +51,9 @@ class GroupCommitConfig:
     #: sync as soon as nothing more is queued, without waiting for company
     #: (BookKeeper's flushWhenQueueEmpty). On by default: the sync slots
     #: (`syncs_in_flight_max`) already batch under load, since requests pile up
-    #: while every slot syncs, so waiting only adds latency; a closed loop over
-    #: loopback ran 129k -> 168k adds/s (p99 16 -> 9 ms) with it. Off, a group waits
-    #: up to `group_wait_ms_max` for more: fewer, larger syncs at medium load
+    #: while every slot syncs, so waiting only adds latency (figures:
+    #: docs/performance.md). Off, a group waits up to `group_wait_ms_max` for more:
+    #: fewer, larger syncs at medium load
     flush_when_queue_empty: bool = True
     #: groups written and being synced at once: with 2, the next group is gathered
     #: and written while the previous one's fdatasync runs (acks stay in order)
@@ -472,9 +472,9 @@ class Journal:
             # encoded here, on the event loop, not in the thread: it is pure Python,
             # and a thread would only take the GIL back and forth with the loop.
             # Joined into one buffer: a write of one buffer copies into the page
-            # cache at ~twice the speed of one of the batch's hundreds of bodies, which
-            # pays for the join (group of ~250 KB: 148 -> 91 us of the loop's time,
-            # with `fits` summing one length rather than hundreds)
+            # cache faster than one of the batch's hundreds of bodies, which pays for
+            # the join, and `fits` sums one length rather than hundreds (figures:
+            # docs/performance.md)
             batch = [encode_batch(group, first_seq)]
         except ValueError as exc:
             # the group holds something the format cannot carry (an id out of range,
@@ -498,10 +498,12 @@ class Journal:
                     writer.write_encoded, batch, len(group), first_seq
                 )
             else:
-                # written on the event loop: a group (at most group_bytes_max) goes
-                # into the page cache in ~0.1-0.5 ms, less than the two thread
-                # hand-offs it would wait for otherwise; 8x64 runs alternated 6x:
-                # 192k -> 207k adds/s on average
+                # written on the event loop: a page-cache write of at most
+                # group_bytes_max costs less than the two thread hand-offs it would
+                # wait for otherwise. It stays here: under sustained load, and beside
+                # a writer holding the kernel's dirty pages at their threshold, the
+                # loop's long stalls were waits for a core or the GIL, not this write
+                # (docs/performance.md, "Event-loop stalls")
                 written = writer.write_encoded(batch, len(group), first_seq)
         except OSError as exc:
             if previous is not None:

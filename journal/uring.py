@@ -3,11 +3,11 @@
 A sync in a worker thread costs two hand-offs besides the sync itself: the thread
 must be woken and take the GIL to start it, and take the GIL again to tell the
 event loop it is over. Under load, with the event loop holding the GIL most of the
-time, those cost about a third of a millisecond per group commit (see
-docs/performance.md). Through io_uring the event loop submits the fdatasync with
-one system call; the kernel runs it in its own worker and posts a completion,
-which an eventfd registered with the ring makes readable for the loop's epoll. No
-thread of ours wakes and nothing waits for the GIL.
+time, those lengthen every group commit (figures: docs/performance.md). Through
+io_uring the event loop submits the fdatasync with one system call; the kernel
+runs it in its own worker and posts a completion, which an eventfd registered with
+the ring makes readable for the loop's epoll. No thread of ours wakes and nothing
+waits for the GIL.
 
 Only the few parts of io_uring a sync needs are used (setup, one mmap for the
 rings, submit, eventfd completions), through `ctypes`, so nothing has to be
@@ -19,9 +19,9 @@ anything else, or when the kernel refuses io_uring (seccomp, old kernel,
 a worker thread as before.
 
 A completion the kernel cannot post to the completion ring goes to its overflow
-list instead, and then the eventfd is not signalled. That was seen here with the
-ring far from full (kernel 6.18, two syncs in flight, a ring of four: every sync
-after it went the same way, and the node's writes stalled for good). So every
+list instead, and then the eventfd is not signalled. Kernel 6.18 does so with the
+ring far from full (two syncs in flight, a ring of four), and every sync after it
+goes the same way: unread, the node's writes would stall for good. So every
 look at the ring also checks the overflow flag and, when it is set, asks the
 kernel to flush that list into the ring (`io_uring_enter` with GETEVENTS), as
 liburing does; and the reaper looks on its own after a while with syncs in flight

@@ -26,9 +26,8 @@ class LedgerConfig:
     ledger_channel_batches_max: int = 256
     #: a ledger flushes its memtable once this many bytes are unflushed. Small
     #: enough that one flush's fdatasync does not hold up the journal's for long
-    #: (p99 add latency over loopback: 48 ms at 4 MiB, 30 ms at 2 MiB or 1 MiB),
-    #: large enough that many ledgers do not flush too often (1 MiB cost 100
-    #: ledgers about a sixth of their adds/s in-process)
+    #: (p99 add latency), large enough that many ledgers do not flush too often
+    #: (adds/s of 100 ledgers in-process); figures: docs/performance.md
     memtable_flush_bytes: int = 2 << 20
     #: a ledger stops taking entries (backpressure) past this many unflushed bytes
     memtable_ledger_bytes_max: int = 16 << 20

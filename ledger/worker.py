@@ -377,6 +377,8 @@ class LedgerWorker:
         Only reached for out-of-order adds and retries. It reads the index and maybe
         the entry log on the event-loop thread: both are short (bloom filter, one
         pread), and doing it here keeps apply synchronous, which keeps journal order.
+        Its stalls under load are not measured yet (docs/performance.md, "Event-loop
+        stalls").
         """
         payload = self.memtable.get(entry_id)
         if payload is not None or self.delete_pending:

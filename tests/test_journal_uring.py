@@ -9,8 +9,10 @@ that fallback everywhere.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
+import platform
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +25,11 @@ from journal.request import Request
 from journal.segment import SegmentWriter
 from journal.syncs import OnEnd, RingSyncStarter, Sync, Syncable, SyncInThread
 from journal.task import GroupCommitConfig, Journal
-from journal.uring import FdatasyncRing
+from journal.uring import (
+    _SYS_IO_URING_REGISTER,
+    _SYS_IO_URING_SETUP,
+    FdatasyncRing,
+)
 
 RING = FdatasyncRing.open(2)
 needs_ring = pytest.mark.skipif(RING is None, reason="io_uring is not available here")
@@ -274,3 +280,86 @@ async def test_a_cancelled_journal_still_waits_for_its_ring_syncs(tmp_path: Path
 async def _complete_all(group: list[Request]) -> None:
     for request in group:
         request.complete()
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+class _Syscall:
+    """libc's `syscall` as `FdatasyncRing.open` sees it, with some system calls failing
+    as a kernel without io_uring, or one that forbids it, makes them fail."""
+
+    def __init__(self, failing: dict[int, int]) -> None:
+        self._syscall = _LIBC.syscall
+        self._syscall.restype = ctypes.c_long
+        self._failing = failing
+        self.restype: object = ctypes.c_long
+
+    def __call__(self, number: int, *args: object) -> int:
+        error = self._failing.get(number)
+        if error is not None:
+            ctypes.set_errno(error)
+            return -1
+        result: int = self._syscall(number, *args)
+        return result
+
+
+class _Libc:
+    def __init__(self, failing: dict[int, int]) -> None:
+        self.syscall = _Syscall(failing)
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (_SYS_IO_URING_SETUP, errno.ENOSYS),  # a kernel without io_uring
+        (_SYS_IO_URING_SETUP, errno.EPERM),  # seccomp, kernel.io_uring_disabled
+        (_SYS_IO_URING_REGISTER, errno.EINVAL),  # a ring made, its eventfd refused
+    ],
+)
+async def test_a_ring_the_kernel_refuses_leaves_the_journal_syncing_in_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: int, error: int
+) -> None:
+    monkeypatch.setattr(ctypes, "CDLL", lambda *_a, **_k: _Libc({call: error}))
+    fds = _open_fds()
+    assert FdatasyncRing.open(2) is None
+    assert RingSyncStarter.open(2) is None
+    assert _open_fds() == fds, "a refused ring left descriptors open"
+    config = GroupCommitConfig(segment_bytes=16 * 1024, sync_with_io_uring=True)
+    assert await run_journal_to_the_end(tmp_path, config) == list(range(200))
+
+
+def test_no_ring_off_x86_64(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the ring's memory order relies on x86-64's: elsewhere syncs run in threads
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert FdatasyncRing.open(2) is None
+
+
+@needs_ring
+async def test_a_ring_that_refuses_a_submission_syncs_in_threads_from_then_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    syncs = RingSyncStarter.open(2)
+    assert syncs is not None
+    writer = SegmentWriter(tmp_path, segment_bytes=4096, first_seq=0)
+    writer.write_batch([Request(RecordKind.ENTRY, 1, 0, b"kept")], 0)
+    submitted: list[int] = []
+
+    def refused(fd: int, tag: int) -> None:
+        submitted.append(tag)
+        raise OSError(errno.EIO, "io_uring_enter submitted 0, not 1")
+
+    monkeypatch.setattr(syncs._ring, "submit_fdatasync", refused)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(syncs.reap)
+        assert await _ended(syncs.start, writer) >= 0  # in a thread instead
+        assert syncs.failed
+        assert await _ended(syncs.start, writer) >= 0
+        assert len(submitted) == 1, "the ring was tried again"
+        syncs.stop()
+    syncs.close()
+    writer.close()

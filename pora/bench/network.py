@@ -54,8 +54,8 @@ from pora.server.gc_tuning import GC_YOUNG_THRESHOLD_DEFAULT, freeze_and_tune
 
 LATENCY_SAMPLES_MAX: Final = 5_000_000
 #: bytes asked of the socket per receive, for both clients. Python's `recv` allocates
-#: this much for every call (even one that finds nothing): at 256 KiB that cost some
-#: 15 us per call, more than a whole chunk of replies takes to count.
+#: this much for every call (even one that finds nothing): at 256 KiB that costs
+#: more than a whole chunk of replies takes to count (docs/performance.md).
 RECEIVE_BYTES: Final = 64 * 1024
 STARTUP_TIMEOUT_S: Final = 60.0
 

@@ -83,7 +83,7 @@ class JournalTrimmer:
         a little unflushed would keep it, and every segment after it, for up to its
         flush interval: the journal grows by gigabytes, spares must be zero-filled
         instead of recycled, and syncs slow down (a node loaded again right after
-        another load ran at 60 % of a fresh one's adds/s). Flushing such a ledger
+        another load runs well below a fresh one: docs/performance.md). Flushing such a ledger
         early costs what its next flush would have cost. The periodic trimmer and
         the journal, before it makes a spare, reclaim this way.
         """

@@ -2,10 +2,10 @@
 
 Python's cyclic collector runs its youngest generation every 700 net allocations of
 container objects (tuples, lists, dicts, objects). A node allocates a few per add
-and frees almost all of them at once by reference counting, so at 200k adds/s that
-default ran some 600 collections a second, each scanning whatever happened to be
-young: measured on `pora bench`, 5,000 collections took 0.43 s of a 7 s run, 5-6 %
-of the event loop. A threshold of 50,000 brings that to a handful per run. The
+and frees almost all of them at once by reference counting, so under load that
+default runs hundreds of collections a second, each scanning whatever happened to
+be young: a few percent of the event loop (figures: docs/performance.md). A
+threshold of 50,000 brings that to a handful per `pora bench` run. The
 memory this lets wait is bounded by the threshold: at most that many objects in
 cycles are collected later, not leaked.
 """
@@ -26,7 +26,7 @@ def freeze_and_tune(young_threshold: int) -> None:
     everything not in a cycle)."""
     if young_threshold < 0:
         raise ValueError(f"young_threshold must be >= 0, got {young_threshold}")
-    # frozen objects are never scanned again: full collections no longer pause for
+    # frozen objects are never scanned again: full collections do not pause for
     # the node's long-lived state, which would otherwise show in tail latency
     gc.freeze()
     if young_threshold == 0:
