@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 import trio
 from crash_support import kill_writer, payload_for
 
@@ -96,6 +97,7 @@ async def check_acknowledged(data_dir: Path, acked: set[tuple[int, int]]) -> Non
         assert UNACKNOWLEDGED_LEDGER not in {info.ledger_id for info in node.ledgers()}
 
 
+@pytest.mark.slow
 def test_every_acknowledged_entry_survives_repeated_sigkills(data_dir: Path) -> None:
     rng = random.Random(20261122)
     acked: set[tuple[int, int]] = set()

@@ -167,6 +167,7 @@ async def _abuse(address: str, seed: int, stop: trio.Event) -> int:
     return rounds
 
 
+@pytest.mark.slow
 async def test_garbage_on_many_connections_does_not_disturb_a_good_client(
     data_dir: Path,
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import trio
 from net_helpers import raw_connection, serving
 
@@ -83,6 +84,7 @@ async def test_unread_read_entry_responses_stay_within_the_connection_limit(
         await _until_all_given_back(server)
 
 
+@pytest.mark.slow
 async def test_unread_range_responses_stay_within_the_node_limit(data_dir: Path) -> None:
     node_limit = 8 * MIB
     async with serving(

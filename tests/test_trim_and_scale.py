@@ -164,6 +164,7 @@ async def test_the_trimmer_runs_by_itself_once_ledgers_flush(data_dir: Path) -> 
         assert await node.read_entry(3, 199) == b"y" * 2000
 
 
+@pytest.mark.slow
 async def test_ten_thousand_ledgers_on_one_node(data_dir: Path) -> None:
     ledgers = 10_000
     async with pora.open_node(
