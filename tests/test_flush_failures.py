@@ -21,7 +21,7 @@ from cli_support import run_cli
 from fs_faults import SmallFilesystems, fill
 from test_crash import tear_journal_tail
 from test_serve import Daemon, assert_all_there, serve, stop, write_until_stopped
-from test_trim_and_scale import wait_until
+from waiting import wait_until
 
 import pora
 from journal.segment import list_segments

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import errno
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
+from waiting import wait_until
 
 import pora
 from journal.segment import list_segments
@@ -140,14 +139,6 @@ async def test_the_journal_reclaims_by_itself_before_making_a_spare(data_dir: Pa
         statistics = node.statistics()
         assert statistics.journal_segments_trimmed > 3
         assert node._registry.active[1].oldest_undurable_seq() is None
-
-
-async def wait_until(condition: Callable[[], bool], timeout_s: float) -> None:
-    """Poll `condition` in real time. Used where the work is done by real threads
-    (fdatasync, LevelDB): trio's autojump clock would jump past them, not wait."""
-    with trio.fail_after(timeout_s):
-        while not condition():  # noqa: ASYNC110 - the state changes in worker threads
-            await trio.sleep(0.02)
 
 
 async def test_the_trimmer_runs_by_itself_once_ledgers_flush(data_dir: Path) -> None:
