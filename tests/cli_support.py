@@ -4,29 +4,20 @@ SIGKILLing the real crash writer, and running `pora.cli.main` in-process."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from crash_support import kill_writer, payload_for
 
 import pora
+from journal.format import BATCH_HEADER, BATCH_HEADER_SIZE, SEGMENT_HEADER_SIZE, round_up_to_block
+from journal.reader import JournalScanner
 from journal.segment import list_segments
 from pora.cli import main
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-from crash_writer import payload_for  # noqa: E402
-
-WRITER = ROOT / "scripts" / "crash_writer.py"
 
 #: the ledgers `make_data_dir` writes, and what it does to them
 OPEN_LEDGER, CLOSED_LEDGER, FENCED_LEDGER, SEALED_LEDGER = 7, 8, 9, 300
@@ -181,53 +172,33 @@ class Crashed:
 _crashed_template: Crashed | None = None
 
 
-def start_writer(data_dir: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen(
-        [sys.executable, str(WRITER), str(data_dir), "--writers", "8", "--ledgers-per-writer", "2"],
-        stdout=subprocess.PIPE,
-        env=env,
-    )
-
-
-def _kill_writer_after(data_dir: Path, seconds: float) -> frozenset[tuple[int, int]]:
-    child = start_writer(data_dir)
-    assert child.stdout is not None
-    stdout_fd = child.stdout.fileno()
-    chunks: list[bytes] = []
-
-    def drain() -> None:  # so the child never blocks on a full pipe
-        while chunk := os.read(stdout_fd, 65536):
-            chunks.append(chunk)
-
-    reader = threading.Thread(target=drain)
-    reader.start()
-    deadline = time.monotonic() + 30
-    while b"ready" not in b"".join(chunks) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(seconds)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    reader.join()
-    child.stdout.close()
-    acked: set[tuple[int, int]] = set()
-    for line in b"".join(chunks).split(b"\n")[:-1]:  # the last piece may be cut short
-        if line.startswith(b"ack "):
-            _, ledger_id, entry_id = line.split()
-            acked.add((int(ledger_id), int(entry_id)))
-    return frozenset(acked)
-
-
 def crashed_copy(tmp_path_factory: pytest.TempPathFactory, destination: Path) -> Crashed:
     """A copy of a data dir whose writer was SIGKILLed mid-load (made once per run)."""
     global _crashed_template  # noqa: PLW0603 -- one crash serves every test of the run
     if _crashed_template is None:
         template = tmp_path_factory.mktemp("crashed") / "pora-data"
-        acked = _kill_writer_after(template, 0.8)
+        acked = kill_writer(template, 0.8, after_ready=True)
         assert acked, "the writer acknowledged nothing before it was killed"
         _crashed_template = Crashed(template, acked)
     shutil.copytree(_crashed_template.data_dir, destination)
     return Crashed(destination, _crashed_template.acked)
+
+
+def end_of_journal_data(journal_dir: Path) -> tuple[Path, int]:
+    """The last segment and the block boundary after its last whole batch, as the
+    journal's own scanner finds it. Past it lies whatever the file held: zeros in a
+    fresh segment, stale batches of its earlier life in a recycled one."""
+    last_segment = list_segments(journal_dir)[-1].path
+    end = SEGMENT_HEADER_SIZE
+    for batch in JournalScanner(journal_dir).batches():
+        first = batch[0]
+        if first.segment == last_segment:
+            batch_offset = first.offset - BATCH_HEADER_SIZE
+            with open(last_segment, "rb") as file:
+                file.seek(batch_offset)
+                records_length = BATCH_HEADER.unpack(file.read(BATCH_HEADER_SIZE))[2]
+            end = round_up_to_block(batch_offset + BATCH_HEADER_SIZE + records_length)
+    return last_segment, end
 
 
 async def _read_acked(data_dir: Path, acked: frozenset[tuple[int, int]]) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from cli_support import crashed_copy, run_cli, write_and_abandon
+from cli_support import crashed_copy, end_of_journal_data, run_cli, write_and_abandon
 
 import pora
 from journal.format import BATCH_HEADER_SIZE, BLOCK_SIZE, RECORD_HEADER_SIZE
@@ -17,18 +17,6 @@ from journal.reader import JournalScanner
 from journal.segment import list_segments
 
 Capsys = pytest.CaptureFixture[str]
-
-
-def _end_of_data(segment: Path) -> int:
-    """The first block boundary after the segment header where only zeros follow
-    (batches are block aligned and the rest of a segment is preallocated zeros)."""
-    data = segment.read_bytes()
-    offset = BLOCK_SIZE
-    while offset < len(data) and any(data[offset:]):
-        offset += BLOCK_SIZE
-        if not any(data[offset : offset + BLOCK_SIZE]):
-            break
-    return offset
 
 
 def test_dump_lists_the_records_in_seq_order_with_filters(
@@ -72,8 +60,7 @@ def test_verify_reports_a_torn_tail_and_succeeds(
     tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, capsys: Capsys
 ) -> None:
     crashed = crashed_copy(tmp_path_factory, tmp_path / "crashed")
-    last = list_segments(crashed.data_dir / "journal")[-1].path
-    end = _end_of_data(last)
+    last, end = end_of_journal_data(crashed.data_dir / "journal")
     with open(last, "r+b") as file:  # a group commit cut short by the crash
         file.seek(end)
         file.write(b"\x5a" * 700)

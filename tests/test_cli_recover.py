@@ -13,14 +13,13 @@ from pathlib import Path
 import pytest
 import trio
 from cli_support import (
-    ROOT,
     acked_payload,
     assert_every_ack_readable,
     crashed_copy,
     make_data_dir,
     run_cli,
-    start_writer,
 )
+from crash_support import ROOT, start_writer
 
 import pora
 from pora.cli import main

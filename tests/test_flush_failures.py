@@ -21,7 +21,7 @@ from cli_support import run_cli
 from fs_faults import SmallFilesystems, fill
 from test_crash import tear_journal_tail
 from test_serve import Daemon, assert_all_there, serve, stop, write_until_stopped
-from test_trim_and_scale import wait_until
+from waiting import wait_until
 
 import pora
 from journal.segment import list_segments
@@ -243,6 +243,7 @@ async def assert_stopped_keeping_the_journal(daemon: Daemon, data_dir: Path) -> 
     assert segment_names(data_dir)
 
 
+@pytest.mark.slow
 async def test_serve_on_a_full_data_dir_stops_with_status_1_and_keeps_every_entry(
     data_dir: Path, tmp_path: Path, small_filesystems: SmallFilesystems
 ) -> None:
@@ -259,6 +260,7 @@ async def test_serve_on_a_full_data_dir_stops_with_status_1_and_keeps_every_entr
         assert any(m.startswith("stopped cleanly") for m in stop_messages(daemon))
 
 
+@pytest.mark.slow
 async def test_serve_with_full_entry_logs_survives_sigterm_sigkill_and_restarts(
     data_dir: Path, tmp_path: Path, small_filesystems: SmallFilesystems
 ) -> None:

@@ -102,6 +102,7 @@ position_lists = st.lists(
 back_to_back = st.builds(positions_for, st.integers(1, 10), st.integers(0, 40))
 
 
+@pytest.mark.slow
 @given(flushes=st.lists(st.one_of(position_lists, back_to_back), max_size=8))
 def test_positions_behave_like_a_map_whatever_the_runs(
     tmp_path_factory: pytest.TempPathFactory, flushes: list[list[tuple[int, int, int]]]
@@ -131,6 +132,7 @@ def test_positions_behave_like_a_map_whatever_the_runs(
                 st.integers(1, 30), st.integers(0, 40)),
     offset=st.integers(512, 2**40),
 )  # fmt: skip
+@pytest.mark.slow
 def test_back_to_back_records_index_as_their_positions_would(
     tmp_path_factory: pytest.TempPathFactory, records: list[tuple[int, int]], offset: int
 ) -> None:

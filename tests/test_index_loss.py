@@ -189,6 +189,7 @@ def test_an_add_to_a_ledger_the_index_lost_cannot_overwrite_its_log(
     assert "pora verify --rebuild-index" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_crash_in_a_new_nodes_first_flush_is_replayed_not_refused(tmp_path: Path) -> None:
     # the first flush created the log and wrote and synced its records; the crash
     # came before its index batch: an empty index, one entry log, the journal
@@ -244,6 +245,7 @@ def test_node_refuses_a_damaged_index_log_rather_than_drop_it(
     assert (kept[0] / damaged.name).read_bytes() == evidence
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_damaged_index_log_with_exit_status_2(data_dir: Path) -> None:
     damage_leveldb_log(data_dir)
     before = hashes(data_dir / "index")

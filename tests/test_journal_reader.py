@@ -751,6 +751,7 @@ def body_lac(body: bytes) -> int:
     ),
     segment_bytes=st.sampled_from([1024, 4096, 1 << 20]),
 )
+@pytest.mark.slow
 def test_runs_read_back_per_entry_and_replay_per_record(
     batches: list[list[Request]], segment_bytes: int
 ) -> None:

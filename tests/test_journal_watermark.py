@@ -96,6 +96,7 @@ def _assert_every_way_in_refuses(data_dir: Path, capsys: Capsys, expected: str) 
     assert sorted(p.name for p in (data_dir / "journal").iterdir()) == before
 
 
+@pytest.mark.slow
 def test_a_lost_oldest_segment_is_refused_everywhere(data_dir: Path, capsys: Capsys) -> None:
     oldest, newest = _abandoned_journal(data_dir, 2)
     oldest.path.unlink()
@@ -107,6 +108,7 @@ def test_a_lost_oldest_segment_is_refused_everywhere(data_dir: Path, capsys: Cap
     assert (gap.first_missing, gap.last_missing) == (oldest.first_seq, newest.first_seq - 1)
 
 
+@pytest.mark.slow
 def test_a_lost_middle_segment_is_refused_with_the_files_around_it(
     data_dir: Path, capsys: Capsys
 ) -> None:
@@ -121,6 +123,7 @@ def test_a_lost_middle_segment_is_refused_with_the_files_around_it(
     )
 
 
+@pytest.mark.slow
 def test_a_journal_with_every_segment_lost_is_refused(data_dir: Path, capsys: Capsys) -> None:
     segments = _abandoned_journal(data_dir, 2)
     for segment in segments:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import plyvel
+import pytest
 
 from ledger.leveldb_tables import check_tables
 
@@ -21,6 +22,7 @@ def _tables(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.ldb"))
 
 
+@pytest.mark.slow
 def test_intact_tables_pass_and_every_flipped_block_byte_is_found(tmp_path: Path) -> None:
     tables = _tables(tmp_path / "index")
     assert tables

@@ -12,6 +12,8 @@ import trio
 import pora
 from journal.format import RecordFlag, RecordKind
 from journal.request import Request
+from ledger.registry import LedgerRegistry
+from ledger.worker import LedgerWorker
 from pora.node.datadir import DATA_DIR_VERSION, MARKER_NAME
 
 
@@ -249,24 +251,56 @@ async def test_many_concurrent_writers_over_many_ledgers(data_dir: Path) -> None
         assert all(info.entry_count == 50 for info in node.ledgers())
 
 
-async def test_full_ledger_channels_keep_every_ledger_in_order(data_dir: Path) -> None:
-    """With room for one batch per ledger channel and memtables that must flush
-    every few entries, hand-overs often find a channel full and wait (the ledgers'
-    backpressure), while others go straight into an idle worker: each ledger still
-    applies its entries exactly once, in order, and restarts with all of them."""
+async def test_full_ledger_channels_keep_every_ledger_in_order(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With room for one batch per ledger channel and workers that wait for a
+    flush after every batch, hand-overs find a channel full and wait (the ledgers'
+    backpressure): each ledger still applies its entries exactly once, in order,
+    and restarts with all of them."""
     options: dict[str, Any] = {
         "ledger_channel_batches_max": 1,
-        "memtable_flush_bytes": 2048,
-        "memtable_ledger_bytes_max": 4096,
+        "memtable_flush_bytes": 256,
+        "memtable_ledger_bytes_max": 256,  # less than any chunk of ten entries
     }
     ledgers, per_ledger = 6, 120
+    # each ledger's worker, once it waits for its flush, is held there until a group
+    # has found a channel full: the writers below make sure one does
+    refused, waited = [0], [0]
+    held = {ledger_id: trio.Event() for ledger_id in range(ledgers)}
+    queued = {ledger_id: trio.Event() for ledger_id in range(ledgers)}
+    first_refusal = trio.Event()
+    dispatch_nowait, dispatch = LedgerRegistry.dispatch_nowait, LedgerRegistry.dispatch
+    flush_and_wait = LedgerWorker._flush_and_wait
+
+    def counting_dispatch_nowait(registry: LedgerRegistry, group: list[Request]) -> bool:
+        sent = dispatch_nowait(registry, group)
+        refused[0] += not sent
+        if not sent:
+            first_refusal.set()
+        for request in group if sent else ():
+            if held[request.ledger_id].is_set():
+                queued[request.ledger_id].set()
+        return sent
+
+    async def counting_dispatch(registry: LedgerRegistry, group: list[Request]) -> None:
+        waited[0] += 1  # the hand-over that waits for room in a channel
+        await dispatch(registry, group)
+
+    async def held_until_a_channel_filled(worker: LedgerWorker) -> None:
+        held[worker.ledger_id].set()
+        with trio.move_on_after(10):  # only turns a hang into the failure below
+            await first_refusal.wait()
+        await flush_and_wait(worker)
+
+    monkeypatch.setattr(LedgerRegistry, "dispatch_nowait", counting_dispatch_nowait)
+    monkeypatch.setattr(LedgerRegistry, "dispatch", counting_dispatch)
+    monkeypatch.setattr(LedgerWorker, "_flush_and_wait", held_until_a_channel_filled)
+
     async with pora.open_node(data_dir, **options) as node:
 
         async def writer(ledger_id: int) -> None:
-            # six chunks of ten in flight at once, a moment apart: successive groups
-            # bring batches for each ledger while its worker waits for a flush
             async def chunk(first: int) -> None:
-                await trio.sleep(first / 10_000)
                 outcomes = await node.add_entries(
                     [
                         (ledger_id, i, f"{ledger_id}/{i}".encode() * 20)
@@ -275,13 +309,21 @@ async def test_full_ledger_channels_keep_every_ledger_in_order(data_dir: Path) -
                 )
                 assert outcomes == [None] * 10
 
+            # the first chunk sends the worker to its flush; the second fills its
+            # channel; every later one comes in groups that find the channel full
+            await chunk(0)
+            await held[ledger_id].wait()
             async with trio.open_nursery() as chunks:
-                for first in range(0, per_ledger, 10):
+                chunks.start_soon(chunk, 10)
+                await queued[ledger_id].wait()
+                for first in range(20, per_ledger, 10):
                     chunks.start_soon(chunk, first)
 
         async with trio.open_nursery() as nursery:
             for ledger_id in range(ledgers):
                 nursery.start_soon(writer, ledger_id)
+        # the backpressure path was taken: groups found a channel full and waited
+        assert refused[0] > 0 and waited[0] == refused[0], (refused, waited)
         for ledger_id in range(ledgers):
             entries = await node.read_range(ledger_id, 0, per_ledger - 1)
             assert entries == [(i, f"{ledger_id}/{i}".encode() * 20) for i in range(per_ledger)]

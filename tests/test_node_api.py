@@ -159,6 +159,7 @@ async def test_entry_logs_carry_the_ledger_state(data_dir: Path) -> None:
     )
 
 
+@pytest.mark.slow
 async def test_recovery_reports_progress(data_dir: Path) -> None:
     async with pora.open_node(data_dir, flush_interval_ms=10**7) as node:
         await node.add_entries([(1, i, b"x" * 1000) for i in range(200)])

@@ -8,6 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 import trio
+import trio.testing
 from net_helpers import self_signed_certificate, serving
 
 import pora
@@ -122,7 +123,7 @@ async def test_many_concurrent_callers_share_one_connection(data_dir: Path) -> N
 
 
 async def test_long_poll_waits_for_the_entry(data_dir: Path) -> None:
-    async with serving(data_dir) as (_node, _server, address), connect_node(address) as client:
+    async with serving(data_dir) as (node, _server, address), connect_node(address) as client:
         await client.add_entry(1, 0, b"first", last_add_confirmed=-1)
         results: list[tuple[bytes, int]] = []
 
@@ -131,10 +132,13 @@ async def test_long_poll_waits_for_the_entry(data_dir: Path) -> None:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(tail_reader)
-            await trio.sleep(0.05)
-            assert not results  # still waiting
+            # everything is idle: the read crossed the wire and waits in the node
+            await trio.testing.wait_all_tasks_blocked()
+            assert node._long_polls == {1: 1}
+            assert not results
             await client.add_entry(1, 1, b"second", last_add_confirmed=0)
         assert results == [(b"second", 0)]
+        assert node._long_polls == {}  # the poll left nothing behind
         with pytest.raises(pora.NoSuchEntry):
             await client.read_entry(1, 7, wait_s=0.05)  # the wait runs out
 

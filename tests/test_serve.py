@@ -115,6 +115,7 @@ async def assert_all_there(address: str, ledger_id: int, acknowledged: list[int]
             assert await client.read_entry(ledger_id, entry_id) == b"%d" % entry_id
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 async def test_signal_stops_cleanly_and_nothing_acknowledged_is_lost(
     data_dir: Path, tmp_path: Path, signum: int
@@ -140,6 +141,7 @@ async def test_signal_stops_cleanly_and_nothing_acknowledged_is_lost(
         assert await stop(daemon) == 0
 
 
+@pytest.mark.slow
 async def test_sigkill_then_restart_keeps_every_acknowledged_entry(
     data_dir: Path, tmp_path: Path
 ) -> None:
@@ -158,6 +160,7 @@ async def test_sigkill_then_restart_keeps_every_acknowledged_entry(
         assert await stop(daemon) == 0
 
 
+@pytest.mark.slow
 async def test_metrics_health_and_read_only_mode_of_a_served_node(
     data_dir: Path, tmp_path: Path
 ) -> None:
@@ -206,6 +209,7 @@ async def test_metrics_health_and_read_only_mode_of_a_served_node(
         assert await stop(daemon) == 0
 
 
+@pytest.mark.slow
 async def test_a_locked_data_dir_is_refused_with_a_clear_error(
     data_dir: Path, tmp_path: Path
 ) -> None:
@@ -275,6 +279,7 @@ def test_a_listen_address_in_use_is_refused(data_dir: Path) -> None:
     assert "choose another port (--listen)" in line
 
 
+@pytest.mark.slow
 def test_a_listen_address_not_on_this_machine_is_refused(data_dir: Path) -> None:
     # 192.0.2.0/24 is for documentation (RFC 5737): no machine has it
     line = refused_start("--data-dir", str(data_dir), "--listen", "192.0.2.1:3181")
@@ -309,6 +314,7 @@ def unwritable_dir() -> Iterator[tuple[Path, list[str]]]:
         shutil.rmtree(parent)
 
 
+@pytest.mark.slow
 def test_a_data_dir_this_user_cannot_write_is_refused(
     unwritable_dir: tuple[Path, list[str]],
 ) -> None:

@@ -16,6 +16,7 @@ from pora.bench.network import LoadConfig, SendTimes, Window
 from pora.bench.resp import ReplyCounter, RespError
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_redis", [False, True])
 def test_bench_reports_adds_per_second_and_latency(with_redis: bool) -> None:
     if with_redis and shutil.which("redis-server") is None:
@@ -56,6 +57,7 @@ def test_bench_reports_adds_per_second_and_latency(with_redis: bool) -> None:
         assert "--no-redis" in report["redis_skipped"]
 
 
+@pytest.mark.slow
 def test_bench_refuses_an_unknown_load() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "pora.cli", "bench", "--pora-load", "runs,bulk"],
@@ -65,6 +67,7 @@ def test_bench_refuses_an_unknown_load() -> None:
     assert "unknown --pora-load 'bulk'; choose from runs, frames, library" in result.stderr
 
 
+@pytest.mark.slow
 def test_bench_says_clearly_when_redis_is_absent() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "pora.cli", "bench", "--duration-s", "0.3", "--warmup-s", "0",
@@ -125,6 +128,7 @@ class _GeneralParserOnly(ReplyCounter):
     st.lists(st.one_of(st.lists(xadd_ids, max_size=60), replies.map(lambda r: [r])), max_size=15),
     st.lists(st.integers(0, 10**6), max_size=8),
 )
+@pytest.mark.slow
 def test_reply_counts_match_the_general_parser_and_the_replies_sent(
     groups: list[list[Reply]], cuts: list[int]
 ) -> None:

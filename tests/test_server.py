@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 from net_helpers import raw_connection, receive_responses, serving
+from waiting import wait_until
 
 import pora
 from netio import codec
@@ -167,6 +168,7 @@ async def _abuse(address: str, seed: int, stop: trio.Event) -> int:
     return rounds
 
 
+@pytest.mark.slow
 async def test_garbage_on_many_connections_does_not_disturb_a_good_client(
     data_dir: Path,
 ) -> None:
@@ -208,9 +210,7 @@ async def test_garbage_on_many_connections_does_not_disturb_a_good_client(
         # each connection holds at most one frame plus one read, and they all went away
         assert peak_buffered <= 11 * (frame_max + receive_max)
         assert peak - baseline < 64 * 1024 * 1024
-        with trio.fail_after(5):
-            while server.statistics().connections_open:  # noqa: ASYNC110 (a stat, no event)
-                await trio.sleep(0.01)
+        await wait_until(lambda: not server.statistics().connections_open, 5.0)
         assert server.statistics().bytes_buffered == 0
 
 
@@ -220,9 +220,7 @@ async def test_shutdown_answers_requests_in_flight_then_closes(data_dir: Path) -
         await stream.send_all(
             b"".join(codec.encode_add_entry(i, 2, i, b"y" * 100) for i in range(500))
         )
-        with trio.fail_after(10):
-            while server.statistics().requests_by_opcode["add_entry"] < 500:  # noqa: ASYNC110
-                await trio.sleep(0.001)
+        await wait_until(lambda: server.statistics().requests_by_opcode["add_entry"] == 500, 10.0)
         await server.shutdown(drain_timeout_s=5.0)
         responses, closed = await receive_responses(stream, 501)
         assert closed
@@ -280,9 +278,7 @@ async def test_a_peer_vanishing_mid_pipeline_is_routine(
             await trio.aclose_forcefully(stream)  # gone before reading a single response
         await client.add_entry(2, 0, b"fine")
         assert await client.read_entry(2, 0) == b"fine"
-        with trio.fail_after(10):
-            while server.statistics().connections_open > 1:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+        await wait_until(lambda: server.statistics().connections_open == 1, 10.0)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
@@ -294,9 +290,7 @@ async def test_shutdown_ends_long_polls_at_once(data_dir: Path) -> None:
             codec.encode_request(ReadEntry(1, 1, 5, wait_ms=60_000))  # waits for entry 5
             + codec.encode_request(ReadEntry(2, 1, 0))
         )
-        with trio.fail_after(10):
-            while server.statistics().requests_by_opcode["read_entry"] < 2:  # noqa: ASYNC110
-                await trio.sleep(0.001)
+        await wait_until(lambda: server.statistics().requests_by_opcode["read_entry"] == 2, 10.0)
         start = trio.current_time()
         await server.shutdown(drain_timeout_s=30.0)
         assert trio.current_time() - start < 5.0  # not the minute the poll asked for
@@ -317,9 +311,7 @@ async def test_a_stalled_half_frame_does_not_hold_its_buffer_forever(
         stream = await raw_connection(address)
         frame = codec.encode_add_entry(1, 1, 0, b"p" * 100_000)
         await stream.send_all(frame[:50_000])  # half a frame, then silence
-        with trio.fail_after(10):
-            while server.statistics().bytes_buffered < 50_000:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+        await wait_until(lambda: server.statistics().bytes_buffered >= 50_000, 10.0)
         with trio.fail_after(120):
             assert await stream.receive_some(100) == b""  # closed after the idle timeout
         assert server.statistics().bytes_buffered == 0
@@ -433,9 +425,7 @@ async def test_responses_to_a_slow_reader_arrive_whole_and_in_full(data_dir: Pat
         stream = await raw_connection(address)
         stream.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
         # small buffers at both ends, fixed (no autotuning): the responses cannot fit
-        with trio.fail_after(10):
-            while not server._connections:  # noqa: ASYNC110
-                await trio.sleep(0.01)
+        await wait_until(lambda: bool(server._connections), 10.0)
         (connection,) = server._connections
         assert isinstance(connection.stream, trio.SocketStream)
         connection.stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
@@ -444,9 +434,8 @@ async def test_responses_to_a_slow_reader_arrive_whole_and_in_full(data_dir: Pat
         )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(stream.send_all, frames)
-            with trio.fail_after(30):
-                while server.statistics().sends_backed_up == 0:  # noqa: ASYNC110
-                    await trio.sleep(0.01)  # the node meets a full socket first
+            # the node meets a full socket first
+            await wait_until(lambda: server.statistics().sends_backed_up > 0, 30.0)
             responses, closed = await receive_responses(stream, count, timeout_s=60.0)
         assert not closed
         assert all(isinstance(r, AddEntryResponse) for r in responses)

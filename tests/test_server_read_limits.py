@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import trio
 from net_helpers import raw_connection, serving
+from waiting import wait_until
 
 from netio import codec
 from netio.messages import ReadEntry, ReadRange
@@ -37,12 +39,12 @@ async def _flood(address: str, frames: bytes, streams: list[trio.SocketStream]) 
 async def _until_all_given_back(server: Server) -> None:
     """Wait (polling: the connections end in their own time) until every connection
     has closed and given back its bytes."""
-    for _ in range(1000):
+
+    def given_back() -> bool:
         stats = server.statistics()
-        if not stats.connections_open and not stats.read_bytes_held:
-            return
-        await trio.sleep(0.01)
-    raise AssertionError(f"bytes still held after the peers left: {server.statistics()}")
+        return not stats.connections_open and not stats.read_bytes_held
+
+    await wait_until(given_back, 10.0)
 
 
 async def _most_held_while(server_stats: object, seconds: float) -> int:
@@ -83,6 +85,7 @@ async def test_unread_read_entry_responses_stay_within_the_connection_limit(
         await _until_all_given_back(server)
 
 
+@pytest.mark.slow
 async def test_unread_range_responses_stay_within_the_node_limit(data_dir: Path) -> None:
     node_limit = 8 * MIB
     async with serving(

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import errno
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
+from waiting import wait_until
 
 import pora
 from journal.segment import list_segments
@@ -142,14 +141,6 @@ async def test_the_journal_reclaims_by_itself_before_making_a_spare(data_dir: Pa
         assert node._registry.active[1].oldest_undurable_seq() is None
 
 
-async def wait_until(condition: Callable[[], bool], timeout_s: float) -> None:
-    """Poll `condition` in real time. Used where the work is done by real threads
-    (fdatasync, LevelDB): trio's autojump clock would jump past them, not wait."""
-    with trio.fail_after(timeout_s):
-        while not condition():  # noqa: ASYNC110 - the state changes in worker threads
-            await trio.sleep(0.02)
-
-
 async def test_the_trimmer_runs_by_itself_once_ledgers_flush(data_dir: Path) -> None:
     async with pora.open_node(
         data_dir, segment_bytes=64 * 1024, flush_interval_ms=100.0, trim_interval_ms=100.0
@@ -164,6 +155,7 @@ async def test_the_trimmer_runs_by_itself_once_ledgers_flush(data_dir: Path) -> 
         assert await node.read_entry(3, 199) == b"y" * 2000
 
 
+@pytest.mark.slow
 async def test_ten_thousand_ledgers_on_one_node(data_dir: Path) -> None:
     ledgers = 10_000
     async with pora.open_node(
