@@ -12,10 +12,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import trio
 
 from journal.errors import PoraError
+
+
+@dataclass(frozen=True, slots=True)
+class ArrivalStatistics:
+    #: long-poll reads waiting now, over every ledger
+    long_polls_waiting: int
+    #: ledgers with a long poll waiting (each holds one arrival event at most)
+    ledgers_waited_for: int
+    #: of those, ledgers that did not exist here when their poll began
+    unknown_ledgers_waited_for: int
 
 
 class Arrivals:
@@ -75,6 +86,13 @@ class Arrivals:
             )
             raise error
         unknown.add(ledger_id)
+
+    def statistics(self) -> ArrivalStatistics:
+        return ArrivalStatistics(
+            long_polls_waiting=sum(self._waiters.values()),
+            ledgers_waited_for=len(self._waiters),
+            unknown_ledgers_waited_for=len(self._unknown),
+        )
 
     def __len__(self) -> int:
         """How many ledgers have an arrival event (someone waits for each)."""

@@ -134,11 +134,13 @@ async def test_long_poll_waits_for_the_entry(data_dir: Path) -> None:
             nursery.start_soon(tail_reader)
             # everything is idle: the read crossed the wire and waits in the node
             await trio.testing.wait_all_tasks_blocked()
-            assert node._long_polls == {1: 1}
+            polls = node.statistics().long_polls
+            assert (polls.long_polls_waiting, polls.ledgers_waited_for) == (1, 1)
             assert not results
             await client.add_entry(1, 1, b"second", last_add_confirmed=0)
         assert results == [(b"second", 0)]
-        assert node._long_polls == {}  # the poll left nothing behind
+        polls = node.statistics().long_polls  # the poll left nothing behind
+        assert (polls.long_polls_waiting, polls.ledgers_waited_for) == (0, 0)
         with pytest.raises(pora.NoSuchEntry):
             await client.read_entry(1, 7, wait_s=0.05)  # the wait runs out
 

@@ -28,6 +28,7 @@ from journal.request import (
     merged_runs,
 )
 from journal.task import CommitListener, Journal, JournalStatistics
+from ledger.arrivals import ArrivalStatistics
 from ledger.errors import (
     EntryTooLarge,
     InvalidArgument,
@@ -63,6 +64,7 @@ class NodeStatistics:
     ledgers: RegistryStatistics
     journal_segments_trimmed: int
     recovery: RecoveryReport
+    long_polls: ArrivalStatistics
 
 
 def _as_pora_error(error: BaseException | None) -> PoraError | None:
@@ -477,6 +479,7 @@ class Node:
             ledgers=self._registry.statistics(),
             journal_segments_trimmed=self._trimmer.segments_trimmed,
             recovery=self._recovery,
+            long_polls=self._arrivals.statistics(),
         )
 
     # --- journal trimming --------------------------------------------------------------------
