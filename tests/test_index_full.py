@@ -9,6 +9,8 @@ where the part lies at the log's end and reads as a torn tail.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,19 @@ async def test_the_trimmer_meeting_a_full_index_disk_puts_the_trim_off_and_the_n
             filler.unlink()
     async with pora.open_node(data_dir, **QUIET) as node:
         await assert_entries(node, 3 * ROUND)
+
+
+def test_serve_on_a_full_index_disk_is_a_refusal_with_status_2(
+    data_dir: Path, small_filesystems: SmallFilesystems
+) -> None:
+    index = index_on_own_filesystem(data_dir, small_filesystems)
+    fill(index)
+    served = subprocess.run(
+        [sys.executable, "-m", "pora.cli", "serve", "--data-dir", str(data_dir),
+         "--listen", "127.0.0.1:0", "--log-format", "logfmt"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert "cannot serve: cannot open the index" in served.stderr, served.stderr
+    assert "No space left on device" in served.stderr
+    assert "Traceback" not in served.stderr
+    assert served.returncode == 2
