@@ -152,6 +152,8 @@ class ScanSummary:
     watermark: Watermark | None = None
     #: gaps the scan went past (only with `accept_gaps`)
     gaps_accepted: list[JournalGap] = field(default_factory=list)
+    #: segments wholly below the watermark, left out of the scan (already durable)
+    below_watermark: list[Path] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -266,6 +268,14 @@ class JournalScanner:
                 _check_covers_watermark(self._directory, segments, watermark)
             except JournalGap as gap:
                 self._accept_or_raise(gap)
+            # a segment below the watermark holds only seqs that were durable elsewhere
+            # (or deleted on purpose) when the watermark was written: left by a trim cut
+            # short before its unlinks, or put back by hand. Replaying it would bring
+            # back ledgers deleted since, and its seqs may not join the kept ones.
+            self.summary.below_watermark = [
+                segment.path for segment in segments if segment.first_seq < watermark.first_seq
+            ]
+            segments = [s for s in segments if s.first_seq >= watermark.first_seq]
         for index, segment in enumerate(segments):
             yield from self._scan_segment(segment, is_last=index == len(segments) - 1)
             self._previous_segment = segment.path

@@ -44,7 +44,7 @@ from journal.errors import PoraError
 from ledger.leveldb_tables import check_tables
 from ledger.state import LedgerMeta
 
-__all__ = ["Index", "IndexDamaged", "IndexOpenError"]
+__all__ = ["Index", "IndexDamaged", "IndexOpenError", "IndexWritesStopped"]
 
 RUN_PREFIX: Final = b"r"
 META_PREFIX: Final = b"m"
@@ -80,6 +80,33 @@ class IndexDamaged(IndexOpenError):
     `paranoid_checks` it refuses, where it would otherwise discard a damaged log and
     forget every write in it (entries acknowledged and intact in their entry logs).
     """
+
+
+class IndexWritesStopped(OSError, PoraError):
+    """An earlier write to the index failed; the index takes no more until reopened.
+
+    LevelDB appends a write to its log before applying it, and when that append
+    fails part way (a full disk) it leaves the part on disk and goes on appending
+    the next writes after it: the log is then damaged in its middle and the next
+    open refuses it (or, without paranoid checks, drops every write after it). Once
+    reopened, the part is at the log's end, where LevelDB reads it as the torn end
+    of a crash. An OSError, so a flush that meets it fails like one that meets the
+    full disk: its entries stay in memory and in the journal.
+    """
+
+    def __init__(self, path: Path, cause: str) -> None:
+        self.path = path
+        self.cause = cause
+        self.message = (
+            f"the index at {path} takes no more writes since one failed ({cause}): "
+            "LevelDB may have kept part of that write in its log, and writing after it "
+            "would damage the log. Free space on that disk (or fix it), then restart the "
+            "node: it reopens the index, and the journal keeps every entry until then"
+        )
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class Index:
@@ -118,6 +145,8 @@ class Index:
         except plyvel.Error as error:
             raise _open_error(path, error, create=create) from error
         self._sync_count = 0
+        #: what made a write fail; set, no more writes go to this DB (IndexWritesStopped)
+        self._write_failure: str | None = None
         #: the private copy `open_copy` made, removed by `close`
         self._copy_dir: Path | None = None
         #: whether reads check LevelDB's block checksums (plyvel.CorruptionError when
@@ -289,7 +318,7 @@ class Index:
         if meta.ledger_id != ledger_id:
             raise ValueError(f"metadata of ledger {meta.ledger_id} given for ledger {ledger_id}")
         # transaction=True: if anything below raises, nothing of the batch is written
-        with self._db.write_batch(transaction=True, sync=sync) as batch:
+        with self._writing(), self._db.write_batch(transaction=True, sync=sync) as batch:
             if runs:
                 self._cut_runs_overlapping(batch, ledger_id, runs)
             for _, last, value in runs:
@@ -336,9 +365,10 @@ class Index:
 
     def put_meta(self, meta: LedgerMeta, *, sync: bool = False) -> None:
         _check_id("ledger id", meta.ledger_id)
-        self._db.put(_LEDGER_KEY.pack(META_PREFIX, meta.ledger_id), meta.encode(), sync=sync)
-        if sync:
-            self._fsync_log_files()
+        with self._writing():
+            self._db.put(_LEDGER_KEY.pack(META_PREFIX, meta.ledger_id), meta.encode(), sync=sync)
+            if sync:
+                self._fsync_log_files()
 
     def get_meta(self, ledger_id: int) -> LedgerMeta | None:
         """The ledger's metadata; ValueError if it is stored in a version we cannot read."""
@@ -368,7 +398,7 @@ class Index:
         _check_id("ledger id", ledger_id)
         prefix = _LEDGER_KEY.pack(RUN_PREFIX, ledger_id)
         # the iterator reads a snapshot, so deleting while walking it is safe
-        with self._db.write_batch(transaction=True, sync=sync) as batch:
+        with self._writing(), self._db.write_batch(transaction=True, sync=sync) as batch:
             for key in self._db.iterator(
                 prefix=prefix, include_value=False, verify_checksums=self._verify_checksums
             ):
@@ -384,9 +414,10 @@ class Index:
         return value
 
     def put_node_value(self, name: str, value: bytes, *, sync: bool = False) -> None:
-        self._db.put(_node_key(name), value, sync=sync)
-        if sync:
-            self._fsync_log_files()
+        with self._writing():
+            self._db.put(_node_key(name), value, sync=sync)
+            if sync:
+                self._fsync_log_files()
 
     # --- durability and lifetime ----------------------------------------------------
 
@@ -403,8 +434,22 @@ class Index:
         into a synced table) and the directory (a new log file's name).
         """
         self._sync_count += 1
-        self._db.put(_node_key(SYNC_MARKER_NAME), self._sync_count.to_bytes(8, "big"), sync=True)
-        self._fsync_log_files()
+        with self._writing():
+            marker = self._sync_count.to_bytes(8, "big")
+            self._db.put(_node_key(SYNC_MARKER_NAME), marker, sync=True)
+            self._fsync_log_files()
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Around every write: refuse it once one has failed (IndexWritesStopped), and
+        remember a failure of this one."""
+        if self._write_failure is not None:
+            raise IndexWritesStopped(self.path, self._write_failure)
+        try:
+            yield
+        except OSError as error:  # plyvel.IOError is one (errno None), fsync's too
+            self._write_failure = _describe_write_error(error)
+            raise
 
     def _fsync_log_files(self) -> None:
         with os.scandir(self.path) as entries:
@@ -629,3 +674,10 @@ def _open_error(path: Path, error: plyvel.Error, *, create: bool) -> IndexOpenEr
     else:
         advice = "check that the directory exists, is writable and the disk is not full"
     return IndexOpenError(path, cause, advice)
+
+
+def _describe_write_error(error: OSError) -> str:
+    if error.errno is None:  # LevelDB's own: its message names the file
+        text = error.args[0] if error.args else str(error)
+        return text.decode(errors="replace") if isinstance(text, bytes) else str(text)
+    return f"{error.strerror} on {error.filename}" if error.filename else str(error)

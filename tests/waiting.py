@@ -18,6 +18,13 @@ async def wait_until(condition: Callable[[], bool], timeout_s: float) -> None:
     trio's autojump clock would jump past the threads rather than wait for them, and
     `wait_all_tasks_blocked` counts a task waiting on a thread as blocked. Anything
     that can signal is awaited directly instead."""
-    with trio.fail_after(timeout_s):
-        while not condition():  # noqa: ASYNC110 - nothing here can signal
-            await trio.sleep(POLL_INTERVAL_S)
+    try:
+        with trio.fail_after(timeout_s):
+            while not condition():  # noqa: ASYNC110 - nothing here can signal
+                await trio.sleep(POLL_INTERVAL_S)
+    except trio.TooSlowError:
+        code = condition.__code__
+        raise AssertionError(
+            f"the condition at {code.co_filename}:{code.co_firstlineno} did not hold "
+            f"within {timeout_s} s"
+        ) from None

@@ -15,7 +15,7 @@ from typing import Any, Final
 import trio
 
 from journal.errors import JournalNoSpace, PoraError
-from ledger.index import IndexDamaged
+from ledger.index import IndexOpenError
 from pora.cli._common import EXIT_REFUSED
 from pora.node.datadir import DataDirError, IndexMissing
 from pora.server.settings import SETTINGS, SettingsError, load_settings
@@ -163,10 +163,11 @@ def _describe(reason: Exception) -> str:
 def _is_refusal(reason: Exception) -> bool:
     """Whether the node refused to start as configured (exit status 2) rather than
     failed (1): a bad data dir, address, or too little room, or a data dir the node
-    must not start on as it is (a lost or damaged index), all repaired outside."""
+    must not start on as it is (a lost or damaged index, or one that cannot be
+    opened: its disk full, its files not this user's), all repaired outside."""
     from pora.server.daemon import StartRefused  # noqa: PLC0415 (loaded by `run` already)
 
     return isinstance(
         reason,
-        DataDirError | JournalNoSpace | StartRefused | OSError | IndexMissing | IndexDamaged,
+        DataDirError | JournalNoSpace | StartRefused | OSError | IndexMissing | IndexOpenError,
     )

@@ -166,6 +166,18 @@ async def replay_journal(
     # the watermark too: after a clean stop it is the journal's end, and the ledger
     # that held the highest durable seq may have been deleted since
     watermark_seq = 0 if summary.watermark is None else summary.watermark.first_seq
+    if summary.below_watermark:
+        _log.warning(
+            "%d journal segments lie below the journal watermark (seq %d): %s. Everything "
+            "in them was durable in entry logs and index when the watermark was written "
+            "(a trim or stop cut short before deleting them, or files put back into %s): "
+            "they are not replayed%s",
+            len(summary.below_watermark),
+            watermark_seq,
+            ", ".join(path.name for path in summary.below_watermark),
+            journal_dir,
+            "" if dry_run else ", and are deleted with the rest of the replayed journal",
+        )
     report.next_seq = max(summary.last_seq + 1, first_seq_on_disk, max_durable + 1, watermark_seq)
     if not dry_run:
         await _flush_then_trim(journal_dir, registry, segments, report)

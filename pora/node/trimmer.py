@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 
 import trio
 
@@ -16,6 +17,8 @@ from journal.watermark import JournalState, Watermark
 from ledger.errors import FlushFailed
 from ledger.registry import LedgerRegistry
 from pora.node.datadir import DataDir
+
+_log = logging.getLogger("pora.node")
 
 
 class JournalTrimmer:
@@ -62,7 +65,18 @@ class JournalTrimmer:
         index = self._registry.storage.index
         # the index writes of flushes were not synced one by one: sync them all now,
         # before the journal that could redo them goes away
-        await trio.to_thread.run_sync(index.sync)
+        try:
+            await trio.to_thread.run_sync(index.sync)
+        except OSError as error:
+            # a full or failing index disk: the flushes meet it too and say what to do;
+            # the node goes on serving, and the journal keeps these segments meanwhile
+            _log.warning(
+                "journal trim put off: the index could not be synced (%s); the journal "
+                "keeps %d segment(s) that could go until a sync succeeds",
+                error,
+                len(victims),
+            )
+            return 0
         pool = self._journal.recycle_pool
         # the journal must hold everything from the first segment it keeps on
         kept_from = Watermark(JournalState.HOLDING, segments[len(victims)].first_seq)

@@ -16,6 +16,7 @@ import dataclasses
 import mmap
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -151,9 +152,15 @@ def rebuild_index(directory: DataDir, *, advance: Advance | None = None) -> Rebu
     report = RebuildReport()
     logs, strays = find_entry_logs(directory)
     report.strays = [str(path) for path in strays]
+    # built aside and renamed into place whole: a rebuild cut short (killed) leaves no
+    # index, which the node refuses, rather than a part of one, which it would serve
+    # as if the ledgers not yet in it did not exist
+    building = building_index_dir(directory)
+    if building.exists():  # left by a rebuild cut short
+        shutil.rmtree(building)
     moved = move_index_aside(directory)
     report.moved_aside = None if moved is None else str(moved)
-    with Index(directory.index_dir, create=True) as index:
+    with Index(building, create=True) as index:
         for ledger_id, path in sorted(logs.items()):
             share = _Share(step, max(data_bytes(path) - FIRST_RECORD_OFFSET, 0))
             try:
@@ -169,7 +176,15 @@ def rebuild_index(directory: DataDir, *, advance: Advance | None = None) -> Rebu
             share.finish()
             report.ledgers += 1
         index.sync()
+    fsync_directory(building)
+    os.rename(building, directory.index_dir)
+    fsync_directory(directory.root)
     return report
+
+
+def building_index_dir(directory: DataDir) -> Path:
+    """Where `rebuild_index` builds the new index before it takes the index's place."""
+    return directory.index_dir.with_name(directory.index_dir.name + ".rebuilding")
 
 
 class _Share:
