@@ -123,7 +123,7 @@ def _header(
 def _check_key(master_key: bytes) -> None:
     if len(master_key) > MASTER_KEY_BYTES_MAX:
         raise ValueError(
-            f"master key of {len(master_key)} bytes; the protocol carries at most "
+            f"master key of {len(master_key)} bytes; a ledger's master key has at most "
             f"{MASTER_KEY_BYTES_MAX} (derive one with master_key_from_password)"
         )
 
@@ -931,6 +931,8 @@ def _decode_request(  # noqa: PLR0911 (one return per opcode)
     if opcode == f.Opcode.READ_ENTRY:
         lid, eid, wait_ms, klen = fixed(f.READ_ENTRY_REQUEST, int(f.Flag.FENCE), tail=True)
         master_key = key(body + f.READ_ENTRY_REQUEST.size, klen)
+        if klen > MASTER_KEY_BYTES_MAX:
+            return _key_too_long(rid, opcode, lid, klen)
         return ReadEntry(rid, lid, eid, wait_ms, bool(flags & f.Flag.FENCE), master_key)
     if opcode == f.Opcode.READ_RANGE:
         lid, first, last, max_entries, max_bytes = fixed(f.READ_RANGE_REQUEST)
@@ -940,10 +942,15 @@ def _decode_request(  # noqa: PLR0911 (one return per opcode)
         return ReadLac(rid, lid)
     if opcode == f.Opcode.FENCE:
         lid, klen = fixed(f.FENCE_REQUEST, tail=True)
-        return Fence(rid, lid, key(body + f.FENCE_REQUEST.size, klen))
+        master_key = key(body + f.FENCE_REQUEST.size, klen)
+        if klen > MASTER_KEY_BYTES_MAX:
+            return _key_too_long(rid, opcode, lid, klen)
+        return Fence(rid, lid, master_key)
     if opcode == f.Opcode.CLOSE:
         lid, last, klen = fixed(f.CLOSE_REQUEST, tail=True)
         master_key = key(body + f.CLOSE_REQUEST.size, klen)
+        if klen > MASTER_KEY_BYTES_MAX:
+            return _key_too_long(rid, opcode, lid, klen)
         return Close(rid, lid, None if last == f.CLOSE_AT_LAST_STORED else last, master_key)
     if opcode == f.Opcode.DELETE:
         if version < _DELETE_KEYED_SINCE:
@@ -957,7 +964,10 @@ def _decode_request(  # noqa: PLR0911 (one return per opcode)
                 f"{_DELETE_KEYED_SINCE}. Upgrade the client and pass the ledger's password",
             )
         lid, klen = fixed(f.DELETE_REQUEST, tail=True)
-        return Delete(rid, lid, key(body + f.DELETE_REQUEST.size, klen))
+        master_key = key(body + f.DELETE_REQUEST.size, klen)
+        if klen > MASTER_KEY_BYTES_MAX:
+            return _key_too_long(rid, opcode, lid, klen)
+        return Delete(rid, lid, master_key)
     if opcode == f.Opcode.LIST_LEDGERS:
         after, max_count = fixed(f.LIST_REQUEST)
         return ListLedgers(rid, after, max_count)
@@ -965,6 +975,19 @@ def _decode_request(  # noqa: PLR0911 (one return per opcode)
         fixed(_EMPTY)
         return Info(rid)
     raise bad(f"unknown opcode {opcode}")
+
+
+def _key_too_long(request_id: int, opcode: int, ledger_id: int, key_bytes: int) -> Refused:
+    """A well-formed frame whose master key no ledger can have: refused alone, before
+    it reaches the node (which would otherwise fix that key on the ledger for good)."""
+    return Refused(
+        request_id,
+        opcode,
+        int(f.Status.INVALID_ARGUMENT),
+        f"{f.Opcode(opcode).name} of ledger {ledger_id}: a master key of {key_bytes} bytes; "
+        f"a ledger's master key has at most {MASTER_KEY_BYTES_MAX} bytes (derive one with "
+        "master_key_from_password)",
+    )
 
 
 class AddOutcomes(NamedTuple):
