@@ -24,17 +24,8 @@ import trio
 
 from journal.errors import PoraError
 from ledger.errors import (
-    EntryConflict,
     EntryTooLarge,
     InvalidArgument,
-    LedgerClosed,
-    LedgerFenced,
-    NodeClosed,
-    NodeReadOnly,
-    NoSuchEntry,
-    NoSuchLedger,
-    StorageCorruption,
-    Unauthorized,
 )
 from netio import frames as f
 from netio.codec import (
@@ -43,7 +34,7 @@ from netio.codec import (
     encode_add_run,
     encode_request,
 )
-from netio.errors import ConnectionLost, NodeOverloaded, ProtocolError, RemoteError, RequestTimeout
+from netio.errors import ConnectionLost, ProtocolError, RequestTimeout
 from netio.frames import Status
 from netio.messages import (
     AddRunResponse,
@@ -67,6 +58,7 @@ from netio.messages import (
     ResponseMessage,
 )
 from netio.security import master_key_from_password
+from netio.status import error_type_of
 
 DEFAULT_PORT: Final = 3181
 _RECEIVE_BYTES: Final = 256 * 1024
@@ -77,24 +69,6 @@ _RUN_BYTES_PER_ENTRY: Final = 4
 #: Granularity of request timeouts: a request times out at most this much late.
 TIMEOUT_TICK_S: Final = 0.02
 
-#: The engine error each status code stands for.
-_ERROR_TYPES: Final[dict[int, type[PoraError]]] = {
-    Status.NO_SUCH_LEDGER: NoSuchLedger,
-    Status.NO_SUCH_ENTRY: NoSuchEntry,
-    Status.FENCED: LedgerFenced,
-    Status.CLOSED: LedgerClosed,
-    Status.BAD_REQUEST: ProtocolError,
-    Status.UNAUTHORIZED: Unauthorized,
-    Status.TOO_LARGE: EntryTooLarge,
-    Status.READ_ONLY: NodeReadOnly,
-    Status.OVERLOADED: NodeOverloaded,
-    Status.INTERNAL_ERROR: RemoteError,
-    Status.ENTRY_CONFLICT: EntryConflict,
-    Status.INVALID_ARGUMENT: InvalidArgument,
-    Status.SHUTTING_DOWN: NodeClosed,
-    Status.CORRUPT: StorageCorruption,
-}
-
 
 def error_from_response(response: ErrorResponse) -> PoraError:
     """The typed exception of an error response, carrying the node's own message.
@@ -103,7 +77,7 @@ def error_from_response(response: ErrorResponse) -> PoraError:
     message (what, where, what to do), and the constructors want arguments (a
     size limit, say) that only the node knows.
     """
-    error_type = _ERROR_TYPES.get(response.status, RemoteError)
+    error_type = error_type_of(response.status)
     error = error_type.__new__(error_type)
     Exception.__init__(error, response.message)
     error.ledger_id = response.ledger_id  # type: ignore[attr-defined]

@@ -17,8 +17,8 @@ on the peer), requests in flight node-wide (past it: OVERLOADED), frame size
 bad-request response when its request id is known, then its connection is
 closed; other connections never notice.
 
-This module maps messages to Node calls and engine errors to status codes; the
-protocol itself (`netio`) knows nothing of the engine.
+This module maps messages to Node calls; `netio.status` maps engine errors to
+status codes, and the rest of the protocol (`netio`) knows nothing of the engine.
 """
 
 from __future__ import annotations
@@ -37,17 +37,10 @@ import pora
 from journal.errors import PoraError
 from journal.request import Request
 from ledger.errors import (
-    EntryConflict,
-    EntryTooLarge,
-    InvalidArgument,
-    LedgerClosed,
-    LedgerFenced,
     NodeClosed,
-    NodeReadOnly,
     NoSuchEntry,
     NoSuchLedger,
     StorageCorruption,
-    Unauthorized,
 )
 from netio import frames as f
 from netio.codec import (
@@ -84,6 +77,7 @@ from netio.messages import (
     ResponseMessage,
     WireAdd,
 )
+from netio.status import status_of
 from pora.node.node import RUN_ENTRIES_MAX, Node
 from pora.server.read_budget import ByteBudget
 
@@ -201,30 +195,6 @@ class ServerStatistics:
     read_bytes_held: int = 0
     #: reads waiting for room under read_bytes_per_connection_max or read_bytes_node_max
     reads_waiting: int = 0
-
-
-#: Engine errors and the status codes that carry them; subclasses before their bases.
-_STATUS_BY_ERROR: Final[tuple[tuple[type[BaseException], Status], ...]] = (
-    (NoSuchEntry, Status.NO_SUCH_ENTRY),
-    (NoSuchLedger, Status.NO_SUCH_LEDGER),
-    (LedgerFenced, Status.FENCED),
-    (LedgerClosed, Status.CLOSED),
-    (EntryConflict, Status.ENTRY_CONFLICT),
-    (EntryTooLarge, Status.TOO_LARGE),
-    (InvalidArgument, Status.INVALID_ARGUMENT),
-    (Unauthorized, Status.UNAUTHORIZED),
-    (NodeReadOnly, Status.READ_ONLY),
-    (NodeClosed, Status.SHUTTING_DOWN),
-    (StorageCorruption, Status.CORRUPT),
-)
-
-
-def status_of(error: BaseException) -> Status:
-    """The status code that tells a client which engine error happened."""
-    for error_type, status in _STATUS_BY_ERROR:
-        if isinstance(error, error_type):
-            return status
-    return Status.INTERNAL_ERROR
 
 
 def _error_frame(request_id: int, opcode: int, error: BaseException, version: int) -> bytes:
