@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from netio import codec
+from netio import bulk, codec
 from netio import frames as f
 from netio.errors import ProtocolError
 from netio.messages import (
@@ -166,7 +166,7 @@ def test_responses_round_trip_however_the_stream_is_split(
 
 def test_batched_add_responses_decode_one_per_add() -> None:
     entries = [AddEntryResponse(0, 7, i) for i in range(1000)]
-    data = codec.encode_add_responses(list(range(1000, 2000)), entries)
+    data = bulk.encode_add_responses(list(range(1000, 2000)), entries)
     decoder = codec.ResponseDecoder()
     decoder.receive_data(bytes(data))
     assert decoder.next_responses() == [AddEntryResponse(1000 + i, 7, i) for i in range(1000)]
@@ -313,7 +313,7 @@ def test_master_key_derivation_is_stable_and_domain_separated() -> None:
 def test_a_batch_of_add_frames_is_the_same_as_one_frame_each(
     entries: list[tuple[int, bytes]], key: bytes, lac: int, recovery: bool
 ) -> None:
-    batch = codec.encode_add_entries(
+    batch = bulk.encode_add_entries(
         100, 7, entries, master_key=key, last_add_confirmed=lac, recovery=recovery
     )
     one_by_one = b"".join(
@@ -353,7 +353,7 @@ def test_add_outcomes_are_the_ok_ids_and_every_other_response_however_split(
 ) -> None:
     messages = [m for group in groups for m in group]
     stream = b"".join(codec.encode_response(m) for m in messages)
-    decoder = codec.ResponseDecoder()
+    decoder = bulk.AddOutcomeDecoder()
     ok_ids: list[int] = []
     others: list[ResponseMessage] = []
     for piece in _split(stream, cuts):
@@ -375,7 +375,7 @@ def test_add_outcomes_of_long_runs_broken_by_errors() -> None:
         else:
             messages.append(AddEntryResponse(request_id, 5, request_id))
     stream = b"".join(codec.encode_response(m) for m in messages)
-    decoder = codec.ResponseDecoder()
+    decoder = bulk.AddOutcomeDecoder()
     ok_ids: list[int] = []
     error_ids: list[int] = []
     for start in range(0, len(stream), 65_521):
@@ -414,7 +414,7 @@ def test_a_malformed_ok_add_response_is_never_counted_as_success(
     stream = b"".join(_ok_add_frame(i) for i in range(good_before))
     stream += _mutate(_ok_add_frame(good_before), how)
     stream += b"".join(_ok_add_frame(i) for i in range(good_before + 1, good_before + 50))
-    decoder = codec.ResponseDecoder()
+    decoder = bulk.AddOutcomeDecoder()
     decoder.receive_data(stream)
     if good_before:
         outcomes = decoder.next_add_outcomes()  # the good ones before it, then failed
@@ -428,7 +428,7 @@ def test_a_malformed_ok_add_response_is_never_counted_as_success(
 
 
 def test_add_outcomes_keep_the_frame_size_bound() -> None:
-    decoder = codec.ResponseDecoder(frame_bytes_max=1000)
+    decoder = bulk.AddOutcomeDecoder(frame_bytes_max=1000)
     error = codec.encode_error(9, 1, f.Status.FENCED, "x" * 2000)
     decoder.receive_data(_ok_add_frame(1) + error[:100])
     assert decoder.next_add_outcomes().ok_request_ids == [1]
@@ -440,7 +440,7 @@ def test_add_outcomes_keep_the_frame_size_bound() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=400))
 def test_random_bytes_give_add_outcomes_or_a_protocol_error_and_nothing_else(data: bytes) -> None:
-    decoder = codec.ResponseDecoder(frame_bytes_max=4096)
+    decoder = bulk.AddOutcomeDecoder(frame_bytes_max=4096)
     decoder.receive_data(data)
     with contextlib.suppress(ProtocolError):
         decoder.next_add_outcomes()
@@ -463,7 +463,7 @@ def test_repeated_add_frames_are_those_of_encode_add_entries(
     recovery: bool,
     calls: list[tuple[int, int, int]],
 ) -> None:
-    frames = codec.RepeatedAddFrames(
+    frames = bulk.RepeatedAddFrames(
         ledger_id, payload, 8, master_key=key, last_add_confirmed=lac, recovery=recovery
     )
     for request_id, entry_id, count in calls:
@@ -471,7 +471,7 @@ def test_repeated_add_frames_are_those_of_encode_add_entries(
         first_request_id = min(request_id, 2**64 - 1 - count)
         first_entry_id = min(entry_id, 2**63 - 1 - count)
         entries = [(first_entry_id + i, payload) for i in range(count)]
-        expected = codec.encode_add_entries(
+        expected = bulk.encode_add_entries(
             first_request_id,
             ledger_id,
             entries,
@@ -483,7 +483,7 @@ def test_repeated_add_frames_are_those_of_encode_add_entries(
 
 
 def test_repeated_add_frames_refuse_more_than_their_capacity() -> None:
-    frames = codec.RepeatedAddFrames(1, b"p", 4)
+    frames = bulk.RepeatedAddFrames(1, b"p", 4)
     with pytest.raises(ValueError, match=r"count must be in \[0, 4\]"):
         frames.frames(0, 0, 5)
 
@@ -619,7 +619,7 @@ def test_repeated_run_frames_are_those_of_encode_add_run(
     recovery: bool,
     calls: list[tuple[int, int, int]],
 ) -> None:
-    frames = codec.RepeatedRunFrames(
+    frames = bulk.RepeatedRunFrames(
         ledger_id, payload, 64, master_key=key, last_add_confirmed=lac, recovery=recovery
     )
     for request_id, first_entry_id, count in calls:  # counts repeat: templates are reused
@@ -636,7 +636,7 @@ def test_repeated_run_frames_are_those_of_encode_add_run(
 
 
 def test_a_repeated_run_frame_reused_for_new_ids_decodes_to_them() -> None:
-    frames = codec.RepeatedRunFrames(9, b"pay", f.RUN_ENTRIES_MAX, master_key=b"key")
+    frames = bulk.RepeatedRunFrames(9, b"pay", f.RUN_ENTRIES_MAX, master_key=b"key")
     first = bytes(frames.frame(100, 0, 3))
     second = frames.frame(101, 3, 3)
     assert frames.frame(102, 6, 3) is second  # one buffer per count, rewritten in place
@@ -655,15 +655,15 @@ def test_a_repeated_run_frame_reused_for_new_ids_decodes_to_them() -> None:
 
 
 def test_repeated_run_frames_refuse_counts_outside_their_capacity() -> None:
-    frames = codec.RepeatedRunFrames(1, b"p", 4)
+    frames = bulk.RepeatedRunFrames(1, b"p", 4)
     for count in (0, 5):
         with pytest.raises(ValueError, match=r"count must be in \[1, 4\]"):
             frames.frame(0, 0, count)
     for capacity in (0, f.RUN_ENTRIES_MAX + 1):
         with pytest.raises(ValueError, match=r"capacity must be in \[1, 1024\]"):
-            codec.RepeatedRunFrames(1, b"p", capacity)
+            bulk.RepeatedRunFrames(1, b"p", capacity)
     with pytest.raises(ValueError, match="at most 64"):
-        codec.RepeatedRunFrames(1, b"p", 4, master_key=b"k" * 256)
+        bulk.RepeatedRunFrames(1, b"p", 4, master_key=b"k" * 256)
 
 
 _GOOD_RUN_BODY = _run_body(2, [1, 3], b"abcd", key=b"k")
@@ -841,7 +841,7 @@ def test_malformed_add_run_responses_are_protocol_errors(
 ) -> None:
     good: list[ResponseMessage] = [AddEntryResponse(1, 1, 0), AddRunResponse(2, 1, 1, 4)]
     after = codec.encode_response(AddRunResponse(8, 1, 5, 1))
-    decoder = codec.ResponseDecoder()
+    decoder = bulk.AddOutcomeDecoder()
     decoder.receive_data(b"".join(codec.encode_response(m) for m in good) + frame + after)
     if outcomes:
         assert decoder.next_add_outcomes() == ([1], [good[1]])
@@ -874,7 +874,7 @@ def test_add_outcomes_give_run_responses_among_the_others_never_as_ok_ids() -> N
         *(AddEntryResponse(i, 5, i) for i in range(103, 200)),
     ]
     stream = b"".join(codec.encode_response(m) for m in messages)
-    decoder = codec.ResponseDecoder()
+    decoder = bulk.AddOutcomeDecoder()
     ok_ids: list[int] = []
     others: list[ResponseMessage] = []
     for start in range(0, len(stream), 777):
