@@ -15,19 +15,19 @@ from array import array
 from collections.abc import Sequence
 from typing import Final, NamedTuple, Protocol
 
-from netio import frames as f
+from netio import frames
 from netio.codec import (
     _ADD_LENGTH_BASE,
     _ADD_PACK,
-    _BAD,
+    _BAD_REQUEST,
     _FLAG_RECOVERY,
-    _HB,
-    _LMIN,
+    _HEADER_BYTES,
+    _LENGTH_MIN,
     _OP_ADD,
     _RESPONSE,
     _RUN_MAX,
     _U32,
-    _V,
+    _VERSION_NEWEST,
     RECEIVE_BYTES_DEFAULT,
     ResponseDecoder,
     _bad_add_response,
@@ -44,7 +44,7 @@ from netio.messages import ResponseMessage
 #: flag, status OK) never vary within a version (a ResponseDecoder keeps them, and
 #: the same read as a native-endian u64, as `array("Q")` reads it); the request id
 #: follows, then ledger and entry id.
-_ADD_OK_BYTES: Final = f.ADD_RESPONSE_BYTES
+_ADD_OK_BYTES: Final = frames.ADD_RESPONSE_BYTES
 #: u64 words per OK add response: prefix, request id, ledger id, entry id
 _ADD_OK_WORDS: Final = _ADD_OK_BYTES // 8
 #: frames checked in one bulk step at most; after a run broken by another response,
@@ -80,7 +80,7 @@ def encode_add_entries(
         append(
             pack(
                 base + len(payload),
-                _V,
+                _VERSION_NEWEST,
                 _OP_ADD,
                 flags,
                 0,
@@ -225,14 +225,14 @@ class EntryIds(Protocol):
 
 
 def encode_add_responses(
-    request_ids: Sequence[int], entries: Sequence[EntryIds], version: int = _V
+    request_ids: Sequence[int], entries: Sequence[EntryIds], version: int = _VERSION_NEWEST
 ) -> bytearray:
     """OK responses to many adds, packed into one buffer (one `send_all` for all)."""
     count = len(request_ids)
-    out = bytearray(count * f.ADD_RESPONSE_BYTES)
-    pack = f.ADD_RESPONSE.pack_into
-    length = f.ADD_RESPONSE_BYTES - 4
-    op = int(f.Opcode.ADD_ENTRY)
+    out = bytearray(count * frames.ADD_RESPONSE_BYTES)
+    pack = frames.ADD_RESPONSE.pack_into
+    length = frames.ADD_RESPONSE_BYTES - 4
+    op = int(frames.Opcode.ADD_ENTRY)
     offset = 0
     for i in range(count):
         entry = entries[i]
@@ -248,7 +248,7 @@ def encode_add_responses(
             entry.ledger_id,
             entry.entry_id,
         )
-        offset += f.ADD_RESPONSE_BYTES
+        offset += frames.ADD_RESPONSE_BYTES
     return out
 
 
@@ -270,12 +270,14 @@ class AddOutcomeDecoder(ResponseDecoder):
 
     def __init__(
         self,
-        frame_bytes_max: int = f.FRAME_BYTES_MAX_DEFAULT,
+        frame_bytes_max: int = frames.FRAME_BYTES_MAX_DEFAULT,
         receive_bytes_max: int = RECEIVE_BYTES_DEFAULT,
-        version: int = _V,
+        version: int = _VERSION_NEWEST,
     ) -> None:
         super().__init__(frame_bytes_max, receive_bytes_max, version)
-        self._ok_prefix = f.HEADER.pack(_ADD_OK_BYTES - 4, version, _OP_ADD, _RESPONSE, 0, 0)[:8]
+        self._ok_prefix = frames.HEADER.pack(_ADD_OK_BYTES - 4, version, _OP_ADD, _RESPONSE, 0, 0)[
+            :8
+        ]
         self._ok_prefix_word = int.from_bytes(self._ok_prefix, sys.byteorder)
 
     def next_add_outcomes(self) -> AddOutcomes:
@@ -326,7 +328,7 @@ class AddOutcomeDecoder(ResponseDecoder):
                 (length,) = _U32.unpack_from(buf, pos)
                 if length > frame_max:
                     raise self._too_large(length, pos)
-                if length < _LMIN:
+                if length < _LENGTH_MIN:
                     raise _short_frame(length)
                 frame_end = pos + 4 + length
                 if frame_end > end:
@@ -338,7 +340,7 @@ class AddOutcomeDecoder(ResponseDecoder):
         except ProtocolError as error:
             return self._fail_outcomes(error, ok, others)
         except (struct.error, ValueError, KeyError) as error:
-            failure = ProtocolError(f"malformed response: {error}", status=_BAD)
+            failure = ProtocolError(f"malformed response: {error}", status=_BAD_REQUEST)
             return self._fail_outcomes(failure, ok, others)
         finally:
             view.release()
@@ -368,13 +370,13 @@ def _leading_run(values: array[int], value: int) -> int:
 
 def _malformed_ok_add(buf: bytes, pos: int, length: int) -> ProtocolError:
     """An OK ADD_ENTRY response whose first 8 bytes are not the fixed ones."""
-    _, version, _, flags, _, request_id = f.HEADER.unpack_from(buf, pos)
+    _, version, _, flags, _, request_id = frames.HEADER.unpack_from(buf, pos)
     if length != _ADD_OK_BYTES - 4:
         return ProtocolError(
             f"bad ADD_ENTRY response {request_id}: status OK with a body of "
-            f"{length - _LMIN} bytes; an OK add response's body is "
-            f"{_ADD_OK_BYTES - _HB} bytes (ledger id, entry id)",
-            status=_BAD,
+            f"{length - _LENGTH_MIN} bytes; an OK add response's body is "
+            f"{_ADD_OK_BYTES - _HEADER_BYTES} bytes (ledger id, entry id)",
+            status=_BAD_REQUEST,
             request_id=request_id,
         )
     return _bad_add_response(request_id, version, flags)

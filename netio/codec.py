@@ -15,11 +15,11 @@ and decoders of a load generator are in `netio.bulk`.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate, pairwise
-from typing import Final, TypeVar
+from typing import Final, NamedTuple, TypeVar
 
-from netio import frames as f
+from netio import frames
 from netio.errors import ProtocolError
 from netio.messages import (
     AddEntry,
@@ -51,26 +51,26 @@ from netio.messages import (
 )
 from netio.security import MASTER_KEY_BYTES_MAX
 
-_M = TypeVar("_M")
+_Decoded = TypeVar("_Decoded")
 _U32: Final = struct.Struct(">I")
 _EMPTY: Final = struct.Struct("")
-_V: Final = f.PROTOCOL_VERSION
-_RESPONSE: Final = int(f.Flag.RESPONSE)
-_HB: Final = f.HEADER_BYTES
-_LMIN: Final = f.LENGTH_MIN
-_BAD: Final = int(f.Status.BAD_REQUEST)
+_VERSION_NEWEST: Final = frames.PROTOCOL_VERSION
+_RESPONSE: Final = int(frames.Flag.RESPONSE)
+_HEADER_BYTES: Final = frames.HEADER_BYTES
+_LENGTH_MIN: Final = frames.LENGTH_MIN
+_BAD_REQUEST: Final = int(frames.Status.BAD_REQUEST)
 
-_ADD_PACK: Final = f.ADD_REQUEST.pack
-_ADD_LENGTH_BASE: Final = _LMIN + f.ADD_REQUEST_FIXED.size
-_OP_ADD: Final = int(f.Opcode.ADD_ENTRY)
-_FLAG_RECOVERY: Final = int(f.Flag.RECOVERY)
+_ADD_PACK: Final = frames.ADD_REQUEST.pack
+_ADD_LENGTH_BASE: Final = _LENGTH_MIN + frames.ADD_REQUEST_FIXED.size
+_OP_ADD: Final = int(frames.Opcode.ADD_ENTRY)
+_FLAG_RECOVERY: Final = int(frames.Flag.RECOVERY)
 
-_RUN_PACK: Final = f.ADD_RUN_REQUEST.pack
-_RUN_UNPACK: Final = f.ADD_RUN_REQUEST.unpack_from
-_RUN_FIXED: Final = f.ADD_RUN_REQUEST.size
-_RUN_LENGTH_BASE: Final = _LMIN + f.ADD_RUN_REQUEST_FIXED.size
-_OP_RUN: Final = int(f.Opcode.ADD_RUN)
-_RUN_MAX: Final = f.RUN_ENTRIES_MAX
+_RUN_PACK: Final = frames.ADD_RUN_REQUEST.pack
+_RUN_UNPACK: Final = frames.ADD_RUN_REQUEST.unpack_from
+_RUN_FIXED: Final = frames.ADD_RUN_REQUEST.size
+_RUN_LENGTH_BASE: Final = _LENGTH_MIN + frames.ADD_RUN_REQUEST_FIXED.size
+_OP_RUN: Final = int(frames.Opcode.ADD_RUN)
+_RUN_MAX: Final = frames.RUN_ENTRIES_MAX
 #: `struct` formats of 1 .. RUN_ENTRIES_MAX big-endian u32 sizes, made on first use
 _SIZES: dict[int, struct.Struct] = {}
 
@@ -85,7 +85,7 @@ def _sizes_struct(count: int) -> struct.Struct:
 #: Bytes a receiver asks its socket for at a time (and so the most one feed adds).
 RECEIVE_BYTES_DEFAULT: Final = 64 * 1024
 
-_SERVED: Final = f.PROTOCOL_VERSIONS_SERVED
+_SERVED: Final = frames.PROTOCOL_VERSIONS_SERVED
 _SERVED_TEXT: Final = " and ".join(str(version) for version in _SERVED)
 #: the version that first carried the CORRUPT status; older peers get INTERNAL_ERROR
 _CORRUPT_SINCE: Final = 3
@@ -94,9 +94,14 @@ _DELETE_KEYED_SINCE: Final = 3
 
 
 def _header(
-    opcode: int, flags: int, status: int, request_id: int, body_bytes: int, version: int = _V
+    opcode: int,
+    flags: int,
+    status: int,
+    request_id: int,
+    body_bytes: int,
+    version: int = _VERSION_NEWEST,
 ) -> bytes:
-    return f.HEADER.pack(_LMIN + body_bytes, version, opcode, flags, status, request_id)
+    return frames.HEADER.pack(_LENGTH_MIN + body_bytes, version, opcode, flags, status, request_id)
 
 
 def _check_key(master_key: bytes) -> None:
@@ -126,7 +131,7 @@ def encode_add_entry(
         _check_key(master_key)
     head = _ADD_PACK(
         _ADD_LENGTH_BASE + key_bytes + len(payload),
-        _V,
+        _VERSION_NEWEST,
         _OP_ADD,
         _FLAG_RECOVERY if recovery else 0,
         0,
@@ -161,7 +166,7 @@ def encode_add_run(
     key_bytes = len(master_key)
     head = _RUN_PACK(
         _RUN_LENGTH_BASE + key_bytes + 4 * count + sum(sizes),
-        _V,
+        _VERSION_NEWEST,
         _OP_RUN,
         _FLAG_RECOVERY if recovery else 0,
         0,
@@ -201,54 +206,54 @@ def encode_request(message: RequestMessage) -> bytes:  # noqa: PLR0911 (one retu
     if isinstance(m, ReadEntry):
         _check_key(m.master_key)
         body = (
-            f.READ_ENTRY_REQUEST.pack(m.ledger_id, m.entry_id, m.wait_ms, len(m.master_key))
+            frames.READ_ENTRY_REQUEST.pack(m.ledger_id, m.entry_id, m.wait_ms, len(m.master_key))
             + m.master_key
         )
-        flags = f.Flag.FENCE if m.fence else 0
-        return _header(f.Opcode.READ_ENTRY, flags, 0, m.request_id, len(body)) + body
+        flags = frames.Flag.FENCE if m.fence else 0
+        return _header(frames.Opcode.READ_ENTRY, flags, 0, m.request_id, len(body)) + body
     if isinstance(m, ReadRange):
-        body = f.READ_RANGE_REQUEST.pack(
+        body = frames.READ_RANGE_REQUEST.pack(
             m.ledger_id, m.first_entry_id, m.last_entry_id, m.max_entries, m.max_bytes
         )
-        return _header(f.Opcode.READ_RANGE, 0, 0, m.request_id, len(body)) + body
+        return _header(frames.Opcode.READ_RANGE, 0, 0, m.request_id, len(body)) + body
     if isinstance(m, ReadLac):
-        body = f.LEDGER_ONLY.pack(m.ledger_id)
-        return _header(f.Opcode.READ_LAC, 0, 0, m.request_id, len(body)) + body
+        body = frames.LEDGER_ONLY.pack(m.ledger_id)
+        return _header(frames.Opcode.READ_LAC, 0, 0, m.request_id, len(body)) + body
     if isinstance(m, Fence):
         _check_key(m.master_key)
-        body = f.FENCE_REQUEST.pack(m.ledger_id, len(m.master_key)) + m.master_key
-        return _header(f.Opcode.FENCE, 0, 0, m.request_id, len(body)) + body
+        body = frames.FENCE_REQUEST.pack(m.ledger_id, len(m.master_key)) + m.master_key
+        return _header(frames.Opcode.FENCE, 0, 0, m.request_id, len(body)) + body
     if isinstance(m, Close):
         _check_key(m.master_key)
-        last = f.CLOSE_AT_LAST_STORED if m.last_entry_id is None else m.last_entry_id
-        body = f.CLOSE_REQUEST.pack(m.ledger_id, last, len(m.master_key)) + m.master_key
-        return _header(f.Opcode.CLOSE, 0, 0, m.request_id, len(body)) + body
+        last = frames.CLOSE_AT_LAST_STORED if m.last_entry_id is None else m.last_entry_id
+        body = frames.CLOSE_REQUEST.pack(m.ledger_id, last, len(m.master_key)) + m.master_key
+        return _header(frames.Opcode.CLOSE, 0, 0, m.request_id, len(body)) + body
     if isinstance(m, Delete):
         _check_key(m.master_key)
-        body = f.DELETE_REQUEST.pack(m.ledger_id, len(m.master_key)) + m.master_key
-        return _header(f.Opcode.DELETE, 0, 0, m.request_id, len(body)) + body
+        body = frames.DELETE_REQUEST.pack(m.ledger_id, len(m.master_key)) + m.master_key
+        return _header(frames.Opcode.DELETE, 0, 0, m.request_id, len(body)) + body
     if isinstance(m, ListLedgers):
-        body = f.LIST_REQUEST.pack(m.after_ledger_id, m.max_count)
-        return _header(f.Opcode.LIST_LEDGERS, 0, 0, m.request_id, len(body)) + body
-    return _header(f.Opcode.INFO, 0, 0, m.request_id, 0)
+        body = frames.LIST_REQUEST.pack(m.after_ledger_id, m.max_count)
+        return _header(frames.Opcode.LIST_LEDGERS, 0, 0, m.request_id, len(body)) + body
+    return _header(frames.Opcode.INFO, 0, 0, m.request_id, 0)
 
 
 # --- encoding responses ------------------------------------------------------------------------
 
 
 def encode_add_run_responses(
-    runs: Sequence[tuple[Sequence[int], int, int]], version: int = _V
+    runs: Sequence[tuple[Sequence[int], int, int]], version: int = _VERSION_NEWEST
 ) -> bytearray:
     """OK responses to runs of adds, packed into one buffer (one `send_all` for all).
 
     Each run is `(request_ids, ledger_id, first_entry_id)`: its adds were entries
     first_entry_id, first_entry_id + 1, ... of the ledger, asked by those requests.
     """
-    size = f.ADD_RESPONSE_BYTES
+    size = frames.ADD_RESPONSE_BYTES
     out = bytearray(sum([len(request_ids) for request_ids, _, _ in runs]) * size)
-    pack = f.ADD_RESPONSE.pack_into
+    pack = frames.ADD_RESPONSE.pack_into
     length = size - 4
-    op = int(f.Opcode.ADD_ENTRY)
+    op = int(frames.Opcode.ADD_ENTRY)
     offset = 0
     for request_ids, ledger_id, first_entry_id in runs:
         for index, request_id in enumerate(request_ids):
@@ -276,19 +281,21 @@ def encode_error(
     *,
     ledger_id: int = -1,
     entry_id: int = -1,
-    version: int = _V,
+    version: int = _VERSION_NEWEST,
 ) -> bytes:
     """An error response; the message is cut to ERROR_MESSAGE_BYTES_MAX bytes of UTF-8.
     A status the peer's `version` does not know is sent as INTERNAL_ERROR (the
     message still says what happened)."""
-    if status == f.Status.CORRUPT and version < _CORRUPT_SINCE:
-        status = f.Status.INTERNAL_ERROR
-    text = message.encode("utf-8", "replace")[: f.ERROR_MESSAGE_BYTES_MAX]
-    body = f.ERROR_RESPONSE.pack(ledger_id, entry_id) + text
+    if status == frames.Status.CORRUPT and version < _CORRUPT_SINCE:
+        status = frames.Status.INTERNAL_ERROR
+    text = message.encode("utf-8", "replace")[: frames.ERROR_MESSAGE_BYTES_MAX]
+    body = frames.ERROR_RESPONSE.pack(ledger_id, entry_id) + text
     return _header(opcode, _RESPONSE, status, request_id, len(body), version) + body
 
 
-def _ok(opcode: int, request_id: int, body: bytes, flags: int = 0, version: int = _V) -> bytes:
+def _ok(
+    opcode: int, request_id: int, body: bytes, flags: int = 0, version: int = _VERSION_NEWEST
+) -> bytes:
     return _header(opcode, _RESPONSE | flags, 0, request_id, len(body), version) + body
 
 
@@ -298,101 +305,137 @@ def encode_add_run_response(
     first_entry_id: int,
     count: int,
     failures: Sequence[tuple[int, int, str]] = (),
-    version: int = _V,
+    version: int = _VERSION_NEWEST,
 ) -> bytes:
     """The OK response to an ADD_RUN: all `count` entries stored but `failures`, each
     `(entry_id, status, message)`; messages are cut to ERROR_MESSAGE_BYTES_MAX bytes."""
-    head = f.ADD_RUN_RESPONSE.pack(ledger_id, first_entry_id, count, len(failures))
+    head = frames.ADD_RUN_RESPONSE.pack(ledger_id, first_entry_id, count, len(failures))
     if not failures:
         return _ok(_OP_RUN, request_id, head, version=version)
     parts = [head]
     for entry_id, status, message in failures:
-        text = message.encode("utf-8", "replace")[: f.ERROR_MESSAGE_BYTES_MAX]
-        parts.append(f.RUN_FAILURE.pack(entry_id, status, len(text)))
+        text = message.encode("utf-8", "replace")[: frames.ERROR_MESSAGE_BYTES_MAX]
+        parts.append(frames.RUN_FAILURE.pack(entry_id, status, len(text)))
         parts.append(text)
     return _ok(_OP_RUN, request_id, b"".join(parts), version=version)
 
 
-def encode_response(message: ResponseMessage, version: int = _V) -> bytes:  # noqa: PLR0911 (one return per opcode)
-    """The frame of any response message, in protocol `version` (the request's)."""
-    m = message
-    v = version
-    if isinstance(m, AddEntryResponse):
-        return f.ADD_RESPONSE.pack(
-            f.ADD_RESPONSE_BYTES - 4,
-            v,
-            _OP_ADD,
-            _RESPONSE,
-            0,
-            m.request_id,
-            m.ledger_id,
-            m.entry_id,
-        )
-    if isinstance(m, AddRunResponse):
-        return encode_add_run_response(
-            m.request_id, m.ledger_id, m.first_entry_id, m.count, m.failures, v
-        )
-    if isinstance(m, ErrorResponse):
-        return encode_error(
-            m.request_id,
-            m.opcode,
-            m.status,
-            m.message,
-            ledger_id=m.ledger_id,
-            entry_id=m.entry_id,
-            version=v,
-        )
-    if isinstance(m, ReadEntryResponse):
-        body = f.READ_ENTRY_RESPONSE.pack(m.ledger_id, m.entry_id, m.last_add_confirmed) + m.payload
-        return _ok(f.Opcode.READ_ENTRY, m.request_id, body, version=v)
-    if isinstance(m, ReadRangeResponse):
-        parts = [f.READ_RANGE_RESPONSE.pack(m.ledger_id, m.last_add_confirmed, len(m.entries))]
-        for entry_id, payload in m.entries:
-            parts.append(f.RANGE_ITEM.pack(entry_id, len(payload)))
-            parts.append(payload)
-        return _ok(f.Opcode.READ_RANGE, m.request_id, b"".join(parts), version=v)
-    if isinstance(m, LacResponse):
-        body = f.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_add_confirmed)
-        return _ok(f.Opcode.READ_LAC, m.request_id, body, version=v)
-    if isinstance(m, FenceResponse):
-        body = f.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_entry_id)
-        return _ok(f.Opcode.FENCE, m.request_id, body, version=v)
-    if isinstance(m, CloseResponse):
-        body = f.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_entry_id)
-        return _ok(f.Opcode.CLOSE, m.request_id, body, version=v)
-    if isinstance(m, DeleteResponse):
-        return _ok(f.Opcode.DELETE, m.request_id, f.LEDGER_ONLY.pack(m.ledger_id), version=v)
-    if isinstance(m, ListLedgersResponse):
-        parts = [f.LIST_RESPONSE.pack(len(m.ledgers))]
-        for s in m.ledgers:
-            parts.append(
-                f.LEDGER_SUMMARY.pack(
-                    s.ledger_id,
-                    f.LEDGER_STATES[s.state],
-                    s.first_entry_id,
-                    s.last_entry_id,
-                    s.entry_count,
-                    s.payload_bytes,
-                    s.created_ms,
-                )
-            )
-        more = int(f.Flag.MORE) if m.more else 0
-        return _ok(f.Opcode.LIST_LEDGERS, m.request_id, b"".join(parts), more, v)
-    server_version = m.server_version.encode("utf-8")[:255]
-    reason = (m.read_only_reason or "").encode("utf-8")[: f.ERROR_MESSAGE_BYTES_MAX]
-    body = (
-        f.INFO_RESPONSE.pack(
-            m.protocol_version,
-            1 if m.read_only_reason is not None else 0,
-            m.frame_bytes_max,
-            m.entry_bytes_max,
-            m.ledger_count,
-            len(server_version),
-        )
-        + server_version
-        + reason
+def _encode_add_entry_response(m: AddEntryResponse, version: int) -> bytes:
+    return frames.ADD_RESPONSE.pack(
+        frames.ADD_RESPONSE_BYTES - 4,
+        version,
+        _OP_ADD,
+        _RESPONSE,
+        0,
+        m.request_id,
+        m.ledger_id,
+        m.entry_id,
     )
-    return _ok(f.Opcode.INFO, m.request_id, body, version=v)
+
+
+def _encode_add_run_response(m: AddRunResponse, version: int) -> bytes:
+    return encode_add_run_response(
+        m.request_id, m.ledger_id, m.first_entry_id, m.count, m.failures, version
+    )
+
+
+def _encode_error_response(m: ErrorResponse, version: int) -> bytes:
+    return encode_error(
+        m.request_id,
+        m.opcode,
+        m.status,
+        m.message,
+        ledger_id=m.ledger_id,
+        entry_id=m.entry_id,
+        version=version,
+    )
+
+
+def _encode_read_entry_response(m: ReadEntryResponse, version: int) -> bytes:
+    fixed = frames.READ_ENTRY_RESPONSE.pack(m.ledger_id, m.entry_id, m.last_add_confirmed)
+    return _ok(frames.Opcode.READ_ENTRY, m.request_id, fixed + m.payload, version=version)
+
+
+def _encode_read_range_response(m: ReadRangeResponse, version: int) -> bytes:
+    parts = [frames.READ_RANGE_RESPONSE.pack(m.ledger_id, m.last_add_confirmed, len(m.entries))]
+    for entry_id, payload in m.entries:
+        parts.append(frames.RANGE_ITEM.pack(entry_id, len(payload)))
+        parts.append(payload)
+    return _ok(frames.Opcode.READ_RANGE, m.request_id, b"".join(parts), version=version)
+
+
+def _encode_lac_response(m: LacResponse, version: int) -> bytes:
+    body = frames.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_add_confirmed)
+    return _ok(frames.Opcode.READ_LAC, m.request_id, body, version=version)
+
+
+def _encode_fence_response(m: FenceResponse, version: int) -> bytes:
+    body = frames.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_entry_id)
+    return _ok(frames.Opcode.FENCE, m.request_id, body, version=version)
+
+
+def _encode_close_response(m: CloseResponse, version: int) -> bytes:
+    body = frames.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_entry_id)
+    return _ok(frames.Opcode.CLOSE, m.request_id, body, version=version)
+
+
+def _encode_delete_response(m: DeleteResponse, version: int) -> bytes:
+    body = frames.LEDGER_ONLY.pack(m.ledger_id)
+    return _ok(frames.Opcode.DELETE, m.request_id, body, version=version)
+
+
+def _encode_list_ledgers_response(m: ListLedgersResponse, version: int) -> bytes:
+    parts = [frames.LIST_RESPONSE.pack(len(m.ledgers))]
+    for summary in m.ledgers:
+        parts.append(
+            frames.LEDGER_SUMMARY.pack(
+                summary.ledger_id,
+                frames.LEDGER_STATES[summary.state],
+                summary.first_entry_id,
+                summary.last_entry_id,
+                summary.entry_count,
+                summary.payload_bytes,
+                summary.created_ms,
+            )
+        )
+    more = int(frames.Flag.MORE) if m.more else 0
+    return _ok(frames.Opcode.LIST_LEDGERS, m.request_id, b"".join(parts), more, version)
+
+
+def _encode_info_response(m: InfoResponse, version: int) -> bytes:
+    server_version = m.server_version.encode("utf-8")[:255]
+    reason = (m.read_only_reason or "").encode("utf-8")[: frames.ERROR_MESSAGE_BYTES_MAX]
+    fixed = frames.INFO_RESPONSE.pack(
+        m.protocol_version,
+        1 if m.read_only_reason is not None else 0,
+        m.frame_bytes_max,
+        m.entry_bytes_max,
+        m.ledger_count,
+        len(server_version),
+    )
+    return _ok(frames.Opcode.INFO, m.request_id, fixed + server_version + reason, version=version)
+
+
+#: Each response message type's encoder, `(message, version) -> frame`: one entry per
+#: type, so a new response is one function and one line here.
+_RESPONSE_ENCODERS: Final[dict[type[ResponseMessage], Callable[..., bytes]]] = {
+    AddEntryResponse: _encode_add_entry_response,
+    AddRunResponse: _encode_add_run_response,
+    ErrorResponse: _encode_error_response,
+    ReadEntryResponse: _encode_read_entry_response,
+    ReadRangeResponse: _encode_read_range_response,
+    LacResponse: _encode_lac_response,
+    FenceResponse: _encode_fence_response,
+    CloseResponse: _encode_close_response,
+    DeleteResponse: _encode_delete_response,
+    ListLedgersResponse: _encode_list_ledgers_response,
+    InfoResponse: _encode_info_response,
+}
+
+
+def encode_response(message: ResponseMessage, version: int = _VERSION_NEWEST) -> bytes:
+    """The frame of any response message, in protocol `version` (the request's)."""
+    return _RESPONSE_ENCODERS[type(message)](message, version)
 
 
 # --- decoding ----------------------------------------------------------------------------------
@@ -412,8 +455,10 @@ class _FrameBuffer:
     __slots__ = ("_buffer", "_buffer_bytes_max", "_frame_bytes_max", "_poisoned", "_position")
 
     def __init__(self, frame_bytes_max: int, receive_bytes_max: int) -> None:
-        if frame_bytes_max < _LMIN:
-            raise ValueError(f"frame_bytes_max must be at least {_LMIN}, got {frame_bytes_max}")
+        if frame_bytes_max < _LENGTH_MIN:
+            raise ValueError(
+                f"frame_bytes_max must be at least {_LENGTH_MIN}, got {frame_bytes_max}"
+            )
         self._frame_bytes_max = frame_bytes_max
         self._buffer_bytes_max = frame_bytes_max + 4 + receive_bytes_max
         self._buffer = b""
@@ -444,13 +489,13 @@ class _FrameBuffer:
     def _too_large(self, length: int, position: int) -> ProtocolError:
         request_id = None
         opcode = 0
-        if len(self._buffer) - position >= _HB:
-            header = f.HEADER.unpack_from(self._buffer, position)
+        if len(self._buffer) - position >= _HEADER_BYTES:
+            header = frames.HEADER.unpack_from(self._buffer, position)
             opcode, request_id = header[2], header[5]
         return ProtocolError(
             f"frame of {length} bytes exceeds this peer's limit of {self._frame_bytes_max} "
             "bytes (frame_bytes_max); send smaller entries or raise the limit on both sides",
-            status=f.Status.TOO_LARGE,
+            status=frames.Status.TOO_LARGE,
             request_id=request_id,
             opcode=opcode,
         )
@@ -461,7 +506,7 @@ class _FrameBuffer:
         self._buffer = b""
         self._position = 0
 
-    def _fail(self, error: ProtocolError, decoded: list[_M]) -> list[_M]:
+    def _fail(self, error: ProtocolError, decoded: list[_Decoded]) -> list[_Decoded]:
         """Give out the good frames before a bad one; the next call raises `error`.
 
         After a bad frame the stream has no trustworthy frame boundary: the decoder
@@ -474,13 +519,15 @@ class _FrameBuffer:
 
 
 def _short_frame(length: int) -> ProtocolError:
-    return ProtocolError(f"frame length {length} is below the header's {_LMIN} bytes", status=_BAD)
+    return ProtocolError(
+        f"frame length {length} is below the header's {_LENGTH_MIN} bytes", status=_BAD_REQUEST
+    )
 
 
 def _bad_add_response(request_id: int, version: int, flags: int) -> ProtocolError:
     return ProtocolError(
         f"bad ADD_ENTRY response {request_id}: version {version}, flags 0x{flags:02x}",
-        status=_BAD,
+        status=_BAD_REQUEST,
         request_id=request_id,
     )
 
@@ -497,7 +544,7 @@ class RequestDecoder(_FrameBuffer):
 
     def __init__(
         self,
-        frame_bytes_max: int = f.FRAME_BYTES_MAX_DEFAULT,
+        frame_bytes_max: int = frames.FRAME_BYTES_MAX_DEFAULT,
         receive_bytes_max: int = RECEIVE_BYTES_DEFAULT,
     ) -> None:
         super().__init__(frame_bytes_max, receive_bytes_max)
@@ -534,19 +581,19 @@ class RequestDecoder(_FrameBuffer):
         if v is None:
             if end - pos >= 5:
                 # a version not served pins the newest: the frame is refused by name
-                v = self.version = buf[pos + 4] if buf[pos + 4] in _SERVED else _V
+                v = self.version = buf[pos + 4] if buf[pos + 4] in _SERVED else _VERSION_NEWEST
             else:
-                v = _V  # (no frame is complete yet: nothing is decoded in it)
-        add_unpack = f.ADD_REQUEST.unpack_from
-        add_fixed = f.ADD_REQUEST.size
-        add_op = int(f.Opcode.ADD_ENTRY)
-        recovery = int(f.Flag.RECOVERY)
+                v = _VERSION_NEWEST  # (no frame is complete yet: nothing is decoded in it)
+        add_unpack = frames.ADD_REQUEST.unpack_from
+        add_fixed = frames.ADD_REQUEST.size
+        add_op = int(frames.Opcode.ADD_ENTRY)
+        recovery = int(frames.Flag.RECOVERY)
         try:
             while len(out) < count_max and end - pos >= 4:
                 (length,) = _U32.unpack_from(buf, pos)
                 if length > frame_max:
                     raise self._too_large(length, pos)
-                if length < _LMIN:
+                if length < _LENGTH_MIN:
                     raise _short_frame(length)
                 frame_end = pos + 4 + length
                 if frame_end > end:
@@ -576,7 +623,7 @@ class RequestDecoder(_FrameBuffer):
         except ProtocolError as error:
             return self._fail(error, out)
         except struct.error as error:  # a fixed part longer than the frame: bad request
-            return self._fail(ProtocolError(f"malformed frame: {error}", status=_BAD), out)
+            return self._fail(ProtocolError(f"malformed frame: {error}", status=_BAD_REQUEST), out)
         self._position = pos
         if pos == end:
             self._buffer = b""
@@ -605,15 +652,15 @@ def _invalid_add(
         reason = _wrong_version(version, connection_version)
     elif status:
         reason = f"a request carries status {status}; requests carry 0"
-    elif flags & ~int(f.Flag.RECOVERY):
+    elif flags & ~int(frames.Flag.RECOVERY):
         reason = f"ADD_ENTRY with unknown flags 0x{flags:02x}"
     else:
         reason = "ADD_ENTRY master key runs past the end of the frame" if key_overflows else "?"
     return ProtocolError(
         f"bad request {request_id}: {reason}",
-        status=_BAD,
+        status=_BAD_REQUEST,
         request_id=request_id,
-        opcode=f.Opcode.ADD_ENTRY,
+        opcode=frames.Opcode.ADD_ENTRY,
     )
 
 
@@ -639,7 +686,7 @@ def _decode_add_run(buf: bytes, pos: int, frame_end: int, connection_version: in
         raise ProtocolError(
             f"bad request {rid}: ADD_RUN payload sizes add up to {ends[-1] - payloads_at} "
             f"bytes, but {frame_end - payloads_at} bytes of payload follow them in the frame",
-            status=_BAD,
+            status=_BAD_REQUEST,
             request_id=rid,
             opcode=_OP_RUN,
         )
@@ -675,7 +722,7 @@ def _invalid_run(
         reason = f"ADD_RUN master key and payload sizes run {overrun} bytes past the frame"
     return ProtocolError(
         f"bad request {request_id}: {reason}",
-        status=_BAD,
+        status=_BAD_REQUEST,
         request_id=request_id,
         opcode=_OP_RUN,
     )
@@ -684,11 +731,11 @@ def _invalid_run(
 def _decode_request(  # noqa: PLR0911 (one return per opcode)
     buf: bytes, pos: int, frame_end: int, connection_version: int
 ) -> RequestMessage | Refused:
-    _, version, opcode, flags, status, rid = f.HEADER.unpack_from(buf, pos)
+    _, version, opcode, flags, status, rid = frames.HEADER.unpack_from(buf, pos)
 
     def bad(reason: str) -> ProtocolError:
         return ProtocolError(
-            f"bad request {rid}: {reason}", status=_BAD, request_id=rid, opcode=opcode
+            f"bad request {rid}: {reason}", status=_BAD_REQUEST, request_id=rid, opcode=opcode
         )
 
     if version != connection_version:
@@ -697,74 +744,75 @@ def _decode_request(  # noqa: PLR0911 (one return per opcode)
         raise bad(f"a request carries status {status}; requests carry 0")
     if flags & _RESPONSE:
         raise bad("the response flag is set on a request")
-    body = pos + _HB
+    body = pos + _HEADER_BYTES
     body_bytes = frame_end - body
 
     def fixed(layout: struct.Struct, allow_flags: int = 0, tail: bool = False) -> tuple[int, ...]:
         if flags & ~allow_flags:
-            raise bad(f"{f.Opcode(opcode).name} with unknown flags 0x{flags:02x}")
+            raise bad(f"{frames.Opcode(opcode).name} with unknown flags 0x{flags:02x}")
         if body_bytes < layout.size or (not tail and body_bytes != layout.size):
             raise bad(
-                f"{f.Opcode(opcode).name} body of {body_bytes} bytes; expected "
+                f"{frames.Opcode(opcode).name} body of {body_bytes} bytes; expected "
                 f"{'at least ' if tail else ''}{layout.size}"
             )
         return layout.unpack_from(buf, body)
 
     def key(start: int, length: int) -> bytes:
         if start + length != frame_end:
-            raise bad(f"{f.Opcode(opcode).name} master key does not end the frame")
+            raise bad(f"{frames.Opcode(opcode).name} master key does not end the frame")
         return buf[start:frame_end]
 
-    if opcode == f.Opcode.ADD_ENTRY:  # short frame: the fast path could not unpack it
+    if opcode == frames.Opcode.ADD_ENTRY:  # short frame: the fast path could not unpack it
         raise bad(f"ADD_ENTRY body of {body_bytes} bytes; expected at least 25")
-    if opcode == f.Opcode.ADD_RUN:  # likewise
-        raise bad(
-            f"ADD_RUN body of {body_bytes} bytes; expected at least {f.ADD_RUN_REQUEST_FIXED.size}"
+    if opcode == frames.Opcode.ADD_RUN:  # likewise
+        fixed_bytes = frames.ADD_RUN_REQUEST_FIXED.size
+        raise bad(f"ADD_RUN body of {body_bytes} bytes; expected at least {fixed_bytes}")
+    if opcode == frames.Opcode.READ_ENTRY:
+        lid, eid, wait_ms, klen = fixed(
+            frames.READ_ENTRY_REQUEST, int(frames.Flag.FENCE), tail=True
         )
-    if opcode == f.Opcode.READ_ENTRY:
-        lid, eid, wait_ms, klen = fixed(f.READ_ENTRY_REQUEST, int(f.Flag.FENCE), tail=True)
-        master_key = key(body + f.READ_ENTRY_REQUEST.size, klen)
+        master_key = key(body + frames.READ_ENTRY_REQUEST.size, klen)
         if klen > MASTER_KEY_BYTES_MAX:
             return _key_too_long(rid, opcode, lid, klen)
-        return ReadEntry(rid, lid, eid, wait_ms, bool(flags & f.Flag.FENCE), master_key)
-    if opcode == f.Opcode.READ_RANGE:
-        lid, first, last, max_entries, max_bytes = fixed(f.READ_RANGE_REQUEST)
+        return ReadEntry(rid, lid, eid, wait_ms, bool(flags & frames.Flag.FENCE), master_key)
+    if opcode == frames.Opcode.READ_RANGE:
+        lid, first, last, max_entries, max_bytes = fixed(frames.READ_RANGE_REQUEST)
         return ReadRange(rid, lid, first, last, max_entries, max_bytes)
-    if opcode == f.Opcode.READ_LAC:
-        (lid,) = fixed(f.LEDGER_ONLY)
+    if opcode == frames.Opcode.READ_LAC:
+        (lid,) = fixed(frames.LEDGER_ONLY)
         return ReadLac(rid, lid)
-    if opcode == f.Opcode.FENCE:
-        lid, klen = fixed(f.FENCE_REQUEST, tail=True)
-        master_key = key(body + f.FENCE_REQUEST.size, klen)
+    if opcode == frames.Opcode.FENCE:
+        lid, klen = fixed(frames.FENCE_REQUEST, tail=True)
+        master_key = key(body + frames.FENCE_REQUEST.size, klen)
         if klen > MASTER_KEY_BYTES_MAX:
             return _key_too_long(rid, opcode, lid, klen)
         return Fence(rid, lid, master_key)
-    if opcode == f.Opcode.CLOSE:
-        lid, last, klen = fixed(f.CLOSE_REQUEST, tail=True)
-        master_key = key(body + f.CLOSE_REQUEST.size, klen)
+    if opcode == frames.Opcode.CLOSE:
+        lid, last, klen = fixed(frames.CLOSE_REQUEST, tail=True)
+        master_key = key(body + frames.CLOSE_REQUEST.size, klen)
         if klen > MASTER_KEY_BYTES_MAX:
             return _key_too_long(rid, opcode, lid, klen)
-        return Close(rid, lid, None if last == f.CLOSE_AT_LAST_STORED else last, master_key)
-    if opcode == f.Opcode.DELETE:
+        return Close(rid, lid, None if last == frames.CLOSE_AT_LAST_STORED else last, master_key)
+    if opcode == frames.Opcode.DELETE:
         if version < _DELETE_KEYED_SINCE:
-            (lid,) = fixed(f.LEDGER_ONLY)
+            (lid,) = fixed(frames.LEDGER_ONLY)
             return Refused(
                 rid,
                 opcode,
-                _BAD,
+                _BAD_REQUEST,
                 f"DELETE of ledger {lid} in protocol version {version} carries no master "
                 f"key and is refused: deleting a ledger takes its key since version "
                 f"{_DELETE_KEYED_SINCE}. Upgrade the client and pass the ledger's password",
             )
-        lid, klen = fixed(f.DELETE_REQUEST, tail=True)
-        master_key = key(body + f.DELETE_REQUEST.size, klen)
+        lid, klen = fixed(frames.DELETE_REQUEST, tail=True)
+        master_key = key(body + frames.DELETE_REQUEST.size, klen)
         if klen > MASTER_KEY_BYTES_MAX:
             return _key_too_long(rid, opcode, lid, klen)
         return Delete(rid, lid, master_key)
-    if opcode == f.Opcode.LIST_LEDGERS:
-        after, max_count = fixed(f.LIST_REQUEST)
+    if opcode == frames.Opcode.LIST_LEDGERS:
+        after, max_count = fixed(frames.LIST_REQUEST)
         return ListLedgers(rid, after, max_count)
-    if opcode == f.Opcode.INFO:
+    if opcode == frames.Opcode.INFO:
         fixed(_EMPTY)
         return Info(rid)
     raise bad(f"unknown opcode {opcode}")
@@ -776,8 +824,8 @@ def _key_too_long(request_id: int, opcode: int, ledger_id: int, key_bytes: int) 
     return Refused(
         request_id,
         opcode,
-        int(f.Status.INVALID_ARGUMENT),
-        f"{f.Opcode(opcode).name} of ledger {ledger_id}: a master key of {key_bytes} bytes; "
+        int(frames.Status.INVALID_ARGUMENT),
+        f"{frames.Opcode(opcode).name} of ledger {ledger_id}: a master key of {key_bytes} bytes; "
         f"a ledger's master key has at most {MASTER_KEY_BYTES_MAX} bytes (derive one with "
         "master_key_from_password)",
     )
@@ -791,9 +839,9 @@ class ResponseDecoder(_FrameBuffer):
 
     def __init__(
         self,
-        frame_bytes_max: int = f.FRAME_BYTES_MAX_DEFAULT,
+        frame_bytes_max: int = frames.FRAME_BYTES_MAX_DEFAULT,
         receive_bytes_max: int = RECEIVE_BYTES_DEFAULT,
-        version: int = _V,
+        version: int = _VERSION_NEWEST,
     ) -> None:
         super().__init__(frame_bytes_max, receive_bytes_max)
         self.version = version
@@ -808,16 +856,16 @@ class ResponseDecoder(_FrameBuffer):
         end = len(buf)
         out: list[ResponseMessage] = []
         frame_max = self._frame_bytes_max
-        add_unpack = f.ADD_RESPONSE.unpack_from
-        add_length = f.ADD_RESPONSE_BYTES - 4
-        add_op = int(f.Opcode.ADD_ENTRY)
+        add_unpack = frames.ADD_RESPONSE.unpack_from
+        add_length = frames.ADD_RESPONSE_BYTES - 4
+        add_op = int(frames.Opcode.ADD_ENTRY)
         expected = self.version
         try:
             while end - pos >= 4:
                 (length,) = _U32.unpack_from(buf, pos)
                 if length > frame_max:
                     raise self._too_large(length, pos)
-                if length < _LMIN:
+                if length < _LENGTH_MIN:
                     raise _short_frame(length)
                 frame_end = pos + 4 + length
                 if frame_end > end:
@@ -833,7 +881,9 @@ class ResponseDecoder(_FrameBuffer):
         except ProtocolError as error:
             return self._fail(error, out)
         except (struct.error, ValueError, KeyError) as error:
-            return self._fail(ProtocolError(f"malformed response: {error}", status=_BAD), out)
+            return self._fail(
+                ProtocolError(f"malformed response: {error}", status=_BAD_REQUEST), out
+            )
         self._position = pos
         if pos == end:
             self._buffer = b""
@@ -841,151 +891,208 @@ class ResponseDecoder(_FrameBuffer):
         return out
 
 
-#: OK response bodies: opcode -> (the bytes of its fixed part, whether that is all of
-#: it). Checked before a body is read, so that a frame too short is never read on
-#: into the next frame, and one too long never passes with bytes nobody looked at.
-#: (ADD_RUN's decoder checks its own.)
-_OK_BODY_BYTES: Final[dict[int, tuple[int, bool]]] = {
-    f.Opcode.ADD_ENTRY: (f.LEDGER_AND_VALUE.size, True),
-    f.Opcode.READ_ENTRY: (f.READ_ENTRY_RESPONSE.size, False),
-    f.Opcode.READ_RANGE: (f.READ_RANGE_RESPONSE.size, False),
-    f.Opcode.READ_LAC: (f.LEDGER_AND_VALUE.size, True),
-    f.Opcode.FENCE: (f.LEDGER_AND_VALUE.size, True),
-    f.Opcode.CLOSE: (f.LEDGER_AND_VALUE.size, True),
-    f.Opcode.DELETE: (f.LEDGER_ONLY.size, True),
-    f.Opcode.LIST_LEDGERS: (f.LIST_RESPONSE.size, False),
-    f.Opcode.INFO: (f.INFO_RESPONSE.size, False),
+def _overruns(rid: int, what: str) -> ProtocolError:
+    return ProtocolError(
+        f"{what} response {rid} overruns its frame", status=_BAD_REQUEST, request_id=rid
+    )
+
+
+def _decode_add_entry_response(
+    buf: bytes, rid: int, flags: int, body: int, end: int
+) -> AddEntryResponse:
+    ledger_id, entry_id = frames.LEDGER_AND_VALUE.unpack_from(buf, body)
+    return AddEntryResponse(rid, ledger_id, entry_id)
+
+
+def _decode_read_entry_response(
+    buf: bytes, rid: int, flags: int, body: int, end: int
+) -> ReadEntryResponse:
+    ledger_id, entry_id, lac = frames.READ_ENTRY_RESPONSE.unpack_from(buf, body)
+    return ReadEntryResponse(
+        rid, ledger_id, entry_id, lac, buf[body + frames.READ_ENTRY_RESPONSE.size : end]
+    )
+
+
+def _decode_read_range_response(
+    buf: bytes, rid: int, flags: int, body: int, end: int
+) -> ReadRangeResponse:
+    ledger_id, lac, count = frames.READ_RANGE_RESPONSE.unpack_from(buf, body)
+    at = body + frames.READ_RANGE_RESPONSE.size
+    item = frames.RANGE_ITEM
+    entries: list[tuple[int, bytes]] = []
+    for _ in range(count):
+        if at + item.size > end:
+            raise _overruns(rid, "range")
+        entry_id, size = item.unpack_from(buf, at)
+        at += item.size
+        if at + size > end:
+            raise _overruns(rid, "range")
+        entries.append((entry_id, buf[at : at + size]))
+        at += size
+    if at != end:
+        raise _overruns(rid, "range")  # (bytes after its last entry)
+    return ReadRangeResponse(rid, ledger_id, lac, entries)
+
+
+def _decode_lac_response(buf: bytes, rid: int, flags: int, body: int, end: int) -> LacResponse:
+    return LacResponse(rid, *frames.LEDGER_AND_VALUE.unpack_from(buf, body))
+
+
+def _decode_fence_response(buf: bytes, rid: int, flags: int, body: int, end: int) -> FenceResponse:
+    return FenceResponse(rid, *frames.LEDGER_AND_VALUE.unpack_from(buf, body))
+
+
+def _decode_close_response(buf: bytes, rid: int, flags: int, body: int, end: int) -> CloseResponse:
+    return CloseResponse(rid, *frames.LEDGER_AND_VALUE.unpack_from(buf, body))
+
+
+def _decode_delete_response(
+    buf: bytes, rid: int, flags: int, body: int, end: int
+) -> DeleteResponse:
+    (ledger_id,) = frames.LEDGER_ONLY.unpack_from(buf, body)
+    return DeleteResponse(rid, ledger_id)
+
+
+def _decode_list_ledgers_response(
+    buf: bytes, rid: int, flags: int, body: int, end: int
+) -> ListLedgersResponse:
+    (count,) = frames.LIST_RESPONSE.unpack_from(buf, body)
+    at = body + frames.LIST_RESPONSE.size
+    summary = frames.LEDGER_SUMMARY
+    if at + count * summary.size != end:
+        raise _overruns(rid, "list")
+    ledgers = []
+    for _ in range(count):
+        ledger_id, state, first, last, entry_count, payload_bytes, created_ms = summary.unpack_from(
+            buf, at
+        )
+        at += summary.size
+        ledgers.append(
+            LedgerSummary(
+                ledger_id,
+                frames.LEDGER_STATE_NAMES[state],
+                first,
+                last,
+                entry_count,
+                payload_bytes,
+                created_ms,
+            )
+        )
+    return ListLedgersResponse(rid, ledgers, bool(flags & frames.Flag.MORE))
+
+
+def _decode_info_response(buf: bytes, rid: int, flags: int, body: int, end: int) -> InfoResponse:
+    protocol, read_only, frame_max, entry_max, ledger_count, version_bytes = (
+        frames.INFO_RESPONSE.unpack_from(buf, body)
+    )
+    at = body + frames.INFO_RESPONSE.size
+    version_end = at + version_bytes
+    if version_end > end or (not read_only and version_end != end):
+        raise _overruns(rid, "info")
+    server_version = buf[at:version_end].decode("utf-8", "replace")
+    reason = buf[version_end:end].decode("utf-8", "replace") if read_only else None
+    return InfoResponse(rid, protocol, reason, frame_max, entry_max, ledger_count, server_version)
+
+
+def _decode_add_run_response_body(
+    buf: bytes, rid: int, flags: int, body: int, end: int
+) -> AddRunResponse:
+    return _decode_add_run_response(buf, rid, body, end)
+
+
+class _OkResponse(NamedTuple):
+    """How one opcode's OK response is read: the bytes of its body's fixed part and
+    whether that is all of it (checked before the body is read, so that a frame too
+    short is never read on into the next frame, and one too long never passes with
+    bytes nobody looked at), and its decoder, `(buffer, request id, flags, body
+    start, frame end) -> message`."""
+
+    fixed_bytes: int
+    fixed_is_whole: bool
+    decode: Callable[[bytes, int, int, int, int], ResponseMessage]
+
+
+#: One entry per opcode. (ADD_RUN's decoder checks its own body.)
+_OK_RESPONSES: Final[dict[int, _OkResponse]] = {
+    frames.Opcode.ADD_ENTRY: _OkResponse(
+        frames.LEDGER_AND_VALUE.size, True, _decode_add_entry_response
+    ),
+    frames.Opcode.ADD_RUN: _OkResponse(0, False, _decode_add_run_response_body),
+    frames.Opcode.READ_ENTRY: _OkResponse(
+        frames.READ_ENTRY_RESPONSE.size, False, _decode_read_entry_response
+    ),
+    frames.Opcode.READ_RANGE: _OkResponse(
+        frames.READ_RANGE_RESPONSE.size, False, _decode_read_range_response
+    ),
+    frames.Opcode.READ_LAC: _OkResponse(frames.LEDGER_AND_VALUE.size, True, _decode_lac_response),
+    frames.Opcode.FENCE: _OkResponse(frames.LEDGER_AND_VALUE.size, True, _decode_fence_response),
+    frames.Opcode.CLOSE: _OkResponse(frames.LEDGER_AND_VALUE.size, True, _decode_close_response),
+    frames.Opcode.DELETE: _OkResponse(frames.LEDGER_ONLY.size, True, _decode_delete_response),
+    frames.Opcode.LIST_LEDGERS: _OkResponse(
+        frames.LIST_RESPONSE.size, False, _decode_list_ledgers_response
+    ),
+    frames.Opcode.INFO: _OkResponse(frames.INFO_RESPONSE.size, False, _decode_info_response),
 }
 
 
-def _check_ok_body(rid: int, opcode: int, body: int, frame_end: int) -> None:
-    shape = _OK_BODY_BYTES.get(opcode)
-    if shape is None:
-        return
-    size, whole = shape
-    have = frame_end - body
-    if have < size or (whole and have != size):
-        name = f.Opcode(opcode).name
-        wanted = f"{size}" if whole else f"at least {size}"
+def _decode_error_response(
+    buf: bytes, rid: int, opcode: int, status: int, body: int, end: int
+) -> ErrorResponse:
+    if body + frames.ERROR_RESPONSE.size > end:  # else the ids come from the next frame
         raise ProtocolError(
-            f"bad response {rid}: {name} body of {have} bytes, expected {wanted}",
-            status=_BAD,
+            f"bad response {rid}: error body of {end - body} bytes, under the "
+            f"{frames.ERROR_RESPONSE.size} of its ledger and entry ids",
+            status=_BAD_REQUEST,
             request_id=rid,
         )
+    ledger_id, entry_id = frames.ERROR_RESPONSE.unpack_from(buf, body)
+    message = buf[body + frames.ERROR_RESPONSE.size : end].decode("utf-8", "replace")
+    return ErrorResponse(rid, opcode, status, ledger_id, entry_id, message)
 
 
-def _overruns(rid: int, what: str) -> ProtocolError:
-    return ProtocolError(f"{what} response {rid} overruns its frame", status=_BAD, request_id=rid)
-
-
-def _decode_response(  # noqa: PLR0911 (one return per opcode)
+def _decode_response(
     buf: bytes, pos: int, frame_end: int, expected_version: int
 ) -> ResponseMessage:
-    _, version, opcode, flags, status, rid = f.HEADER.unpack_from(buf, pos)
+    _, version, opcode, flags, status, rid = frames.HEADER.unpack_from(buf, pos)
     if version != expected_version or not flags & _RESPONSE:
         raise ProtocolError(
             f"bad response {rid}: version {version}, flags 0x{flags:02x}",
-            status=_BAD,
+            status=_BAD_REQUEST,
             request_id=rid,
         )
-    body = pos + _HB
-    if status != f.Status.OK:
-        if body + f.ERROR_RESPONSE.size > frame_end:  # else the ids come from the next frame
-            raise ProtocolError(
-                f"bad response {rid}: error body of {frame_end - body} bytes, under the "
-                f"{f.ERROR_RESPONSE.size} of its ledger and entry ids",
-                status=_BAD,
-                request_id=rid,
-            )
-        lid, eid = f.ERROR_RESPONSE.unpack_from(buf, body)
-        message = buf[body + f.ERROR_RESPONSE.size : frame_end].decode("utf-8", "replace")
-        return ErrorResponse(rid, opcode, status, lid, eid, message)
-    _check_ok_body(rid, opcode, body, frame_end)
-    if opcode == f.Opcode.ADD_ENTRY:
-        lid, eid = f.LEDGER_AND_VALUE.unpack_from(buf, body)
-        return AddEntryResponse(rid, lid, eid)
-    if opcode == f.Opcode.ADD_RUN:
-        return _decode_add_run_response(buf, rid, body, frame_end)
-    if opcode == f.Opcode.READ_ENTRY:
-        lid, eid, lac = f.READ_ENTRY_RESPONSE.unpack_from(buf, body)
-        return ReadEntryResponse(rid, lid, eid, lac, buf[body + 24 : frame_end])
-    if opcode == f.Opcode.READ_RANGE:
-        lid, lac, count = f.READ_RANGE_RESPONSE.unpack_from(buf, body)
-        at = body + f.READ_RANGE_RESPONSE.size
-        entries: list[tuple[int, bytes]] = []
-        for _ in range(count):
-            if at + f.RANGE_ITEM.size > frame_end:
-                raise _overruns(rid, "range")
-            eid, size = f.RANGE_ITEM.unpack_from(buf, at)
-            at += f.RANGE_ITEM.size
-            if at + size > frame_end:
-                raise _overruns(rid, "range")
-            entries.append((eid, buf[at : at + size]))
-            at += size
-        if at != frame_end:
-            raise _overruns(rid, "range")  # (bytes after its last entry)
-        return ReadRangeResponse(rid, lid, lac, entries)
-    if opcode in (f.Opcode.READ_LAC, f.Opcode.FENCE, f.Opcode.CLOSE):
-        lid, value = f.LEDGER_AND_VALUE.unpack_from(buf, body)
-        if opcode == f.Opcode.READ_LAC:
-            return LacResponse(rid, lid, value)
-        if opcode == f.Opcode.FENCE:
-            return FenceResponse(rid, lid, value)
-        return CloseResponse(rid, lid, value)
-    if opcode == f.Opcode.DELETE:
-        (lid,) = f.LEDGER_ONLY.unpack_from(buf, body)
-        return DeleteResponse(rid, lid)
-    if opcode == f.Opcode.LIST_LEDGERS:
-        (count,) = f.LIST_RESPONSE.unpack_from(buf, body)
-        at = body + f.LIST_RESPONSE.size
-        if at + count * f.LEDGER_SUMMARY.size != frame_end:
-            raise _overruns(rid, "list")
-        ledgers = []
-        for _ in range(count):
-            lid, state, first, last, entries_n, payload_bytes, created = (
-                f.LEDGER_SUMMARY.unpack_from(buf, at)
-            )
-            at += f.LEDGER_SUMMARY.size
-            ledgers.append(
-                LedgerSummary(
-                    lid,
-                    f.LEDGER_STATE_NAMES[state],
-                    first,
-                    last,
-                    entries_n,
-                    payload_bytes,
-                    created,
-                )
-            )
-        return ListLedgersResponse(rid, ledgers, bool(flags & f.Flag.MORE))
-    if opcode == f.Opcode.INFO:
-        proto, read_only, frame_max, entry_max, ledger_count, vlen = f.INFO_RESPONSE.unpack_from(
-            buf, body
+    body = pos + _HEADER_BYTES
+    if status != frames.Status.OK:
+        return _decode_error_response(buf, rid, opcode, status, body, frame_end)
+    kind = _OK_RESPONSES.get(opcode)
+    if kind is None:
+        raise ProtocolError(f"response {rid} has unknown opcode {opcode}", status=_BAD_REQUEST)
+    have = frame_end - body
+    if have < kind.fixed_bytes or (kind.fixed_is_whole and have != kind.fixed_bytes):
+        wanted = f"{kind.fixed_bytes}" if kind.fixed_is_whole else f"at least {kind.fixed_bytes}"
+        raise ProtocolError(
+            f"bad response {rid}: {frames.Opcode(opcode).name} body of {have} bytes, "
+            f"expected {wanted}",
+            status=_BAD_REQUEST,
+            request_id=rid,
         )
-        at = body + f.INFO_RESPONSE.size
-        if at + vlen > frame_end or (not read_only and at + vlen != frame_end):
-            raise _overruns(rid, "info")
-        version = buf[at : at + vlen].decode("utf-8", "replace")
-        reason = buf[at + vlen : frame_end].decode("utf-8", "replace") if read_only else None
-        return InfoResponse(rid, proto, reason, frame_max, entry_max, ledger_count, version)
-    raise ProtocolError(f"response {rid} has unknown opcode {opcode}", status=_BAD)
+    return kind.decode(buf, rid, flags, body, frame_end)
 
 
 def _decode_add_run_response(buf: bytes, rid: int, body: int, frame_end: int) -> AddRunResponse:
     def overrun(what: str) -> ProtocolError:
-        return ProtocolError(f"ADD_RUN response {rid}: {what}", status=_BAD, request_id=rid)
+        return ProtocolError(f"ADD_RUN response {rid}: {what}", status=_BAD_REQUEST, request_id=rid)
 
-    at = body + f.ADD_RUN_RESPONSE.size
+    at = body + frames.ADD_RUN_RESPONSE.size
     if at > frame_end:
         raise overrun(f"body of {frame_end - body} bytes, under the {at - body} it needs")
-    lid, first, count, failure_count = f.ADD_RUN_RESPONSE.unpack_from(buf, body)
+    lid, first, count, failure_count = frames.ADD_RUN_RESPONSE.unpack_from(buf, body)
     failures: list[tuple[int, int, str]] = []
     for _ in range(failure_count):
-        if at + f.RUN_FAILURE.size > frame_end:
+        if at + frames.RUN_FAILURE.size > frame_end:
             raise overrun(f"failure {len(failures)} of {failure_count} runs past the frame")
-        entry_id, status, size = f.RUN_FAILURE.unpack_from(buf, at)
-        at += f.RUN_FAILURE.size
-        if at + size > frame_end or status == f.Status.OK:
+        entry_id, status, size = frames.RUN_FAILURE.unpack_from(buf, at)
+        at += frames.RUN_FAILURE.size
+        if at + size > frame_end or status == frames.Status.OK:
             raise overrun(f"failure of entry {entry_id} is malformed")
         failures.append((entry_id, status, buf[at : at + size].decode("utf-8", "replace")))
         at += size
