@@ -310,19 +310,7 @@ class AddOutcomeDecoder(ResponseDecoder):
                 if bulk and buf[pos : pos + 8] == ok_prefix:
                     run = min((end - pos) // _ADD_OK_BYTES, run_max)
                     if run:
-                        words = array("Q")
-                        words.frombytes(view[pos : pos + run * _ADD_OK_BYTES])
-                        prefixes = words[::_ADD_OK_WORDS]
-                        if prefixes.count(ok_word) == run:
-                            good = run
-                            run_max = min(run_max * 2, _ADD_OK_RUN_MAX)
-                        else:
-                            good = _leading_run(prefixes, ok_word)
-                            run_max = _ADD_OK_RUN_AFTER_BREAK
-                        request_ids = words[1 : good * _ADD_OK_WORDS : _ADD_OK_WORDS]
-                        if _NATIVE_LITTLE_ENDIAN:
-                            request_ids.byteswap()  # the wire is big-endian
-                        ok += request_ids.tolist()
+                        good, run_max = _take_ok_adds(view, pos, run, run_max, ok_word, ok)
                         pos += good * _ADD_OK_BYTES
                         continue
                 (length,) = _U32.unpack_from(buf, pos)
@@ -344,10 +332,7 @@ class AddOutcomeDecoder(ResponseDecoder):
             return self._fail_outcomes(failure, ok, others)
         finally:
             view.release()
-        self._position = pos
-        if pos == end:
-            self._buffer = b""
-            self._position = 0
+        self._consumed(pos)
         return AddOutcomes(ok, others)
 
     def _fail_outcomes(
@@ -358,6 +343,28 @@ class AddOutcomeDecoder(ResponseDecoder):
         if ok or others:
             return AddOutcomes(ok, others)  # the next call raises `error`
         raise error
+
+
+def _take_ok_adds(
+    view: memoryview, pos: int, run: int, run_max: int, ok_word: int, ok: list[int]
+) -> tuple[int, int]:
+    """Check the `run` frames at `pos` as OK add responses in bulk; append the request
+    ids of those that lead to `ok`. Returns how many led, and the next step's most
+    frames (`run_max` doubled after a clean step, small again after a break)."""
+    words = array("Q")
+    words.frombytes(view[pos : pos + run * _ADD_OK_BYTES])
+    prefixes = words[::_ADD_OK_WORDS]
+    if prefixes.count(ok_word) == run:
+        good = run
+        run_max = min(run_max * 2, _ADD_OK_RUN_MAX)
+    else:
+        good = _leading_run(prefixes, ok_word)
+        run_max = _ADD_OK_RUN_AFTER_BREAK
+    request_ids = words[1 : good * _ADD_OK_WORDS : _ADD_OK_WORDS]
+    if _NATIVE_LITTLE_ENDIAN:
+        request_ids.byteswap()  # the wire is big-endian
+    ok += request_ids.tolist()
+    return good, run_max
 
 
 def _leading_run(values: array[int], value: int) -> int:

@@ -500,6 +500,14 @@ class _FrameBuffer:
             opcode=opcode,
         )
 
+    def _consumed(self, position: int) -> None:
+        """Decoding took the buffer up to `position`; an emptied buffer is dropped."""
+        if position == len(self._buffer):
+            self._buffer = b""
+            self._position = 0
+        else:
+            self._position = position
+
     def _poison(self, error: ProtocolError) -> None:
         """Fail from now on with `error`, dropping what is buffered."""
         self._poisoned = error
@@ -579,11 +587,7 @@ class RequestDecoder(_FrameBuffer):
         frame_max = self._frame_bytes_max
         v = self.version
         if v is None:
-            if end - pos >= 5:
-                # a version not served pins the newest: the frame is refused by name
-                v = self.version = buf[pos + 4] if buf[pos + 4] in _SERVED else _VERSION_NEWEST
-            else:
-                v = _VERSION_NEWEST  # (no frame is complete yet: nothing is decoded in it)
+            v = self._pin_version(buf, pos, end)
         add_unpack = frames.ADD_REQUEST.unpack_from
         add_fixed = frames.ADD_REQUEST.size
         add_op = int(frames.Opcode.ADD_ENTRY)
@@ -624,11 +628,18 @@ class RequestDecoder(_FrameBuffer):
             return self._fail(error, out)
         except struct.error as error:  # a fixed part longer than the frame: bad request
             return self._fail(ProtocolError(f"malformed frame: {error}", status=_BAD_REQUEST), out)
-        self._position = pos
-        if pos == end:
-            self._buffer = b""
-            self._position = 0
+        self._consumed(pos)
         return out
+
+    def _pin_version(self, buf: bytes, pos: int, end: int) -> int:
+        """The version of the connection's first frame, pinned for all that follow
+        once its version byte is in; the newest until then."""
+        if end - pos < 5:
+            return _VERSION_NEWEST  # (no frame is complete yet: nothing is decoded in it)
+        # a version not served pins the newest: the frame is refused by name
+        version = buf[pos + 4] if buf[pos + 4] in _SERVED else _VERSION_NEWEST
+        self.version = version
+        return version
 
 
 def _wrong_version(version: int, connection_version: int) -> str:
@@ -728,94 +739,163 @@ def _invalid_run(
     )
 
 
-def _decode_request(  # noqa: PLR0911 (one return per opcode)
+class _RequestFrame:
+    """One request frame other than an add, its header read and checked: what each
+    opcode's decoder reads its body from, and how it says the frame is bad."""
+
+    __slots__ = ("body", "buf", "end", "flags", "opcode", "request_id", "version")
+
+    def __init__(
+        self, buf: bytes, body: int, end: int, version: int, opcode: int, flags: int, rid: int
+    ) -> None:
+        self.buf = buf
+        self.body = body
+        self.end = end
+        self.version = version
+        self.opcode = opcode
+        self.flags = flags
+        self.request_id = rid
+
+    def bad(self, reason: str) -> ProtocolError:
+        return ProtocolError(
+            f"bad request {self.request_id}: {reason}",
+            status=_BAD_REQUEST,
+            request_id=self.request_id,
+            opcode=self.opcode,
+        )
+
+    def fixed(
+        self, layout: struct.Struct, allow_flags: int = 0, tail: bool = False
+    ) -> tuple[int, ...]:
+        """The body's fixed part (all of the body unless `tail`), its flags checked."""
+        name = frames.Opcode(self.opcode).name
+        if self.flags & ~allow_flags:
+            raise self.bad(f"{name} with unknown flags 0x{self.flags:02x}")
+        body_bytes = self.end - self.body
+        if body_bytes < layout.size or (not tail and body_bytes != layout.size):
+            raise self.bad(
+                f"{name} body of {body_bytes} bytes; expected "
+                f"{'at least ' if tail else ''}{layout.size}"
+            )
+        return layout.unpack_from(self.buf, self.body)
+
+    def key(self, layout: struct.Struct, length: int) -> bytes:
+        """The master key after the fixed part `layout`: the rest of the frame."""
+        start = self.body + layout.size
+        if start + length != self.end:
+            raise self.bad(f"{frames.Opcode(self.opcode).name} master key does not end the frame")
+        return self.buf[start : self.end]
+
+
+def _decode_short_add(frame: _RequestFrame) -> RequestMessage | Refused:
+    # the fast paths read every add frame long enough to unpack
+    fixed_bytes = (
+        frames.ADD_REQUEST_FIXED.size
+        if frame.opcode == frames.Opcode.ADD_ENTRY
+        else frames.ADD_RUN_REQUEST_FIXED.size
+    )
+    name = frames.Opcode(frame.opcode).name
+    raise frame.bad(
+        f"{name} body of {frame.end - frame.body} bytes; expected at least {fixed_bytes}"
+    )
+
+
+def _decode_read_entry(frame: _RequestFrame) -> RequestMessage | Refused:
+    layout = frames.READ_ENTRY_REQUEST
+    lid, eid, wait_ms, klen = frame.fixed(layout, int(frames.Flag.FENCE), tail=True)
+    master_key = frame.key(layout, klen)
+    if klen > MASTER_KEY_BYTES_MAX:
+        return _key_too_long(frame.request_id, frame.opcode, lid, klen)
+    fence = bool(frame.flags & frames.Flag.FENCE)
+    return ReadEntry(frame.request_id, lid, eid, wait_ms, fence, master_key)
+
+
+def _decode_read_range(frame: _RequestFrame) -> RequestMessage | Refused:
+    lid, first, last, max_entries, max_bytes = frame.fixed(frames.READ_RANGE_REQUEST)
+    return ReadRange(frame.request_id, lid, first, last, max_entries, max_bytes)
+
+
+def _decode_read_lac(frame: _RequestFrame) -> RequestMessage | Refused:
+    (lid,) = frame.fixed(frames.LEDGER_ONLY)
+    return ReadLac(frame.request_id, lid)
+
+
+def _decode_fence(frame: _RequestFrame) -> RequestMessage | Refused:
+    lid, klen = frame.fixed(frames.FENCE_REQUEST, tail=True)
+    master_key = frame.key(frames.FENCE_REQUEST, klen)
+    if klen > MASTER_KEY_BYTES_MAX:
+        return _key_too_long(frame.request_id, frame.opcode, lid, klen)
+    return Fence(frame.request_id, lid, master_key)
+
+
+def _decode_close(frame: _RequestFrame) -> RequestMessage | Refused:
+    lid, last, klen = frame.fixed(frames.CLOSE_REQUEST, tail=True)
+    master_key = frame.key(frames.CLOSE_REQUEST, klen)
+    if klen > MASTER_KEY_BYTES_MAX:
+        return _key_too_long(frame.request_id, frame.opcode, lid, klen)
+    last_entry_id = None if last == frames.CLOSE_AT_LAST_STORED else last
+    return Close(frame.request_id, lid, last_entry_id, master_key)
+
+
+def _decode_delete(frame: _RequestFrame) -> RequestMessage | Refused:
+    if frame.version < _DELETE_KEYED_SINCE:
+        (lid,) = frame.fixed(frames.LEDGER_ONLY)
+        return Refused(
+            frame.request_id,
+            frame.opcode,
+            _BAD_REQUEST,
+            f"DELETE of ledger {lid} in protocol version {frame.version} carries no master "
+            f"key and is refused: deleting a ledger takes its key since version "
+            f"{_DELETE_KEYED_SINCE}. Upgrade the client and pass the ledger's password",
+        )
+    lid, klen = frame.fixed(frames.DELETE_REQUEST, tail=True)
+    master_key = frame.key(frames.DELETE_REQUEST, klen)
+    if klen > MASTER_KEY_BYTES_MAX:
+        return _key_too_long(frame.request_id, frame.opcode, lid, klen)
+    return Delete(frame.request_id, lid, master_key)
+
+
+def _decode_list_ledgers(frame: _RequestFrame) -> RequestMessage | Refused:
+    after, max_count = frame.fixed(frames.LIST_REQUEST)
+    return ListLedgers(frame.request_id, after, max_count)
+
+
+def _decode_info(frame: _RequestFrame) -> RequestMessage | Refused:
+    frame.fixed(_EMPTY)
+    return Info(frame.request_id)
+
+
+#: Each opcode's request decoder (adds and runs have their fast paths, and come
+#: here only when too short to unpack): one entry per message type.
+_REQUEST_DECODERS: Final[dict[int, Callable[[_RequestFrame], RequestMessage | Refused]]] = {
+    frames.Opcode.ADD_ENTRY: _decode_short_add,
+    frames.Opcode.ADD_RUN: _decode_short_add,
+    frames.Opcode.READ_ENTRY: _decode_read_entry,
+    frames.Opcode.READ_RANGE: _decode_read_range,
+    frames.Opcode.READ_LAC: _decode_read_lac,
+    frames.Opcode.FENCE: _decode_fence,
+    frames.Opcode.CLOSE: _decode_close,
+    frames.Opcode.DELETE: _decode_delete,
+    frames.Opcode.LIST_LEDGERS: _decode_list_ledgers,
+    frames.Opcode.INFO: _decode_info,
+}
+
+
+def _decode_request(
     buf: bytes, pos: int, frame_end: int, connection_version: int
 ) -> RequestMessage | Refused:
     _, version, opcode, flags, status, rid = frames.HEADER.unpack_from(buf, pos)
-
-    def bad(reason: str) -> ProtocolError:
-        return ProtocolError(
-            f"bad request {rid}: {reason}", status=_BAD_REQUEST, request_id=rid, opcode=opcode
-        )
-
+    frame = _RequestFrame(buf, pos + _HEADER_BYTES, frame_end, version, opcode, flags, rid)
     if version != connection_version:
-        raise bad(_wrong_version(version, connection_version))
+        raise frame.bad(_wrong_version(version, connection_version))
     if status:
-        raise bad(f"a request carries status {status}; requests carry 0")
+        raise frame.bad(f"a request carries status {status}; requests carry 0")
     if flags & _RESPONSE:
-        raise bad("the response flag is set on a request")
-    body = pos + _HEADER_BYTES
-    body_bytes = frame_end - body
-
-    def fixed(layout: struct.Struct, allow_flags: int = 0, tail: bool = False) -> tuple[int, ...]:
-        if flags & ~allow_flags:
-            raise bad(f"{frames.Opcode(opcode).name} with unknown flags 0x{flags:02x}")
-        if body_bytes < layout.size or (not tail and body_bytes != layout.size):
-            raise bad(
-                f"{frames.Opcode(opcode).name} body of {body_bytes} bytes; expected "
-                f"{'at least ' if tail else ''}{layout.size}"
-            )
-        return layout.unpack_from(buf, body)
-
-    def key(start: int, length: int) -> bytes:
-        if start + length != frame_end:
-            raise bad(f"{frames.Opcode(opcode).name} master key does not end the frame")
-        return buf[start:frame_end]
-
-    if opcode == frames.Opcode.ADD_ENTRY:  # short frame: the fast path could not unpack it
-        raise bad(f"ADD_ENTRY body of {body_bytes} bytes; expected at least 25")
-    if opcode == frames.Opcode.ADD_RUN:  # likewise
-        fixed_bytes = frames.ADD_RUN_REQUEST_FIXED.size
-        raise bad(f"ADD_RUN body of {body_bytes} bytes; expected at least {fixed_bytes}")
-    if opcode == frames.Opcode.READ_ENTRY:
-        lid, eid, wait_ms, klen = fixed(
-            frames.READ_ENTRY_REQUEST, int(frames.Flag.FENCE), tail=True
-        )
-        master_key = key(body + frames.READ_ENTRY_REQUEST.size, klen)
-        if klen > MASTER_KEY_BYTES_MAX:
-            return _key_too_long(rid, opcode, lid, klen)
-        return ReadEntry(rid, lid, eid, wait_ms, bool(flags & frames.Flag.FENCE), master_key)
-    if opcode == frames.Opcode.READ_RANGE:
-        lid, first, last, max_entries, max_bytes = fixed(frames.READ_RANGE_REQUEST)
-        return ReadRange(rid, lid, first, last, max_entries, max_bytes)
-    if opcode == frames.Opcode.READ_LAC:
-        (lid,) = fixed(frames.LEDGER_ONLY)
-        return ReadLac(rid, lid)
-    if opcode == frames.Opcode.FENCE:
-        lid, klen = fixed(frames.FENCE_REQUEST, tail=True)
-        master_key = key(body + frames.FENCE_REQUEST.size, klen)
-        if klen > MASTER_KEY_BYTES_MAX:
-            return _key_too_long(rid, opcode, lid, klen)
-        return Fence(rid, lid, master_key)
-    if opcode == frames.Opcode.CLOSE:
-        lid, last, klen = fixed(frames.CLOSE_REQUEST, tail=True)
-        master_key = key(body + frames.CLOSE_REQUEST.size, klen)
-        if klen > MASTER_KEY_BYTES_MAX:
-            return _key_too_long(rid, opcode, lid, klen)
-        return Close(rid, lid, None if last == frames.CLOSE_AT_LAST_STORED else last, master_key)
-    if opcode == frames.Opcode.DELETE:
-        if version < _DELETE_KEYED_SINCE:
-            (lid,) = fixed(frames.LEDGER_ONLY)
-            return Refused(
-                rid,
-                opcode,
-                _BAD_REQUEST,
-                f"DELETE of ledger {lid} in protocol version {version} carries no master "
-                f"key and is refused: deleting a ledger takes its key since version "
-                f"{_DELETE_KEYED_SINCE}. Upgrade the client and pass the ledger's password",
-            )
-        lid, klen = fixed(frames.DELETE_REQUEST, tail=True)
-        master_key = key(body + frames.DELETE_REQUEST.size, klen)
-        if klen > MASTER_KEY_BYTES_MAX:
-            return _key_too_long(rid, opcode, lid, klen)
-        return Delete(rid, lid, master_key)
-    if opcode == frames.Opcode.LIST_LEDGERS:
-        after, max_count = fixed(frames.LIST_REQUEST)
-        return ListLedgers(rid, after, max_count)
-    if opcode == frames.Opcode.INFO:
-        fixed(_EMPTY)
-        return Info(rid)
-    raise bad(f"unknown opcode {opcode}")
+        raise frame.bad("the response flag is set on a request")
+    decode = _REQUEST_DECODERS.get(opcode)
+    if decode is None:
+        raise frame.bad(f"unknown opcode {opcode}")
+    return decode(frame)
 
 
 def _key_too_long(request_id: int, opcode: int, ledger_id: int, key_bytes: int) -> Refused:

@@ -167,14 +167,7 @@ class RequestExecutor:
             assert not isinstance(message, tuple)  # (for the type checker)
             if isinstance(message, Refused):
                 counts[message.opcode] += 1
-                frame = encode_error(
-                    message.request_id,
-                    message.opcode,
-                    message.status,
-                    message.message,
-                    version=self.version,
-                )
-                self.writer.queue(frame, 1)
+                self._refuse(message)
                 continue
             if type(message) is AddRun:
                 counts[Opcode.ADD_RUN] += 1
@@ -199,16 +192,7 @@ class RequestExecutor:
             self.in_flight.bytes += sum([run.payload_bytes for run in runs])
         batch = runs
         if adds:
-            counts[Opcode.ADD_ENTRY] += len(adds)
-            if len(adds) > room:  # past the node-wide limit: refuse the rest
-                for add in adds[max(room, 0) :]:
-                    self._overloaded(add[0], Opcode.ADD_ENTRY)
-                adds = adds[: max(room, 0)]
-            add_batch, refused = node.entry_requests(adds, self.writer.on_add_done)
-            for request_id, error in refused:
-                self.writer.queue(error_frame(request_id, Opcode.ADD_ENTRY, error, self.version), 1)
-            server.inflight += len(adds) - len(refused)
-            self.in_flight.bytes += sum([request.payload_bytes for request in add_batch])
+            add_batch = self._add_requests(adds, room)
             batch = add_batch + runs if runs else add_batch
         if not batch:
             return
@@ -217,6 +201,34 @@ class RequestExecutor:
         except PoraError as error:  # the node is closing: none of them was queued
             for request in batch:
                 request.fail(error)
+
+    def _add_requests(self, adds: list[WireAdd], room: int) -> list[Request]:
+        """The node's requests for the adds of one read, those past the node-wide
+        limit (`room` left) answered OVERLOADED and those the node refuses answered
+        with their error."""
+        server = self.server
+        server.requests_by_opcode[Opcode.ADD_ENTRY] += len(adds)
+        if len(adds) > room:  # past the node-wide limit: refuse the rest
+            for add in adds[max(room, 0) :]:
+                self._overloaded(add[0], Opcode.ADD_ENTRY)
+            adds = adds[: max(room, 0)]
+        add_batch, refused = self.node.entry_requests(adds, self.writer.on_add_done)
+        for request_id, error in refused:
+            self.writer.queue(error_frame(request_id, Opcode.ADD_ENTRY, error, self.version), 1)
+        server.inflight += len(adds) - len(refused)
+        self.in_flight.bytes += sum([request.payload_bytes for request in add_batch])
+        return add_batch
+
+    def _refuse(self, message: Refused) -> None:
+        """Answer a frame the decoder refused by itself (it never reaches the node)."""
+        frame = encode_error(
+            message.request_id,
+            message.opcode,
+            message.status,
+            message.message,
+            version=self.version,
+        )
+        self.writer.queue(frame, 1)
 
     def _run_request(self, message: AddRun) -> Request | None:
         """The node's request for an ADD_RUN frame, or None when the run is refused
