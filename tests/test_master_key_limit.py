@@ -3,6 +3,7 @@ refused with INVALID_ARGUMENT whatever carries it, and no ledger ever takes one.
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
@@ -40,15 +41,23 @@ async def test_a_100_byte_master_key_is_refused_by_every_operation(data_dir: Pat
             5,
             f.ADD_REQUEST_FIXED.pack(10, 0, -1, len(_KEY)) + _KEY + b"payload",
         ),
+        _frame(
+            f.Opcode.ADD_RUN,
+            6,
+            f.ADD_RUN_REQUEST_FIXED.pack(11, 0, -1, 2, len(_KEY))
+            + _KEY
+            + struct.pack(">II", 1, 1)
+            + b"ab",
+        ),
     ]
     async with serving(data_dir) as (node, _server, address):
         stream = await raw_connection(address)
-        await stream.send_all(b"".join(frames) + codec.encode_request(Info(6)))
-        responses, closed = await receive_responses(stream, 6)
+        await stream.send_all(b"".join(frames) + codec.encode_request(Info(7)))
+        responses, closed = await receive_responses(stream, 7)
         assert not closed  # a refusal, not a protocol error: the connection goes on
         by_id = {r.request_id: r for r in responses}
-        assert isinstance(by_id[6], InfoResponse)
-        for request_id in range(1, 6):
+        assert isinstance(by_id[7], InfoResponse)
+        for request_id in range(1, 7):
             refusal = by_id[request_id]
             assert isinstance(refusal, ErrorResponse), refusal
             assert refusal.status == f.Status.INVALID_ARGUMENT
