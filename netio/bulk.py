@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from typing import Final, NamedTuple, Protocol
 
 from netio import frames
-from netio.codec import (
+from netio.errors import ProtocolError
+from netio.framing import (
     _ADD_LENGTH_BASE,
     _ADD_PACK,
     _BAD_REQUEST,
@@ -29,16 +30,13 @@ from netio.codec import (
     _U32,
     _VERSION_NEWEST,
     RECEIVE_BYTES_DEFAULT,
-    ResponseDecoder,
     _bad_add_response,
     _check_key,
-    _decode_response,
     _short_frame,
-    encode_add_entry,
-    encode_add_run,
 )
-from netio.errors import ProtocolError
 from netio.messages import ResponseMessage
+from netio.request_codec import encode_add_entry, encode_add_run
+from netio.response_codec import ResponseDecoder, _decode_response
 
 #: An OK ADD_ENTRY response: its first 8 bytes (length 28, version, opcode, RESPONSE
 #: flag, status OK) never vary within a version (a ResponseDecoder keeps them, and
