@@ -41,11 +41,11 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import trio
 
@@ -193,7 +193,7 @@ def free_loopback_port() -> int:
 
 
 @contextmanager
-def redis_server(redis_path: str, parent_dir: Path | None = None) -> Any:
+def redis_server(redis_path: str, parent_dir: Path | None = None) -> Iterator[int]:
     """Run redis-server with durable AOF on a free loopback port, in a temp dir under
     `parent_dir` (the same disk as the node's); yields the port."""
     with tempfile.TemporaryDirectory(prefix="pora-bench-redis-", dir=parent_dir) as directory:
