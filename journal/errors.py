@@ -8,6 +8,13 @@ importing each other. `pora` re-exports all of them.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Final
+
+#: The longest master key a ledger may have. The journal's KEY record is the
+#: on-disk truth of this bound (docs/formats.md); it lives here, beside the
+#: InvalidArgument refusals that enforce it, because this is the one module that the
+#: journal, the node, the wire codec and the client may all import.
+MASTER_KEY_BYTES_MAX: Final = 64
 
 
 class PoraError(Exception):

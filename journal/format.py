@@ -35,6 +35,8 @@ from typing import Final
 
 import crc32c
 
+from journal import errors as _errors
+
 FORMAT_VERSION: Final = 3
 BLOCK_SIZE: Final = 512
 
@@ -80,8 +82,9 @@ PREFIX_CRC_START: Final = 4
 
 #: the largest payload one record may carry; a node's own limit is lower (config)
 RECORD_PAYLOAD_MAX: Final = 64 * 1024 * 1024
-#: the longest master key a KEY record may carry
-MASTER_KEY_BYTES_MAX: Final = 64
+#: the longest master key a KEY record may carry (defined with the errors that refuse
+#: longer ones, where the wire codec can see it too)
+MASTER_KEY_BYTES_MAX: Final = _errors.MASTER_KEY_BYTES_MAX
 
 
 class RecordKind(enum.IntEnum):

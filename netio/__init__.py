@@ -1,7 +1,9 @@
 """The wire protocol of a Pora node, as a pure sans-io codec (no sockets, no clocks).
 
 `docs/protocol.md` is the grammar; `netio.frames` holds its constants, `netio.messages`
-the decoded messages, `netio.codec` the encoders and the bounded decoders, and
+the decoded messages, `netio.codec` the encoders and the bounded decoders (requests in
+`netio.request_codec`, responses in `netio.response_codec`, what both share in
+`netio.framing`), `netio.status` the status codes' error types, and
 `netio.security` the master-key derivation. The server (`pora.server`) and the client
 (`pora.client.node_client`) drive this codec over trio and anyio streams.
 """

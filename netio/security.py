@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 from typing import Final
 
+from journal.errors import MASTER_KEY_BYTES_MAX
+
+__all__ = ["MASTER_KEY_BYTES_MAX", "MASTER_KEY_DOMAIN", "master_key_from_password"]
+
 #: Prefix hashed before the password (domain separation). Never change: keys of
 #: existing ledgers would stop matching.
 MASTER_KEY_DOMAIN: Final = b"pora-ledger-master-key-v1\x00"
-
-#: The longest master key the protocol carries (its length is one byte).
-MASTER_KEY_BYTES_MAX: Final = 255
 
 
 def master_key_from_password(password: str | bytes) -> bytes:

@@ -1,32 +1,45 @@
 """Pora: a durable, replicated ledger store on trio.
 
-`open_node` runs a storage node in-process; the errors below are what its
-operations raise.
+`open_node` runs a storage node in-process; `connect_node` talks to one over the
+network. The errors their operations raise are gathered in `pora.errors` and
+re-exported here.
 """
 
-from journal.errors import JournalCorruption, JournalError, JournalFormatError, PoraError
-from ledger.errors import (
+from ledger.state import LedgerInfo
+from netio.security import master_key_from_password
+from pora.client.node_client import NodeClient, NodeInfo, connect_node
+from pora.errors import (
+    ConnectionLost,
+    DataDirError,
+    DataDirLocked,
     EntryConflict,
     EntryTooLarge,
     FlushFailed,
+    IndexMissing,
     InvalidArgument,
+    JournalCorruption,
+    JournalError,
+    JournalFormatError,
+    JournalGap,
+    JournalNoSpace,
     LedgerClosed,
     LedgerError,
     LedgerFenced,
     NodeClosed,
+    NodeOverloaded,
     NodeReadOnly,
     NoSuchEntry,
     NoSuchLedger,
+    PoraError,
+    ProtocolError,
+    RemoteError,
+    RequestTimeout,
     StorageCorruption,
     Unauthorized,
+    UnindexedEntryLog,
 )
-from ledger.state import LedgerInfo
-from netio.errors import ConnectionLost, NodeOverloaded, ProtocolError, RemoteError, RequestTimeout
-from netio.security import master_key_from_password
-from pora.client.node_client import NodeClient, NodeInfo, connect_node
 from pora.node import Node, NodeStatistics, open_node
 from pora.node.config import NodeConfig
-from pora.node.datadir import DataDirError, DataDirLocked
 
 __version__ = "0.1.0"
 
@@ -37,10 +50,13 @@ __all__ = [
     "EntryConflict",
     "EntryTooLarge",
     "FlushFailed",
+    "IndexMissing",
     "InvalidArgument",
     "JournalCorruption",
     "JournalError",
     "JournalFormatError",
+    "JournalGap",
+    "JournalNoSpace",
     "LedgerClosed",
     "LedgerError",
     "LedgerFenced",
@@ -61,6 +77,7 @@ __all__ = [
     "RequestTimeout",
     "StorageCorruption",
     "Unauthorized",
+    "UnindexedEntryLog",
     "connect_node",
     "master_key_from_password",
     "open_node",

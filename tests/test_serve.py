@@ -116,6 +116,26 @@ async def assert_all_there(address: str, ledger_id: int, acknowledged: list[int]
 
 
 @pytest.mark.slow
+async def test_the_drain_log_line_says_what_the_server_did(data_dir: Path, tmp_path: Path) -> None:
+    async with serve(data_dir, tmp_path) as daemon:
+        async with pora.connect_node(daemon.address) as client:
+            for entry_id in range(3):
+                await client.add_entry(4, entry_id, b"x")
+        assert await stop(daemon) == 0
+        (drained,) = [line for line in daemon.log_lines() if str(line["msg"]).startswith("drained")]
+    assert drained["connections_accepted"] == 1
+    assert drained["connections_open"] == 0
+    assert drained["protocol_errors"] == 0
+    assert drained["requests"] == 3
+    assert drained["requests_inflight"] == 0
+    assert drained["responses_failed"] == 0
+    assert isinstance(drained["bytes_received"], int)
+    assert drained["bytes_received"] > 0
+    assert isinstance(drained["bytes_sent"], int)
+    assert drained["bytes_sent"] > 0
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 async def test_signal_stops_cleanly_and_nothing_acknowledged_is_lost(
     data_dir: Path, tmp_path: Path, signum: int

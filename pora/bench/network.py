@@ -41,11 +41,11 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import trio
 
@@ -193,7 +193,7 @@ def free_loopback_port() -> int:
 
 
 @contextmanager
-def redis_server(redis_path: str, parent_dir: Path | None = None) -> Any:
+def redis_server(redis_path: str, parent_dir: Path | None = None) -> Iterator[int]:
     """Run redis-server with durable AOF on a free loopback port, in a temp dir under
     `parent_dir` (the same disk as the node's); yields the port."""
     with tempfile.TemporaryDirectory(prefix="pora-bench-redis-", dir=parent_dir) as directory:
@@ -340,14 +340,14 @@ async def _pora_raw_connection(
     with one `send_all`; replies may come back in any order and are matched by
     request id. As lean as the Redis side: the frames are encoded once and only
     their ids rewritten (`RepeatedAddFrames`), OK responses come back as bare request
-    ids (`ResponseDecoder.next_add_outcomes`), and the window is told once per chunk.
+    ids (`AddOutcomeDecoder.next_add_outcomes`), and the window is told once per chunk.
     """
-    from netio.codec import RepeatedAddFrames, ResponseDecoder  # noqa: PLC0415
+    from netio.bulk import AddOutcomeDecoder, RepeatedAddFrames  # noqa: PLC0415
     from netio.messages import ErrorResponse  # noqa: PLC0415
 
     host, _, port = address.rpartition(":")
     stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
-    decoder = ResponseDecoder()
+    decoder = AddOutcomeDecoder()
     add_frames = RepeatedAddFrames(ledger_id, payload, window.config.depth)
     sent_at: dict[int, float] = {}
     next_id = 0
@@ -402,13 +402,13 @@ async def _pora_run_connection(
     of replies leave as one run (split only past RUN_ENTRIES_MAX), and each reply
     completes a whole run: every add of it was sent at the same time and is durable.
     """
-    from netio.codec import RepeatedRunFrames, ResponseDecoder  # noqa: PLC0415
+    from netio.bulk import AddOutcomeDecoder, RepeatedRunFrames  # noqa: PLC0415
     from netio.frames import RUN_ENTRIES_MAX  # noqa: PLC0415
     from netio.messages import AddRunResponse, ErrorResponse  # noqa: PLC0415
 
     host, _, port = address.rpartition(":")
     stream = await trio.open_tcp_stream(host.strip("[]"), int(port))
-    decoder = ResponseDecoder()
+    decoder = AddOutcomeDecoder()
     run_frames = RepeatedRunFrames(ledger_id, payload, min(window.config.depth, RUN_ENTRIES_MAX))
     #: request id -> (sent at, adds in the run)
     in_flight: dict[int, tuple[float, int]] = {}

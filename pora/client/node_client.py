@@ -16,7 +16,7 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Final, Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -24,17 +24,8 @@ import trio
 
 from journal.errors import PoraError
 from ledger.errors import (
-    EntryConflict,
     EntryTooLarge,
     InvalidArgument,
-    LedgerClosed,
-    LedgerFenced,
-    NodeClosed,
-    NodeReadOnly,
-    NoSuchEntry,
-    NoSuchLedger,
-    StorageCorruption,
-    Unauthorized,
 )
 from netio import frames as f
 from netio.codec import (
@@ -43,13 +34,15 @@ from netio.codec import (
     encode_add_run,
     encode_request,
 )
-from netio.errors import ConnectionLost, NodeOverloaded, ProtocolError, RemoteError, RequestTimeout
+from netio.errors import ConnectionLost, ProtocolError, RequestTimeout
 from netio.frames import Status
 from netio.messages import (
+    AddEntryResponse,
     AddRunResponse,
     Close,
     CloseResponse,
     Delete,
+    DeleteResponse,
     ErrorResponse,
     Fence,
     FenceResponse,
@@ -67,8 +60,10 @@ from netio.messages import (
     ResponseMessage,
 )
 from netio.security import master_key_from_password
+from netio.status import error_type_of
 
 DEFAULT_PORT: Final = 3181
+_Response = TypeVar("_Response", bound=ResponseMessage)
 _RECEIVE_BYTES: Final = 256 * 1024
 #: What an ADD_RUN frame's length field counts besides its key and its entries, and
 #: what each entry adds to it besides its payload (its u32 size).
@@ -76,24 +71,6 @@ _RUN_FRAME_BASE: Final = f.LENGTH_MIN + f.ADD_RUN_REQUEST_FIXED.size
 _RUN_BYTES_PER_ENTRY: Final = 4
 #: Granularity of request timeouts: a request times out at most this much late.
 TIMEOUT_TICK_S: Final = 0.02
-
-#: The engine error each status code stands for.
-_ERROR_TYPES: Final[dict[int, type[PoraError]]] = {
-    Status.NO_SUCH_LEDGER: NoSuchLedger,
-    Status.NO_SUCH_ENTRY: NoSuchEntry,
-    Status.FENCED: LedgerFenced,
-    Status.CLOSED: LedgerClosed,
-    Status.BAD_REQUEST: ProtocolError,
-    Status.UNAUTHORIZED: Unauthorized,
-    Status.TOO_LARGE: EntryTooLarge,
-    Status.READ_ONLY: NodeReadOnly,
-    Status.OVERLOADED: NodeOverloaded,
-    Status.INTERNAL_ERROR: RemoteError,
-    Status.ENTRY_CONFLICT: EntryConflict,
-    Status.INVALID_ARGUMENT: InvalidArgument,
-    Status.SHUTTING_DOWN: NodeClosed,
-    Status.CORRUPT: StorageCorruption,
-}
 
 
 def error_from_response(response: ErrorResponse) -> PoraError:
@@ -103,7 +80,7 @@ def error_from_response(response: ErrorResponse) -> PoraError:
     message (what, where, what to do), and the constructors want arguments (a
     size limit, say) that only the node knows.
     """
-    error_type = _ERROR_TYPES.get(response.status, RemoteError)
+    error_type = error_type_of(response.status)
     error = error_type.__new__(error_type)
     Exception.__init__(error, response.message)
     error.ledger_id = response.ledger_id  # type: ignore[attr-defined]
@@ -559,10 +536,21 @@ class NodeClient:
             )
         return max(0.0, timeout_s - (anyio.current_time() - started))
 
-    async def _call_one(self, frame: bytes, request_id: int, timeout_s: float | None) -> Any:
+    async def _call_one(
+        self, frame: bytes, request_id: int, timeout_s: float | None, expected: type[_Response]
+    ) -> _Response:
+        """The response to one request, of the type its request is answered with; the
+        node's error raised as its exception."""
         (result,) = await self._call([frame], [request_id], timeout_s)
         if isinstance(result, PoraError):
             raise result
+        if not isinstance(result, expected):
+            raise ProtocolError(
+                f"node {self.address} answered request {request_id} with "
+                f"{type(result).__name__}, not {expected.__name__}",
+                status=Status.BAD_REQUEST,
+                request_id=request_id,
+            )
         return result
 
     def _ids(self, count: int) -> list[int]:
@@ -607,7 +595,7 @@ class NodeClient:
             last_add_confirmed=last_add_confirmed,
             recovery=recovery,
         )
-        await self._call_one(frame, request_id, timeout_s)
+        await self._call_one(frame, request_id, timeout_s, AddEntryResponse)
 
     async def add_run(
         self,
@@ -766,7 +754,7 @@ class NodeClient:
             )
         )
         timeout = (self.timeout_s if timeout_s is None else timeout_s) + wait_s
-        response: ReadEntryResponse = await self._call_one(frame, request_id, timeout)
+        response = await self._call_one(frame, request_id, timeout, ReadEntryResponse)
         return response.payload, response.last_add_confirmed
 
     async def read_range(
@@ -785,13 +773,13 @@ class NodeClient:
         frame = encode_request(
             ReadRange(request_id, ledger_id, first_entry_id, last_entry_id, max_entries, max_bytes)
         )
-        response: ReadRangeResponse = await self._call_one(frame, request_id, timeout_s)
+        response = await self._call_one(frame, request_id, timeout_s, ReadRangeResponse)
         return response.entries
 
     async def last_add_confirmed(self, ledger_id: int, *, timeout_s: float | None = None) -> int:
         request_id = self._new_id()
         frame = encode_request(ReadLac(request_id, ledger_id))
-        response: LacResponse = await self._call_one(frame, request_id, timeout_s)
+        response = await self._call_one(frame, request_id, timeout_s, LacResponse)
         return response.last_add_confirmed
 
     async def fence_ledger(
@@ -805,7 +793,7 @@ class NodeClient:
         """Shut the ledger's writer out; returns the last entry id stored on the node."""
         request_id = self._new_id()
         frame = encode_request(Fence(request_id, ledger_id, self._key(master_key, password)))
-        response: FenceResponse = await self._call_one(frame, request_id, timeout_s)
+        response = await self._call_one(frame, request_id, timeout_s, FenceResponse)
         return response.last_entry_id
 
     async def close_ledger(
@@ -822,7 +810,7 @@ class NodeClient:
         frame = encode_request(
             Close(request_id, ledger_id, last_entry_id, self._key(master_key, password))
         )
-        response: CloseResponse = await self._call_one(frame, request_id, timeout_s)
+        response = await self._call_one(frame, request_id, timeout_s, CloseResponse)
         return response.last_entry_id
 
     async def delete_ledger(
@@ -837,7 +825,7 @@ class NodeClient:
         (its password): else Unauthorized, and nothing is deleted."""
         request_id = self._new_id()
         frame = encode_request(Delete(request_id, ledger_id, self._key(master_key, password)))
-        await self._call_one(frame, request_id, timeout_s)
+        await self._call_one(frame, request_id, timeout_s, DeleteResponse)
 
     async def list_ledgers(
         self, *, page_size: int = 1000, timeout_s: float | None = None
@@ -848,7 +836,7 @@ class NodeClient:
         while True:
             request_id = self._new_id()
             frame = encode_request(ListLedgers(request_id, after, page_size))
-            response: ListLedgersResponse = await self._call_one(frame, request_id, timeout_s)
+            response = await self._call_one(frame, request_id, timeout_s, ListLedgersResponse)
             ledgers.extend(response.ledgers)
             if not response.more or not response.ledgers:
                 return ledgers
@@ -857,8 +845,8 @@ class NodeClient:
     async def info(self, *, timeout_s: float | None = None) -> NodeInfo:
         """What the node says about itself (also a ping)."""
         request_id = self._new_id()
-        response: InfoResponse = await self._call_one(
-            encode_request(Info(request_id)), request_id, timeout_s
+        response = await self._call_one(
+            encode_request(Info(request_id)), request_id, timeout_s, InfoResponse
         )
         return NodeInfo(
             protocol_version=response.protocol_version,

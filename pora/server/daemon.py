@@ -23,8 +23,8 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -34,6 +34,9 @@ from pora.server.diskwatch import DiskMonitor, DiskThresholds
 from pora.server.gc_tuning import freeze_and_tune
 from pora.server.metrics import NodeMetrics, serve_metrics
 from pora.server.settings import Address, Settings
+
+if TYPE_CHECKING:
+    from pora.server.server import Server, ServerStatistics
 
 _log = logging.getLogger("pora.serve")
 
@@ -77,8 +80,8 @@ def _listen_failure(what: str, address: Address, error: OSError) -> str:
     return f"cannot listen on {address} for {what}: {error.strerror or error} (check {flag})"
 
 
-def _settings_fields(settings: Settings) -> dict[str, Any]:
-    fields: dict[str, Any] = {
+def _settings_fields(settings: Settings) -> dict[str, object]:
+    fields: dict[str, object] = {
         "data_dir": str(settings.data_dir),
         "listen": str(settings.listen),
         "metrics_listen": str(settings.metrics_listen) if settings.metrics_listen else "off",
@@ -91,7 +94,7 @@ def _settings_fields(settings: Settings) -> dict[str, Any]:
     return fields
 
 
-def _make_server(node: pora.Node, settings: Settings) -> Any:
+def _make_server(node: pora.Node, settings: Settings) -> Server:
     from pora.server.server import Server, ServerConfig  # noqa: PLC0415 (keeps `--help` light)
 
     config = ServerConfig(
@@ -111,7 +114,7 @@ class _Stopper:
         self.startup_scope = trio.CancelScope()
         self.started = False
 
-    async def watch(self, signals: Any) -> None:
+    async def watch(self, signals: AsyncIterator[int]) -> None:
         async for signum in signals:
             name = signal.Signals(signum).name
             if not self.requested.is_set():
@@ -128,7 +131,7 @@ class _Stopper:
 async def run_daemon(
     settings: Settings,
     *,
-    on_ready: Callable[[dict[str, Any]], None] | None = None,
+    on_ready: Callable[[dict[str, str]], None] | None = None,
 ) -> int:
     """Run until a stop signal; returns the process exit status (0 after a clean stop,
     1 when the node stopped with ledgers unflushed and its journal kept)."""
@@ -163,7 +166,7 @@ async def run_daemon(
 async def _run_node(
     settings: Settings,
     stopper: _Stopper,
-    on_ready: Callable[[dict[str, Any]], None] | None,
+    on_ready: Callable[[dict[str, str]], None] | None,
 ) -> None:
     _log.info(
         "starting pora %s on %s",
@@ -197,7 +200,7 @@ async def _run_node(
                 host, port = await _listen(
                     "the node", settings.listen, lambda: nursery.start(server.run)
                 )
-                ready: dict[str, Any] = {"listen": f"{host}:{port}"}
+                ready: dict[str, str] = {"listen": f"{host}:{port}"}
                 metrics_listen = settings.metrics_listen
                 if metrics_listen is not None:
                     if not _is_loopback(metrics_listen.host):
@@ -242,10 +245,19 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def _server_fields(stats: object) -> dict[str, Any]:
-    fields: dict[str, Any] = {}
-    for name in ("connections_total", "connections_accepted", "requests_total", "requests"):
-        value = getattr(stats, name, None)
-        if isinstance(value, int):
-            fields[name] = value
-    return fields
+def _server_fields(stats: ServerStatistics) -> dict[str, int]:
+    """What the server did over its life, logged when its drain ends: the requests
+    still in flight are those the drain timeout cut off."""
+    return {
+        "connections_accepted": stats.connections_accepted,
+        "connections_refused": stats.connections_refused,
+        "connections_open": stats.connections_open,
+        "protocol_errors": stats.protocol_errors,
+        "requests": sum(stats.requests_by_opcode.values()),
+        "requests_inflight": stats.requests_inflight,
+        "responses_failed": sum(
+            count for status, count in stats.responses_by_status.items() if status != "ok"
+        ),
+        "bytes_received": stats.bytes_received,
+        "bytes_sent": stats.bytes_sent,
+    }
