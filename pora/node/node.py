@@ -78,6 +78,12 @@ def _check_id(kind: str, value: int) -> None:
         raise InvalidArgument(f"{kind} must be an integer in [0, 2**63), got {value!r}")
 
 
+def _check_master_key(master_key: bytes) -> None:
+    # the journal and entry-log state records hold at most this many bytes of key
+    if len(master_key) > MASTER_KEY_BYTES_MAX:
+        raise InvalidArgument(f"a master key has at most {MASTER_KEY_BYTES_MAX} bytes")
+
+
 class Node:
     """A running node. Make one with `open_node`; every method is safe to call
     from many tasks at once."""
@@ -340,6 +346,7 @@ class Node:
     async def fence_ledger(self, ledger_id: int, *, master_key: bytes = b"") -> int:
         """Shut the ledger's writer out (durably); returns its last entry id here."""
         _check_id("ledger_id", ledger_id)
+        _check_master_key(master_key)
         result = await self._perform_one(
             Request(RecordKind.FENCE, ledger_id, -1, master_key=master_key)
         )
@@ -354,6 +361,7 @@ class Node:
         Returns the last entry id the closed ledger keeps; reads past it fail.
         """
         _check_id("ledger_id", ledger_id)
+        _check_master_key(master_key)
         if last_entry_id is None:
             seal = CLOSE_KEEP_ALL
         else:
@@ -370,6 +378,7 @@ class Node:
         """Delete the ledger and all its entries (durably). Only its owner may: the
         master key must be the ledger's (else Unauthorized, and nothing changes)."""
         _check_id("ledger_id", ledger_id)
+        _check_master_key(master_key)
         self._registry.meta(ledger_id)  # NoSuchLedger without journalling anything
         if not self._keys.matches(ledger_id, master_key):
             raise Unauthorized(ledger_id)
