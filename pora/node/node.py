@@ -47,8 +47,7 @@ from pora.node.datadir import (
 from pora.node.replay import RecoveryReport
 from pora.node.trimmer import JournalTrimmer
 
-#: (RUN_ENTRIES_MAX: the server's bound on a run, as the node takes it)
-__all__ = ["RUN_ENTRIES_MAX", "Node", "NodeStatistics"]
+__all__ = ["Node", "NodeStatistics"]
 
 _log = logging.getLogger("pora.node")
 
