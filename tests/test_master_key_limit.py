@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from net_helpers import raw_connection, receive_responses, serving
 
+import pora
 from journal import format as journal_format
 from netio import codec
 from netio import frames as f
@@ -65,3 +66,21 @@ async def test_a_100_byte_master_key_is_refused_by_every_operation(data_dir: Pat
         # nothing was fenced, closed or keyed with the long key
         assert node.ledgers() == []
         await stream.aclose()
+
+
+async def test_an_in_process_fence_close_or_delete_refuses_a_100_byte_key(
+    data_dir: Path,
+) -> None:
+    async with pora.open_node(data_dir) as node:
+        with pytest.raises(pora.InvalidArgument, match="at most 64 bytes"):
+            await node.fence_ledger(1, master_key=_KEY)
+        with pytest.raises(pora.InvalidArgument, match="at most 64 bytes"):
+            await node.close_ledger(2, master_key=_KEY)
+        # nothing was fenced, closed or keyed with the long key
+        assert node.ledgers() == []
+        await node.add_entry(3, 0, b"kept")
+        with pytest.raises(pora.InvalidArgument, match="at most 64 bytes"):
+            await node.delete_ledger(3, master_key=_KEY)
+        assert await node.read_entry(3, 0) == b"kept"
+    async with pora.open_node(data_dir) as node:  # and nothing of it was journalled
+        assert [info.ledger_id for info in node.ledgers()] == [3]

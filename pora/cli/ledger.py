@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import Any, BinaryIO, Final, NoReturn
 
 from journal.errors import JournalError
 from ledger.index import Index
@@ -254,37 +255,17 @@ def run_show(args: argparse.Namespace) -> int:
 
 @command
 def run_read(args: argparse.Namespace) -> int:
-    if args.raw is not None and args.json:
-        raise CommandError("--raw and --json exclude each other", EXIT_REFUSED)
-    _check_id("ledger id", args.ledger_id)
-    _check_id("--from", args.first)
-    if args.last is not None:
-        _check_id("--to", args.last)
-    if args.last is not None and args.last < args.first:
-        raise CommandError(
-            f"bad range --from {args.first} --to {args.last}: need 0 <= from <= to", EXIT_REFUSED
-        )
-    if args.raw is not None:
-        _check_raw_target(args.raw)
+    _check_read_args(args)
     with offline_data_dir(args.data_dir) as directory, open_index(directory) as index:
         metas = _load_metas(index)
         plan = _pending(directory, metas)
         meta = _meta_or_fail(index, args.ledger_id, plan)
         pending = None if plan is None else plan.pending_for(meta.ledger_id)
         if pending != 0 and not args.allow_stale:
-            what = (
-                "the journal cannot be read, so it may hold newer records of it"
-                if pending is None
-                else f"the journal holds {pending} records of it not yet replayed"
-            )
-            raise CommandError(
-                f"ledger {meta.ledger_id}: {what}; run `pora recover` first (or pass "
-                "--allow-stale to read what the entry log holds now)"
-            )
+            _refuse_stale(meta.ledger_id, pending)
         last = visible_last_entry(meta)
         if args.last is not None:
             last = min(last, args.last)
-        count = 0
         if last == NO_ENTRY or last < args.first or meta.log_end == 0:
             entries: list[tuple[int, bytes]] = []
             log = None
@@ -297,27 +278,64 @@ def run_read(args: argparse.Namespace) -> int:
                 else read_entries(index, log, meta.ledger_id, args.first, last)
             )
             if args.raw is not None:
-                with _open_raw(args.raw) as out:
-                    total = 0
-                    for _entry_id, payload in source:
-                        out.write(payload)
-                        total += len(payload)
-                        count += 1
-                print(
-                    f"wrote {count} entries ({total} bytes) of ledger {meta.ledger_id} "
-                    f"to {args.raw}"
-                )
+                _write_raw(args.raw, meta.ledger_id, source)
             else:
-                for entry_id, payload in source:
-                    count += 1
-                    if args.json:
-                        print_json_line(_entry_json(meta.ledger_id, entry_id, payload))
-                    else:
-                        print(f"{entry_id}\t{len(payload)}\t{payload.hex()}")
+                _print_entries(meta.ledger_id, source, as_json=args.json)
         finally:
             if log is not None:
                 log.close()
     return EXIT_OK
+
+
+def _check_read_args(args: argparse.Namespace) -> None:
+    """Refuse `pora ledger read` arguments that cannot go together, before the data
+    dir is touched."""
+    if args.raw is not None and args.json:
+        raise CommandError("--raw and --json exclude each other", EXIT_REFUSED)
+    _check_id("ledger id", args.ledger_id)
+    _check_id("--from", args.first)
+    if args.last is not None:
+        _check_id("--to", args.last)
+    if args.last is not None and args.last < args.first:
+        raise CommandError(
+            f"bad range --from {args.first} --to {args.last}: need 0 <= from <= to", EXIT_REFUSED
+        )
+    if args.raw is not None:
+        _check_raw_target(args.raw)
+
+
+def _refuse_stale(ledger_id: int, pending: int | None) -> NoReturn:
+    """The journal may hold newer records of the ledger than its entry log does."""
+    what = (
+        "the journal cannot be read, so it may hold newer records of it"
+        if pending is None
+        else f"the journal holds {pending} records of it not yet replayed"
+    )
+    raise CommandError(
+        f"ledger {ledger_id}: {what}; run `pora recover` first (or pass "
+        "--allow-stale to read what the entry log holds now)"
+    )
+
+
+def _write_raw(target: Path, ledger_id: int, source: Iterable[tuple[int, bytes]]) -> None:
+    """The payloads alone, back to back, into the file `target`."""
+    count = 0
+    total = 0
+    with _open_raw(target) as out:
+        for _entry_id, payload in source:
+            out.write(payload)
+            total += len(payload)
+            count += 1
+    print(f"wrote {count} entries ({total} bytes) of ledger {ledger_id} to {target}")
+
+
+def _print_entries(ledger_id: int, source: Iterable[tuple[int, bytes]], *, as_json: bool) -> None:
+    """One line per entry: JSON, or entry id, size and payload in hex."""
+    for entry_id, payload in source:
+        if as_json:
+            print_json_line(_entry_json(ledger_id, entry_id, payload))
+        else:
+            print(f"{entry_id}\t{len(payload)}\t{payload.hex()}")
 
 
 def _entry_json(ledger_id: int, entry_id: int, payload: bytes) -> dict[str, Any]:

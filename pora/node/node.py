@@ -47,8 +47,7 @@ from pora.node.datadir import (
 from pora.node.replay import RecoveryReport
 from pora.node.trimmer import JournalTrimmer
 
-#: (RUN_ENTRIES_MAX: the server's bound on a run, as the node takes it)
-__all__ = ["RUN_ENTRIES_MAX", "Node", "NodeStatistics"]
+__all__ = ["Node", "NodeStatistics"]
 
 _log = logging.getLogger("pora.node")
 
@@ -76,6 +75,12 @@ def _as_pora_error(error: BaseException | None) -> PoraError | None:
 def _check_id(kind: str, value: int) -> None:
     if not (isinstance(value, int) and 0 <= value <= ID_MAX):
         raise InvalidArgument(f"{kind} must be an integer in [0, 2**63), got {value!r}")
+
+
+def _check_master_key(master_key: bytes) -> None:
+    # the journal and entry-log state records hold at most this many bytes of key
+    if len(master_key) > MASTER_KEY_BYTES_MAX:
+        raise InvalidArgument(f"a master key has at most {MASTER_KEY_BYTES_MAX} bytes")
 
 
 class Node:
@@ -340,6 +345,7 @@ class Node:
     async def fence_ledger(self, ledger_id: int, *, master_key: bytes = b"") -> int:
         """Shut the ledger's writer out (durably); returns its last entry id here."""
         _check_id("ledger_id", ledger_id)
+        _check_master_key(master_key)
         result = await self._perform_one(
             Request(RecordKind.FENCE, ledger_id, -1, master_key=master_key)
         )
@@ -354,6 +360,7 @@ class Node:
         Returns the last entry id the closed ledger keeps; reads past it fail.
         """
         _check_id("ledger_id", ledger_id)
+        _check_master_key(master_key)
         if last_entry_id is None:
             seal = CLOSE_KEEP_ALL
         else:
@@ -370,6 +377,7 @@ class Node:
         """Delete the ledger and all its entries (durably). Only its owner may: the
         master key must be the ledger's (else Unauthorized, and nothing changes)."""
         _check_id("ledger_id", ledger_id)
+        _check_master_key(master_key)
         self._registry.meta(ledger_id)  # NoSuchLedger without journalling anything
         if not self._keys.matches(ledger_id, master_key):
             raise Unauthorized(ledger_id)

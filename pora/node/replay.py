@@ -110,7 +110,53 @@ async def replay_journal(
         journal_dir, require_watermark=require_watermark, accept_gaps=accept_gaps
     )
     tally = ReplayTally()
-    batches = scanner.replay_requests(durable, tally)
+    await _scan_and_apply(
+        scanner, scanner.replay_requests(durable, tally), registry, dry_run, progress
+    )
+    report.records_scanned = tally.records_scanned
+    report.bytes_scanned = tally.payload_bytes_scanned
+    report.records_replayed = tally.records_selected
+    report.bytes_replayed = tally.payload_bytes_selected
+    report.ledgers_touched = tally.ledgers_selected
+    summary = scanner.summary
+    report.torn_tail = summary.torn_tail
+    for gap in summary.gaps_accepted:
+        _log.warning("journal gap accepted by the operator: %s", gap.reason)
+        report.gaps_accepted.append(gap.reason)
+    if report.torn_tail is not None:
+        _log.warning("journal ends with a torn tail: %s", report.torn_tail.describe())
+    first_seq_on_disk = max((s.first_seq for s in segments), default=0)
+    # the watermark too: after a clean stop it is the journal's end, and the ledger
+    # that held the highest durable seq may have been deleted since
+    watermark_seq = 0 if summary.watermark is None else summary.watermark.first_seq
+    if summary.below_watermark:
+        _log.warning(
+            "%d journal segments lie below the journal watermark (seq %d): %s. Everything "
+            "in them was durable in entry logs and index when the watermark was written "
+            "(a trim or stop cut short before deleting them, or files put back into %s): "
+            "they are not replayed%s",
+            len(summary.below_watermark),
+            watermark_seq,
+            ", ".join(path.name for path in summary.below_watermark),
+            journal_dir,
+            "" if dry_run else ", and are deleted with the rest of the replayed journal",
+        )
+    report.next_seq = max(summary.last_seq + 1, first_seq_on_disk, max_durable + 1, watermark_seq)
+    if not dry_run:
+        await _flush_then_trim(journal_dir, registry, segments, report)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+async def _scan_and_apply(
+    scanner: JournalScanner,
+    batches: Iterator[list[Request]],
+    registry: LedgerRegistry,
+    dry_run: bool,
+    progress: ProgressCallback | None,
+) -> None:
+    """Apply the scanned requests through the registry's dispatch (unless dry_run),
+    with the scan in a thread running ahead of the event loop."""
 
     def next_chunk() -> tuple[list[Request], bool]:
         """Requests of the next journal batches, up to a chunk's worth of bytes read
@@ -150,39 +196,6 @@ async def replay_journal(
                         await registry.dispatch(chunk)
                     if progress is not None:
                         progress(scanner.summary.record_bytes)
-    report.records_scanned = tally.records_scanned
-    report.bytes_scanned = tally.payload_bytes_scanned
-    report.records_replayed = tally.records_selected
-    report.bytes_replayed = tally.payload_bytes_selected
-    report.ledgers_touched = tally.ledgers_selected
-    summary = scanner.summary
-    report.torn_tail = summary.torn_tail
-    for gap in summary.gaps_accepted:
-        _log.warning("journal gap accepted by the operator: %s", gap.reason)
-        report.gaps_accepted.append(gap.reason)
-    if report.torn_tail is not None:
-        _log.warning("journal ends with a torn tail: %s", report.torn_tail.describe())
-    first_seq_on_disk = max((s.first_seq for s in segments), default=0)
-    # the watermark too: after a clean stop it is the journal's end, and the ledger
-    # that held the highest durable seq may have been deleted since
-    watermark_seq = 0 if summary.watermark is None else summary.watermark.first_seq
-    if summary.below_watermark:
-        _log.warning(
-            "%d journal segments lie below the journal watermark (seq %d): %s. Everything "
-            "in them was durable in entry logs and index when the watermark was written "
-            "(a trim or stop cut short before deleting them, or files put back into %s): "
-            "they are not replayed%s",
-            len(summary.below_watermark),
-            watermark_seq,
-            ", ".join(path.name for path in summary.below_watermark),
-            journal_dir,
-            "" if dry_run else ", and are deleted with the rest of the replayed journal",
-        )
-    report.next_seq = max(summary.last_seq + 1, first_seq_on_disk, max_durable + 1, watermark_seq)
-    if not dry_run:
-        await _flush_then_trim(journal_dir, registry, segments, report)
-    report.seconds = time.perf_counter() - started
-    return report
 
 
 async def _flush_then_trim(

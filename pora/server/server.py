@@ -34,12 +34,13 @@ from dataclasses import dataclass
 
 import trio
 
+from journal.request import RUN_ENTRIES_MAX
 from netio import frames as f
 from netio.codec import (
     encode_error,
 )
 from netio.frames import Opcode, Status
-from pora.node.node import RUN_ENTRIES_MAX, Node
+from pora.node.node import Node
 from pora.server.connection import Connection
 from pora.server.read_budget import ByteBudget
 

@@ -387,27 +387,15 @@ def _check_server_options(options: Mapping[str, Any], sources: Mapping[str, str]
         raise SettingsError(f"bad server option ({where}): {error}") from None
 
 
-def load_settings(
-    flags: Mapping[str, Any],
-    environ: Mapping[str, str] | None = None,
-    config_path: Path | None = None,
-    node_option_flags: Sequence[str] = (),
-    server_option_flags: Sequence[str] = (),
-) -> Settings:
-    """Combine defaults, the config file, the environment and flags (highest wins).
-
-    `flags` maps setting names to values given on the command line (None or absent:
-    not given). `environ` defaults to `os.environ`; `PORA_CONFIG` names the config
-    file when `config_path` is None.
-    """
-    environ = os.environ if environ is None else environ
-    file_where = ""
-    from_file: dict[str, Any] = {}
-    if config_path is None and environ.get("PORA_CONFIG"):
-        config_path = Path(environ["PORA_CONFIG"])
-    if config_path is not None:
-        from_file = _read_file(config_path)
-        file_where = f"config file {config_path}"
+def _config_file(
+    config_path: Path | None,
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]], str]:
+    """The config file's top-level keys, its [node] and [server] tables, and how
+    messages name the file (all empty without a file)."""
+    if config_path is None:
+        return {}, {"node": {}, "server": {}}, ""
+    from_file = _read_file(config_path)
+    file_where = f"config file {config_path}"
     tables: dict[str, dict[str, Any]] = {"node": {}, "server": {}}
     for key in list(from_file):
         if key in tables:
@@ -415,6 +403,17 @@ def load_settings(
             if not isinstance(table, dict):
                 raise SettingsError(f"[{key}] in {file_where} must be a table")
             tables[key] = table
+    return from_file, tables, file_where
+
+
+def _top_level_settings(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str],
+    from_file: dict[str, Any],
+    file_where: str,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each of SETTINGS' value and where it came from. Takes the settings' keys out
+    of `from_file` and refuses any key left, which names no setting."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for setting in SETTINGS:
@@ -440,6 +439,27 @@ def load_settings(
         raise SettingsError(
             f"unknown setting {sorted(from_file)[0]!r} in {file_where}; known: {known}"
         )
+    return values, sources
+
+
+def load_settings(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str] | None = None,
+    config_path: Path | None = None,
+    node_option_flags: Sequence[str] = (),
+    server_option_flags: Sequence[str] = (),
+) -> Settings:
+    """Combine defaults, the config file, the environment and flags (highest wins).
+
+    `flags` maps setting names to values given on the command line (None or absent:
+    not given). `environ` defaults to `os.environ`; `PORA_CONFIG` names the config
+    file when `config_path` is None.
+    """
+    environ = os.environ if environ is None else environ
+    if config_path is None and environ.get("PORA_CONFIG"):
+        config_path = Path(environ["PORA_CONFIG"])
+    from_file, tables, file_where = _config_file(config_path)
+    values, sources = _top_level_settings(flags, environ, from_file, file_where)
     node_options, node_sources = _options(
         "node", node_option_types, tables["node"], file_where, environ, node_option_flags
     )

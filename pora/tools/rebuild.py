@@ -26,7 +26,7 @@ from typing import Any, Final
 import crc32c
 
 from journal.fileio import fsync_directory
-from ledger.entrylog import EntryLog
+from ledger.entrylog import EntryLog, ScannedRecord
 from ledger.entrylog_format import (
     FIRST_RECORD_OFFSET,
     RECORD_CRC_START,
@@ -229,59 +229,23 @@ def _rebuild_ledger(index: Index, log: EntryLog, report: RebuildReport, step: Ad
             step(record.record_length)
             end_of_data = record.offset + record.record_length
             if record.entry_id == STATE_ENTRY_ID:
-                try:
-                    _apply_state_record(
-                        log, record.offset, record.record_length, record.entry_id, meta
-                    )
-                except (StorageCorruption, ValueError) as error:
-                    report.unreadable_state.append(
-                        {
-                            "ledger_id": ledger_id,
-                            "file": str(log.path),
-                            "offset": record.offset,
-                            "reason": str(error),
-                        }
-                    )
-                else:
-                    report.state_records += 1
+                if _read_state_record(log, record, meta, report):
                     last_state_at = record.offset
                 continue
-            entry_id = record.entry_id
-            positions.append((entry_id, record.offset, record.record_length))
-            if meta.first_entry_id == NO_ENTRY or entry_id < meta.first_entry_id:
-                meta.first_entry_id = entry_id
-            meta.last_entry_id = max(meta.last_entry_id, entry_id)
-            meta.entry_count += 1
-            meta.payload_bytes += record.payload_length
-            meta.lac = max(meta.lac, record.lac)
+            positions.append((record.entry_id, record.offset, record.record_length))
+            _count_entry(meta, record)
             if len(positions) >= _INSTALL_BATCH_ENTRIES:
                 meta.log_end = end_of_data
                 index.apply_flush(ledger_id, positions, meta)
                 positions = []
         if damaged is None:
             break
-        if not damaged.crc_ok:
-            reason = "checksum fails or the length cannot be right"
-        elif damaged.ledger_id != ledger_id:
-            reason = f"the record names ledger {damaged.ledger_id}"
-        else:
-            reason = f"the record names entry {damaged.entry_id}, which no entry can be"
-        resumes_at = find_next_record(log.path, ledger_id, damaged.offset + 1)
-        damage.append(
-            Damage(
-                ledger_id,
-                str(log.path),
-                damaged.offset,
-                resumes_at,
-                reason,
-                damaged.entry_id,
-                damaged.record_length,
-            )
-        )
-        if resumes_at is None:
+        found = _damage_at(log, damaged)
+        damage.append(found)
+        if found.resumes_at is None:
             break
-        step(resumes_at - damaged.offset)
-        start = resumes_at
+        step(found.resumes_at - damaged.offset)
+        start = found.resumes_at
     for found in damage:
         superseded = found.claimed_entry_id == STATE_ENTRY_ID and last_state_at > found.offset
         report.damage.append(dataclasses.replace(found, superseded=superseded))
@@ -289,6 +253,60 @@ def _rebuild_ledger(index: Index, log: EntryLog, report: RebuildReport, step: Ad
     index.apply_flush(ledger_id, positions, meta)
     report.entries += meta.entry_count
     report.payload_bytes += meta.payload_bytes
+
+
+def _read_state_record(
+    log: EntryLog, record: ScannedRecord, meta: LedgerMeta, report: RebuildReport
+) -> bool:
+    """Apply a ledger-state record to `meta`; whether it could be read (an unreadable
+    one is reported and leaves `meta` as it was)."""
+    try:
+        _apply_state_record(log, record.offset, record.record_length, record.entry_id, meta)
+    except (StorageCorruption, ValueError) as error:
+        report.unreadable_state.append(
+            {
+                "ledger_id": log.ledger_id,
+                "file": str(log.path),
+                "offset": record.offset,
+                "reason": str(error),
+            }
+        )
+        return False
+    report.state_records += 1
+    return True
+
+
+def _count_entry(meta: LedgerMeta, record: ScannedRecord) -> None:
+    """Account for one intact entry record in the ledger's metadata."""
+    entry_id = record.entry_id
+    if meta.first_entry_id == NO_ENTRY or entry_id < meta.first_entry_id:
+        meta.first_entry_id = entry_id
+    meta.last_entry_id = max(meta.last_entry_id, entry_id)
+    meta.entry_count += 1
+    meta.payload_bytes += record.payload_length
+    meta.lac = max(meta.lac, record.lac)
+
+
+def _damage_at(log: EntryLog, damaged: ScannedRecord) -> Damage:
+    """The damaged stretch that starts at `damaged`: why it cannot be read, and where
+    the next readable record of the ledger starts (None: none does)."""
+    ledger_id = log.ledger_id
+    if not damaged.crc_ok:
+        reason = "checksum fails or the length cannot be right"
+    elif damaged.ledger_id != ledger_id:
+        reason = f"the record names ledger {damaged.ledger_id}"
+    else:
+        reason = f"the record names entry {damaged.entry_id}, which no entry can be"
+    resumes_at = find_next_record(log.path, ledger_id, damaged.offset + 1)
+    return Damage(
+        ledger_id,
+        str(log.path),
+        damaged.offset,
+        resumes_at,
+        reason,
+        damaged.entry_id,
+        damaged.record_length,
+    )
 
 
 def _apply_state_record(
