@@ -25,6 +25,8 @@ from journal.segment import list_segments
 from ledger.errors import FlushFailed
 
 ROUND = 100
+#: rounds of adds the full index disk may still take before one of its writes fails
+ROUNDS_TO_FILL_MAX = 20
 
 
 def index_on_own_filesystem(data_dir: Path, small_filesystems: SmallFilesystems) -> Path:
@@ -47,24 +49,36 @@ async def test_a_full_index_disk_stops_index_writes_until_a_restart_and_loses_no
         async with pora.open_node(data_dir, **options) as node:
             registry = node._registry
             filler = fill(index, leave_bytes)
-            await add_entries(node, range(ROUND))
-            # which ledgers' index writes still fit in the last blocks is up to timing:
-            # one failing is what shuts the index
-            await wait_until(lambda: any(registry.active[i].flush_failing for i in LEDGERS), 5.0)
+            # which index writes still fit in the last free bytes and the log file's
+            # last block is up to their sizes and timing: add rounds until one fails,
+            # which is what shuts the index
+
+            def one_failing() -> bool:
+                workers = [registry.active.get(i) for i in LEDGERS]
+                return any(w is not None and w.flush_failing for w in workers)
+
+            added = 0
+            while not one_failing():
+                assert added < ROUNDS_TO_FILL_MAX * ROUND, "the full index disk took every write"
+                await add_entries(node, range(added, added + ROUND))
+                added += ROUND
+                with trio.move_on_after(1.0):  # no failure within a second: another round
+                    await wait_until(one_failing, 2.0)
             filler.unlink()  # space is back, but the index stays shut until a restart
-            await add_entries(node, range(ROUND, 2 * ROUND))
+            await add_entries(node, range(added, added + ROUND))
+            added += ROUND
             await wait_until(
                 lambda: any("takes no more writes" in r.getMessage() for r in caplog.records), 5.0
             )
             # every ledger has entries after the shut: none of them can flush them
             await wait_until(lambda: set(registry.unflushed_ledgers()) == set(LEDGERS), 5.0)
-            await assert_entries(node, 2 * ROUND)  # served from memory meanwhile
+            await assert_entries(node, added)  # served from memory meanwhile
     stopped = [r.getMessage() for r in caplog.records if "takes no more writes" in r.getMessage()]
     assert f"the index at {index}" in stopped[0] and "restart the node" in stopped[0]
 
     # the restart: the index opens (no damage), the journal brings back the rest
     async with pora.open_node(data_dir, **QUIET) as node:
-        await assert_entries(node, 2 * ROUND)
+        await assert_entries(node, added)
     verified = run_cli(capsys, "verify", "--data-dir", str(data_dir))
     assert verified.status == 0, verified.out + verified.err
     # all of it is in the entry logs and the index now
