@@ -314,13 +314,6 @@ class SegmentWriter:
         self._next_seq += record_count
         return length
 
-    @property
-    def sync_fd(self) -> int | None:
-        """The open segment's descriptor, for a caller that syncs by its own means
-        (io_uring); None when syncs are off. It changes when the segment rolls, and
-        a roll must wait for such syncs: it closes the old descriptor."""
-        return self._fd if self._fsync and self._fd >= 0 else None
-
     def sync(self) -> None:
         """Make every batch written so far durable."""
         if self._fsync:

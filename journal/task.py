@@ -3,8 +3,8 @@
 Requests arrive in batches (lists) on one bounded channel. The task drains every
 batch waiting, until a trigger fires (bytes gathered, time waited, or queue empty),
 then writes the whole group with one write (into the page cache, on the event loop;
-in a worker thread when the segment rolls) and starts one fdatasync (through
-io_uring, or in a worker thread: journal/syncs.py). While it runs, the event loop
+in a worker thread when the segment rolls) and starts one fdatasync (in a
+worker thread: journal/syncs.py). While it runs, the event loop
 keeps accepting requests, so the next group gathers during the sync: the sync cost
 is shared by everything that arrived in the meantime. When a sync ends, the code
 that learns of it hands the group to the ledgers (`dispatch_nowait`, else
@@ -30,7 +30,7 @@ from journal.mounts import describe, free_bytes
 from journal.request import Request
 from journal.segment import SegmentInfo, SegmentWriter, encode_batch
 from journal.spares import SpareSegments, usable_spares
-from journal.syncs import RingSyncStarter, Sync, SyncInThread
+from journal.syncs import Sync, SyncInThread
 
 _log = logging.getLogger("pora.journal")
 Dispatch = Callable[[list[Request]], Awaitable[None]]
@@ -71,14 +71,6 @@ class GroupCommitConfig:
     #: ready) instead of being deleted: its blocks are written already, so no zeros
     #: need writing for the next segment (journal/spares.py)
     recycle_segments: bool = True
-    #: fdatasync through io_uring where the kernel allows it (journal/uring.py): no
-    #: worker thread to wake, nor GIL to wait for, per sync. Else in threads
-    sync_with_io_uring: bool = True
-    #: with io_uring syncs in flight and no completion signalled for this long, the
-    #: ring is looked at anyway: the kernel can hold a completion in its overflow
-    #: list, which signals nothing (journal/uring.py). 0: never; only for tests on
-    #: trio's autojump clock, where the timer would make a sync advance the clock
-    sync_unsignalled_check_ms: float = 10.0
     #: False only for throwaway test data: an acknowledged add is then not durable
     fsync: bool = True
 
@@ -89,8 +81,6 @@ class GroupCommitConfig:
             raise ValueError("group_bytes_max and channel_batches_max must be > 0")
         if self.spare_segments_max < 0:
             raise ValueError("spare_segments_max must be >= 0")
-        if self.sync_unsignalled_check_ms < 0:
-            raise ValueError("sync_unsignalled_check_ms must be >= 0 (0: never)")
         if not 1 <= self.syncs_in_flight_max <= UNSYNCED_BATCHES_LIMIT:
             # every segment header records it, in a u16
             raise ValueError(f"syncs_in_flight_max must be in [1, {UNSYNCED_BATCHES_LIMIT}]")
@@ -147,8 +137,6 @@ class Journal:
         self._next_seq = first_seq
         self._dispatched_seq = first_seq
         self._writer: SegmentWriter | None = None
-        #: set while `run` runs, when syncs go through io_uring
-        self._ring_syncs: RingSyncStarter | None = None
         self._spares: SpareSegments | None = None
         if config.preallocate and config.spare_segments_max > 0:
             self._spares = SpareSegments(
@@ -264,16 +252,12 @@ class Journal:
         """Write groups until the input is closed and drained."""
         spares = self._spares
         self._writer = await self._open_first_segment()
-        ring_syncs = self._open_ring_syncs()
-        self._ring_syncs = ring_syncs
         spare_maker = trio.CancelScope()
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 if spares is not None:
                     nursery.start_soon(self._keep_spares, spares, spare_maker)
-                if ring_syncs is not None:
-                    nursery.start_soon(ring_syncs.reap)
                 task_status.started()
                 try:
                     await self._write_groups()
@@ -283,12 +267,7 @@ class Journal:
                     if spares is not None:
                         spares.stop()
                     spare_maker.cancel()
-                    if ring_syncs is not None:
-                        ring_syncs.stop()  # once the syncs in flight have ended
         finally:
-            self._ring_syncs = None
-            if ring_syncs is not None:
-                ring_syncs.close()
             writer, self._writer = self._writer, None
             if writer is not None:
                 writer.close()
@@ -321,16 +300,6 @@ class Journal:
             # the space went between the check and the preallocation (or the
             # filesystem counts differently): the same refusal, not a traceback
             raise self._no_space_error() from None
-
-    def _open_ring_syncs(self) -> RingSyncStarter | None:
-        """Syncs through io_uring when configured and the kernel allows it."""
-        config = self._config
-        if not (config.fsync and config.sync_with_io_uring):
-            return None
-        return RingSyncStarter.open(
-            config.syncs_in_flight_max,
-            unsignalled_check_s=config.sync_unsignalled_check_ms / 1000.0,
-        )
 
     async def _write_groups(self) -> None:
         """Gather, write and sync groups until the input is closed and drained (or the
@@ -522,11 +491,7 @@ class Journal:
         done = trio.Event()
         # the sync starts now, not when some task first runs (a turn later); its end
         # calls `_hand_over_synced`, which gives the slot back once handed over
-        ring_syncs = self._ring_syncs
-        on_end = self._hand_over_synced
-        sync = (
-            SyncInThread(writer, on_end) if ring_syncs is None else ring_syncs.start(writer, on_end)
-        )
+        sync = SyncInThread(writer, self._hand_over_synced)
         self._unsynced.append(_Unsynced(group, written, sync, done, sync_slots))
         return done
 

@@ -46,8 +46,6 @@ def entry(ledger_id: int, entry_id: int, size: int = 100) -> Request:
 async def running_journal(
     directory: Path, recorder: Recorder, **config: Any
 ) -> AsyncIterator[Journal]:
-    # on the autojump clock, a timer running during a real sync would advance it
-    config.setdefault("sync_unsignalled_check_ms", 0)
     journal = Journal(directory, GroupCommitConfig(**config), first_seq=0, dispatch=recorder)
     async with trio.open_nursery() as nursery:
         await nursery.start(journal.run)

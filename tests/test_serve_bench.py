@@ -67,6 +67,17 @@ def test_bench_refuses_an_unknown_load() -> None:
     assert "unknown --pora-load 'bulk'; choose from runs, frames, library" in result.stderr
 
 
+def test_bench_refuses_an_unknown_node_option_before_starting_a_node() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "pora.cli", "bench", "--no-redis",
+         "--node-option", "sync_with_io_uring=true"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "pora bench: unknown node option 'sync_with_io_uring'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.slow
 def test_bench_says_clearly_when_redis_is_absent() -> None:
     result = subprocess.run(

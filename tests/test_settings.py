@@ -10,6 +10,7 @@ from pora.server.settings import (
     SETTINGS,
     Address,
     SettingsError,
+    check_node_option_flags,
     load_settings,
     parse_address,
     parse_bytes,
@@ -122,6 +123,21 @@ def test_bad_values_name_the_setting_and_where_it_came_from(
 ) -> None:
     with pytest.raises(SettingsError, match=expected.replace("(", r"\(")):
         load_settings(flags, environ=environ)
+
+
+def test_a_removed_node_option_is_refused_by_name(tmp_path: Path) -> None:
+    # sync_with_io_uring was removed (docs/performance.md): a config naming it is refused
+    old = _write(tmp_path / "old.toml", "[node]\nsync_with_io_uring = true\n")
+    with pytest.raises(SettingsError, match="unknown node option 'sync_with_io_uring' in config"):
+        load_settings({}, environ={}, config_path=old)
+    flag = ["sync_with_io_uring=false"]
+    with pytest.raises(SettingsError, match="unknown node option 'sync_with_io_uring' in --node"):
+        load_settings({}, environ={}, node_option_flags=flag)
+    with pytest.raises(SettingsError, match="unknown node option 'sync_with_io_uring' in --node"):
+        check_node_option_flags(flag)  # what `pora bench` checks before starting a node
+    with pytest.raises(SettingsError, match="group_wait_ms_max must be >= 0"):
+        check_node_option_flags(["group_wait_ms_max=-1"])
+    check_node_option_flags(["group_wait_ms_max=2"])
 
 
 def test_bad_config_files(tmp_path: Path) -> None:

@@ -109,6 +109,13 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    from pora.server.settings import SettingsError, check_node_option_flags  # noqa: PLC0415
+
+    try:
+        check_node_option_flags(args.node_option)
+    except SettingsError as error:
+        print(f"pora bench: {error}", file=sys.stderr)
+        return 2
 
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -87,8 +87,7 @@ class CommitMetrics:
         )
         self.fsync_seconds = Histogram(
             "pora_journal_fsync_seconds",
-            "Latency of the journal's fdatasync per group commit (through io_uring: "
-            "from submission until the event loop reads its completion)",
+            "Latency of the journal's fdatasync per group commit",
             buckets=FSYNC_SECONDS_BUCKETS,
             registry=registry,
         )

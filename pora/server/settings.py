@@ -442,6 +442,16 @@ def _top_level_settings(
     return values, sources
 
 
+def check_node_option_flags(flag_values: Sequence[str]) -> None:
+    """Check `--node-option NAME=VALUE` flags as `pora serve` would, before starting
+    one: an unknown name or a bad value raises SettingsError naming it."""
+    options, _ = _options("node", node_option_types, {}, "", {}, flag_values)
+    try:
+        NodeConfig.from_options(**options)
+    except (TypeError, ValueError) as error:
+        raise SettingsError(f"bad node options {options}: {error}") from None
+
+
 def load_settings(
     flags: Mapping[str, Any],
     environ: Mapping[str, str] | None = None,
