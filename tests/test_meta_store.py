@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -27,6 +28,7 @@ from pora.meta import (
     MetadataConfig,
     MetadataRecordTooLarge,
     MetadataStore,
+    MetadataTimeout,
     MetadataUnavailable,
     MetadataVersionConflict,
     NodeAddressTaken,
@@ -332,3 +334,27 @@ def test_relative_sqlite_url(run: Runner, tmp_path: Path, monkeypatch: pytest.Mo
 
     with_store(run, "sqlite:sub.db", body)
     assert (tmp_path / "sub.db").is_file()
+
+
+def test_a_held_write_lock_times_out(run: Runner, store_url: str) -> None:
+    path = store_url.removeprefix("sqlite://")
+
+    async def body(store: MetadataStore) -> None:
+        created = await store.create_ledger(ledger(1))
+        other_process = sqlite3.connect(path, isolation_level=None)
+        other_process.execute("BEGIN IMMEDIATE")  # holds the file's write lock
+        try:
+            started = time.monotonic()
+            with pytest.raises(MetadataTimeout) as error:
+                await store.update_ledger(created.value.closed(1, 1), created.version)
+            assert time.monotonic() - started < 3
+            assert error.value.url == store_url
+            assert "locked" in str(error.value)
+        finally:
+            other_process.execute("ROLLBACK")
+            other_process.close()
+        # the lock wait gave up before the call's timeout: the write did not happen
+        assert (await store.read_ledger(1)).version == 0
+        await store.update_ledger(created.value.closed(1, 1), created.version)
+
+    with_store(run, store_url, body, MetadataConfig(call_timeout_s=0.5))

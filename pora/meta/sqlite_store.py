@@ -45,6 +45,7 @@ SCHEMA = (
     " version INTEGER NOT NULL)",
     "INSERT OR IGNORE INTO id_blocks (name, next_id) VALUES ('ledger', 0)",
 )
+BUSY_SHARE_OF_TIMEOUT = 0.8
 UNAVAILABLE_HINT = (
     "check that the folder exists and is writable and that the file is a Pora SQLite "
     "metadata database"
@@ -106,14 +107,17 @@ class SqliteMetadataStore:
     # --- threads and connections
 
     def _connect(self) -> sqlite3.Connection:
+        # a wait for another process's write lock gives up before the call's timeout,
+        # so a write refused for a held lock is known not to have happened
+        busy_timeout_s = self._config.call_timeout_s * BUSY_SHARE_OF_TIMEOUT
         conn = sqlite3.connect(
             self._path,
-            timeout=self._config.call_timeout_s,
+            timeout=busy_timeout_s,
             isolation_level=None,  # transactions are explicit
             check_same_thread=False,  # one thread at a time, through the pool
         )
         try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self._config.call_timeout_s * 1000)}")
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = FULL")  # a committed close survives power loss
         except BaseException:
@@ -125,31 +129,42 @@ class SqliteMetadataStore:
         try:
             conn = self._idle.get_nowait()
         except queue.Empty:
-            conn = None
+            conn = self._connect_or_raise()
+        reusable = False
         try:
-            if conn is None:
-                conn = self._connect()
             result = operation(conn)
-        except sqlite3.Error as error:
-            if conn is not None:
-                conn.close()
-            if "locked" in str(error) or "busy" in str(error):
-                raise MetadataTimeout(
-                    self._url,
-                    f"{error} after {self._config.call_timeout_s} s",
-                    "another process holds the write lock too long",
-                ) from error
-            raise MetadataUnavailable(self._url, str(error), UNAVAILABLE_HINT) from error
-        except BaseException:
-            if conn is not None:
-                conn.close()
+        except MetadataError:
+            reusable = True  # a refusal (conflict, exists): the transaction rolled back
             raise
+        except sqlite3.Error as error:
+            raise self._sqlite_failure(error) from error
+        else:
+            reusable = True
+            return result
+        finally:
+            self._give_back(conn, reusable)
+
+    def _connect_or_raise(self) -> sqlite3.Connection:
+        try:
+            return self._connect()
+        except sqlite3.Error as error:
+            raise self._sqlite_failure(error) from error
+
+    def _sqlite_failure(self, error: sqlite3.Error) -> MetadataUnavailable:
+        if "locked" in str(error) or "busy" in str(error):
+            return MetadataTimeout(
+                self._url,
+                f"{error} (waited {self._config.call_timeout_s * BUSY_SHARE_OF_TIMEOUT} s)",
+                "another process holds the write lock too long",
+            )
+        return MetadataUnavailable(self._url, str(error), UNAVAILABLE_HINT)
+
+    def _give_back(self, conn: sqlite3.Connection, reusable: bool) -> None:
         with self._closed_lock:
-            if not self._closed:
+            if reusable and not self._closed:
                 self._idle.put(conn)
-                return result
+                return
         conn.close()
-        return result
 
     async def _call(self, operation: Callable[[sqlite3.Connection], R]) -> R:
         if self._closed:
