@@ -214,12 +214,14 @@ ALLOCATE = textwrap.dedent(
 
 def test_ledger_ids_unique_across_processes(store_url: str) -> None:
     def allocate() -> subprocess.Popen[str]:
-        command = [sys.executable, "-c", ALLOCATE, store_url, "400", "7"]
+        command = [sys.executable, "-c", ALLOCATE, store_url, "200", "7"]
         return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
 
-    processes = [allocate(), allocate()]
+    # several processes opening a fresh file at once also race to create it and to
+    # switch it to WAL
+    processes = [allocate() for _ in range(4)]
     outputs = [process.communicate(timeout=60)[0] for process in processes]
-    assert [process.returncode for process in processes] == [0, 0]
+    assert [process.returncode for process in processes] == [0] * 4
     ids = [int(line) for output in outputs for line in output.split()]
     assert len(ids) == 800
     assert len(set(ids)) == 800
@@ -358,3 +360,27 @@ def test_a_held_write_lock_times_out(run: Runner, store_url: str) -> None:
         await store.update_ledger(created.value.closed(1, 1), created.version)
 
     with_store(run, store_url, body, MetadataConfig(call_timeout_s=0.5))
+
+
+def test_opens_while_another_process_holds_a_fresh_file(run: Runner, tmp_path: Path) -> None:
+    # switching a file to WAL is refused at once (no busy wait) while another
+    # connection holds it, as when processes create the same file together
+    path = tmp_path / "meta.db"
+    other_process = sqlite3.connect(path, isolation_level=None)
+    other_process.execute("CREATE TABLE unrelated (x INTEGER)")
+    other_process.execute("BEGIN IMMEDIATE")
+
+    async def main() -> None:
+        async def release_soon() -> None:
+            await anyio.sleep(0.3)
+            other_process.execute("ROLLBACK")
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(release_soon)
+            async with open_metadata(f"sqlite:///{path}") as store:
+                await store.create_ledger(ledger(await store.allocate_ledger_id()))
+
+    try:
+        run(main)
+    finally:
+        other_process.close()

@@ -46,6 +46,8 @@ SCHEMA = (
     "INSERT OR IGNORE INTO id_blocks (name, next_id) VALUES ('ledger', 0)",
 )
 BUSY_SHARE_OF_TIMEOUT = 0.8
+NO_RECORD_NEWER = 2**62
+WAL_RETRY_S = 0.005
 UNAVAILABLE_HINT = (
     "check that the folder exists and is writable and that the file is a Pora SQLite "
     "metadata database"
@@ -79,6 +81,21 @@ def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def _enable_wal(conn: sqlite3.Connection, deadline: float) -> None:
+    """Switch the file to WAL (kept in the file once set). While another process creates
+    or converts the same file, SQLite refuses at once with "locked" instead of waiting
+    on the busy timeout, so the switch is retried until the deadline."""
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() >= deadline:
+                raise
+            time.sleep(WAL_RETRY_S)
+        else:
+            return
 
 
 class SqliteMetadataStore:
@@ -118,7 +135,7 @@ class SqliteMetadataStore:
         )
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            _enable_wal(conn, time.monotonic() + busy_timeout_s)
             conn.execute("PRAGMA synchronous = FULL")  # a committed close survives power loss
         except BaseException:
             conn.close()
@@ -154,7 +171,7 @@ class SqliteMetadataStore:
         if "locked" in str(error) or "busy" in str(error):
             return MetadataTimeout(
                 self._url,
-                f"{error} (waited {self._config.call_timeout_s * BUSY_SHARE_OF_TIMEOUT} s)",
+                f"{error} (busy timeout {self._config.call_timeout_s * BUSY_SHARE_OF_TIMEOUT:g} s)",
                 "another process holds the write lock too long",
             )
         return MetadataUnavailable(self._url, str(error), UNAVAILABLE_HINT)
@@ -320,7 +337,8 @@ class SqliteMetadataStore:
                 (seen, ledger_id),
             ).fetchone()
 
-        first = await self._call(partial(poll, -1))
+        # the first look needs only the version: no record is newer than NO_RECORD_NEWER
+        first = await self._call(partial(poll, NO_RECORD_NEWER))
         if first is None:
             raise NoSuchLedgerMetadata(ledger_id)
         seen = first[0] if after_version is None else after_version
