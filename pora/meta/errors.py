@@ -1,0 +1,86 @@
+"""The metadata store's typed errors, one family under `MetadataError`."""
+
+from journal.errors import PoraError
+
+
+class MetadataError(PoraError):
+    """The metadata store refused or could not perform an operation."""
+
+
+class MetadataUnavailable(MetadataError):
+    """The store cannot be reached or opened; says which URL and what to check."""
+
+    def __init__(self, url: str, reason: str, hint: str) -> None:
+        self.url = url
+        self.reason = reason
+        self.hint = hint
+        super().__init__(f"metadata store {url} is unavailable: {reason} ({hint})")
+
+
+class MetadataTimeout(MetadataUnavailable):
+    """A call got no answer within its timeout; whether a write took effect is unknown,
+    so a caller reads the record again before retrying it."""
+
+
+class MetadataVersionConflict(MetadataError):
+    """A compare-and-set named a version that is no longer the record's."""
+
+    def __init__(self, key: str, expected_version: int, actual_version: int | None) -> None:
+        self.key = key
+        self.expected_version = expected_version
+        self.actual_version = actual_version  # None: the record is gone
+        now = "deleted" if actual_version is None else f"at version {actual_version}"
+        super().__init__(f"{key}: expected version {expected_version}, but it is {now}")
+
+
+class LedgerExists(MetadataError):
+    def __init__(self, ledger_id: int) -> None:
+        self.ledger_id = ledger_id
+        super().__init__(f"ledger {ledger_id} already has metadata")
+
+
+class NoSuchLedgerMetadata(MetadataError):
+    """No metadata record for this ledger id (never created, or deleted)."""
+
+    def __init__(self, ledger_id: int) -> None:
+        self.ledger_id = ledger_id
+        super().__init__(f"ledger {ledger_id} has no metadata in the store")
+
+
+class InvalidMetadata(MetadataError):
+    """A record breaks a rule of its format (quorums, ensembles, sizes)."""
+
+
+class MetadataRecordTooLarge(InvalidMetadata):
+    """An encoded record exceeds the store's record size limit (ZooKeeper's znodes hold
+    at most 1 MiB)."""
+
+    def __init__(self, key: str, size: int, limit: int) -> None:
+        self.key = key
+        self.size = size
+        self.limit = limit
+        super().__init__(f"{key}: encoded record is {size} bytes, over the limit of {limit}")
+
+
+class NodeAddressTaken(MetadataError):
+    """Another live instance holds a registration for this address."""
+
+    def __init__(self, address: str, holder_instance_id: str, expires_in_s: float) -> None:
+        self.address = address
+        self.holder_instance_id = holder_instance_id
+        super().__init__(
+            f"address {address} is registered by another live node instance "
+            f"{holder_instance_id} (lease expires in {expires_in_s:.1f} s): stop that "
+            "node or give this one another address"
+        )
+
+
+class RegistrationLost(MetadataError):
+    """This instance's registration is gone (expired and taken, or removed)."""
+
+    def __init__(self, address: str, instance_id: str) -> None:
+        self.address = address
+        self.instance_id = instance_id
+        super().__init__(
+            f"node {address} (instance {instance_id}) is no longer registered; register again"
+        )

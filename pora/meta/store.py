@@ -1,0 +1,133 @@
+"""The metadata store's interface, `MetadataStore`, and `open_metadata(url)`, which
+picks a backend by URL.
+
+The interface is shaped so that SQLite and ZooKeeper (kazoo) behave the same: every
+record carries a version and every change names the version it read (ZooKeeper's
+`set(path, data, version)`); node registrations are liveness-bound (a lease renewed by
+`renew_node` in SQLite, an ephemeral znode kept by the session in ZooKeeper, where
+`renew_node` only checks the node still holds it); `watch_ledger` yields each new
+version (a polled change counter in SQLite, a re-armed watch in ZooKeeper). Every call
+is async and works under asyncio and trio (anyio); backends run their blocking client
+in worker threads and give up on a call after `MetadataConfig.call_timeout_s`.
+
+Named stream records (a name -> a versioned document) are the next users of this
+interface; they come with the streams layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+from pora.meta.errors import MetadataUnavailable
+from pora.meta.records import RECORD_BYTES_MAX, LedgerMetadata, NodeRegistration, Versioned
+
+DEFAULT_LEASE_S = 5.0
+
+
+@dataclass(frozen=True)
+class MetadataConfig:
+    call_timeout_s: float = 10.0
+    record_bytes_max: int = RECORD_BYTES_MAX
+    #: ledger ids a process reserves with one transaction and hands out from memory
+    id_block_size: int = 100
+    watch_poll_min_s: float = 0.01
+    watch_poll_max_s: float = 0.5
+    #: worker threads (and SQLite connections) a store uses at most
+    threads_max: int = 4
+
+
+class MetadataStore(Protocol):
+    @property
+    def url(self) -> str: ...
+
+    async def allocate_ledger_id(self) -> int:
+        """A ledger id no process sharing the store was or will be given."""
+        ...
+
+    async def create_ledger(self, meta: LedgerMetadata) -> Versioned[LedgerMetadata]:
+        """Store a new record at version 0; LedgerExists if the id has one."""
+        ...
+
+    async def read_ledger(self, ledger_id: int) -> Versioned[LedgerMetadata]: ...
+
+    async def update_ledger(
+        self, meta: LedgerMetadata, expected_version: int
+    ) -> Versioned[LedgerMetadata]:
+        """Replace the record if it is still at `expected_version`, else raise
+        MetadataVersionConflict (NoSuchLedgerMetadata if it is gone)."""
+        ...
+
+    async def delete_ledger(self, ledger_id: int, expected_version: int) -> None: ...
+
+    async def list_ledgers(
+        self, after_id: int = -1, limit: int = 1000
+    ) -> list[Versioned[LedgerMetadata]]:
+        """Up to `limit` records with ids above `after_id`, by increasing id; the next
+        page starts after the last id of this one."""
+        ...
+
+    def watch_ledger(
+        self, ledger_id: int, after_version: int | None = None
+    ) -> AsyncIterator[Versioned[LedgerMetadata]]:
+        """Yield the record each time its version moves past the last one yielded
+        (starting from `after_version`, or the version current when the watch starts).
+        Versions in between may be skipped; the iteration ends when the ledger is
+        deleted. NoSuchLedgerMetadata if it has no record at the start."""
+        ...
+
+    async def register_node(
+        self, registration: NodeRegistration, lease_s: float = DEFAULT_LEASE_S
+    ) -> None:
+        """Register a node for `lease_s`; NodeAddressTaken if another instance id holds
+        the address live; the same instance id takes its own registration back."""
+        ...
+
+    async def renew_node(
+        self, address: str, instance_id: str, lease_s: float = DEFAULT_LEASE_S
+    ) -> None:
+        """Extend this instance's lease; RegistrationLost if it no longer holds it."""
+        ...
+
+    async def update_registration(self, registration: NodeRegistration) -> None:
+        """Change read-only, free bytes or rack; RegistrationLost if not held."""
+        ...
+
+    async def unregister_node(self, address: str, instance_id: str) -> None:
+        """Remove this instance's registration (nothing if it holds none)."""
+        ...
+
+    async def list_nodes(self, writable_only: bool = False) -> list[NodeRegistration]:
+        """Live registrations by address (an expired lease counts as gone)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+@asynccontextmanager
+async def open_metadata(
+    url: str, config: MetadataConfig | None = None
+) -> AsyncIterator[MetadataStore]:
+    """Open the store `url` names: `sqlite:///abs/path.db`, `sqlite:relative/path.db`
+    (ZooKeeper's `zk://host:port,.../chroot` comes with its backend)."""
+    config = config or MetadataConfig()
+    if url.startswith("sqlite:"):
+        from pora.meta.sqlite_store import SqliteMetadataStore, sqlite_path  # noqa: PLC0415
+
+        store: MetadataStore = await SqliteMetadataStore.open(url, sqlite_path(url), config)
+    elif url.startswith("zk://"):
+        raise MetadataUnavailable(
+            url,
+            "the ZooKeeper backend is not available yet",
+            "use a sqlite: URL on one machine",
+        )
+    else:
+        raise MetadataUnavailable(
+            url, "unknown URL scheme", "use sqlite:///abs/path.db or sqlite:relative/path.db"
+        )
+    try:
+        yield store
+    finally:
+        await store.aclose()
