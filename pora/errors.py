@@ -3,7 +3,8 @@
 Each is defined in the lowest package that raises it: the journal's in
 `journal.errors` (with the root, `PoraError`), the ledgers' and the node's in
 `ledger.errors`, the wire's and the client's in `netio.errors`, the data dir's in
-`pora.node.datadir`. An application imports them from here or from `pora`.
+`pora.node.datadir`, the metadata store's in `pora.meta.errors`. An application
+imports them from here or from `pora`.
 """
 
 from journal.errors import (
@@ -31,6 +32,18 @@ from ledger.errors import (
     UnindexedEntryLog,
 )
 from netio.errors import ConnectionLost, NodeOverloaded, ProtocolError, RemoteError, RequestTimeout
+from pora.meta.errors import (
+    InvalidMetadata,
+    LedgerExists,
+    MetadataError,
+    MetadataRecordTooLarge,
+    MetadataTimeout,
+    MetadataUnavailable,
+    MetadataVersionConflict,
+    NodeAddressTaken,
+    NoSuchLedgerMetadata,
+    RegistrationLost,
+)
 from pora.node.datadir import DataDirError, DataDirLocked, IndexMissing
 
 __all__ = [
@@ -42,6 +55,7 @@ __all__ = [
     "FlushFailed",
     "IndexMissing",
     "InvalidArgument",
+    "InvalidMetadata",
     "JournalCorruption",
     "JournalError",
     "JournalFormatError",
@@ -49,14 +63,23 @@ __all__ = [
     "JournalNoSpace",
     "LedgerClosed",
     "LedgerError",
+    "LedgerExists",
     "LedgerFenced",
+    "MetadataError",
+    "MetadataRecordTooLarge",
+    "MetadataTimeout",
+    "MetadataUnavailable",
+    "MetadataVersionConflict",
     "NoSuchEntry",
     "NoSuchLedger",
+    "NoSuchLedgerMetadata",
+    "NodeAddressTaken",
     "NodeClosed",
     "NodeOverloaded",
     "NodeReadOnly",
     "PoraError",
     "ProtocolError",
+    "RegistrationLost",
     "RemoteError",
     "RequestTimeout",
     "StorageCorruption",
