@@ -31,7 +31,7 @@ LEASE_S = 1.0
 
 @pytest.fixture
 def metadata_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/meta.db"
+    return f"sqlite://{tmp_path}/meta.db"
 
 
 @dataclass
@@ -155,7 +155,7 @@ async def test_another_data_dir_on_a_live_nodes_address_is_refused(
 
 
 async def test_an_unreachable_store_refuses_the_start(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/no-such-folder/meta.db"
+    url = f"sqlite://{tmp_path}/no-such-folder/meta.db"
     command = [
         sys.executable, "-m", "pora.cli", "serve", "--data-dir", str(tmp_path / "data"),
         "--listen", "127.0.0.1:0", "--metadata", url, "--log-format", "logfmt",
@@ -169,7 +169,7 @@ async def test_an_unreachable_store_refuses_the_start(tmp_path: Path) -> None:
 def test_a_wildcard_listen_address_needs_an_advertised_one(tmp_path: Path) -> None:
     command = [
         sys.executable, "-m", "pora.cli", "serve", "--data-dir", str(tmp_path / "data"),
-        "--listen", "0.0.0.0:0", "--metadata", f"sqlite:///{tmp_path}/meta.db",
+        "--listen", "0.0.0.0:0", "--metadata", f"sqlite://{tmp_path}/meta.db",
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     assert result.returncode == 2
