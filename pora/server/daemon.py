@@ -99,6 +99,7 @@ def _settings_fields(settings: Settings) -> dict[str, object]:
         "metrics_listen": str(settings.metrics_listen) if settings.metrics_listen else "off",
         "read_only_free_bytes_min": settings.read_only_free_bytes_min,
         "read_only_free_percent_min": settings.read_only_free_percent_min,
+        "metadata": settings.metadata or "off",
         "pid": os.getpid(),
     }
     fields.update({f"node.{k}": v for k, v in settings.node_options.items()})

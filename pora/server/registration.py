@@ -234,6 +234,8 @@ class NodeRegistrar:
 
 
 WILDCARD_HOSTS: Final = ("0.0.0.0", "::", "")
+#: the shortest time a metadata call is given, whatever the lease
+CALL_TIMEOUT_MIN_S: Final = 2.0
 
 
 class RegistrationRefused(MetadataError):
@@ -267,8 +269,12 @@ async def open_registration_store(settings: Settings) -> AsyncIterator[MetadataS
     if settings.metadata is None:
         yield None
         return
-    # a call that outlives the lease cannot keep it: give up on each well before
-    timeout_s = min(MetadataConfig.call_timeout_s, settings.registration_lease_s / 2)
+    # a call that outlives the lease cannot keep it: give up on each well before, but
+    # leave a loaded machine's SQLite (or a ZooKeeper round trip) a fair chance
+    timeout_s = min(
+        MetadataConfig.call_timeout_s,
+        max(CALL_TIMEOUT_MIN_S, settings.registration_lease_s / 2),
+    )
     async with AsyncExitStack() as stack:
         try:
             store = await stack.enter_async_context(
