@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -21,6 +21,21 @@ async def wait_until(condition: Callable[[], bool], timeout_s: float) -> None:
     try:
         with trio.fail_after(timeout_s):
             while not condition():  # noqa: ASYNC110 - nothing here can signal
+                await trio.sleep(POLL_INTERVAL_S)
+    except trio.TooSlowError:
+        code = condition.__code__
+        raise AssertionError(
+            f"the condition at {code.co_filename}:{code.co_firstlineno} did not hold "
+            f"within {timeout_s} s"
+        ) from None
+
+
+async def wait_until_true(condition: Callable[[], Awaitable[bool]], timeout_s: float) -> None:
+    """`wait_until` for a condition that has to await (a read of the metadata store
+    by another process's lease, say)."""
+    try:
+        with trio.fail_after(timeout_s):
+            while not await condition():  # noqa: ASYNC110 - nothing here can signal
                 await trio.sleep(POLL_INTERVAL_S)
     except trio.TooSlowError:
         code = condition.__code__

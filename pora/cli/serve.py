@@ -166,8 +166,15 @@ def _is_refusal(reason: Exception) -> bool:
     must not start on as it is (a lost or damaged index, or one that cannot be
     opened: its disk full, its files not this user's), all repaired outside."""
     from pora.server.daemon import StartRefused  # noqa: PLC0415 (loaded by `run` already)
+    from pora.server.registration import RegistrationRefused  # noqa: PLC0415
 
     return isinstance(
         reason,
-        DataDirError | JournalNoSpace | StartRefused | OSError | IndexMissing | IndexOpenError,
+        DataDirError
+        | JournalNoSpace
+        | StartRefused
+        | RegistrationRefused
+        | OSError
+        | IndexMissing
+        | IndexOpenError,
     )

@@ -6,10 +6,13 @@ Lifecycle:
    recovery stops the process cleanly too.
 2. `open_node` locks the data dir and runs recovery (progress in the log).
 3. The network server starts on `listen`; metrics/health on `metrics_listen` if
-   set; the free-space monitor starts.
+   set; the free-space monitor starts. With `metadata` set, the node then registers
+   its advertised address in that store (registration.py) and keeps the lease alive;
+   an address another live instance holds refuses the start (exit 2).
 4. On the first signal: stop accepting, let in-flight requests finish (up to
-   `drain_timeout_s`), then leave `open_node`, which writes what is queued, flushes
-   every ledger and closes the node. A second signal cuts the drain short.
+   `drain_timeout_s`), remove the registration, then leave `open_node`, which
+   writes what is queued, flushes every ledger and closes the node. A second
+   signal cuts the drain short.
 5. If a ledger's last flush failed (a full disk), the node keeps its journal and
    the daemon says so and exits 1, not "stopped cleanly".
 """
@@ -33,6 +36,15 @@ from journal.errors import PoraError
 from pora.server.diskwatch import DiskMonitor, DiskThresholds
 from pora.server.gc_tuning import freeze_and_tune
 from pora.server.metrics import NodeMetrics, serve_metrics
+from pora.server.registration import (
+    NodeRegistrar,
+    NodeState,
+    ReadOnlyNotifier,
+    advertised_address,
+    check_advertisable,
+    open_registration_store,
+    register_node,
+)
 from pora.server.settings import Address, Settings
 
 if TYPE_CHECKING:
@@ -87,6 +99,7 @@ def _settings_fields(settings: Settings) -> dict[str, object]:
         "metrics_listen": str(settings.metrics_listen) if settings.metrics_listen else "off",
         "read_only_free_bytes_min": settings.read_only_free_bytes_min,
         "read_only_free_percent_min": settings.read_only_free_percent_min,
+        "metadata": settings.metadata or "off",
         "pid": os.getpid(),
     }
     fields.update({f"node.{k}": v for k, v in settings.node_options.items()})
@@ -174,11 +187,17 @@ async def _run_node(
         settings.data_dir,
         extra={"fields": _settings_fields(settings)},
     )
+    check_advertisable(settings)
+    registrar: NodeRegistrar | None = None
     with stopper.startup_scope:
-        async with pora.open_node(settings.data_dir, **settings.node_options) as node:
+        async with (
+            open_registration_store(settings) as store,
+            pora.open_node(settings.data_dir, **settings.node_options) as node,
+        ):
             server = _make_server(node, settings)
+            read_only_switch = ReadOnlyNotifier(node)
             monitor = DiskMonitor(
-                node,
+                read_only_switch,
                 node.data_dir.root,
                 DiskThresholds(
                     settings.read_only_free_bytes_min,
@@ -192,6 +211,7 @@ async def _run_node(
                 node.data_dir.journal_dir,
                 server.statistics,
                 disk_space=lambda: monitor.last_by_folder,
+                registration=lambda: None if registrar is None else registrar.status,
             )
             node.add_commit_listener(metrics.commits.on_commit)
             async with trio.open_nursery() as nursery:
@@ -216,6 +236,18 @@ async def _run_node(
                         ),
                     )  # fmt: skip
                     ready["metrics_listen"] = f"{m_host}:{m_port}"
+                if store is not None:
+                    registrar = await register_node(
+                        store,
+                        settings,
+                        node.data_dir.instance_id,
+                        advertised_address(settings, (host, port)),
+                        lambda: _node_state(node, monitor),
+                    )
+                    read_only_switch.listener = registrar.node_changed
+                    nursery.start_soon(registrar.run)
+                    ready["metadata"] = store.url
+                    ready["advertise"] = registrar.address
                 stopper.started = True
                 # everything made so far lives as long as the process (gc_tuning.py)
                 freeze_and_tune(settings.gc_young_threshold)
@@ -229,6 +261,9 @@ async def _run_node(
                 )
                 with stopper.drain_scope:
                     await server.shutdown(settings.drain_timeout_s)
+                if registrar is not None:
+                    # no new work reaches the node: clients stop being sent here
+                    await registrar.unregister()
                 _log.info(
                     "drained; flushing and closing the node",
                     extra={"fields": _server_fields(server.statistics())},
@@ -236,6 +271,13 @@ async def _run_node(
                 nursery.cancel_scope.cancel()
     if stopper.requested.is_set() and not stopper.started:
         _log.info("stopped during startup")
+
+
+def _node_state(node: pora.Node, monitor: DiskMonitor) -> NodeState:
+    """What the registration says of the node: read-only or not, and the free space
+    of the fullest filesystem it writes to."""
+    spaces = [space.free_bytes for space in monitor.last_by_folder.values()]
+    return NodeState(read_only=node.read_only is not None, free_bytes=min(spaces, default=0))
 
 
 def _is_loopback(host: str) -> bool:

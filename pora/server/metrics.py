@@ -118,6 +118,35 @@ class FreeSpace(Protocol):
     def total_bytes(self) -> int: ...
 
 
+class RegistrationFigures(Protocol):
+    """The node's registration in a metadata store (registration.py)."""
+
+    url: str
+    registered: bool
+    renew_failures: int
+    address_taken: int
+
+
+def _registration_metrics(status: RegistrationFigures) -> Iterable[Metric]:
+    registered = GaugeMetricFamily(
+        "pora_registered",
+        "1 while the node holds its registration in the metadata store",
+        labels=["metadata"],
+    )
+    registered.add_metric([status.url], 1 if status.registered else 0)
+    yield registered
+    yield _counter(
+        "pora_registration_failures",
+        "Renewals or registrations the metadata store did not answer",
+        status.renew_failures,
+    )
+    yield _counter(
+        "pora_registration_address_taken",
+        "Attempts to register again refused: another live instance holds the address",
+        status.address_taken,
+    )
+
+
 class NodeCollector(Collector):
     """Gauges and counters read from the node (and server) statistics per scrape."""
 
@@ -127,11 +156,13 @@ class NodeCollector(Collector):
         journal_dir: Path,
         server_statistics: Callable[[], object] | None = None,
         disk_space: Callable[[], Mapping[str, FreeSpace]] | None = None,
+        registration: Callable[[], RegistrationFigures | None] | None = None,
     ) -> None:
         self.node = node
         self.journal_dir = journal_dir
         self.server_statistics = server_statistics
         self.disk_space = disk_space
+        self.registration = registration
 
     def collect(self) -> Iterable[Metric]:
         stats = self.node.statistics()
@@ -182,6 +213,9 @@ class NodeCollector(Collector):
             yield from _server_metrics(self.server_statistics())
         if self.disk_space is not None:
             yield from _disk_metrics(self.disk_space())
+        status = None if self.registration is None else self.registration()
+        if status is not None:
+            yield from _registration_metrics(status)
 
 
 def _disk_metrics(by_folder: Mapping[str, FreeSpace]) -> Iterable[Metric]:
@@ -280,11 +314,14 @@ class NodeMetrics:
         journal_dir: Path,
         server_statistics: Callable[[], object] | None = None,
         disk_space: Callable[[], Mapping[str, FreeSpace]] | None = None,
+        registration: Callable[[], RegistrationFigures | None] | None = None,
     ) -> None:
         self.node = node
         self.registry = CollectorRegistry(auto_describe=False)
         self.commits = CommitMetrics(self.registry)
-        self.registry.register(NodeCollector(node, journal_dir, server_statistics, disk_space))
+        self.registry.register(
+            NodeCollector(node, journal_dir, server_statistics, disk_space, registration)
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

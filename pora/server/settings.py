@@ -36,6 +36,8 @@ LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 
 DEFAULT_LISTEN: Final = "127.0.0.1:3181"
 DEFAULT_METRICS_LISTEN_HINT: Final = "127.0.0.1:9181"
+DEFAULT_REGISTRATION_LEASE_S: Final = 5.0
+METADATA_URL_SCHEMES: Final = ("sqlite:", "zk://")
 
 _UNITS: Final = {
     "": 1,
@@ -167,6 +169,23 @@ def _parse_optional_address(value: object) -> Address | None:
     return parse_address(text)
 
 
+def _parse_optional_url(value: object) -> str | None:
+    text = _parse_str(value).strip()
+    if text.lower() in ("", "off", "none"):
+        return None
+    if not text.startswith(METADATA_URL_SCHEMES):
+        raise ValueError(
+            f"expected a metadata store URL starting with {' or '.join(METADATA_URL_SCHEMES)} "
+            f"(like sqlite:///var/lib/pora/meta.db), got {text!r}"
+        )
+    return text
+
+
+def _parse_optional_label(value: object) -> str | None:
+    text = _parse_str(value).strip()
+    return text or None
+
+
 def _parse_choice(choices: Sequence[str]) -> Any:
     def parse(value: object) -> str:
         text = _parse_str(value).strip().lower()
@@ -228,6 +247,20 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("read_only_hysteresis_bytes", 256 << 20, parse_bytes,
             "a read-only node takes writes again once free space is this much above "
             "the threshold", "BYTES", "256MiB"),
+    Setting("metadata", None, _parse_optional_url,
+            "URL of the cluster's metadata store to register the node in (sqlite:///abs/"
+            "meta.db, zk://host:port/chroot); off: the node runs standalone", "URL", "off"),
+    Setting("advertise", None, _parse_optional_address,
+            "HOST:PORT registered in the metadata store, where clients reach the node "
+            "(default: the address --listen bound; required when that is a wildcard "
+            "like 0.0.0.0)", "HOST:PORT", "the bound --listen address"),
+    Setting("registration_lease_s", DEFAULT_REGISTRATION_LEASE_S, _parse_float,
+            "how long the node's registration lives unless renewed (renewed every third "
+            "of it); a node killed without a stop is listed this long", "SECONDS",
+            f"{DEFAULT_REGISTRATION_LEASE_S:g}"),
+    Setting("rack", None, _parse_optional_label,
+            "rack (or zone) label registered with the node, for placing replicas apart",
+            "LABEL", "none"),
     Setting("gc_young_threshold", GC_YOUNG_THRESHOLD_DEFAULT, _parse_int,
             "container allocations between collections of Python's youngest garbage "
             "collector generation (Python's own default: 700; 0 turns the cyclic "
@@ -295,6 +328,12 @@ class Settings:
     read_only_free_bytes_min: int = 512 << 20
     read_only_free_percent_min: float = 0.0
     read_only_hysteresis_bytes: int = 256 << 20
+    #: the metadata store to register in (None: standalone)
+    metadata: str | None = None
+    #: the address registered (None: the bound listen address)
+    advertise: Address | None = None
+    registration_lease_s: float = DEFAULT_REGISTRATION_LEASE_S
+    rack: str | None = None
     gc_young_threshold: int = GC_YOUNG_THRESHOLD_DEFAULT
     #: options for `open_node`, by name
     node_options: Mapping[str, Any] = field(default_factory=dict)
@@ -314,6 +353,11 @@ class Settings:
             raise SettingsError("disk_check_interval_ms must be > 0")
         if not 0 <= self.read_only_free_percent_min < 100:
             raise SettingsError("read_only_free_percent_min must be in [0, 100)")
+        if not (math.isfinite(self.registration_lease_s) and self.registration_lease_s >= 0.5):
+            raise SettingsError(
+                "registration_lease_s must be at least 0.5 seconds (it is renewed every "
+                f"third of it), got {self.registration_lease_s}"
+            )
         if self.gc_young_threshold < 0:
             raise SettingsError("gc_young_threshold must be >= 0 (0 turns the collector off)")
 
