@@ -1,5 +1,5 @@
 """The metadata store's behaviour, one suite for every backend: each test takes a
-`store_url` (the `backend` parameter: SQLite; ZooKeeper joins with its backend) and a
+`store_url` (SQLite, and ZooKeeper on one local server per run, a chroot per test) and a
 `run` that runs the test's coroutine under asyncio and under trio."""
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ import sys
 import textwrap
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import replace
 from pathlib import Path
 
 import anyio
 import pytest
 import trio
+from zookeeper_support import fresh_zk_url
 
 from pora.meta import (
     Ensemble,
@@ -38,14 +40,21 @@ from pora.meta import (
     Versioned,
     open_metadata,
 )
+from pora.meta.local_zookeeper import free_loopback_port
 
 Body = Callable[[MetadataStore], Awaitable[None]]
 Runner = Callable[[Callable[[], Awaitable[None]]], None]
 
 
-@pytest.fixture(params=["sqlite"])
+@pytest.fixture(params=["sqlite", "zk"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    assert request.param == "sqlite"
+    if request.param == "zk":
+        return fresh_zk_url(request)
+    return f"sqlite:///{tmp_path}/meta.db"
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path}/meta.db"
 
 
@@ -278,25 +287,31 @@ def test_watch_sees_close_and_delete(run: Runner, store_url: str) -> None:
 def test_registration_lease_takeover_and_refusal(run: Runner, store_url: str) -> None:
     async def body(store: MetadataStore) -> None:
         node = NodeRegistration("127.0.0.1:3181", "instance-a", free_bytes=10, rack="r1")
-        await store.register_node(node, lease_s=0.4)
-        other = replace(node, instance_id="instance-b")
-        with pytest.raises(NodeAddressTaken, match="instance-a"):
-            await store.register_node(other, lease_s=0.4)
-        await store.register_node(node, lease_s=0.4)  # the same instance takes it back
-        await store.register_node(NodeRegistration("127.0.0.1:3182", "c", read_only=True))
-        nodes = await store.list_nodes()
-        assert [(n.address, n.instance_id, n.rack) for n in nodes] == [
-            ("127.0.0.1:3181", "instance-a", "r1"),
-            ("127.0.0.1:3182", "c", None),
-        ]
-        assert [n.address for n in await store.list_nodes(writable_only=True)] == [node.address]
-        await store.update_registration(replace(node, read_only=True, free_bytes=5))
-        assert await store.list_nodes(writable_only=True) == []
-        await store.renew_node(node.address, node.instance_id, lease_s=0.4)
+        # the node registers through a store of its own, which then stops: an SQLite
+        # lease runs out unrenewed, a ZooKeeper session ends
+        async with AsyncExitStack() as node_side:
+            holder = await node_side.enter_async_context(open_metadata(store_url))
+            await holder.register_node(node, lease_s=0.4)
+            other = replace(node, instance_id="instance-b")
+            with pytest.raises(NodeAddressTaken, match="instance-a"):
+                await store.register_node(other, lease_s=0.4)
+            await holder.register_node(node, lease_s=0.4)  # the same instance takes it back
+            await store.register_node(NodeRegistration("127.0.0.1:3182", "c", read_only=True))
+            nodes = await store.list_nodes()
+            assert [(n.address, n.instance_id, n.rack) for n in nodes] == [
+                ("127.0.0.1:3181", "instance-a", "r1"),
+                ("127.0.0.1:3182", "c", None),
+            ]
+            writable = await store.list_nodes(writable_only=True)
+            assert [n.address for n in writable] == [node.address]
+            await holder.update_registration(replace(node, read_only=True, free_bytes=5))
+            assert await store.list_nodes(writable_only=True) == []
+            await holder.renew_node(node.address, node.instance_id, lease_s=0.4)
+            if store_url.startswith("sqlite:"):
+                await anyio.sleep(0.6)  # the lease runs out unrenewed
 
-        await anyio.sleep(0.6)  # the lease runs out unrenewed
         assert [n.address for n in await store.list_nodes()] == ["127.0.0.1:3182"]
-        await store.register_node(other, lease_s=5)  # expired: another instance may take it
+        await store.register_node(other, lease_s=5)  # gone: another instance may take it
         with pytest.raises(RegistrationLost):
             await store.renew_node(node.address, node.instance_id)
         await store.unregister_node(node.address, node.instance_id)  # not its own: no effect
@@ -313,7 +328,7 @@ def test_unreachable_store_names_the_url(run: Runner, tmp_path: Path) -> None:
     urls = [
         f"sqlite:///{tmp_path}/missing-folder/meta.db",
         f"sqlite:///{not_a_database}",
-        "zk://127.0.0.1:2181/pora",
+        f"zk://127.0.0.1:{free_loopback_port()}/pora",  # nothing listens there
     ]
     for url in urls:
 
@@ -338,7 +353,8 @@ def test_relative_sqlite_url(run: Runner, tmp_path: Path, monkeypatch: pytest.Mo
     assert (tmp_path / "sub.db").is_file()
 
 
-def test_a_held_write_lock_times_out(run: Runner, store_url: str) -> None:
+def test_a_held_write_lock_times_out(run: Runner, sqlite_url: str) -> None:
+    store_url = sqlite_url
     path = store_url.removeprefix("sqlite://")
 
     async def body(store: MetadataStore) -> None:

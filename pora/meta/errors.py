@@ -65,13 +65,19 @@ class MetadataRecordTooLarge(InvalidMetadata):
 class NodeAddressTaken(MetadataError):
     """Another live instance holds a registration for this address."""
 
-    def __init__(self, address: str, holder_instance_id: str, expires_in_s: float) -> None:
+    def __init__(self, address: str, holder_instance_id: str, expires_in_s: float | None) -> None:
         self.address = address
         self.holder_instance_id = holder_instance_id
+        #: None in ZooKeeper: the holder's session ends a session timeout after it stops
+        self.expires_in_s = expires_in_s
+        expiry = (
+            "held until its ZooKeeper session ends"
+            if expires_in_s is None
+            else f"lease expires in {expires_in_s:.1f} s"
+        )
         super().__init__(
             f"address {address} is registered by another live node instance "
-            f"{holder_instance_id} (lease expires in {expires_in_s:.1f} s): stop that "
-            "node or give this one another address"
+            f"{holder_instance_id} ({expiry}): stop that node or give this one another address"
         )
 
 

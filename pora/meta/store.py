@@ -25,6 +25,7 @@ from pora.meta.errors import MetadataUnavailable
 from pora.meta.records import RECORD_BYTES_MAX, LedgerMetadata, NodeRegistration, Versioned
 
 DEFAULT_LEASE_S = 5.0
+DEFAULT_SESSION_TIMEOUT_S = 6.0
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class MetadataConfig:
     watch_poll_max_s: float = 0.5
     #: worker threads (and SQLite connections) a store uses at most
     threads_max: int = 4
+    #: ZooKeeper: the session timeout asked for (the server bounds it); a node's
+    #: registration disappears this long after its process stops answering
+    session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S
 
 
 class MetadataStore(Protocol):
@@ -111,21 +115,21 @@ async def open_metadata(
     url: str, config: MetadataConfig | None = None
 ) -> AsyncIterator[MetadataStore]:
     """Open the store `url` names: `sqlite:///abs/path.db`, `sqlite:relative/path.db`
-    (ZooKeeper's `zk://host:port,.../chroot` comes with its backend)."""
+    or ZooKeeper's `zk://host:port,.../chroot`."""
     config = config or MetadataConfig()
     if url.startswith("sqlite:"):
         from pora.meta.sqlite_store import SqliteMetadataStore, sqlite_path  # noqa: PLC0415
 
         store: MetadataStore = await SqliteMetadataStore.open(url, sqlite_path(url), config)
     elif url.startswith("zk://"):
-        raise MetadataUnavailable(
-            url,
-            "the ZooKeeper backend is not available yet",
-            "use a sqlite: URL on one machine",
-        )
+        from pora.meta.zk_store import ZooKeeperMetadataStore  # noqa: PLC0415
+
+        store = await ZooKeeperMetadataStore.open(url, config)
     else:
         raise MetadataUnavailable(
-            url, "unknown URL scheme", "use sqlite:///abs/path.db or sqlite:relative/path.db"
+            url,
+            "unknown URL scheme",
+            "use sqlite:///abs/path.db, sqlite:relative/path.db or zk://host:port,.../chroot",
         )
     try:
         yield store

@@ -1,0 +1,385 @@
+"""The ZooKeeper metadata store (kazoo): ledger records in a bucketed znode tree,
+versions from znode stats, node registrations as ephemeral znodes kept by the
+client's session. kazoo is synchronous: every request is sent asynchronously and
+waited for in a worker thread (at most `MetadataConfig.threads_max`), never on the
+event loop. docs/metadata.md gives the layout."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from typing import Any, TypeVar
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionClosedError,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    OperationTimeoutError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
+
+from pora.meta.errors import (
+    LedgerExists,
+    MetadataError,
+    MetadataTimeout,
+    MetadataUnavailable,
+    MetadataVersionConflict,
+    NoSuchLedgerMetadata,
+)
+from pora.meta.records import LedgerMetadata, NodeRegistration, Versioned
+from pora.meta.store import DEFAULT_LEASE_S, MetadataConfig
+from pora.meta.zk_layout import (
+    LAYOUT_VERSION,
+    ZNODE_DATA_BYTES_MAX,
+    ZkPaths,
+    bucket_of,
+    parse_zk_url,
+)
+from pora.meta.zk_registry import ZkRegistry
+
+R = TypeVar("R")
+
+#: a request whose outcome is unknown: the connection or the session broke under it
+UNKNOWN_OUTCOME = (ConnectionLoss, SessionExpiredError, OperationTimeoutError, KazooTimeoutError)
+RECONNECT_DELAY_MAX_S = 1.0
+
+
+class ZooKeeperMetadataStore:
+    def __init__(self, url: str, config: MetadataConfig) -> None:
+        self._url = url
+        self._config = config
+        self._hosts, chroot = parse_zk_url(url)
+        self.paths = ZkPaths(chroot)
+        self._limiter = anyio.CapacityLimiter(config.threads_max)
+        self._record_limit = min(config.record_bytes_max, ZNODE_DATA_BYTES_MAX)
+        self._closed = False
+        self._id_lock = anyio.Lock()
+        self._next_id = 0
+        self._block_end = 0
+        self.client = KazooClient(
+            hosts=self._hosts,
+            timeout=config.session_timeout_s,
+            # reconnect forever, quickly: the session (and its registrations) may still
+            # be alive on the servers
+            connection_retry=KazooRetry(
+                max_tries=-1, delay=0.05, max_delay=RECONNECT_DELAY_MAX_S, max_jitter=0.1
+            ),
+        )
+        self._registry = ZkRegistry(self.client, self.paths, self._wait)
+        self.client.add_listener(self._on_state)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @classmethod
+    async def open(cls, url: str, config: MetadataConfig) -> ZooKeeperMetadataStore:
+        store = cls(url, config)
+        try:
+            await store._call(store._connect, checked=False)
+            await store._call(store._create_layout)
+        except BaseException:
+            await store.aclose()
+            raise
+        return store
+
+    # --- connection, threads, errors
+
+    def _connect(self) -> None:
+        try:
+            self.client.start(timeout=self._config.call_timeout_s)
+        except KazooTimeoutError:
+            raise MetadataUnavailable(
+                self._url,
+                f"no ZooKeeper server answered within {self._config.call_timeout_s:g} s",
+                f"is ZooKeeper running at {self._hosts}? check the URL's host list "
+                f"(the chroot {self.paths.root} is created if missing)",
+            ) from None
+
+    def _create_layout(self) -> None:
+        for path in self.paths.persistent():
+            self.client.ensure_path(path)
+        with contextlib.suppress(NodeExistsError):
+            self._wait(self.client.create_async(self.paths.id_counter, b"0"))
+        layout = json.dumps({"layout_version": LAYOUT_VERSION}).encode()
+        try:
+            self._wait(self.client.create_async(self.paths.layout, layout))
+        except NodeExistsError:
+            data, _ = self._wait(self.client.get_async(self.paths.layout))
+            found = json.loads(data).get("layout_version")
+            if found != LAYOUT_VERSION:
+                raise MetadataUnavailable(
+                    self._url,
+                    f"layout version {found} at {self.paths.layout} is not {LAYOUT_VERSION}",
+                    "use the Pora version that wrote it, or another chroot",
+                ) from None
+
+    def _wait(self, result: Any) -> Any:  # kazoo has no type hints
+        """Wait (in a worker thread) for one of kazoo's async results."""
+        return result.get(timeout=self._config.call_timeout_s)
+
+    def _in_thread(self, operation: Callable[[], R], retry_reads: bool) -> R:
+        deadline = time.monotonic() + self._config.call_timeout_s
+        while True:
+            try:
+                return operation()
+            except MetadataError:
+                raise
+            except ConnectionClosedError as error:
+                raise MetadataError(f"metadata store {self._url} is closed") from error
+            except UNKNOWN_OUTCOME as error:
+                # a read is safe to send again once kazoo has reconnected
+                if retry_reads and time.monotonic() < deadline:
+                    continue
+                raise MetadataTimeout(
+                    self._url,
+                    f"ZooKeeper request failed: {type(error).__name__}",
+                    f"is ZooKeeper running at {self._hosts}? a write may or may not have "
+                    "happened: read the record again",
+                ) from error
+            except KazooException as error:
+                raise MetadataUnavailable(
+                    self._url, f"ZooKeeper refused a request: {error!r}", "see the server's log"
+                ) from error
+
+    async def _call(
+        self, operation: Callable[[], R], retry_reads: bool = False, checked: bool = True
+    ) -> R:
+        if checked and self._closed:
+            raise MetadataError(f"metadata store {self._url} is closed")
+        timeout = self._config.call_timeout_s
+        try:
+            with anyio.fail_after(timeout):
+                # abandoned on timeout: the thread's own waits end within the timeout
+                return await anyio.to_thread.run_sync(
+                    self._in_thread, operation, retry_reads,
+                    limiter=self._limiter, abandon_on_cancel=True,
+                )  # fmt: skip
+        except TimeoutError:
+            raise MetadataTimeout(
+                self._url,
+                f"no answer within {timeout:g} s",
+                f"is ZooKeeper running at {self._hosts}? a write may or may not have happened",
+            ) from None
+
+    def _on_state(self, state: str) -> None:
+        # runs on kazoo's connection thread: no request may be sent from here
+        if state == KazooState.LOST:
+            self._registry.session_lost()
+        elif state == KazooState.CONNECTED:
+            self._registry.connected(self.client.handler.spawn)
+
+    async def aclose(self) -> None:
+        """Close the session; the registrations this store made disappear with it."""
+        if self._closed:
+            return
+        self._closed = True
+
+        def stop() -> None:
+            self.client.stop()
+            # a start that timed out has stopped and closed the client already, and
+            # kazoo refuses a second close
+            with contextlib.suppress(Exception):
+                self.client.close()
+
+        with anyio.move_on_after(self._config.call_timeout_s), anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(stop, abandon_on_cancel=True)
+
+    # --- ledger ids
+
+    async def allocate_ledger_id(self) -> int:
+        async with self._id_lock:
+            if self._next_id >= self._block_end:
+                block = self._config.id_block_size
+                start = await self._call(partial(self._reserve_ids, block))
+                self._next_id, self._block_end = start, start + block
+            ledger_id = self._next_id
+            self._next_id += 1
+            return ledger_id
+
+    def _reserve_ids(self, block: int) -> int:
+        # compare-and-set on the counter's version; a conflict means another process
+        # reserved a block first: read again and retry
+        while True:
+            data, stat = self._wait(self.client.get_async(self.paths.id_counter))
+            start = int(data)
+            try:
+                self._wait(
+                    self.client.set_async(
+                        self.paths.id_counter, str(start + block).encode(), stat.version
+                    )
+                )
+            except BadVersionError:
+                continue
+            return start
+
+    # --- ledger metadata
+
+    async def create_ledger(self, meta: LedgerMetadata) -> Versioned[LedgerMetadata]:
+        record = meta.encode(self._record_limit)
+        path = self.paths.ledger(meta.ledger_id)
+
+        def create() -> None:
+            try:
+                self._wait(self.client.create_async(path, record, makepath=True))
+            except NodeExistsError:
+                raise LedgerExists(meta.ledger_id) from None
+
+        await self._call(create)
+        return Versioned(meta, 0)
+
+    def _read(
+        self, ledger_id: int, watch: Callable[[object], None] | None = None
+    ) -> Versioned[bytes] | None:
+        try:
+            data, stat = self._wait(self.client.get_async(self.paths.ledger(ledger_id), watch))
+        except NoNodeError:
+            return None
+        return Versioned(bytes(data), int(stat.version))
+
+    async def read_ledger(self, ledger_id: int) -> Versioned[LedgerMetadata]:
+        found = await self._call(partial(self._read, ledger_id), retry_reads=True)
+        if found is None:
+            raise NoSuchLedgerMetadata(ledger_id)
+        return Versioned(LedgerMetadata.decode(found.value), found.version)
+
+    def _conflict(self, ledger_id: int, expected: int) -> MetadataError:
+        found = self._read(ledger_id)
+        if found is None:
+            return NoSuchLedgerMetadata(ledger_id)
+        return MetadataVersionConflict(f"ledger {ledger_id}", expected, found.version)
+
+    async def update_ledger(
+        self, meta: LedgerMetadata, expected_version: int
+    ) -> Versioned[LedgerMetadata]:
+        record = meta.encode(self._record_limit)
+        path = self.paths.ledger(meta.ledger_id)
+
+        def update() -> int:
+            try:
+                stat = self._wait(self.client.set_async(path, record, expected_version))
+            except BadVersionError:
+                raise self._conflict(meta.ledger_id, expected_version) from None
+            except NoNodeError:
+                raise NoSuchLedgerMetadata(meta.ledger_id) from None
+            return int(stat.version)
+
+        return Versioned(meta, await self._call(update))
+
+    async def delete_ledger(self, ledger_id: int, expected_version: int) -> None:
+        path = self.paths.ledger(ledger_id)
+
+        def delete() -> None:
+            try:
+                self._wait(self.client.delete_async(path, expected_version))
+            except BadVersionError:
+                raise self._conflict(ledger_id, expected_version) from None
+            except NoNodeError:
+                raise NoSuchLedgerMetadata(ledger_id) from None
+
+        await self._call(delete)
+
+    def _page(self, after_id: int, limit: int) -> list[Versioned[bytes]]:
+        buckets = sorted(self._wait(self.client.get_children_async(self.paths.ledgers)))
+        first_bucket = bucket_of(max(after_id, 0))
+        records: list[Versioned[bytes]] = []
+        for bucket in buckets:
+            if int(bucket) < first_bucket:
+                continue
+            try:
+                names = self._wait(self.client.get_children_async(f"{self.paths.ledgers}/{bucket}"))
+            except NoNodeError:
+                continue
+            ids = sorted(i for i in map(int, names) if i > after_id)
+            # read the page's records in parallel: one round trip, not one per record
+            pending = [
+                self.client.get_async(self.paths.ledger(i)) for i in ids[: limit - len(records)]
+            ]
+            for result in pending:
+                try:
+                    data, stat = self._wait(result)
+                except NoNodeError:
+                    continue  # deleted since the listing
+                records.append(Versioned(bytes(data), int(stat.version)))
+            if len(records) >= limit:
+                break
+        return records
+
+    async def list_ledgers(
+        self, after_id: int = -1, limit: int = 1000
+    ) -> list[Versioned[LedgerMetadata]]:
+        page = await self._call(partial(self._page, after_id, limit), retry_reads=True)
+        return [Versioned(LedgerMetadata.decode(r.value), r.version) for r in page]
+
+    async def watch_ledger(
+        self, ledger_id: int, after_version: int | None = None
+    ) -> AsyncIterator[Versioned[LedgerMetadata]]:
+        first = await self._call(partial(self._read, ledger_id), retry_reads=True)
+        if first is None:
+            raise NoSuchLedgerMetadata(ledger_id)
+        seen = first.version if after_version is None else after_version
+        token = anyio.lowlevel.current_token()
+        while True:
+            changed = anyio.Event()
+
+            def fire(_event: object, changed: anyio.Event = changed) -> None:
+                # kazoo's callback thread: wake the event loop, which may be gone
+                try:
+                    anyio.from_thread.run_sync(changed.set, token=token)
+                except Exception:  # the watcher's event loop has ended
+                    return
+
+            # each read arms a new data watch; kazoo also fires it when the
+            # connection drops, so the loop reads again after a reconnect
+            found = await self._call(partial(self._read, ledger_id, fire), retry_reads=True)
+            if found is None:
+                return
+            if found.version > seen:
+                seen = found.version
+                yield Versioned(LedgerMetadata.decode(found.value), found.version)
+                continue
+            # a lost notification costs at most one call timeout of delay
+            with anyio.move_on_after(self._config.call_timeout_s):
+                await changed.wait()
+
+    # --- node registry (ephemeral znodes; see ZkRegistry)
+
+    async def register_node(
+        self, registration: NodeRegistration, lease_s: float = DEFAULT_LEASE_S
+    ) -> None:
+        registration.validate()
+        if lease_s <= 0:
+            raise MetadataError(f"a lease must be positive, not {lease_s} s")
+        await self._call(partial(self._registry.register, registration))
+
+    async def renew_node(
+        self, address: str, instance_id: str, lease_s: float = DEFAULT_LEASE_S
+    ) -> None:
+        await self._call(partial(self._registry.renew, address, instance_id))
+
+    async def update_registration(self, registration: NodeRegistration) -> None:
+        registration.validate()
+        await self._call(
+            partial(self._registry.renew, registration.address, registration.instance_id,
+                    registration),
+        )  # fmt: skip
+
+    async def unregister_node(self, address: str, instance_id: str) -> None:
+        await self._call(partial(self._registry.unregister, address, instance_id))
+
+    async def list_nodes(self, writable_only: bool = False) -> list[NodeRegistration]:
+        nodes = await self._call(self._registry.list_all, retry_reads=True)
+        return [n for n in nodes if not (writable_only and n.read_only)]
