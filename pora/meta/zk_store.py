@@ -1,11 +1,15 @@
 """The ZooKeeper metadata store (kazoo): ledger records in a bucketed znode tree,
 versions from znode stats, node registrations as ephemeral znodes kept by the
-client's session. kazoo is synchronous: every request is sent asynchronously and
-waited for in a worker thread (at most `MetadataConfig.threads_max`), never on the
-event loop. docs/metadata.md gives the layout."""
+client's session. kazoo's `*_async` calls only queue a request for its connection
+thread, so the single-request operations (create, read, update, delete) send from the
+event loop and are woken by kazoo's completion callback: no worker thread per call.
+Multi-step operations (id blocks, listings, registrations) run in a worker thread (at
+most `MetadataConfig.threads_max`). Nothing blocks the event loop. docs/metadata.md
+gives the layout."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -17,6 +21,8 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
+import sniffio
+import trio
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
@@ -55,6 +61,17 @@ R = TypeVar("R")
 #: a request whose outcome is unknown: the connection or the session broke under it
 UNKNOWN_OUTCOME = (ConnectionLoss, SessionExpiredError, OperationTimeoutError, KazooTimeoutError)
 RECONNECT_DELAY_MAX_S = 1.0
+#: pause before a read cut off by a lost connection is sent again
+READ_RETRY_PAUSE_S = 0.02
+
+Wake = Callable[[Callable[[], object]], object]
+
+
+def _loop_waker() -> Wake:
+    """A thread-safe, non-blocking way to run a function on this task's event loop."""
+    if sniffio.current_async_library() == "trio":
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    return asyncio.get_running_loop().call_soon_threadsafe
 
 
 class ZooKeeperMetadataStore:
@@ -175,6 +192,56 @@ class ZooKeeperMetadataStore:
                 f"is ZooKeeper running at {self._hosts}? a write may or may not have happened",
             ) from None
 
+    async def _request(self, send: Callable[[], Any], *, read: bool) -> Any:
+        """Send one kazoo request from the event loop and wait for its answer there. A
+        read cut off by a lost connection is sent again until the call's deadline; a
+        write's outcome is then unknown (MetadataTimeout). ZooKeeper's own refusals
+        (BadVersionError, NoNodeError, NodeExistsError) reach the caller as they are."""
+        if self._closed:
+            raise MetadataError(f"metadata store {self._url} is closed")
+        timeout = self._config.call_timeout_s
+        deadline = anyio.current_time() + timeout
+        wake = _loop_waker()
+        while True:
+            result = send()
+            answered = anyio.Event()
+
+            def on_answer(_result: object, answered: anyio.Event = answered) -> None:
+                # kazoo's completion thread; the caller's loop may have ended meanwhile
+                with contextlib.suppress(RuntimeError):
+                    wake(answered.set)
+
+            result.rawlink(on_answer)
+            with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
+                await answered.wait()
+            if not answered.is_set():
+                raise MetadataTimeout(
+                    self._url,
+                    f"no answer within {timeout:g} s",
+                    f"is ZooKeeper running at {self._hosts}? a write may or may not have "
+                    "happened: read the record again",
+                )
+            try:
+                return result.get_nowait()
+            except ConnectionClosedError as error:
+                raise MetadataError(f"metadata store {self._url} is closed") from error
+            except UNKNOWN_OUTCOME as error:
+                if read and anyio.current_time() + READ_RETRY_PAUSE_S < deadline:
+                    await anyio.sleep(READ_RETRY_PAUSE_S)
+                    continue
+                raise MetadataTimeout(
+                    self._url,
+                    f"ZooKeeper request failed: {type(error).__name__}",
+                    f"is ZooKeeper running at {self._hosts}? a write may or may not have "
+                    "happened: read the record again",
+                ) from error
+            except (BadVersionError, NoNodeError, NodeExistsError):
+                raise
+            except KazooException as error:
+                raise MetadataUnavailable(
+                    self._url, f"ZooKeeper refused a request: {error!r}", "see the server's log"
+                ) from error
+
     def _on_state(self, state: str) -> None:
         # runs on kazoo's connection thread: no request may be sent from here
         if state == KazooState.LOST:
@@ -232,13 +299,12 @@ class ZooKeeperMetadataStore:
         record = meta.encode(self._record_limit)
         path = self.paths.ledger(meta.ledger_id)
 
-        def create() -> None:
-            try:
-                self._wait(self.client.create_async(path, record, makepath=True))
-            except NodeExistsError:
-                raise LedgerExists(meta.ledger_id) from None
-
-        await self._call(create)
+        try:
+            await self._request(
+                partial(self.client.create_async, path, record, makepath=True), read=False
+            )
+        except NodeExistsError:
+            raise LedgerExists(meta.ledger_id) from None
         return Versioned(meta, 0)
 
     def _read(
@@ -250,14 +316,23 @@ class ZooKeeperMetadataStore:
             return None
         return Versioned(bytes(data), int(stat.version))
 
+    async def _read_async(self, ledger_id: int) -> Versioned[bytes] | None:
+        try:
+            data, stat = await self._request(
+                partial(self.client.get_async, self.paths.ledger(ledger_id)), read=True
+            )
+        except NoNodeError:
+            return None
+        return Versioned(bytes(data), int(stat.version))
+
     async def read_ledger(self, ledger_id: int) -> Versioned[LedgerMetadata]:
-        found = await self._call(partial(self._read, ledger_id), retry_reads=True)
+        found = await self._read_async(ledger_id)
         if found is None:
             raise NoSuchLedgerMetadata(ledger_id)
         return Versioned(LedgerMetadata.decode(found.value), found.version)
 
-    def _conflict(self, ledger_id: int, expected: int) -> MetadataError:
-        found = self._read(ledger_id)
+    async def _conflict(self, ledger_id: int, expected: int) -> MetadataError:
+        found = await self._read_async(ledger_id)
         if found is None:
             return NoSuchLedgerMetadata(ledger_id)
         return MetadataVersionConflict(f"ledger {ledger_id}", expected, found.version)
@@ -268,29 +343,27 @@ class ZooKeeperMetadataStore:
         record = meta.encode(self._record_limit)
         path = self.paths.ledger(meta.ledger_id)
 
-        def update() -> int:
-            try:
-                stat = self._wait(self.client.set_async(path, record, expected_version))
-            except BadVersionError:
-                raise self._conflict(meta.ledger_id, expected_version) from None
-            except NoNodeError:
-                raise NoSuchLedgerMetadata(meta.ledger_id) from None
-            return int(stat.version)
-
-        return Versioned(meta, await self._call(update))
+        try:
+            stat = await self._request(
+                partial(self.client.set_async, path, record, expected_version), read=False
+            )
+        except BadVersionError:
+            raise await self._conflict(meta.ledger_id, expected_version) from None
+        except NoNodeError:
+            raise NoSuchLedgerMetadata(meta.ledger_id) from None
+        return Versioned(meta, int(stat.version))
 
     async def delete_ledger(self, ledger_id: int, expected_version: int) -> None:
         path = self.paths.ledger(ledger_id)
 
-        def delete() -> None:
-            try:
-                self._wait(self.client.delete_async(path, expected_version))
-            except BadVersionError:
-                raise self._conflict(ledger_id, expected_version) from None
-            except NoNodeError:
-                raise NoSuchLedgerMetadata(ledger_id) from None
-
-        await self._call(delete)
+        try:
+            await self._request(
+                partial(self.client.delete_async, path, expected_version), read=False
+            )
+        except BadVersionError:
+            raise await self._conflict(ledger_id, expected_version) from None
+        except NoNodeError:
+            raise NoSuchLedgerMetadata(ledger_id) from None
 
     def _page(self, after_id: int, limit: int) -> list[Versioned[bytes]]:
         buckets = sorted(self._wait(self.client.get_children_async(self.paths.ledgers)))
