@@ -17,6 +17,7 @@ from waiting import wait_until
 from pora.meta import (
     LedgerExists,
     MetadataConfig,
+    MetadataError,
     MetadataTimeout,
     MetadataVersionConflict,
     NodeRegistration,
@@ -136,6 +137,8 @@ def test_close_answers_every_queued_write(tmp_path: Path) -> None:
                 for ledger_id in range(50):
                     nursery.start_soon(create, ledger_id)
         assert sorted(created) == list(range(50))
+        with pytest.raises(MetadataError, match="is closed"):
+            await store.create_ledger(ledger(50))
         async with open_metadata(url) as store:
             assert len(await store.list_ledgers()) == 50
 

@@ -215,7 +215,8 @@ class SqliteMetadataStore:
 
     async def _write(self, operation: Callable[[sqlite3.Connection], R]) -> R:
         """Run `operation` in the writer's next transaction, inside its own savepoint."""
-        if self._closed or self._writer is None:
+        writer = self._writer
+        if self._closed or writer is None:
             raise MetadataError(f"metadata store {self._url} is closed")
         timeout = self._config.call_timeout_s
         write = Write(operation)
@@ -228,8 +229,7 @@ class SqliteMetadataStore:
                 "the file's disk is slower than the writers: write less or use a faster disk",
             )
         try:
-            self._writer.submit(write)
-            await self._wait_written(write, waiting.deadline)
+            await self._submit_and_wait(writer, write, waiting.deadline)
         except BaseException:
             write.withdraw()  # cancelled: a write not started yet never happens
             raise
@@ -237,7 +237,9 @@ class SqliteMetadataStore:
             self._write_room.release()
         return write.outcome()
 
-    async def _wait_written(self, write: Write[R], deadline: float) -> None:
+    async def _submit_and_wait(self, writer: BatchWriter, write: Write[R], deadline: float) -> None:
+        if not writer.submit(write):
+            raise MetadataError(f"metadata store {self._url} is closed")
         with anyio.move_on_after(deadline - anyio.current_time()):
             await write.done.wait()
         if write.done.is_set():
@@ -260,7 +262,6 @@ class SqliteMetadataStore:
             writer, self._writer = self._writer, None
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(writer.stop)
-            writer.fail_leftovers(MetadataError(f"metadata store {self._url} is closed"))
         while True:
             try:
                 self._idle.get_nowait().close()

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import anyio
-import sniffio
+import trio
 
 from pora.meta.errors import MetadataError
 
@@ -41,11 +41,10 @@ Operation = Callable[[sqlite3.Connection], R]
 
 def _loop_scheduler() -> Schedule:
     """A thread-safe, non-blocking way to run a function on the calling event loop."""
-    if sniffio.current_async_library() == "trio":
-        import trio  # noqa: PLC0415 (trio is there only when it runs us)
-
+    try:
+        return asyncio.get_running_loop().call_soon_threadsafe
+    except RuntimeError:  # not asyncio: trio, anyio's other backend
         return trio.lowlevel.current_trio_token().run_sync_soon
-    return asyncio.get_running_loop().call_soon_threadsafe
 
 
 class _State(enum.Enum):
@@ -118,29 +117,28 @@ class BatchWriter:
         self._failure = failure
         self._queue: queue.SimpleQueue[Write[object] | _Stop] = queue.SimpleQueue()
         self._conn: sqlite3.Connection | None = None
+        self._stop_lock = threading.Lock()
+        self._stopping = False
         #: transactions committed and writes they held (how well writes share commits)
         self.commits = 0
         self.committed_writes = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, write: Write[R]) -> None:
-        self._queue.put(write)  # type: ignore[arg-type]
+    def submit(self, write: Write[R]) -> bool:
+        """Queue `write`; False once the writer is stopping (the store is closing)."""
+        with self._stop_lock:
+            if self._stopping:
+                return False
+            self._queue.put(write)  # type: ignore[arg-type]
+            return True
 
     def stop(self) -> None:
         """Finish what is queued, then end the thread (blocking: run it in a thread)."""
-        self._queue.put(_STOP)
+        with self._stop_lock:
+            self._stopping = True
+            self._queue.put(_STOP)
         self._thread.join()
-
-    def fail_leftovers(self, error: MetadataError) -> None:
-        """Writes queued after the stop: they never ran."""
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(item, Write):
-                item.resolve(None, error)
 
     def _run(self) -> None:
         try:
