@@ -195,6 +195,12 @@ class BatchWriter:
             for write in started:
                 write.resolve(None, failure)
             return
+        except BaseException as error:
+            # the thread ends: no started write's caller may wait for it forever
+            self._abandon(conn)
+            for write in started:
+                write.resolve(None, MetadataError(f"the metadata writer failed: {error!r}"))
+            raise
         self.commits += 1
         self.committed_writes += len(started)
         for write, (result, refusal) in zip(started, outcomes, strict=True):
