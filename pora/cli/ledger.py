@@ -20,6 +20,7 @@ from journal.errors import JournalError
 from ledger.index import Index
 from ledger.state import NO_ENTRY, LedgerMeta
 from pora.cli._common import (
+    DEFAULT_DATA_DIR,
     EXIT_OK,
     EXIT_REFUSED,
     CommandError,
@@ -32,6 +33,11 @@ from pora.cli._common import (
     print_json_line,
     print_table,
     warn,
+)
+from pora.cli._ledger_metadata import (
+    add_metadata_listing_arguments,
+    check_no_paging,
+    list_from_metadata,
 )
 from pora.node.datadir import DataDir
 from pora.tools.inspection import (
@@ -73,12 +79,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     listing = commands.add_parser(
         "list",
         help="every ledger: state, first and last entry, entry count, bytes",
-        description="List every ledger: id, state (open, closed, fenced), first and last "
-        "entry id (for a closed ledger: the sealed last entry), entry count and payload "
-        "bytes. Warns about journal records not yet replayed into them.",
+        description="List every ledger of a stopped node's data dir (--data-dir): id, state "
+        "(open, closed, fenced), first and last entry id (for a closed ledger: the sealed "
+        "last entry), entry count and payload bytes; warns about journal records not yet "
+        "replayed into them. Or, with --metadata URL, the cluster's ledgers as the "
+        "metadata store records them: id, state, ensembles, quorums, last entry, length.",
     )
     add_common_arguments(listing)
-    listing.set_defaults(run=run_list)
+    add_metadata_listing_arguments(listing)
+    # --data-dir's default applies only when --metadata is not given either
+    listing.set_defaults(run=run_list, data_dir=None)
 
     show = commands.add_parser(
         "show",
@@ -144,7 +154,17 @@ def _load_metas(index: Index) -> dict[int, LedgerMeta]:
 
 @command
 def run_list(args: argparse.Namespace) -> int:
-    with offline_data_dir(args.data_dir) as directory, open_index(directory) as index:
+    if args.metadata is not None:
+        if args.data_dir is not None:
+            raise CommandError(
+                "give either --data-dir (a stopped node's ledgers) or --metadata (the "
+                "cluster's ledgers), not both",
+                EXIT_REFUSED,
+            )
+        return list_from_metadata(args)
+    check_no_paging(args)
+    data_dir = DEFAULT_DATA_DIR if args.data_dir is None else args.data_dir
+    with offline_data_dir(data_dir) as directory, open_index(directory) as index:
         metas = _load_metas(index)
         plan = _pending(directory, metas)
     rows = [ledger_row(metas[ledger_id]) for ledger_id in sorted(metas)]

@@ -1,7 +1,10 @@
 """The embedded metadata store: one SQLite file that many processes on one machine
-share (WAL mode, SQLite's own locking). Every blocking call runs in a worker thread
-with a pooled connection; every compare-and-set is a conditional statement inside a
-`BEGIN IMMEDIATE` transaction. docs/metadata.md gives the schema."""
+share (WAL mode, SQLite's own locking). Reads run in worker threads on pooled
+connections (WAL readers never wait for the writer); writes go to one writer thread
+that commits whatever is queued in one `BEGIN IMMEDIATE` transaction
+(pora/meta/sqlite_writer.py, which says what a caller that timed out knows); every
+compare-and-set is a conditional statement inside it. docs/metadata.md gives the
+schema."""
 
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from pora.meta.errors import (
     RegistrationLost,
 )
 from pora.meta.records import LedgerMetadata, NodeRegistration, Versioned
+from pora.meta.sqlite_writer import BatchWriter, Write
 from pora.meta.store import DEFAULT_LEASE_S, MetadataConfig
 
 R = TypeVar("R")
@@ -46,6 +50,8 @@ SCHEMA = (
     "INSERT OR IGNORE INTO id_blocks (name, next_id) VALUES ('ledger', 0)",
 )
 BUSY_SHARE_OF_TIMEOUT = 0.8
+#: writes queued at most per store; more callers wait for room (within their timeout)
+WRITE_QUEUE_MAX = 1024
 NO_RECORD_NEWER = 2**62
 WAL_RETRY_S = 0.005
 UNAVAILABLE_HINT = (
@@ -99,11 +105,16 @@ def _enable_wal(conn: sqlite3.Connection, deadline: float) -> None:
 
 
 class SqliteMetadataStore:
-    def __init__(self, url: str, path: Path, config: MetadataConfig) -> None:
+    def __init__(
+        self, url: str, path: Path, config: MetadataConfig, write_queue_max: int = WRITE_QUEUE_MAX
+    ) -> None:
         self._url = url
         self._path = path
         self._config = config
-        self._limiter = anyio.CapacityLimiter(config.threads_max)
+        # the writer thread holds one of the store's threads_max connections
+        self._limiter = anyio.CapacityLimiter(max(1, config.threads_max - 1))
+        self._write_room = anyio.Semaphore(write_queue_max)
+        self._writer: BatchWriter | None = None
         self._idle: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
         self._closed = False
         self._closed_lock = threading.Lock()
@@ -119,6 +130,9 @@ class SqliteMetadataStore:
     async def open(cls, url: str, path: Path, config: MetadataConfig) -> SqliteMetadataStore:
         store = cls(url, path, config)
         await store._call(store._create_schema)
+        store._writer = BatchWriter(
+            f"pora-meta-writer {url}", store._connect, store._sqlite_failure
+        )
         return store
 
     # --- threads and connections
@@ -199,9 +213,55 @@ class SqliteMetadataStore:
                 self._url, f"no answer within {timeout} s", "is the disk or the file stuck?"
             ) from None
 
+    async def _write(self, operation: Callable[[sqlite3.Connection], R]) -> R:
+        """Run `operation` in the writer's next transaction, inside its own savepoint."""
+        writer = self._writer
+        if self._closed or writer is None:
+            raise MetadataError(f"metadata store {self._url} is closed")
+        timeout = self._config.call_timeout_s
+        write = Write(operation)
+        with anyio.move_on_after(timeout) as waiting:
+            await self._write_room.acquire()
+        if waiting.cancelled_caught:
+            raise MetadataTimeout(
+                self._url,
+                f"the write queue stayed full for {timeout} s; nothing was written",
+                "the file's disk is slower than the writers: write less or use a faster disk",
+            )
+        try:
+            await self._submit_and_wait(writer, write, waiting.deadline)
+        except BaseException:
+            write.withdraw()  # cancelled: a write not started yet never happens
+            raise
+        finally:
+            self._write_room.release()
+        return write.outcome()
+
+    async def _submit_and_wait(self, writer: BatchWriter, write: Write[R], deadline: float) -> None:
+        if not writer.submit(write):
+            raise MetadataError(f"metadata store {self._url} is closed")
+        with anyio.move_on_after(deadline - anyio.current_time()):
+            await write.done.wait()
+        if write.done.is_set():
+            return
+        if write.withdraw():
+            raise MetadataTimeout(
+                self._url,
+                f"no answer within {self._config.call_timeout_s} s; the write had not "
+                "started and was withdrawn, so it did not happen",
+                "is the disk or the file stuck?",
+            )
+        with anyio.CancelScope(shield=True):
+            # started: its transaction waits on no lock, only on the disk
+            await write.done.wait()
+
     async def aclose(self) -> None:
         with self._closed_lock:
             self._closed = True
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(writer.stop)
         while True:
             try:
                 self._idle.get_nowait().close()
@@ -230,7 +290,7 @@ class SqliteMetadataStore:
         async with self._id_lock:
             if self._next_id >= self._block_end:
                 block = self._config.id_block_size
-                start = await self._call(partial(self._reserve_ids, block))
+                start = await self._write(partial(self._reserve_ids, block))
                 self._next_id, self._block_end = start, start + block
             ledger_id = self._next_id
             self._next_id += 1
@@ -238,13 +298,8 @@ class SqliteMetadataStore:
 
     @staticmethod
     def _reserve_ids(block: int, conn: sqlite3.Connection) -> int:
-        with _immediate(conn):
-            (start,) = conn.execute(
-                "SELECT next_id FROM id_blocks WHERE name = 'ledger'"
-            ).fetchone()
-            conn.execute(
-                "UPDATE id_blocks SET next_id = next_id + ? WHERE name = 'ledger'", (block,)
-            )
+        (start,) = conn.execute("SELECT next_id FROM id_blocks WHERE name = 'ledger'").fetchone()
+        conn.execute("UPDATE id_blocks SET next_id = next_id + ? WHERE name = 'ledger'", (block,))
         return int(start)
 
     # --- ledger metadata
@@ -261,7 +316,7 @@ class SqliteMetadataStore:
             except sqlite3.IntegrityError:
                 raise LedgerExists(meta.ledger_id) from None
 
-        await self._call(create)
+        await self._write(create)
         return Versioned(meta, 0)
 
     async def read_ledger(self, ledger_id: int) -> Versioned[LedgerMetadata]:
@@ -289,29 +344,27 @@ class SqliteMetadataStore:
         record = meta.encode(self._config.record_bytes_max)
 
         def update(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
-                changed = conn.execute(
-                    "UPDATE ledgers SET version = version + 1, record = ?"
-                    " WHERE ledger_id = ? AND version = ?",
-                    (record, meta.ledger_id, expected_version),
-                ).rowcount
-                if changed != 1:
-                    raise self._conflict(conn, meta.ledger_id, expected_version)
+            changed = conn.execute(
+                "UPDATE ledgers SET version = version + 1, record = ?"
+                " WHERE ledger_id = ? AND version = ?",
+                (record, meta.ledger_id, expected_version),
+            ).rowcount
+            if changed != 1:
+                raise self._conflict(conn, meta.ledger_id, expected_version)
 
-        await self._call(update)
+        await self._write(update)
         return Versioned(meta, expected_version + 1)
 
     async def delete_ledger(self, ledger_id: int, expected_version: int) -> None:
         def delete(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
-                changed = conn.execute(
-                    "DELETE FROM ledgers WHERE ledger_id = ? AND version = ?",
-                    (ledger_id, expected_version),
-                ).rowcount
-                if changed != 1:
-                    raise self._conflict(conn, ledger_id, expected_version)
+            changed = conn.execute(
+                "DELETE FROM ledgers WHERE ledger_id = ? AND version = ?",
+                (ledger_id, expected_version),
+            ).rowcount
+            if changed != 1:
+                raise self._conflict(conn, ledger_id, expected_version)
 
-        await self._call(delete)
+        await self._write(delete)
 
     async def list_ledgers(
         self, after_id: int = -1, limit: int = 1000
@@ -367,30 +420,29 @@ class SqliteMetadataStore:
 
         def register(conn: sqlite3.Connection) -> None:
             now = _now_ms()
-            with _immediate(conn):
-                held = conn.execute(
-                    "SELECT instance_id, lease_expires_ms, version FROM nodes WHERE address = ?",
-                    (registration.address,),
-                ).fetchone()
-                if held is not None and held[0] != registration.instance_id and held[1] > now:
-                    raise NodeAddressTaken(registration.address, held[0], (held[1] - now) / 1000)
-                conn.execute(
-                    "INSERT OR REPLACE INTO nodes (address, instance_id, read_only, free_bytes,"
-                    " rack, last_seen_ms, lease_expires_ms, version)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        registration.address,
-                        registration.instance_id,
-                        int(registration.read_only),
-                        registration.free_bytes,
-                        registration.rack,
-                        now,
-                        now + int(lease_s * 1000),
-                        0 if held is None else held[2] + 1,
-                    ),
-                )
+            held = conn.execute(
+                "SELECT instance_id, lease_expires_ms, version FROM nodes WHERE address = ?",
+                (registration.address,),
+            ).fetchone()
+            if held is not None and held[0] != registration.instance_id and held[1] > now:
+                raise NodeAddressTaken(registration.address, held[0], (held[1] - now) / 1000)
+            conn.execute(
+                "INSERT OR REPLACE INTO nodes (address, instance_id, read_only, free_bytes,"
+                " rack, last_seen_ms, lease_expires_ms, version)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    registration.address,
+                    registration.instance_id,
+                    int(registration.read_only),
+                    registration.free_bytes,
+                    registration.rack,
+                    now,
+                    now + int(lease_s * 1000),
+                    0 if held is None else held[2] + 1,
+                ),
+            )
 
-        await self._call(register)
+        await self._write(register)
 
     async def renew_node(
         self, address: str, instance_id: str, lease_s: float = DEFAULT_LEASE_S
@@ -403,7 +455,7 @@ class SqliteMetadataStore:
                 (now, now + int(lease_s * 1000), address, instance_id),
             ).rowcount
 
-        if await self._call(renew) != 1:
+        if await self._write(renew) != 1:
             raise RegistrationLost(address, instance_id)
 
     async def update_registration(self, registration: NodeRegistration) -> None:
@@ -423,7 +475,7 @@ class SqliteMetadataStore:
                 ),
             ).rowcount
 
-        if await self._call(update) != 1:
+        if await self._write(update) != 1:
             raise RegistrationLost(registration.address, registration.instance_id)
 
     async def unregister_node(self, address: str, instance_id: str) -> None:
@@ -432,7 +484,7 @@ class SqliteMetadataStore:
                 "DELETE FROM nodes WHERE address = ? AND instance_id = ?", (address, instance_id)
             )
 
-        await self._call(delete)
+        await self._write(delete)
 
     async def list_nodes(self, writable_only: bool = False) -> list[NodeRegistration]:
         def live(conn: sqlite3.Connection) -> list[tuple[str, str, int, int, str | None, int]]:

@@ -1,0 +1,41 @@
+"""What the commands that read the cluster's metadata store share: the `--metadata URL`
+option and running a query against the store, its errors turned into exit statuses."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import trio
+
+from pora.cli._common import EXIT_PROBLEMS, EXIT_REFUSED, CommandError
+from pora.meta import MetadataError, MetadataStore, MetadataUnavailable, open_metadata
+
+T = TypeVar("T")
+
+
+def add_metadata_argument(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    parser.add_argument(
+        "--metadata",
+        metavar="URL",
+        required=required,
+        help="the cluster's metadata store: sqlite:///abs/path.db, sqlite:relative/path.db "
+        "or zk://host:port,.../chroot",
+    )
+
+
+def query_metadata(url: str, query: Callable[[MetadataStore], Awaitable[T]]) -> T:
+    """Open the store at `url`, run `query` on it, close it. An unreachable store ends
+    the command with exit status 2 and the store's message."""
+
+    async def main() -> T:
+        async with open_metadata(url) as store:
+            return await query(store)
+
+    try:
+        return trio.run(main)
+    except MetadataUnavailable as error:
+        raise CommandError(str(error), EXIT_REFUSED) from error
+    except MetadataError as error:
+        raise CommandError(f"metadata store {url}: {error}", EXIT_PROBLEMS) from error
