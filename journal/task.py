@@ -152,6 +152,8 @@ class Journal:
         self._failure: JournalError | None = None
         #: groups written, in journal order, not yet handed over
         self._unsynced: collections.deque[_Unsynced] = collections.deque()
+        #: set when a sync ends; renewed by whoever waits for the next one
+        self._a_sync_ended = trio.Event()
         #: a hand-over is waiting (a full ledger channel): the groups after it wait too
         self._handing_over_later = False
         self._nursery: trio.Nursery | None = None
@@ -262,6 +264,8 @@ class Journal:
                 try:
                     await self._write_groups()
                 finally:
+                    # inside the nursery: a sync's end may still start a hand-over task
+                    await self._wait_for_syncs_in_flight()
                     # the spare maker's thread stops at its next chunk, and its task
                     # ends: the nursery does not wait for a whole segment of zeros
                     if spares is not None:
@@ -491,9 +495,22 @@ class Journal:
         done = trio.Event()
         # the sync starts now, not when some task first runs (a turn later); its end
         # calls `_hand_over_synced`, which gives the slot back once handed over
-        sync = SyncInThread(writer, self._hand_over_synced)
+        sync = SyncInThread(writer, self._on_sync_end)
         self._unsynced.append(_Unsynced(group, written, sync, done, sync_slots))
         return done
+
+    def _on_sync_end(self) -> None:
+        self._a_sync_ended.set()
+        self._hand_over_synced()
+
+    async def _wait_for_syncs_in_flight(self) -> None:
+        """Even a cancelled journal waits for the fdatasyncs it started before closing
+        the segment: their threads use its file descriptor, which a close would pull
+        from under them (a sync of a closed or, worse, reused descriptor)."""
+        with trio.CancelScope(shield=True):
+            while any(not unsynced.sync.ended for unsynced in self._unsynced):
+                self._a_sync_ended = trio.Event()
+                await self._a_sync_ended.wait()
 
     def _hand_over_synced(self) -> None:
         """Hand over every group whose sync has ended and all of whose predecessors

@@ -177,6 +177,9 @@ async def test_registration_survives_a_server_restart(
         await trio.to_thread.run_sync(own_server.start)
 
         async def registered() -> bool:
+            # both clients connected again, and the observer sees the registration
+            if store.client.client_id is None or observer.client.client_id is None:
+                return False
             try:
                 return await registered_addresses(observer) == [NODE.address]
             except MetadataUnavailable:
