@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from zookeeper_support import fresh_zk_url
 
 import pora
 from pora.cli import main
@@ -67,12 +68,15 @@ class RunningCluster:
 
 
 @asynccontextmanager
-async def cluster(tmp_path: Path, nodes: int) -> AsyncIterator[RunningCluster]:
+async def cluster(
+    tmp_path: Path, nodes: int, metadata: str | None = None
+) -> AsyncIterator[RunningCluster]:
     folder = tmp_path / "cluster"
     command = [
         sys.executable, "-m", "pora.cli", "cluster", "--nodes", str(nodes),
         "--dir", str(folder), "--base-port", str(free_base_port(nodes)),
         "--node-arg=--registration-lease-s=1",
+        *([] if metadata is None else ["--metadata", metadata]),
     ]  # fmt: skip
     process = await trio.lowlevel.open_process(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ
@@ -144,6 +148,23 @@ async def test_a_cluster_registers_every_node_and_sigterm_stops_them_all(tmp_pat
         assert await registered(url) == set()
     for k in (1, 2, 3):
         assert "stopped cleanly" in (running.folder / f"node-{k}.log").read_text()
+
+
+@pytest.mark.slow
+async def test_a_cluster_on_zookeeper_registers_there_and_stops_cleanly(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = fresh_zk_url(request)
+    async with cluster(tmp_path, 2, metadata=url) as running:
+        assert (await running.wait_for_line("metadata URL: ")).split(": ", 1)[1] == url
+        await running.wait_for_line("ready: 2 nodes")
+        assert len(await registered(url)) == 2
+        assert not (running.folder / "meta.db").exists()
+        running.process.send_signal(signal.SIGTERM)
+        with trio.fail_after(START_TIMEOUT_S):
+            assert await running.process.wait() == 0, "\n".join(running.lines)
+        assert node_pids(running.folder) == {}
+        assert await registered(url) == set()
 
 
 @pytest.mark.slow

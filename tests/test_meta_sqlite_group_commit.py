@@ -24,13 +24,13 @@ from pora.meta import (
     NoSuchLedgerMetadata,
     open_metadata,
 )
-from pora.meta.sqlite_store import WRITE_QUEUE_MAX, SqliteMetadataStore
+from pora.meta.sqlite_store import SqliteMetadataStore
 
 
 def _queued_and_taken(store: SqliteMetadataStore) -> tuple[int, int]:
     """Writes in the writer's queue, and writes submitted but not answered yet."""
     assert store._writer is not None
-    return store._writer._queue.qsize(), WRITE_QUEUE_MAX - store._write_room.value
+    return store._writer._queue.qsize(), store._config.write_queue_max - store._write_room.value
 
 
 def test_writes_queued_together_share_a_commit_and_refusals_stay_alone(tmp_path: Path) -> None:

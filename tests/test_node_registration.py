@@ -19,6 +19,7 @@ import pytest
 import trio
 from serve_helpers import http_get, samples
 from waiting import wait_until_true
+from zookeeper_support import fresh_zk_url
 
 from pora.meta.records import NodeRegistration
 from pora.meta.store import MetadataStore, open_metadata
@@ -29,8 +30,10 @@ START_TIMEOUT_S = 30.0
 LEASE_S = 1.0
 
 
-@pytest.fixture
-def metadata_url(tmp_path: Path) -> str:
+@pytest.fixture(params=["sqlite", "zk"])
+def metadata_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "zk":
+        return fresh_zk_url(request)
     return f"sqlite://{tmp_path}/meta.db"
 
 

@@ -51,7 +51,6 @@ SCHEMA = (
 )
 BUSY_SHARE_OF_TIMEOUT = 0.8
 #: writes queued at most per store; more callers wait for room (within their timeout)
-WRITE_QUEUE_MAX = 1024
 NO_RECORD_NEWER = 2**62
 WAL_RETRY_S = 0.005
 UNAVAILABLE_HINT = (
@@ -105,15 +104,13 @@ def _enable_wal(conn: sqlite3.Connection, deadline: float) -> None:
 
 
 class SqliteMetadataStore:
-    def __init__(
-        self, url: str, path: Path, config: MetadataConfig, write_queue_max: int = WRITE_QUEUE_MAX
-    ) -> None:
+    def __init__(self, url: str, path: Path, config: MetadataConfig) -> None:
         self._url = url
         self._path = path
         self._config = config
         # the writer thread holds one of the store's threads_max connections
         self._limiter = anyio.CapacityLimiter(max(1, config.threads_max - 1))
-        self._write_room = anyio.Semaphore(write_queue_max)
+        self._write_room = anyio.Semaphore(config.write_queue_max)
         self._writer: BatchWriter | None = None
         self._idle: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
         self._closed = False

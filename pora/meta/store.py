@@ -41,6 +41,9 @@ class MetadataConfig:
     #: ZooKeeper: the session timeout asked for (the server bounds it); a node's
     #: registration disappears this long after its process stops answering
     session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S
+    #: SQLite: writes queued for the writer thread's next transactions at most;
+    #: callers wait for room (within their call timeout)
+    write_queue_max: int = 1024
 
 
 class MetadataStore(Protocol):

@@ -278,7 +278,15 @@ async def open_registration_store(settings: Settings) -> AsyncIterator[MetadataS
     async with AsyncExitStack() as stack:
         try:
             store = await stack.enter_async_context(
-                open_metadata(settings.metadata, MetadataConfig(call_timeout_s=timeout_s))
+                open_metadata(
+                    settings.metadata,
+                    # ZooKeeper keeps the registration as long as the session: the same
+                    # lifetime after the node is gone as SQLite's lease
+                    MetadataConfig(
+                        call_timeout_s=timeout_s,
+                        session_timeout_s=settings.registration_lease_s,
+                    ),
+                )
             )
         except MetadataUnavailable as error:
             raise RegistrationRefused(
