@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from waiting import wait_until_true
 from zookeeper_support import fresh_zk_url
 
 import pora
@@ -180,7 +181,13 @@ async def test_a_node_killed_under_the_cluster_is_reported_and_the_others_keep_r
         assert line.startswith("node-1 ")
         assert "killed by SIGKILL" in line
         assert str(running.folder / "node-1.log") in line
-        survivor = next(a for a in await registered(url))
+
+        # the killed node's lease runs out (1 s); the survivor stays registered
+        async def one_left() -> bool:
+            return len(await registered(url)) == 1
+
+        await wait_until_true(one_left, 15)
+        (survivor,) = await registered(url)
         async with pora.connect_node(survivor) as client:
             await client.add_entry(1, 0, b"still here")
         assert running.process.poll() is None
