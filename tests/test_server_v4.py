@@ -203,17 +203,17 @@ async def test_write_lac_keeps_the_highest_and_refuses_fenced_closed_and_strange
         await node.add_entry(9, 0, b"a", master_key=KEY)
         await node.fence_ledger(8, master_key=KEY)
         await node.close_ledger(9, master_key=KEY)
+        # (one at a time: requests on a connection run concurrently)
+        assert await ask(address, WriteLac(1, 7, 5, KEY)) == [WriteLacResponse(1, 7, 5)]
+        assert await ask(address, WriteLac(2, 7, 3, KEY)) == [WriteLacResponse(2, 7, 5)]
         answers = await ask(
             address,
-            WriteLac(1, 7, 5, KEY),
-            WriteLac(2, 7, 3, KEY),
             WriteLac(3, 7, 9, b"x" * 32),
             WriteLac(4, 8, 0, KEY),
             WriteLac(5, 9, 0, KEY),
             WriteLac(6, 99, 0, KEY),
         )
-        assert answers[:2] == [WriteLacResponse(1, 7, 5), WriteLacResponse(2, 7, 5)]
-        statuses = [a.status for a in answers[2:] if isinstance(a, ErrorResponse)]
+        statuses = [a.status for a in answers if isinstance(a, ErrorResponse)]
         assert statuses == [
             f.Status.UNAUTHORIZED,
             f.Status.FENCED,
