@@ -56,6 +56,8 @@ from netio.messages import (
     ReadRange,
     ReadRangeResponse,
     ResponseMessage,
+    WriteLac,
+    WriteLacResponse,
 )
 from netio.security import master_key_from_password
 from netio.status import error_type_of
@@ -173,6 +175,8 @@ class NodeInfo:
     frame_bytes_max: int
     entry_bytes_max: int
     ledger_count: int
+    #: the node's data-dir instance id (a wiped data dir has a new one)
+    instance_id: str = ""
 
 
 class _Event(Protocol):
@@ -226,6 +230,7 @@ class _Session:
         self.add_queue: list[QueuedAdd] = []
         #: set once the node answered the connection's first request, its INFO
         self.identified = anyio.Event()
+        self.info: NodeInfo | None = None
 
 
 def _why_lost(error: BaseException | None) -> str:
@@ -345,6 +350,15 @@ class NodeClient:
         session.node_frame_bytes_max = response.frame_bytes_max
         session.node_entry_bytes_max = response.entry_bytes_max
         session.instance_id = response.instance_id
+        session.info = NodeInfo(
+            protocol_version=response.protocol_version,
+            server_version=response.server_version,
+            read_only_reason=response.read_only_reason,
+            frame_bytes_max=response.frame_bytes_max,
+            entry_bytes_max=response.entry_bytes_max,
+            ledger_count=response.ledger_count,
+            instance_id=response.instance_id,
+        )
         session.identified.set()
         session.outbox_ready.set()  # the writer frames the adds that waited
 
@@ -923,6 +937,7 @@ class NodeClient:
         master_key: bytes = b"",
         password: str | bytes | None = None,
         timeout_s: float | None = None,
+        instance_id: str | None = None,
     ) -> tuple[bytes, int]:
         """`read_entry`, plus the ledger's last-add-confirmed as the node knows it."""
         request_id = self._new_id()
@@ -938,7 +953,7 @@ class NodeClient:
             )
         )
         timeout = (self.timeout_s if timeout_s is None else timeout_s) + wait_s
-        response = await self._call_one(frame, request_id, timeout, ReadEntryResponse)
+        response = await self._call_one(frame, request_id, timeout, ReadEntryResponse, instance_id)
         return response.payload, response.last_add_confirmed
 
     async def read_range(
@@ -966,6 +981,81 @@ class NodeClient:
         response = await self._call_one(frame, request_id, timeout_s, LacResponse)
         return response.last_add_confirmed
 
+    async def read_range_page(
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        *,
+        max_entries: int = 1000,
+        max_bytes: int = 1 << 20,
+        fence_key: bytes | None = None,
+        timeout_s: float | None = None,
+        instance_id: str | None = None,
+    ) -> tuple[list[tuple[int, bytes]], int, bool]:
+        """`(entries, last_add_confirmed, more)`: the entries stored in [first, last]
+        up to the limits, and whether the node stopped before `last` (then the
+        answer is complete only through its last entry; ids in it not returned are
+        not stored there). With `fence_key`, the ledger is fenced first."""
+        request_id = self._new_id()
+        frame = encode_request(
+            ReadRange(
+                request_id,
+                ledger_id,
+                first_entry_id,
+                last_entry_id,
+                max_entries,
+                max_bytes,
+                fence_key is not None,
+                fence_key or b"",
+            )
+        )
+        response = await self._call_one(
+            frame, request_id, timeout_s, ReadRangeResponse, instance_id
+        )
+        return response.entries, response.last_add_confirmed, response.more
+
+    async def read_lac(
+        self,
+        ledger_id: int,
+        *,
+        known_lac: int = -1,
+        wait_s: float = 0.0,
+        fence_key: bytes | None = None,
+        timeout_s: float | None = None,
+        instance_id: str | None = None,
+    ) -> tuple[int, int]:
+        """`(last_add_confirmed, last_entry_id)` of the ledger on the node. `wait_s` >
+        0: a long poll, answered once the LAC passes `known_lac`, the ledger is closed
+        or fenced, or the wait ends (then with the current values). With
+        `fence_key`, the ledger is fenced first (created fenced if unknown here)."""
+        request_id = self._new_id()
+        wait_ms = max(0, min(round(wait_s * 1000), 2**32 - 1))
+        frame = encode_request(
+            ReadLac(
+                request_id, ledger_id, known_lac, wait_ms, fence_key is not None, fence_key or b""
+            )
+        )
+        timeout = (self.timeout_s if timeout_s is None else timeout_s) + wait_s
+        response = await self._call_one(frame, request_id, timeout, LacResponse, instance_id)
+        return response.last_add_confirmed, response.last_entry_id
+
+    async def write_lac(
+        self,
+        ledger_id: int,
+        last_add_confirmed: int,
+        *,
+        master_key: bytes = b"",
+        timeout_s: float | None = None,
+        instance_id: str | None = None,
+    ) -> int:
+        """Tell the node the writer's LAC (it keeps the highest, in memory); returns
+        the node's LAC for the ledger after."""
+        request_id = self._new_id()
+        frame = encode_request(WriteLac(request_id, ledger_id, last_add_confirmed, master_key))
+        response = await self._call_one(frame, request_id, timeout_s, WriteLacResponse, instance_id)
+        return response.last_add_confirmed
+
     async def fence_ledger(
         self,
         ledger_id: int,
@@ -988,13 +1078,14 @@ class NodeClient:
         master_key: bytes = b"",
         password: str | bytes | None = None,
         timeout_s: float | None = None,
+        instance_id: str | None = None,
     ) -> int:
         """Seal the ledger at `last_entry_id` (or at its last stored entry)."""
         request_id = self._new_id()
         frame = encode_request(
             Close(request_id, ledger_id, last_entry_id, self._key(master_key, password))
         )
-        response = await self._call_one(frame, request_id, timeout_s, CloseResponse)
+        response = await self._call_one(frame, request_id, timeout_s, CloseResponse, instance_id)
         return response.last_entry_id
 
     async def delete_ledger(
@@ -1004,12 +1095,13 @@ class NodeClient:
         master_key: bytes = b"",
         password: str | bytes | None = None,
         timeout_s: float | None = None,
+        instance_id: str | None = None,
     ) -> None:
         """Delete the ledger and its entries on the node; only with the ledger's key
         (its password): else Unauthorized, and nothing is deleted."""
         request_id = self._new_id()
         frame = encode_request(Delete(request_id, ledger_id, self._key(master_key, password)))
-        await self._call_one(frame, request_id, timeout_s, DeleteResponse)
+        await self._call_one(frame, request_id, timeout_s, DeleteResponse, instance_id)
 
     async def list_ledgers(
         self, *, page_size: int = 1000, timeout_s: float | None = None
@@ -1026,6 +1118,19 @@ class NodeClient:
                 return ledgers
             after = response.ledgers[-1].ledger_id
 
+    async def identity(self, *, timeout_s: float | None = None) -> NodeInfo:
+        """Who the node on the current connection is, from the INFO the client asks
+        first on every connection (no new request; connects if need be)."""
+        session = await self._connected()
+        await self._await_identity(session, self.timeout_s if timeout_s is None else timeout_s)
+        if not session.alive:
+            session = await self._connected()
+            await self._await_identity(session, self.timeout_s if timeout_s is None else timeout_s)
+        info = session.info
+        if info is None:
+            raise ConnectionLost(f"connection to node {self.address} lost before it said who it is")
+        return info
+
     async def info(self, *, timeout_s: float | None = None) -> NodeInfo:
         """What the node says about itself (also a ping)."""
         request_id = self._new_id()
@@ -1039,6 +1144,7 @@ class NodeClient:
             frame_bytes_max=response.frame_bytes_max,
             entry_bytes_max=response.entry_bytes_max,
             ledger_count=response.ledger_count,
+            instance_id=response.instance_id,
         )
 
 
