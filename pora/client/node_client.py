@@ -305,6 +305,11 @@ class NodeClient:
         self._sweeper_wakeup = anyio.Event()
         self._sweeper_scope = anyio.CancelScope()
         self._new_event = _event_type()
+        #: the event loop's clock: under trio, trio's own (anyio's costs more, once
+        #: per request)
+        self._now: Callable[[], float] = (
+            trio.current_time if trio.lowlevel.in_trio_task() else anyio.current_time
+        )
 
     # --- connection --------------------------------------------------------------------------
 
@@ -508,7 +513,7 @@ class NodeClient:
     # of each bucket that has passed: a request times out at most one tick late.
 
     def _track_deadline(self, waiter: _Waiter | AddCall, timeout_s: float) -> int:
-        bucket = int((anyio.current_time() + timeout_s) / TIMEOUT_TICK_S) + 1
+        bucket = int((self._now() + timeout_s) / TIMEOUT_TICK_S) + 1
         waiters = self._deadlines.get(bucket)
         if waiters is None:
             waiters = self._deadlines[bucket] = set()
@@ -749,19 +754,29 @@ class NodeClient:
         `instance_id` is given and the node answers from another instance."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         left_s = timeout
-        session = await self._connected()
+        session = self._session
+        if session is None or not session.alive:
+            session = await self._connected()
         if self._room_waiters or self._busy(session):
             left_s = await self._wait_for_room(timeout)
             session = await self._connected()
-        await self._check_instance(session, instance_id, left_s)
+        if instance_id is not None:
+            await self._check_instance(session, instance_id, left_s)
         count = len(entries)
-        size = sum([len(payload) for _, payload in entries])
         call = AddCall(count, self._new_event())
-        self._adds_in_flight += count
-        self._add_bytes_in_flight += size
-        try:
-            queue = session.add_queue
+        queue = session.add_queue
+        if count == 1:  # add_entry: the common case, kept lean
+            entry_id, payload = entries[0]
+            size = len(payload)
+            queue.append(
+                QueuedAdd(
+                    ledger_id, master_key, recovery, entry_id, payload, last_add_confirmed, call, 0
+                )
+            )
+        else:
+            size = 0
             for index, (entry_id, payload) in enumerate(entries):
+                size += len(payload)
                 queue.append(
                     QueuedAdd(
                         ledger_id,
@@ -774,15 +789,18 @@ class NodeClient:
                         index,
                     )
                 )
-            session.outbox_ready.set()
-            bucket = self._track_deadline(call, left_s)
-            try:
-                await call.event.wait()
-            finally:
-                waiters = self._deadlines.get(bucket)
-                if waiters is not None:
-                    waiters.discard(call)
+        self._adds_in_flight += count
+        self._add_bytes_in_flight += size
+        ready = session.outbox_ready
+        if not ready.is_set():
+            ready.set()
+        bucket = self._track_deadline(call, left_s)
+        try:
+            await call.event.wait()
         finally:
+            waiters = self._deadlines.get(bucket)
+            if waiters is not None:
+                waiters.discard(call)
             self._adds_in_flight -= count
             self._add_bytes_in_flight -= size
             if self._room_waiters:
