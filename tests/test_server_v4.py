@@ -112,11 +112,9 @@ async def test_read_lac_answers_the_last_entry_stored(data_dir: Path) -> None:
 async def test_a_fencing_read_lac_creates_an_unknown_ledger_fenced(data_dir: Path) -> None:
     """A recovery must fence nodes that never received an entry of the ledger."""
     async with serving(data_dir) as (node, _server, address):
-        lac, refused = await ask(
-            address,
-            ReadLac(1, 70, fence=True, master_key=KEY),
-            AddBatch(2, 70, -1, KEY, [0], [b"late"]),
-        )
+        # (one at a time: requests on a connection run concurrently)
+        [lac] = await ask(address, ReadLac(1, 70, fence=True, master_key=KEY))
+        [refused] = await ask(address, AddBatch(2, 70, -1, KEY, [0], [b"late"]))
         assert lac == LacResponse(1, 70, -1, -1)
         assert node.ledger_info(70).state == "fenced"
         assert isinstance(refused, ErrorResponse) and refused.status == f.Status.FENCED
