@@ -237,49 +237,71 @@ class LedgerRegistry:
 
     async def read_range(
         self, ledger_id: int, first: int, last: int, max_entries: int, max_bytes: int
-    ) -> list[tuple[int, bytes]]:
-        """Stored entries with ids in [first, last] (see Node.read_range)."""
+    ) -> tuple[list[tuple[int, bytes]], bool]:
+        """Stored entries with ids in [first, last] (see Node.read_range), and whether
+        a cap stopped the read before `last` (then the answer is complete only
+        through its last entry)."""
         meta = self.meta(ledger_id)
         if meta.state is LedgerState.CLOSED:
             last = min(last, meta.sealed_last_entry_id)
         last = min(last, meta.last_entry_id)
         if last < first:
-            return []
+            return [], False
         found: dict[int, bytes] = {}
         worker = self.active.get(ledger_id)
         if worker is not None:
             found = worker.memtable.items_between(first, last)
+        #: the last id the stored entries were looked through (a cap stops the look)
+        looked_through = last
         if meta.log_end > 0 and not (worker is not None and worker.delete_pending):
             storage = self.storage
 
-            def read_stored() -> list[tuple[int, bytes]]:
-                positions = []
+            def read_stored() -> tuple[list[tuple[int, bytes]], int]:
+                positions: list[tuple[int, int, int]] = []
                 wanted_bytes = 0
+                through = last
                 for position in storage.index.iter_positions(ledger_id, first, last):
                     if position[0] in found:
                         continue
+                    if len(positions) >= max_entries or wanted_bytes >= max_bytes:
+                        through = positions[-1][0]
+                        break
                     positions.append(position)
                     wanted_bytes += position[2]
-                    if len(positions) >= max_entries or wanted_bytes >= max_bytes:
-                        break
                 positions.sort(key=lambda p: p[1])
                 payloads = log.read_records(positions)
-                return [(p[0], payload) for p, payload in zip(positions, payloads, strict=True)]
+                stored = [(p[0], payload) for p, payload in zip(positions, payloads, strict=True)]
+                return stored, through
 
             log = await storage.acquire_log(ledger_id, create=False)
             try:
-                found.update(await trio.to_thread.run_sync(read_stored))
+                stored, looked_through = await trio.to_thread.run_sync(read_stored)
             finally:
                 storage.release_log(ledger_id)
+            found.update(stored)
         entries: list[tuple[int, bytes]] = []
         total = 0
+        more = looked_through < last
         for entry_id in sorted(found):
             payload = found[entry_id]
+            if entry_id > looked_through:
+                break  # (stored entries past it were not looked at)
             if entries and (len(entries) >= max_entries or total + len(payload) > max_bytes):
+                more = True
                 break
             entries.append((entry_id, payload))
             total += len(payload)
-        return entries
+        return entries, more
+
+    def note_lac(self, ledger_id: int, lac: int) -> int:
+        """Raise the ledger's last-add-confirmed to `lac` (a writer's WRITE_LAC; kept
+        in memory only: it is a lower bound, and may fall back to the last persisted
+        value after a crash), wake its long polls, and return the LAC now."""
+        meta = self.meta(ledger_id)
+        if lac > meta.lac:
+            meta.lac = lac
+            self.storage.arrivals.signal(ledger_id)
+        return meta.lac
 
     def statistics(self) -> RegistryStatistics:
         return RegistryStatistics(

@@ -13,7 +13,13 @@ generator in `netio.bulk`.
 """
 
 from netio.framing import RECEIVE_BYTES_DEFAULT
-from netio.request_codec import RequestDecoder, encode_add_entry, encode_add_run, encode_request
+from netio.request_codec import (
+    RequestDecoder,
+    encode_add_batch,
+    encode_add_entry,
+    encode_add_run,
+    encode_request,
+)
 from netio.response_codec import (
     ResponseDecoder,
     encode_add_run_response,
@@ -26,6 +32,7 @@ __all__ = [
     "RECEIVE_BYTES_DEFAULT",
     "RequestDecoder",
     "ResponseDecoder",
+    "encode_add_batch",
     "encode_add_entry",
     "encode_add_run",
     "encode_add_run_response",

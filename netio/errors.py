@@ -38,3 +38,19 @@ class ConnectionLost(PoraError):
 
 class RequestTimeout(PoraError, TimeoutError):
     """No response came within the request's timeout; its outcome is unknown."""
+
+
+class InstanceMismatch(PoraError):
+    """The node at the address answers from another data-dir instance than the one
+    the caller expects (its data dir was wiped or replaced): the request was not
+    sent. What the caller recorded of that node (entries, fences) is not there."""
+
+    def __init__(self, address: str, expected: str, actual: str) -> None:
+        self.address = address
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"node {address} answers from data-dir instance {actual!r}, not the expected "
+            f"{expected!r}: its data dir was replaced, so it does not hold what was stored "
+            "on it before. The request was not sent; treat the node as a new one"
+        )

@@ -15,12 +15,14 @@ import enum
 import struct
 from typing import Final
 
-#: Protocol version of this implementation; docs/protocol.md is version 3. Version 2
-#: had a DELETE without the ledger's master key; version 1 had no ADD_RUN.
-PROTOCOL_VERSION: Final = 3
+#: Protocol version of this implementation; docs/protocol.md is version 4. Version 3
+#: had no ADD_BATCH, WRITE_LAC, instance id in INFO, long-polling or fencing READ_LAC,
+#: or fencing READ_RANGE; version 2 had a DELETE without the ledger's master key;
+#: version 1 had no ADD_RUN.
+PROTOCOL_VERSION: Final = 4
 #: Versions a node serves. A connection speaks the version of its first frame, and
 #: is answered in it; a version-2 DELETE is refused (it carries no key).
-PROTOCOL_VERSIONS_SERVED: Final = (2, 3)
+PROTOCOL_VERSIONS_SERVED: Final = (2, 3, 4)
 
 #: length u32, version u8, opcode u8, flags u8, status u8, request_id u64
 HEADER: Final = struct.Struct(">IBBBBQ")
@@ -54,17 +56,23 @@ class Opcode(enum.IntEnum):
     INFO = 9
     #: version 2: a run of adds to one ledger in one frame
     ADD_RUN = 10
+    #: version 4: adds of one ledger with explicit, strictly increasing ids
+    ADD_BATCH = 11
+    #: version 4: the writer tells the node its last-add-confirmed
+    WRITE_LAC = 12
 
 
 class Flag(enum.IntFlag):
     """Bits of the flags byte. Meanings of the low bits depend on the opcode."""
 
     NONE = 0
-    #: ADD_ENTRY, ADD_RUN: recovery adds (accepted by a fenced ledger)
+    #: ADD_ENTRY, ADD_RUN, ADD_BATCH: recovery adds (accepted by a fenced ledger)
     RECOVERY = 0x01
-    #: READ_ENTRY: fence the ledger before reading (a recovery read)
+    #: READ_ENTRY (and, version 4, READ_LAC and READ_RANGE): fence the ledger before
+    #: reading (a recovery read)
     FENCE = 0x01
-    #: LIST_LEDGERS response: more ledgers follow the last one listed
+    #: LIST_LEDGERS response: more ledgers follow the last one listed; READ_RANGE
+    #: response (version 4): the node stopped before the range's last id
     MORE = 0x01
     #: set on every response, clear on every request
     RESPONSE = 0x80
@@ -126,6 +134,21 @@ READ_RANGE_REQUEST: Final = struct.Struct(">qqqII")
 READ_RANGE_RESPONSE: Final = struct.Struct(">qqI")
 #: one entry of a READ_RANGE response: entry_id i64, payload_len u32 (then payload)
 RANGE_ITEM: Final = struct.Struct(">qI")
+#: ADD_BATCH request (version 4): ledger_id i64, last_add_confirmed i64, count u32,
+#: key_len u8; then the key, count x BATCH_ITEM, and the payloads back to back to the
+#: end of the frame. Answered as ADD_RUN (ADD_RUN_RESPONSE, first_entry_id = the
+#: first id of the batch).
+ADD_BATCH_REQUEST_FIXED: Final = struct.Struct(">qqIB")
+#: one entry of an ADD_BATCH: entry_id i64, payload size u32
+BATCH_ITEM: Final = struct.Struct(">qI")
+#: READ_LAC request (version 4): ledger_id, known_lac, wait_ms u32, key_len u8 (then key)
+READ_LAC_REQUEST_V4: Final = struct.Struct(">qqIB")
+#: READ_LAC response (version 4): ledger_id, last_add_confirmed, last_entry_id
+READ_LAC_RESPONSE_V4: Final = struct.Struct(">qqq")
+#: WRITE_LAC request (version 4): ledger_id, last_add_confirmed, key_len u8 (then key)
+WRITE_LAC_REQUEST: Final = struct.Struct(">qqB")
+#: READ_RANGE request (version 4): READ_RANGE_REQUEST then key_len u8 (then key)
+READ_RANGE_REQUEST_V4: Final = struct.Struct(">qqqIIB")
 #: READ_LAC request: ledger_id. DELETE response (and version-2 request): ledger_id.
 LEDGER_ONLY: Final = struct.Struct(">q")
 #: DELETE request (version 3): ledger_id, key_len u8 (then key)

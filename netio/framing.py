@@ -46,11 +46,14 @@ def _sizes_struct(count: int) -> struct.Struct:
 RECEIVE_BYTES_DEFAULT: Final = 64 * 1024
 
 _SERVED: Final = frames.PROTOCOL_VERSIONS_SERVED
-_SERVED_TEXT: Final = " and ".join(str(version) for version in _SERVED)
+_SERVED_TEXT: Final = ", ".join(str(version) for version in _SERVED[:-1]) + f" and {_SERVED[-1]}"
 #: the version that first carried the CORRUPT status; older peers get INTERNAL_ERROR
 _CORRUPT_SINCE: Final = 3
 #: the version whose DELETE carries the ledger's master key; older ones are refused
 _DELETE_KEYED_SINCE: Final = 3
+#: the version of ADD_BATCH, WRITE_LAC, INFO's instance id, and the keyed, long-polling
+#: READ_LAC and READ_RANGE bodies
+_V4: Final = 4
 
 
 def _header(

@@ -38,6 +38,30 @@ class AddRun:
 
 
 @dataclass(slots=True)
+class AddBatch:
+    """Adds to one ledger in one frame with explicit, strictly increasing (not
+    necessarily consecutive) ids (version 4), answered by one response."""
+
+    request_id: int
+    ledger_id: int
+    last_add_confirmed: int
+    master_key: bytes
+    entry_ids: list[int]
+    payloads: list[bytes]
+    recovery: bool = False
+
+
+@dataclass(slots=True)
+class WriteLac:
+    """The writer's last-add-confirmed, told to the node while idle (version 4)."""
+
+    request_id: int
+    ledger_id: int
+    last_add_confirmed: int
+    master_key: bytes = b""
+
+
+@dataclass(slots=True)
 class ReadEntry:
     request_id: int
     ledger_id: int
@@ -57,12 +81,22 @@ class ReadRange:
     last_entry_id: int
     max_entries: int
     max_bytes: int
+    #: version 4: fence the ledger before reading; needs the master key
+    fence: bool = False
+    master_key: bytes = b""
 
 
 @dataclass(slots=True)
 class ReadLac:
     request_id: int
     ledger_id: int
+    #: version 4: a long poll answers once the node's LAC exceeds this (or the
+    #: ledger is closed or fenced, or the wait passes)
+    known_lac: int = -1
+    wait_ms: int = 0
+    #: version 4: fence the ledger before answering; needs the master key
+    fence: bool = False
+    master_key: bytes = b""
 
 
 @dataclass(slots=True)
@@ -117,6 +151,8 @@ class Info:
 RequestMessage = (
     AddEntry
     | AddRun
+    | AddBatch
+    | WriteLac
     | ReadEntry
     | ReadRange
     | ReadLac
@@ -156,6 +192,25 @@ class AddRunResponse:
 
 
 @dataclass(slots=True)
+class AddBatchResponse:
+    """The answer to an ADD_BATCH that was taken: every entry stored except those in
+    `failures`, as `AddRunResponse` (`first_entry_id` is the batch's first id)."""
+
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    count: int
+    failures: list[tuple[int, int, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class WriteLacResponse:
+    request_id: int
+    ledger_id: int
+    last_add_confirmed: int
+
+
+@dataclass(slots=True)
 class ReadEntryResponse:
     request_id: int
     ledger_id: int
@@ -171,6 +226,9 @@ class ReadRangeResponse:
     ledger_id: int
     last_add_confirmed: int
     entries: list[tuple[int, bytes]]
+    #: version 4: the node stopped before the range's last id (entry or byte cap):
+    #: the answer is complete through the last entry returned only
+    more: bool = False
 
 
 @dataclass(slots=True)
@@ -178,6 +236,8 @@ class LacResponse:
     request_id: int
     ledger_id: int
     last_add_confirmed: int
+    #: version 4: the highest entry id stored on the node (-1 if none)
+    last_entry_id: int = -1
 
 
 @dataclass(slots=True)
@@ -229,6 +289,8 @@ class InfoResponse:
     entry_bytes_max: int
     ledger_count: int
     server_version: str
+    #: version 4: the instance id of the node's data dir ("" from older nodes)
+    instance_id: str = ""
 
 
 @dataclass(slots=True)
@@ -247,6 +309,8 @@ class ErrorResponse:
 ResponseMessage = (
     AddEntryResponse
     | AddRunResponse
+    | AddBatchResponse
+    | WriteLacResponse
     | ReadEntryResponse
     | ReadRangeResponse
     | LacResponse

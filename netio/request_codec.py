@@ -34,6 +34,7 @@ from netio.framing import (
     _SERVED,
     _SERVED_TEXT,
     _U32,
+    _V4,
     _VERSION_NEWEST,
     RECEIVE_BYTES_DEFAULT,
     _check_key,
@@ -43,6 +44,7 @@ from netio.framing import (
     _sizes_struct,
 )
 from netio.messages import (
+    AddBatch,
     AddEntry,
     AddRun,
     Close,
@@ -56,6 +58,7 @@ from netio.messages import (
     Refused,
     RequestMessage,
     WireAdd,
+    WriteLac,
 )
 from netio.security import MASTER_KEY_BYTES_MAX
 
@@ -127,9 +130,100 @@ def encode_add_run(
     return b"".join((head, master_key, _sizes_struct(count).pack(*sizes), *payloads))
 
 
-def encode_request(message: RequestMessage) -> bytes:  # noqa: PLR0911 (one return per opcode)
-    """The frame of any request message."""
+def encode_add_batch(
+    request_id: int,
+    ledger_id: int,
+    entry_ids: Sequence[int],
+    payloads: Sequence[bytes],
+    *,
+    master_key: bytes = b"",
+    last_add_confirmed: int = -1,
+    recovery: bool = False,
+) -> bytes:
+    """One ADD_BATCH frame (version 4): entries of one ledger with these strictly
+    increasing ids and payloads (1 to RUN_ENTRIES_MAX of them)."""
+    count = len(payloads)
+    if not 1 <= count <= _RUN_MAX or len(entry_ids) != count:
+        raise ValueError(
+            f"an ADD_BATCH carries 1 to {_RUN_MAX} entries, one id each; got "
+            f"{len(entry_ids)} ids and {count} payloads"
+        )
+    _check_key(master_key)
+    items = struct.Struct(">" + "qI" * count).pack(
+        *[value for pair in zip(entry_ids, map(len, payloads), strict=True) for value in pair]
+    )
+    body = (
+        frames.ADD_BATCH_REQUEST_FIXED.pack(ledger_id, last_add_confirmed, count, len(master_key))
+        + master_key
+        + items
+    )
+    size = len(body) + sum(map(len, payloads))
+    flags = _FLAG_RECOVERY if recovery else 0
+    head = _header(frames.Opcode.ADD_BATCH, flags, 0, request_id, size, _V4)
+    return b"".join((head, body, *payloads))
+
+
+def encode_request(message: RequestMessage, version: int = _VERSION_NEWEST) -> bytes:
+    """The frame of any request message, in protocol `version` (READ_LAC and
+    READ_RANGE bodies depend on it; ADD_BATCH and WRITE_LAC exist from 4 on)."""
     m = message
+    if version < _V4:
+        return _with_version(_encode_request_v3(m), version)
+    if isinstance(m, AddBatch):
+        return encode_add_batch(
+            m.request_id,
+            m.ledger_id,
+            m.entry_ids,
+            m.payloads,
+            master_key=m.master_key,
+            last_add_confirmed=m.last_add_confirmed,
+            recovery=m.recovery,
+        )
+    if isinstance(m, WriteLac):
+        _check_key(m.master_key)
+        body = (
+            frames.WRITE_LAC_REQUEST.pack(m.ledger_id, m.last_add_confirmed, len(m.master_key))
+            + m.master_key
+        )
+        return _header(frames.Opcode.WRITE_LAC, 0, 0, m.request_id, len(body)) + body
+    if isinstance(m, ReadLac):
+        _check_key(m.master_key)
+        body = (
+            frames.READ_LAC_REQUEST_V4.pack(m.ledger_id, m.known_lac, m.wait_ms, len(m.master_key))
+            + m.master_key
+        )
+        flags = frames.Flag.FENCE if m.fence else 0
+        return _header(frames.Opcode.READ_LAC, flags, 0, m.request_id, len(body)) + body
+    if isinstance(m, ReadRange):
+        _check_key(m.master_key)
+        body = (
+            frames.READ_RANGE_REQUEST_V4.pack(
+                m.ledger_id,
+                m.first_entry_id,
+                m.last_entry_id,
+                m.max_entries,
+                m.max_bytes,
+                len(m.master_key),
+            )
+            + m.master_key
+        )
+        flags = frames.Flag.FENCE if m.fence else 0
+        return _header(frames.Opcode.READ_RANGE, flags, 0, m.request_id, len(body)) + body
+    return _encode_request_v3(m)
+
+
+def _with_version(frame: bytes, version: int) -> bytes:
+    return frame[:4] + bytes([version]) + frame[5:]
+
+
+def _encode_request_v3(message: RequestMessage) -> bytes:  # noqa: PLR0911 (one return per opcode)
+    """The frame of a request whose body is the same in versions 2 to 4 (READ_LAC and
+    READ_RANGE in their version-3 bodies), in the newest version's header."""
+    m = message
+    if isinstance(m, AddBatch | WriteLac):
+        raise TypeError(f"{type(m).__name__} exists from protocol version {_V4} on")
+    if isinstance(m, ReadLac | ReadRange) and (m.fence or m.master_key):
+        raise ValueError(f"a fencing {type(m).__name__} exists from protocol version {_V4} on")
     if isinstance(m, AddEntry):
         return encode_add_entry(
             m.request_id,
@@ -456,13 +550,84 @@ def _decode_read_entry(frame: _RequestFrame) -> RequestMessage | Refused:
 
 
 def _decode_read_range(frame: _RequestFrame) -> RequestMessage | Refused:
-    lid, first, last, max_entries, max_bytes = frame.fixed(frames.READ_RANGE_REQUEST)
-    return ReadRange(frame.request_id, lid, first, last, max_entries, max_bytes)
+    if frame.version < _V4:
+        lid, first, last, max_entries, max_bytes = frame.fixed(frames.READ_RANGE_REQUEST)
+        return ReadRange(frame.request_id, lid, first, last, max_entries, max_bytes)
+    layout = frames.READ_RANGE_REQUEST_V4
+    lid, first, last, max_entries, max_bytes, klen = frame.fixed(
+        layout, int(frames.Flag.FENCE), tail=True
+    )
+    master_key = frame.key(layout, klen)
+    if klen > MASTER_KEY_BYTES_MAX:
+        return _key_too_long(frame.request_id, frame.opcode, lid, klen)
+    fence = bool(frame.flags & frames.Flag.FENCE)
+    return ReadRange(frame.request_id, lid, first, last, max_entries, max_bytes, fence, master_key)
 
 
 def _decode_read_lac(frame: _RequestFrame) -> RequestMessage | Refused:
-    (lid,) = frame.fixed(frames.LEDGER_ONLY)
-    return ReadLac(frame.request_id, lid)
+    if frame.version < _V4:
+        (lid,) = frame.fixed(frames.LEDGER_ONLY)
+        return ReadLac(frame.request_id, lid)
+    layout = frames.READ_LAC_REQUEST_V4
+    lid, known_lac, wait_ms, klen = frame.fixed(layout, int(frames.Flag.FENCE), tail=True)
+    master_key = frame.key(layout, klen)
+    if klen > MASTER_KEY_BYTES_MAX:
+        return _key_too_long(frame.request_id, frame.opcode, lid, klen)
+    fence = bool(frame.flags & frames.Flag.FENCE)
+    return ReadLac(frame.request_id, lid, known_lac, wait_ms, fence, master_key)
+
+
+def _decode_write_lac(frame: _RequestFrame) -> RequestMessage | Refused:
+    layout = frames.WRITE_LAC_REQUEST
+    lid, lac, klen = frame.fixed(layout, tail=True)
+    master_key = frame.key(layout, klen)
+    if klen > MASTER_KEY_BYTES_MAX:
+        return _key_too_long(frame.request_id, frame.opcode, lid, klen)
+    return WriteLac(frame.request_id, lid, lac, master_key)
+
+
+def _decode_add_batch(frame: _RequestFrame) -> RequestMessage | Refused:
+    """An ADD_BATCH frame. A bad count or sizes that do not fill the frame break the
+    framing (BAD_REQUEST, the connection closes); ids that do not strictly increase
+    are a bad value in a well-framed request (INVALID_ARGUMENT, the stream goes on)."""
+    layout = frames.ADD_BATCH_REQUEST_FIXED
+    lid, lac, count, klen = frame.fixed(layout, _FLAG_RECOVERY, tail=True)
+    if not 1 <= count <= _RUN_MAX:
+        raise frame.bad(f"ADD_BATCH of {count} entries; a batch carries 1 to {_RUN_MAX}")
+    key_end = frame.body + layout.size + klen
+    items_end = key_end + frames.BATCH_ITEM.size * count
+    if items_end > frame.end:
+        raise frame.bad(
+            f"ADD_BATCH master key and entry ids run {items_end - frame.end} bytes past the frame"
+        )
+    buf = frame.buf
+    pairs = struct.unpack_from(">" + "qI" * count, buf, key_end)
+    entry_ids = list(pairs[0::2])
+    ends = list(accumulate(pairs[1::2], initial=items_end))
+    if ends[-1] != frame.end:
+        raise frame.bad(
+            f"ADD_BATCH payload sizes add up to {ends[-1] - items_end} bytes, but "
+            f"{frame.end - items_end} bytes of payload follow them in the frame"
+        )
+    if klen > MASTER_KEY_BYTES_MAX:
+        return _key_too_long(frame.request_id, frame.opcode, lid, klen)
+    if any(a >= b for a, b in pairwise(entry_ids)):
+        return Refused(
+            frame.request_id,
+            frame.opcode,
+            int(frames.Status.INVALID_ARGUMENT),
+            f"ADD_BATCH of ledger {lid}: entry ids must strictly increase, got "
+            f"{entry_ids[:8]}{'...' if count > 8 else ''}; send each id once, in order",
+        )
+    return AddBatch(
+        frame.request_id,
+        lid,
+        lac,
+        buf[frame.body + layout.size : key_end],
+        entry_ids,
+        [buf[start:end] for start, end in pairwise(ends)],
+        frame.flags == _FLAG_RECOVERY,
+    )
 
 
 def _decode_fence(frame: _RequestFrame) -> RequestMessage | Refused:
@@ -524,6 +689,11 @@ _REQUEST_DECODERS: Final[dict[int, Callable[[_RequestFrame], RequestMessage | Re
     frames.Opcode.LIST_LEDGERS: _decode_list_ledgers,
     frames.Opcode.INFO: _decode_info,
 }
+#: Opcodes that exist from version 4 on (an older connection does not know them).
+_REQUEST_DECODERS_V4: Final[dict[int, Callable[[_RequestFrame], RequestMessage | Refused]]] = {
+    frames.Opcode.ADD_BATCH: _decode_add_batch,
+    frames.Opcode.WRITE_LAC: _decode_write_lac,
+}
 
 
 def _decode_request(
@@ -538,6 +708,8 @@ def _decode_request(
     if flags & _RESPONSE:
         raise frame.bad("the response flag is set on a request")
     decode = _REQUEST_DECODERS.get(opcode)
+    if decode is None and version >= _V4:
+        decode = _REQUEST_DECODERS_V4.get(opcode)
     if decode is None:
         raise frame.bad(f"unknown opcode {opcode}")
     return decode(frame)

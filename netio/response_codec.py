@@ -19,6 +19,7 @@ from netio.framing import (
     _OP_RUN,
     _RESPONSE,
     _U32,
+    _V4,
     _VERSION_NEWEST,
     RECEIVE_BYTES_DEFAULT,
     _bad_add_response,
@@ -27,6 +28,7 @@ from netio.framing import (
     _short_frame,
 )
 from netio.messages import (
+    AddBatchResponse,
     AddEntryResponse,
     AddRunResponse,
     CloseResponse,
@@ -40,6 +42,7 @@ from netio.messages import (
     ReadEntryResponse,
     ReadRangeResponse,
     ResponseMessage,
+    WriteLacResponse,
 )
 
 # --- encoding responses ------------------------------------------------------------------------
@@ -110,18 +113,20 @@ def encode_add_run_response(
     count: int,
     failures: Sequence[tuple[int, int, str]] = (),
     version: int = _VERSION_NEWEST,
+    opcode: int = _OP_RUN,
 ) -> bytes:
-    """The OK response to an ADD_RUN: all `count` entries stored but `failures`, each
-    `(entry_id, status, message)`; messages are cut to ERROR_MESSAGE_BYTES_MAX bytes."""
+    """The OK response to an ADD_RUN (or, with its `opcode`, an ADD_BATCH): all
+    `count` entries stored but `failures`, each `(entry_id, status, message)`;
+    messages are cut to ERROR_MESSAGE_BYTES_MAX bytes."""
     head = frames.ADD_RUN_RESPONSE.pack(ledger_id, first_entry_id, count, len(failures))
     if not failures:
-        return _ok(_OP_RUN, request_id, head, version=version)
+        return _ok(opcode, request_id, head, version=version)
     parts = [head]
     for entry_id, status, message in failures:
         text = message.encode("utf-8", "replace")[: frames.ERROR_MESSAGE_BYTES_MAX]
         parts.append(frames.RUN_FAILURE.pack(entry_id, status, len(text)))
         parts.append(text)
-    return _ok(_OP_RUN, request_id, b"".join(parts), version=version)
+    return _ok(opcode, request_id, b"".join(parts), version=version)
 
 
 def _encode_add_entry_response(m: AddEntryResponse, version: int) -> bytes:
@@ -141,6 +146,23 @@ def _encode_add_run_response(m: AddRunResponse, version: int) -> bytes:
     return encode_add_run_response(
         m.request_id, m.ledger_id, m.first_entry_id, m.count, m.failures, version
     )
+
+
+def _encode_add_batch_response(m: AddBatchResponse, version: int) -> bytes:
+    return encode_add_run_response(
+        m.request_id,
+        m.ledger_id,
+        m.first_entry_id,
+        m.count,
+        m.failures,
+        version,
+        frames.Opcode.ADD_BATCH,
+    )
+
+
+def _encode_write_lac_response(m: WriteLacResponse, version: int) -> bytes:
+    body = frames.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_add_confirmed)
+    return _ok(frames.Opcode.WRITE_LAC, m.request_id, body, version=version)
 
 
 def _encode_error_response(m: ErrorResponse, version: int) -> bytes:
@@ -165,11 +187,15 @@ def _encode_read_range_response(m: ReadRangeResponse, version: int) -> bytes:
     for entry_id, payload in m.entries:
         parts.append(frames.RANGE_ITEM.pack(entry_id, len(payload)))
         parts.append(payload)
-    return _ok(frames.Opcode.READ_RANGE, m.request_id, b"".join(parts), version=version)
+    more = int(frames.Flag.MORE) if m.more and version >= _V4 else 0
+    return _ok(frames.Opcode.READ_RANGE, m.request_id, b"".join(parts), more, version)
 
 
 def _encode_lac_response(m: LacResponse, version: int) -> bytes:
-    body = frames.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_add_confirmed)
+    if version >= _V4:
+        body = frames.READ_LAC_RESPONSE_V4.pack(m.ledger_id, m.last_add_confirmed, m.last_entry_id)
+    else:
+        body = frames.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_add_confirmed)
     return _ok(frames.Opcode.READ_LAC, m.request_id, body, version=version)
 
 
@@ -217,7 +243,12 @@ def _encode_info_response(m: InfoResponse, version: int) -> bytes:
         m.ledger_count,
         len(server_version),
     )
-    return _ok(frames.Opcode.INFO, m.request_id, fixed + server_version + reason, version=version)
+    if version >= _V4:
+        instance = m.instance_id.encode("utf-8")[:255]
+        fixed += server_version + bytes([len(instance)]) + instance
+    else:
+        fixed += server_version
+    return _ok(frames.Opcode.INFO, m.request_id, fixed + reason, version=version)
 
 
 #: Each response message type's encoder, `(message, version) -> frame`: one entry per
@@ -225,6 +256,8 @@ def _encode_info_response(m: InfoResponse, version: int) -> bytes:
 _RESPONSE_ENCODERS: Final[dict[type[ResponseMessage], Callable[..., bytes]]] = {
     AddEntryResponse: _encode_add_entry_response,
     AddRunResponse: _encode_add_run_response,
+    AddBatchResponse: _encode_add_batch_response,
+    WriteLacResponse: _encode_write_lac_response,
     ErrorResponse: _encode_error_response,
     ReadEntryResponse: _encode_read_entry_response,
     ReadRangeResponse: _encode_read_range_response,
@@ -342,11 +375,51 @@ def _decode_read_range_response(
         at += size
     if at != end:
         raise _overruns(rid, "range")  # (bytes after its last entry)
-    return ReadRangeResponse(rid, ledger_id, lac, entries)
+    return ReadRangeResponse(rid, ledger_id, lac, entries, bool(flags & frames.Flag.MORE))
 
 
 def _decode_lac_response(buf: bytes, rid: int, flags: int, body: int, end: int) -> LacResponse:
     return LacResponse(rid, *frames.LEDGER_AND_VALUE.unpack_from(buf, body))
+
+
+def _decode_lac_response_v4(buf: bytes, rid: int, flags: int, body: int, end: int) -> LacResponse:
+    return LacResponse(rid, *frames.READ_LAC_RESPONSE_V4.unpack_from(buf, body))
+
+
+def _decode_write_lac_response(
+    buf: bytes, rid: int, flags: int, body: int, end: int
+) -> WriteLacResponse:
+    return WriteLacResponse(rid, *frames.LEDGER_AND_VALUE.unpack_from(buf, body))
+
+
+def _decode_add_batch_response(
+    buf: bytes, rid: int, flags: int, body: int, end: int
+) -> AddBatchResponse:
+    run = _decode_add_run_response(buf, rid, body, end)
+    return AddBatchResponse(rid, run.ledger_id, run.first_entry_id, run.count, run.failures)
+
+
+def _decode_info_response_v4(buf: bytes, rid: int, flags: int, body: int, end: int) -> InfoResponse:
+    protocol, read_only, frame_max, entry_max, ledger_count, version_bytes = (
+        frames.INFO_RESPONSE.unpack_from(buf, body)
+    )
+    at = body + frames.INFO_RESPONSE.size
+    version_end = at + version_bytes
+    if version_end + 1 > end:
+        raise _overruns(rid, "info")
+    instance_end = version_end + 1 + buf[version_end]
+    if instance_end > end or (not read_only and instance_end != end):
+        raise _overruns(rid, "info")
+    return InfoResponse(
+        rid,
+        protocol,
+        buf[instance_end:end].decode("utf-8", "replace") if read_only else None,
+        frame_max,
+        entry_max,
+        ledger_count,
+        buf[at:version_end].decode("utf-8", "replace"),
+        buf[version_end + 1 : instance_end].decode("utf-8", "replace"),
+    )
 
 
 def _decode_fence_response(buf: bytes, rid: int, flags: int, body: int, end: int) -> FenceResponse:
@@ -444,6 +517,18 @@ _OK_RESPONSES: Final[dict[int, _OkResponse]] = {
     ),
     frames.Opcode.INFO: _OkResponse(frames.INFO_RESPONSE.size, False, _decode_info_response),
 }
+#: Where version 4 differs: new opcodes and longer bodies.
+_OK_RESPONSES_V4: Final[dict[int, _OkResponse]] = {
+    **_OK_RESPONSES,
+    frames.Opcode.READ_LAC: _OkResponse(
+        frames.READ_LAC_RESPONSE_V4.size, True, _decode_lac_response_v4
+    ),
+    frames.Opcode.INFO: _OkResponse(frames.INFO_RESPONSE.size, False, _decode_info_response_v4),
+    frames.Opcode.ADD_BATCH: _OkResponse(0, False, _decode_add_batch_response),
+    frames.Opcode.WRITE_LAC: _OkResponse(
+        frames.LEDGER_AND_VALUE.size, True, _decode_write_lac_response
+    ),
+}
 
 
 def _decode_error_response(
@@ -474,7 +559,7 @@ def _decode_response(
     body = pos + _HEADER_BYTES
     if status != frames.Status.OK:
         return _decode_error_response(buf, rid, opcode, status, body, frame_end)
-    kind = _OK_RESPONSES.get(opcode)
+    kind = (_OK_RESPONSES_V4 if version >= _V4 else _OK_RESPONSES).get(opcode)
     if kind is None:
         raise ProtocolError(f"response {rid} has unknown opcode {opcode}", status=_BAD_REQUEST)
     have = frame_end - body

@@ -31,7 +31,14 @@ from ledger.errors import (
     Unauthorized,
     UnindexedEntryLog,
 )
-from netio.errors import ConnectionLost, NodeOverloaded, ProtocolError, RemoteError, RequestTimeout
+from netio.errors import (
+    ConnectionLost,
+    InstanceMismatch,
+    NodeOverloaded,
+    ProtocolError,
+    RemoteError,
+    RequestTimeout,
+)
 from pora.meta.errors import (
     InvalidMetadata,
     LedgerExists,
@@ -54,6 +61,7 @@ __all__ = [
     "EntryTooLarge",
     "FlushFailed",
     "IndexMissing",
+    "InstanceMismatch",
     "InvalidArgument",
     "InvalidMetadata",
     "JournalCorruption",

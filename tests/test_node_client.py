@@ -12,6 +12,8 @@ import trio.testing
 from net_helpers import self_signed_certificate, serving
 
 import pora
+from netio import codec
+from netio.messages import AddRun, Info, InfoResponse
 from pora.client.node_client import connect_node
 from pora.server.server import Server, ServerConfig
 
@@ -287,9 +289,18 @@ async def test_a_dropped_connection_fails_every_caller_with_its_own_error() -> N
     received = trio.Event()
 
     async def read_then_hang_up(stream: trio.SocketStream) -> None:
-        total = 0
-        while total < 100 * 20:  # every caller's frame is in: now drop them all
-            total += len(await stream.receive_some(65536))
+        decoder = codec.RequestDecoder()
+        entries = 0
+        while entries < 100:  # every caller's add is in: now drop them all
+            decoder.receive_data(bytes(await stream.receive_some(65536)))
+            for request in decoder.next_requests(1000):
+                if isinstance(request, Info):  # the client asks who the node is first
+                    info = InfoResponse(request.request_id, 4, None, 1 << 22, 1 << 20, 0, "", "")
+                    await stream.send_all(codec.encode_response(info))
+                elif isinstance(request, AddRun):
+                    entries += len(request.payloads)
+                else:
+                    entries += 1
         received.set()
 
     errors: list[BaseException] = []

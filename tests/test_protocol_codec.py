@@ -229,7 +229,7 @@ def _frame(version: int, opcode: int, flags: int, status: int, rid: int, body: b
 @pytest.mark.parametrize(
     ("frame", "reason"),
     [
-        (_frame(1, 9, 0, 0, 7, b""), "protocol version 1; this node speaks versions 2 and 3"),
+        (_frame(1, 9, 0, 0, 7, b""), "protocol version 1; this node speaks versions 2, 3 and 4"),
         (_frame(_V, 99, 0, 0, 7, b""), "unknown opcode 99"),
         (_frame(_V, 9, 0, 3, 7, b""), "carries status 3"),
         (_frame(_V, 9, 0x80, 0, 7, b""), "response flag"),
@@ -241,7 +241,7 @@ def _frame(version: int, opcode: int, flags: int, status: int, rid: int, body: b
         (_frame(_V, 1, 0, 0, 7, b"\0" * 10), "ADD_ENTRY body of 10 bytes"),
         (
             _frame(1, 1, 0, 0, 7, struct.pack(">qqqB", 1, 2, 3, 0)),
-            "protocol version 1; this node speaks versions 2 and 3",
+            "protocol version 1; this node speaks versions 2, 3 and 4",
         ),
         (_frame(_V, 2, 0x04, 0, 7, struct.pack(">qqIB", 1, 2, 0, 0)), "unknown flags 0x04"),
     ],
@@ -816,9 +816,9 @@ _GOOD_RUN_BODY = _run_body(2, [1, 3], b"abcd", key=b"k")
         (_frame(_V, _RUN, 0, 3, 7, _GOOD_RUN_BODY), "carries status 3"),
         (
             _frame(1, _RUN, 0, 0, 7, _GOOD_RUN_BODY),
-            "protocol version 1; this node speaks versions 2 and 3",
+            "protocol version 1; this node speaks versions 2, 3 and 4",
         ),
-        (_frame(1, _RUN, 0, 0, 7, b""), "protocol version 1; this node speaks versions 2 and 3"),
+        (_frame(1, _RUN, 0, 0, 7, b""), "protocol version 1; this node speaks versions 2, 3 and 4"),
         (
             _frame(_V, _RUN, 0, 0, 7, _GOOD_RUN_BODY[:28]),
             "ADD_RUN body of 28 bytes; expected at least 29",
@@ -1043,7 +1043,7 @@ _INFO_FIXED = struct.pack(">BBIIQB", _V, 0, 1 << 20, 1 << 16, 3, 5)
         ),
         (_ok_response(f.Opcode.LIST_LEDGERS, struct.pack(">I", 0) + b"z"), "list response 7"),
         (_ok_response(f.Opcode.INFO, _INFO_FIXED + b"0.1"), "info response 7 overruns"),
-        (_ok_response(f.Opcode.INFO, _INFO_FIXED + b"0.1.0z"), "info response 7 overruns"),
+        (_ok_response(f.Opcode.INFO, _INFO_FIXED + b"0.1.0\x00z"), "info response 7 overruns"),
     ],
 )
 def test_ok_responses_of_the_wrong_size_are_refused_not_read_into_the_next_frame(
@@ -1069,7 +1069,7 @@ def test_the_well_formed_bodies_of_the_wrong_size_cases_decode() -> None:
         _ok_response(f.Opcode.READ_ENTRY, struct.pack(">qqq", 1, 2, 3)),
         _ok_response(f.Opcode.READ_RANGE, struct.pack(">qqI", 1, 4, 1) + _RANGE_ITEM),
         _ok_response(f.Opcode.LIST_LEDGERS, struct.pack(">I", 0)),
-        _ok_response(f.Opcode.INFO, _INFO_FIXED + b"0.1.0"),
+        _ok_response(f.Opcode.INFO, _INFO_FIXED + b"0.1.0\x00"),  # (no instance id)
     ]
     decoder = codec.ResponseDecoder()
     decoder.receive_data(b"".join(frames))

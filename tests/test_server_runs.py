@@ -202,7 +202,7 @@ async def test_a_malformed_run_closes_its_connection_only(data_dir: Path) -> Non
             responses, closed = await exchange(address, bytes(version_1), expect_close=True)
             assert closed
             assert isinstance(responses[0], ErrorResponse)
-            assert "protocol version 1; this node speaks versions 2 and 3" in responses[0].message
+            assert "this node speaks versions 2, 3 and 4" in responses[0].message
             # another connection was never disturbed
             await healthy.send_all(codec.encode_add_run(4, 2, 2, [b"c"]))
             (response,), closed = await receive_responses(healthy, 1)

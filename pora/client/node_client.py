@@ -30,14 +30,12 @@ from ledger.errors import (
 from netio import frames as f
 from netio.codec import (
     ResponseDecoder,
-    encode_add_entry,
     encode_add_run,
     encode_request,
 )
-from netio.errors import ConnectionLost, ProtocolError, RequestTimeout
+from netio.errors import ConnectionLost, InstanceMismatch, ProtocolError, RequestTimeout
 from netio.frames import Status
 from netio.messages import (
-    AddEntryResponse,
     AddRunResponse,
     Close,
     CloseResponse,
@@ -58,9 +56,12 @@ from netio.messages import (
     ReadRange,
     ReadRangeResponse,
     ResponseMessage,
+    WriteLac,
+    WriteLacResponse,
 )
 from netio.security import master_key_from_password
 from netio.status import error_type_of
+from pora.client.coalescer import AddCall, AddFrame, QueuedAdd, frames_for
 
 DEFAULT_PORT: Final = 3181
 _Response = TypeVar("_Response", bound=ResponseMessage)
@@ -174,6 +175,8 @@ class NodeInfo:
     frame_bytes_max: int
     entry_bytes_max: int
     ledger_count: int
+    #: the node's data-dir instance id (a wiped data dir has a new one)
+    instance_id: str = ""
 
 
 class _Event(Protocol):
@@ -182,11 +185,50 @@ class _Event(Protocol):
     async def wait(self) -> None: ...
 
 
+class _TrioWakeup:
+    """An event with one waiter, under trio: the waiting task parked and rescheduled
+    directly, without the parking lot of a `trio.Event` (each caller of the client
+    waits on its own, once per request: this is part of the per-add cost)."""
+
+    __slots__ = ("_flag", "_task")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._task: trio.lowlevel.Task | None = None
+
+    def set(self) -> None:
+        if self._flag:
+            return
+        self._flag = True
+        task = self._task
+        if task is not None:
+            self._task = None
+            trio.lowlevel.reschedule(task)
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    async def wait(self) -> None:
+        if self._flag:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._task is not None:
+            raise RuntimeError("a _TrioWakeup has one waiter at most")
+        self._task = trio.lowlevel.current_task()
+
+        def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
+            self._task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+
 def _event_type() -> Callable[[], _Event]:
-    """The cheapest event of the running event loop: under trio, trio's own (anyio's
-    wrapper costs ten times as much, once per request)."""
+    """The cheapest one-waiter event of the running event loop: under trio, a task
+    parked and rescheduled directly (anyio's wrapper of trio.Event costs ten times
+    as much, once per request)."""
     if trio.lowlevel.in_trio_task():
-        return trio.Event
+        return _TrioWakeup
     return anyio.Event
 
 
@@ -211,7 +253,7 @@ class _Session:
         self.stream = stream
         self.decoder = ResponseDecoder(frame_bytes_max, _RECEIVE_BYTES)
         #: request id -> (waiter, index of the response in the waiter)
-        self.pending: dict[int, tuple[_Waiter, int]] = {}
+        self.pending: dict[int, tuple[_Waiter | AddFrame, int]] = {}
         self.outbox: list[bytes] = []
         self.outbox_ready = anyio.Event()
         self.error: BaseException | None = None
@@ -220,6 +262,14 @@ class _Session:
         #: the node's frame_bytes_max, once asked on this connection (a reconnect
         #: may reach a node restarted with another)
         self.node_frame_bytes_max: int | None = None
+        #: the node's entry_bytes_max and data-dir instance id, from its INFO at connect
+        self.node_entry_bytes_max = 0
+        self.instance_id = ""
+        #: coalesced adds queued for the writer task, which frames them each turn
+        self.add_queue: list[QueuedAdd] = []
+        #: set once the node answered the connection's first request, its INFO
+        self.identified = anyio.Event()
+        self.info: NodeInfo | None = None
 
 
 def _why_lost(error: BaseException | None) -> str:
@@ -257,6 +307,7 @@ class NodeClient:
         connect_timeout_s: float,
         ssl_context: ssl.SSLContext | None,
         inflight_max: int,
+        inflight_bytes_max: int,
         frame_bytes_max: int,
         reconnect_attempts: int,
         backoff_initial_s: float,
@@ -282,12 +333,22 @@ class NodeClient:
         #: room handed to woken callers that have not yet put their requests in
         self._room_granted = 0
         self._closed = False
+        #: entries of coalesced add calls not yet answered, and their payload bytes:
+        #: they count against inflight_max and inflight_bytes_max
+        self._adds_in_flight = 0
+        self._add_bytes_in_flight = 0
+        self._inflight_bytes_max = inflight_bytes_max
         self.reconnects = 0
         #: deadline bucket -> waiters whose timeout ends in it
-        self._deadlines: dict[int, set[_Waiter]] = {}
+        self._deadlines: dict[int, set[_Waiter | AddCall]] = {}
         self._sweeper_wakeup = anyio.Event()
         self._sweeper_scope = anyio.CancelScope()
         self._new_event = _event_type()
+        #: the event loop's clock: under trio, trio's own (anyio's costs more, once
+        #: per request)
+        self._now: Callable[[], float] = (
+            trio.current_time if trio.lowlevel.in_trio_task() else anyio.current_time
+        )
 
     # --- connection --------------------------------------------------------------------------
 
@@ -306,6 +367,44 @@ class NodeClient:
             self._session = session
             self._task_group.start_soon(self._run_session, session)
             return session
+
+    def _introduce(self, session: _Session, tasks: anyio.abc.TaskGroup) -> None:
+        """Ask the node who it is (INFO) first thing on a new connection: a reconnect
+        may reach another instance of the node (a wiped data dir at the same
+        address), and a call that names the instance it expects waits for the
+        answer before sending. Coalesced adds wait for it too (they are cut to the
+        node's frame and entry limits)."""
+        request_id = self._new_id()
+        waiter = _Waiter(1, self._new_event())
+        session.pending[request_id] = (waiter, 0)
+        session.outbox.append(encode_request(Info(request_id)))
+        session.outbox_ready.set()
+        tasks.start_soon(self._learn_identity, session, waiter, tasks.cancel_scope)
+
+    async def _learn_identity(
+        self, session: _Session, waiter: _Waiter, tasks: anyio.CancelScope
+    ) -> None:
+        await waiter.event.wait()
+        response = waiter.responses[0]
+        if not isinstance(response, InfoResponse):
+            if isinstance(response, ErrorResponse) and session.error is None:
+                session.error = error_from_response(response)
+            tasks.cancel()  # (a lost connection fails what waits for the answer)
+            return
+        session.node_frame_bytes_max = response.frame_bytes_max
+        session.node_entry_bytes_max = response.entry_bytes_max
+        session.instance_id = response.instance_id
+        session.info = NodeInfo(
+            protocol_version=response.protocol_version,
+            server_version=response.server_version,
+            read_only_reason=response.read_only_reason,
+            frame_bytes_max=response.frame_bytes_max,
+            entry_bytes_max=response.entry_bytes_max,
+            ledger_count=response.ledger_count,
+            instance_id=response.instance_id,
+        )
+        session.identified.set()
+        session.outbox_ready.set()  # the writer frames the adds that waited
 
     async def _open_stream(self) -> anyio.abc.ByteStream:
         delay_s = self._backoff_initial_s
@@ -342,10 +441,12 @@ class NodeClient:
         try:
             with session.cancel_scope:
                 async with anyio.create_task_group() as tasks:
+                    self._introduce(session, tasks)
                     tasks.start_soon(self._write_loop, session, tasks.cancel_scope)
                     await self._read_loop(session, tasks.cancel_scope)
         finally:
             session.alive = False
+            session.identified.set()  # (what waits for it finds the connection gone)
             error = session.error
             lost: PoraError = ConnectionLost(
                 f"connection to node {self.address} lost ({_why_lost(error)}); the "
@@ -358,9 +459,15 @@ class NodeClient:
             pending = session.pending
             session.pending = {}
             for waiter, _index in pending.values():
-                if waiter.error is None:
+                if isinstance(waiter, AddFrame):
+                    waiter.fail(lost)
+                elif waiter.error is None:
                     waiter.error = lost
                     waiter.event.set()
+            queued = session.add_queue
+            session.add_queue = []
+            for add in queued:
+                add.call.fail(lost)
             self._grant_room(0)
             with anyio.CancelScope(shield=True):
                 await anyio.aclose_forcefully(session.stream)
@@ -381,6 +488,9 @@ class NodeClient:
                             session.error = error_from_response(response)
                         continue  # else its caller gave up (timeout): drop it
                     waiter, index = slot
+                    if isinstance(waiter, AddFrame):
+                        waiter.deliver(response, _clone)
+                        continue
                     waiter.responses[index] = response
                     waiter.remaining -= 1
                     if waiter.remaining == 0:
@@ -399,6 +509,10 @@ class NodeClient:
         stream = session.stream
         try:
             while True:
+                if session.add_queue and session.identified.is_set():
+                    # the callers of this turn queue theirs first: one write for all
+                    await anyio.lowlevel.checkpoint()
+                    self._frame_adds(session)
                 if not session.outbox:
                     session.outbox_ready = anyio.Event()
                     await session.outbox_ready.wait()
@@ -410,6 +524,18 @@ class NodeClient:
             if session.error is None:
                 session.error = error
             tasks.cancel()
+
+    def _frame_adds(self, session: _Session) -> None:
+        """Turn the queued adds into frames (few: see pora.client.coalescer)."""
+        queued = session.add_queue
+        session.add_queue = []
+        limit = min(self._frame_bytes_max, session.node_frame_bytes_max or self._frame_bytes_max)
+        pending = session.pending
+        outbox = session.outbox
+        entry_max = session.node_entry_bytes_max
+        for request_id, frame, add_frame in frames_for(queued, self._new_id, limit, entry_max):
+            pending[request_id] = (add_frame, 0)
+            outbox.append(frame)
 
     async def aclose(self) -> None:
         self._closed = True
@@ -425,8 +551,8 @@ class NodeClient:
     # buckets of TIMEOUT_TICK_S by deadline, and one sweeper task fails the waiters
     # of each bucket that has passed: a request times out at most one tick late.
 
-    def _track_deadline(self, waiter: _Waiter, timeout_s: float) -> int:
-        bucket = int((anyio.current_time() + timeout_s) / TIMEOUT_TICK_S) + 1
+    def _track_deadline(self, waiter: _Waiter | AddCall, timeout_s: float) -> int:
+        bucket = int((self._now() + timeout_s) / TIMEOUT_TICK_S) + 1
         waiters = self._deadlines.get(bucket)
         if waiters is None:
             waiters = self._deadlines[bucket] = set()
@@ -452,17 +578,58 @@ class NodeClient:
 
     # --- calls -------------------------------------------------------------------------------
 
+    def _busy(self, session: _Session) -> bool:
+        """No room under inflight_max (requests and coalesced adds in flight, and
+        room handed out) or inflight_bytes_max (bytes of coalesced adds)."""
+        return (
+            len(session.pending) + self._adds_in_flight + self._room_granted >= self._inflight_max
+            or self._add_bytes_in_flight >= self._inflight_bytes_max
+        )
+
+    async def _check_instance(
+        self, session: _Session, instance_id: str | None, timeout_s: float
+    ) -> None:
+        """When the caller names the node instance it expects: wait (within its
+        timeout) for the node to say who it is on this connection, and raise
+        InstanceMismatch, before anything is sent, if it is another."""
+        if instance_id is None:
+            return
+        await self._await_identity(session, timeout_s)
+        if session.instance_id != instance_id:
+            raise InstanceMismatch(self.address, instance_id, session.instance_id)
+
+    async def _await_identity(self, session: _Session, timeout_s: float) -> None:
+        """Wait (within `timeout_s`) for the node's answer to the connection's INFO."""
+        if not session.identified.is_set():
+            with anyio.move_on_after(timeout_s):
+                await session.identified.wait()
+        if not session.alive:
+            raise ConnectionLost(
+                f"connection to node {self.address} lost before it said who it is; nothing "
+                "was sent. Retry: the next call reconnects"
+            )
+        if not session.identified.is_set():
+            raise RequestTimeout(
+                f"node {self.address} did not say who it is (INFO) within {timeout_s} s; "
+                "nothing was sent"
+            )
+
     async def _call(
-        self, frames: list[bytes], request_ids: list[int], timeout_s: float | None
+        self,
+        frames: list[bytes],
+        request_ids: list[int],
+        timeout_s: float | None,
+        instance_id: str | None = None,
     ) -> list[ResponseMessage | PoraError]:
         """Send frames (one buffer may hold many) for `request_ids` and wait for their
         responses (errors as values, in the order of `request_ids`)."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         left_s = timeout
         session = await self._connected()
-        if self._room_waiters or len(session.pending) + self._room_granted >= self._inflight_max:
+        if self._room_waiters or self._busy(session):
             left_s = await self._wait_for_room(timeout)
             session = await self._connected()
+        await self._check_instance(session, instance_id, left_s)
         waiter = _Waiter(len(request_ids), self._new_event())
         pending = session.pending
         for index, request_id in enumerate(request_ids):
@@ -503,7 +670,11 @@ class NodeClient:
         """Wake the callers first in line, as many as there is room for besides the
         `pending` requests in flight and the room already handed out."""
         waiters = self._room_waiters
-        while waiters and pending + self._room_granted < self._inflight_max:
+        while (
+            waiters
+            and pending + self._adds_in_flight + self._room_granted < self._inflight_max
+            and self._add_bytes_in_flight < self._inflight_bytes_max
+        ):
             self._room_granted += 1
             waiters.popleft().set()
 
@@ -537,11 +708,16 @@ class NodeClient:
         return max(0.0, timeout_s - (anyio.current_time() - started))
 
     async def _call_one(
-        self, frame: bytes, request_id: int, timeout_s: float | None, expected: type[_Response]
+        self,
+        frame: bytes,
+        request_id: int,
+        timeout_s: float | None,
+        expected: type[_Response],
+        instance_id: str | None = None,
     ) -> _Response:
         """The response to one request, of the type its request is answered with; the
         node's error raised as its exception."""
-        (result,) = await self._call([frame], [request_id], timeout_s)
+        (result,) = await self._call([frame], [request_id], timeout_s, instance_id)
         if isinstance(result, PoraError):
             raise result
         if not isinstance(result, expected):
@@ -585,17 +761,97 @@ class NodeClient:
         `last_add_confirmed` piggybacks the writer's LAC for tail readers;
         `recovery` marks an add of a recovery, which a fenced ledger accepts.
         """
-        request_id = self._new_id()
-        frame = encode_add_entry(
-            request_id,
+        (outcome,) = await self.add_coalesced(
             ledger_id,
-            entry_id,
-            payload,
+            [(entry_id, payload)],
             master_key=self._key(master_key, password),
             last_add_confirmed=last_add_confirmed,
             recovery=recovery,
+            timeout_s=timeout_s,
         )
-        await self._call_one(frame, request_id, timeout_s, AddEntryResponse)
+        if outcome is not None:
+            raise outcome
+
+    async def add_coalesced(
+        self,
+        ledger_id: int,
+        entries: Sequence[tuple[int, bytes]],
+        *,
+        master_key: bytes = b"",
+        last_add_confirmed: int = -1,
+        recovery: bool = False,
+        timeout_s: float | None = None,
+        instance_id: str | None = None,
+    ) -> list[PoraError | None]:
+        """Store `(entry_id, payload)` entries of one ledger, sharing frames with every
+        other add queued on the connection in the same scheduler turn (ADD_RUN,
+        ADD_BATCH or ADD_ENTRY frames; see pora.client.coalescer). One outcome per
+        entry, in order: None (stored) or the error of that entry alone; a frame
+        refused whole (a ledger refusal) gives each of its entries that error.
+        Raises RequestTimeout or ConnectionLost (outcomes unknown: retrying with
+        the same bytes is safe), and InstanceMismatch, sending nothing, when
+        `instance_id` is given and the node answers from another instance."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        left_s = timeout
+        session = self._session
+        if session is None or not session.alive:
+            session = await self._connected()
+        if self._room_waiters or self._busy(session):
+            left_s = await self._wait_for_room(timeout)
+            session = await self._connected()
+        if instance_id is not None:
+            await self._check_instance(session, instance_id, left_s)
+        count = len(entries)
+        call = AddCall(count, self._new_event())
+        queue = session.add_queue
+        if count == 1:  # add_entry: the common case, kept lean
+            entry_id, payload = entries[0]
+            size = len(payload)
+            queue.append(
+                QueuedAdd(
+                    ledger_id, master_key, recovery, entry_id, payload, last_add_confirmed, call, 0
+                )
+            )
+        else:
+            size = 0
+            for index, (entry_id, payload) in enumerate(entries):
+                size += len(payload)
+                queue.append(
+                    QueuedAdd(
+                        ledger_id,
+                        master_key,
+                        recovery,
+                        entry_id,
+                        payload,
+                        last_add_confirmed,
+                        call,
+                        index,
+                    )
+                )
+        self._adds_in_flight += count
+        self._add_bytes_in_flight += size
+        ready = session.outbox_ready
+        if not ready.is_set():
+            ready.set()
+        bucket = self._track_deadline(call, left_s)
+        try:
+            await call.event.wait()
+        finally:
+            waiters = self._deadlines.get(bucket)
+            if waiters is not None:
+                waiters.discard(call)
+            self._adds_in_flight -= count
+            self._add_bytes_in_flight -= size
+            if self._room_waiters:
+                self._grant_room(len(session.pending))
+        if call.timed_out:
+            raise RequestTimeout(
+                f"no response from node {self.address} within {timeout} s; the adds may "
+                "or may not have been performed (retrying with the same bytes is safe)"
+            )
+        if call.error is not None:
+            raise _clone(call.error)
+        return call.outcomes
 
     async def add_run(
         self,
@@ -699,11 +955,10 @@ class NodeClient:
 
     async def _frame_limit(self, timeout_s: float | None) -> int:
         """The size runs are packed to: this client's frame_bytes_max, or the node's
-        if it is lower (asked once per connection)."""
+        if it is lower (its answer to the connection's first request, an INFO)."""
         session = await self._connected()
-        if session.node_frame_bytes_max is None:
-            session.node_frame_bytes_max = (await self.info(timeout_s=timeout_s)).frame_bytes_max
-        return min(self._frame_bytes_max, session.node_frame_bytes_max)
+        await self._await_identity(session, self.timeout_s if timeout_s is None else timeout_s)
+        return min(self._frame_bytes_max, session.node_frame_bytes_max or self._frame_bytes_max)
 
     async def read_entry(
         self,
@@ -739,6 +994,7 @@ class NodeClient:
         master_key: bytes = b"",
         password: str | bytes | None = None,
         timeout_s: float | None = None,
+        instance_id: str | None = None,
     ) -> tuple[bytes, int]:
         """`read_entry`, plus the ledger's last-add-confirmed as the node knows it."""
         request_id = self._new_id()
@@ -754,7 +1010,7 @@ class NodeClient:
             )
         )
         timeout = (self.timeout_s if timeout_s is None else timeout_s) + wait_s
-        response = await self._call_one(frame, request_id, timeout, ReadEntryResponse)
+        response = await self._call_one(frame, request_id, timeout, ReadEntryResponse, instance_id)
         return response.payload, response.last_add_confirmed
 
     async def read_range(
@@ -782,6 +1038,81 @@ class NodeClient:
         response = await self._call_one(frame, request_id, timeout_s, LacResponse)
         return response.last_add_confirmed
 
+    async def read_range_page(
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        *,
+        max_entries: int = 1000,
+        max_bytes: int = 1 << 20,
+        fence_key: bytes | None = None,
+        timeout_s: float | None = None,
+        instance_id: str | None = None,
+    ) -> tuple[list[tuple[int, bytes]], int, bool]:
+        """`(entries, last_add_confirmed, more)`: the entries stored in [first, last]
+        up to the limits, and whether the node stopped before `last` (then the
+        answer is complete only through its last entry; ids in it not returned are
+        not stored there). With `fence_key`, the ledger is fenced first."""
+        request_id = self._new_id()
+        frame = encode_request(
+            ReadRange(
+                request_id,
+                ledger_id,
+                first_entry_id,
+                last_entry_id,
+                max_entries,
+                max_bytes,
+                fence_key is not None,
+                fence_key or b"",
+            )
+        )
+        response = await self._call_one(
+            frame, request_id, timeout_s, ReadRangeResponse, instance_id
+        )
+        return response.entries, response.last_add_confirmed, response.more
+
+    async def read_lac(
+        self,
+        ledger_id: int,
+        *,
+        known_lac: int = -1,
+        wait_s: float = 0.0,
+        fence_key: bytes | None = None,
+        timeout_s: float | None = None,
+        instance_id: str | None = None,
+    ) -> tuple[int, int]:
+        """`(last_add_confirmed, last_entry_id)` of the ledger on the node. `wait_s` >
+        0: a long poll, answered once the LAC passes `known_lac`, the ledger is closed
+        or fenced, or the wait ends (then with the current values). With
+        `fence_key`, the ledger is fenced first (created fenced if unknown here)."""
+        request_id = self._new_id()
+        wait_ms = max(0, min(round(wait_s * 1000), 2**32 - 1))
+        frame = encode_request(
+            ReadLac(
+                request_id, ledger_id, known_lac, wait_ms, fence_key is not None, fence_key or b""
+            )
+        )
+        timeout = (self.timeout_s if timeout_s is None else timeout_s) + wait_s
+        response = await self._call_one(frame, request_id, timeout, LacResponse, instance_id)
+        return response.last_add_confirmed, response.last_entry_id
+
+    async def write_lac(
+        self,
+        ledger_id: int,
+        last_add_confirmed: int,
+        *,
+        master_key: bytes = b"",
+        timeout_s: float | None = None,
+        instance_id: str | None = None,
+    ) -> int:
+        """Tell the node the writer's LAC (it keeps the highest, in memory); returns
+        the node's LAC for the ledger after."""
+        request_id = self._new_id()
+        frame = encode_request(WriteLac(request_id, ledger_id, last_add_confirmed, master_key))
+        response = await self._call_one(frame, request_id, timeout_s, WriteLacResponse, instance_id)
+        return response.last_add_confirmed
+
     async def fence_ledger(
         self,
         ledger_id: int,
@@ -804,13 +1135,14 @@ class NodeClient:
         master_key: bytes = b"",
         password: str | bytes | None = None,
         timeout_s: float | None = None,
+        instance_id: str | None = None,
     ) -> int:
         """Seal the ledger at `last_entry_id` (or at its last stored entry)."""
         request_id = self._new_id()
         frame = encode_request(
             Close(request_id, ledger_id, last_entry_id, self._key(master_key, password))
         )
-        response = await self._call_one(frame, request_id, timeout_s, CloseResponse)
+        response = await self._call_one(frame, request_id, timeout_s, CloseResponse, instance_id)
         return response.last_entry_id
 
     async def delete_ledger(
@@ -820,12 +1152,13 @@ class NodeClient:
         master_key: bytes = b"",
         password: str | bytes | None = None,
         timeout_s: float | None = None,
+        instance_id: str | None = None,
     ) -> None:
         """Delete the ledger and its entries on the node; only with the ledger's key
         (its password): else Unauthorized, and nothing is deleted."""
         request_id = self._new_id()
         frame = encode_request(Delete(request_id, ledger_id, self._key(master_key, password)))
-        await self._call_one(frame, request_id, timeout_s, DeleteResponse)
+        await self._call_one(frame, request_id, timeout_s, DeleteResponse, instance_id)
 
     async def list_ledgers(
         self, *, page_size: int = 1000, timeout_s: float | None = None
@@ -842,6 +1175,19 @@ class NodeClient:
                 return ledgers
             after = response.ledgers[-1].ledger_id
 
+    async def identity(self, *, timeout_s: float | None = None) -> NodeInfo:
+        """Who the node on the current connection is, from the INFO the client asks
+        first on every connection (no new request; connects if need be)."""
+        session = await self._connected()
+        await self._await_identity(session, self.timeout_s if timeout_s is None else timeout_s)
+        if not session.alive:
+            session = await self._connected()
+            await self._await_identity(session, self.timeout_s if timeout_s is None else timeout_s)
+        info = session.info
+        if info is None:
+            raise ConnectionLost(f"connection to node {self.address} lost before it said who it is")
+        return info
+
     async def info(self, *, timeout_s: float | None = None) -> NodeInfo:
         """What the node says about itself (also a ping)."""
         request_id = self._new_id()
@@ -855,6 +1201,7 @@ class NodeClient:
             frame_bytes_max=response.frame_bytes_max,
             entry_bytes_max=response.entry_bytes_max,
             ledger_count=response.ledger_count,
+            instance_id=response.instance_id,
         )
 
 
@@ -875,6 +1222,7 @@ async def connect_node(
     tls: bool | ssl.SSLContext = False,
     tls_ca_file: str | None = None,
     inflight_max: int = 65_536,
+    inflight_bytes_max: int = 256 << 20,
     frame_bytes_max: int = f.FRAME_BYTES_MAX_DEFAULT,
     reconnect_attempts: int = 5,
     backoff_initial_s: float = 0.05,
@@ -899,6 +1247,7 @@ async def connect_node(
                 connect_timeout_s=connect_timeout_s,
                 ssl_context=_ssl_context(tls, tls_ca_file),
                 inflight_max=inflight_max,
+                inflight_bytes_max=inflight_bytes_max,
                 frame_bytes_max=frame_bytes_max,
                 reconnect_attempts=reconnect_attempts,
                 backoff_initial_s=backoff_initial_s,
@@ -906,7 +1255,10 @@ async def connect_node(
             )
             task_group.start_soon(client._sweep_deadlines)
             try:
-                await client._connected()
+                session = await client._connected()
+                # (a node that says nothing is found by the first call's timeout)
+                with anyio.move_on_after(min(timeout_s, connect_timeout_s)):
+                    await session.identified.wait()
                 yield client
             finally:
                 await client.aclose()

@@ -4,6 +4,7 @@ and the ledger registry that `open_node` (pora/node/lifecycle.py) starts."""
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from ledger.arrivals import ArrivalStatistics
 from ledger.errors import (
     EntryTooLarge,
     InvalidArgument,
+    LedgerClosed,
+    LedgerFenced,
     NodeClosed,
     NodeReadOnly,
     NoSuchEntry,
@@ -342,6 +345,46 @@ class Node:
         await self._perform(runs)
         return [_as_pora_error(run.error_of(i)) for run in runs for i in range(run.count)]
 
+    async def add_batch(
+        self,
+        ledger_id: int,
+        entry_ids: Sequence[int],
+        payloads: Sequence[bytes],
+        *,
+        master_key: bytes = b"",
+        recovery: bool = False,
+        last_add_confirmed: int = -1,
+    ) -> list[PoraError | None]:
+        """Store entries of one ledger with explicit, strictly increasing ids (not
+        necessarily consecutive: striping gives a node some ids of a ledger) in one
+        submission: each stretch of consecutive ids is one run. One outcome per
+        entry, in order (None for stored). Arguments are checked first: a bad one
+        raises (naming the entry) and nothing is stored."""
+        if len(entry_ids) != len(payloads) or not entry_ids:
+            raise InvalidArgument(
+                f"a batch needs one id per payload, at least one: got {len(entry_ids)} ids "
+                f"and {len(payloads)} payloads"
+            )
+        if any(a >= b for a, b in itertools.pairwise(entry_ids)):
+            raise InvalidArgument(f"a batch's entry ids must strictly increase: {entry_ids[:8]}")
+        runs: list[Request] = []
+        start = 0
+        for index in range(1, len(entry_ids) + 1):
+            if index == len(entry_ids) or entry_ids[index] != entry_ids[index - 1] + 1:
+                runs.append(
+                    self.run_request(
+                        ledger_id,
+                        entry_ids[start],
+                        payloads[start:index],
+                        master_key=master_key,
+                        recovery=recovery,
+                        last_add_confirmed=last_add_confirmed,
+                    )
+                )
+                start = index
+        await self._perform(runs)
+        return [_as_pora_error(run.error_of(i)) for run in runs for i in range(run.count)]
+
     async def fence_ledger(self, ledger_id: int, *, master_key: bytes = b"") -> int:
         """Shut the ledger's writer out (durably); returns its last entry id here."""
         _check_id("ledger_id", ledger_id)
@@ -429,9 +472,84 @@ class Node:
         _check_id("last_entry_id", last_entry_id)
         if max_entries < 1 or max_bytes < 1:
             raise InvalidArgument("max_entries and max_bytes must be >= 1")
+        entries, _more = await self._registry.read_range(
+            ledger_id, first_entry_id, last_entry_id, max_entries, max_bytes
+        )
+        return entries
+
+    async def read_range_page(
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        *,
+        max_entries: int = READ_RANGE_ENTRIES_DEFAULT,
+        max_bytes: int = READ_RANGE_BYTES_DEFAULT,
+    ) -> tuple[list[tuple[int, bytes]], bool]:
+        """As `read_range`, and whether a cap stopped the read before
+        `last_entry_id` (`more`): every id in [first, last returned] (or [first, last]
+        when not `more`) that is not in the answer is not stored here. A stored entry
+        that fails its checksum raises StorageCorruption: it is never skipped."""
+        _check_id("ledger_id", ledger_id)
+        _check_id("first_entry_id", first_entry_id)
+        _check_id("last_entry_id", last_entry_id)
+        if max_entries < 1 or max_bytes < 1:
+            raise InvalidArgument("max_entries and max_bytes must be >= 1")
         return await self._registry.read_range(
             ledger_id, first_entry_id, last_entry_id, max_entries, max_bytes
         )
+
+    async def read_lac(
+        self, ledger_id: int, *, known_lac: int = -1, wait_s: float = 0.0
+    ) -> tuple[int, int]:
+        """`(last_add_confirmed, last_entry_id)` of the ledger here (last_entry_id: the
+        highest stored, -1 if none). With `wait_s` > 0, a long poll: answers once the
+        LAC exceeds `known_lac`, or the ledger is closed or fenced, or the wait passes
+        (then with the current values). A ledger not here raises NoSuchLedger (after
+        the wait, for a long poll)."""
+        _check_id("ledger_id", ledger_id)
+        metas = self._registry.metas
+        if wait_s > 0:
+            deadline = trio.current_time() + wait_s
+            arrivals = self._arrivals
+            with arrivals.waiting(ledger_id):
+                while True:
+                    arrived = arrivals.next_arrival(ledger_id)
+                    meta = metas.get(ledger_id)
+                    if meta is None:
+                        arrivals.wait_for_unknown_ledger(ledger_id, NoSuchLedger(ledger_id))
+                    elif meta.lac > known_lac or meta.fenced or meta.state is LedgerState.CLOSED:
+                        break
+                    with trio.move_on_at(deadline):
+                        await arrived.wait()
+                        continue
+                    break
+        else:
+            await trio.lowlevel.checkpoint()
+        meta = self._registry.meta(ledger_id)
+        return meta.lac, max(meta.last_entry_id, -1)
+
+    async def write_lac(
+        self, ledger_id: int, last_add_confirmed: int, *, master_key: bytes = b""
+    ) -> int:
+        """A writer's last-add-confirmed, told while it is idle: the node keeps the
+        highest (in memory: after a crash it may fall back to the last one persisted;
+        a LAC is a lower bound) and wakes the ledger's LAC long polls. The key is
+        checked as an add's; a fenced ledger raises LedgerFenced, a closed one
+        LedgerClosed. Returns the ledger's LAC here."""
+        _check_id("ledger_id", ledger_id)
+        _check_master_key(master_key)
+        if not -1 <= last_add_confirmed <= ID_MAX:
+            raise InvalidArgument(f"last_add_confirmed must be >= -1, got {last_add_confirmed}")
+        await trio.lowlevel.checkpoint()
+        meta = self._registry.meta(ledger_id)
+        if not self._keys.matches(ledger_id, master_key):
+            raise Unauthorized(ledger_id)
+        if meta.state is LedgerState.CLOSED:
+            raise LedgerClosed(ledger_id)
+        if meta.fenced:
+            raise LedgerFenced(ledger_id)
+        return self._registry.note_lac(ledger_id, last_add_confirmed)
 
     def last_add_confirmed(self, ledger_id: int) -> int:
         """The highest last-add-confirmed the ledger's writers piggybacked on adds

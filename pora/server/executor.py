@@ -24,11 +24,13 @@ import trio
 import pora
 from journal.errors import PoraError
 from journal.request import Request
-from ledger.errors import NodeClosed, NoSuchEntry, NoSuchLedger, StorageCorruption
+from ledger.errors import EntryConflict, NodeClosed, NoSuchEntry, NoSuchLedger, StorageCorruption
 from netio import frames
 from netio.codec import RequestDecoder, encode_error, encode_response
 from netio.frames import Opcode, Status
 from netio.messages import (
+    AddBatch,
+    AddBatchResponse,
     AddEntry,
     AddRun,
     Close,
@@ -52,7 +54,10 @@ from netio.messages import (
     RequestMessage,
     ResponseMessage,
     WireAdd,
+    WriteLac,
+    WriteLacResponse,
 )
+from netio.status import status_of
 from pora.server.read_budget import ByteBudget
 from pora.server.writer import ResponseWriter, error_frame
 
@@ -61,6 +66,9 @@ if TYPE_CHECKING:
     from pora.server.server import Server
 
 _log = logging.getLogger("pora.server")
+
+#: the protocol version whose READ_LAC long-polls and answers the last entry id
+_V4: Final = 4
 
 #: Longest long poll a read may ask for; longer waits are cut to this.
 LONG_POLL_MS_MAX: Final = 60_000
@@ -74,6 +82,8 @@ ENTRY_RESPONSE_OVERHEAD: Final = frames.HEADER_BYTES + frames.READ_ENTRY_RESPONS
 _OPCODES: Final[dict[type, int]] = {
     AddEntry: Opcode.ADD_ENTRY,
     AddRun: Opcode.ADD_RUN,
+    AddBatch: Opcode.ADD_BATCH,
+    WriteLac: Opcode.WRITE_LAC,
     ReadEntry: Opcode.READ_ENTRY,
     ReadRange: Opcode.READ_RANGE,
     ReadLac: Opcode.READ_LAC,
@@ -370,9 +380,90 @@ class RequestExecutor:
                     self.long_polls.discard(scope)
         raise NodeClosed("the node is shutting down; read from another node, or retry")
 
+    async def _long_poll_lac(self, message: ReadLac, wait_s: float) -> tuple[int, int]:
+        """A LAC read that may wait for the LAC to pass `known_lac`; shutdown ends the
+        wait at once, answering SHUTTING_DOWN (as `_long_poll`)."""
+        if not self.stopping:
+            with trio.CancelScope() as scope:
+                self.long_polls.add(scope)
+                try:
+                    return await self.node.read_lac(
+                        message.ledger_id, known_lac=message.known_lac, wait_s=wait_s
+                    )
+                finally:
+                    self.long_polls.discard(scope)
+        raise NodeClosed("the node is shutting down; read from another node, or retry")
+
+    async def _read_lac(self, message: ReadLac) -> bytes:
+        if message.fence:
+            await self.node.fence_ledger(message.ledger_id, master_key=message.master_key)
+        if self.version < _V4:
+            lac = self.node.last_add_confirmed(message.ledger_id)
+            return self._encode(LacResponse(message.request_id, message.ledger_id, lac))
+        if message.wait_ms > 0:
+            wait_s = min(message.wait_ms, LONG_POLL_MS_MAX) / 1000.0
+            lac, last = await self._long_poll_lac(message, wait_s)
+        else:
+            lac, last = await self.node.read_lac(message.ledger_id)
+        return self._encode(LacResponse(message.request_id, message.ledger_id, lac, last))
+
+    async def _read_range(self, message: ReadRange, held: _Held) -> bytes:
+        node = self.node
+        if message.fence:
+            await node.fence_ledger(message.ledger_id, master_key=message.master_key)
+        await self._reserve_read(held, self._range_response_bytes_max(message))
+        entries, more = await node.read_range_page(
+            message.ledger_id,
+            message.first_entry_id,
+            message.last_entry_id,
+            max_entries=max(1, min(message.max_entries, RANGE_ENTRIES_MAX)),
+            max_bytes=self._range_bytes_max(message),
+        )
+        lac = node.last_add_confirmed(message.ledger_id)
+        return self._encode(
+            ReadRangeResponse(message.request_id, message.ledger_id, lac, entries, more)
+        )
+
+    async def _add_batch(self, message: AddBatch) -> bytes:
+        """An ADD_BATCH, through the node's batch path (one submission, a run per
+        stretch of consecutive ids). Every entry refused by the ledger (no conflict
+        among them): an error status, nothing stored; else OK listing the failures."""
+        outcomes = await self.node.add_batch(
+            message.ledger_id,
+            message.entry_ids,
+            message.payloads,
+            master_key=message.master_key,
+            recovery=message.recovery,
+            last_add_confirmed=message.last_add_confirmed,
+        )
+        errors = [error for error in outcomes if error is not None]
+        if len(errors) == len(outcomes) and not any(isinstance(e, EntryConflict) for e in errors):
+            raise errors[0]
+        failures = [
+            (entry_id, int(status_of(error)), str(error))
+            for entry_id, error in zip(message.entry_ids, outcomes, strict=True)
+            if error is not None
+        ]
+        return self._encode(
+            AddBatchResponse(
+                message.request_id,
+                message.ledger_id,
+                message.entry_ids[0],
+                len(outcomes),
+                failures,
+            )
+        )
+
     async def _execute(self, message: RequestMessage, held: _Held) -> bytes:  # noqa: PLR0911 (one per op)
         node = self.node
         rid = message.request_id
+        if isinstance(message, AddBatch):
+            return await self._add_batch(message)
+        if isinstance(message, WriteLac):
+            lac = await node.write_lac(
+                message.ledger_id, message.last_add_confirmed, master_key=message.master_key
+            )
+            return self._encode(WriteLacResponse(rid, message.ledger_id, lac))
         if isinstance(message, ReadEntry):
             if message.fence:
                 await node.fence_ledger(message.ledger_id, master_key=message.master_key)
@@ -382,19 +473,9 @@ class RequestExecutor:
                 ReadEntryResponse(rid, message.ledger_id, message.entry_id, lac, payload)
             )
         if isinstance(message, ReadRange):
-            await self._reserve_read(held, self._range_response_bytes_max(message))
-            entries = await node.read_range(
-                message.ledger_id,
-                message.first_entry_id,
-                message.last_entry_id,
-                max_entries=max(1, min(message.max_entries, RANGE_ENTRIES_MAX)),
-                max_bytes=self._range_bytes_max(message),
-            )
-            lac = node.last_add_confirmed(message.ledger_id)
-            return self._encode(ReadRangeResponse(rid, message.ledger_id, lac, entries))
+            return await self._read_range(message, held)
         if isinstance(message, ReadLac):
-            lac = node.last_add_confirmed(message.ledger_id)
-            return self._encode(LacResponse(rid, message.ledger_id, lac))
+            return await self._read_lac(message)
         if isinstance(message, Fence):
             last = await node.fence_ledger(message.ledger_id, master_key=message.master_key)
             return self._encode(FenceResponse(rid, message.ledger_id, last))
@@ -436,5 +517,6 @@ class RequestExecutor:
                 node.config.entry_bytes_max,
                 node.statistics().ledgers.ledgers,
                 pora.__version__,
+                node.data_dir.instance_id,
             )
         )

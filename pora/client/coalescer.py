@@ -1,0 +1,244 @@
+"""Coalesced adds: many callers' adds to a node share few frames.
+
+Python costs per message, not per byte: a frame, a socket write and a wake-up per
+add bound a client of many tasks that each await one add. So `NodeClient` queues
+each caller's adds (an `AddCall`) on the connection, and its writer task turns
+everything queued in one scheduler turn into frames with `frames_for`: per
+(ledger, key, recovery flag), entries by id, cut into ADD_RUN frames (consecutive
+ids), ADD_BATCH frames (other increasing ids) or a lone ADD_ENTRY, each within
+RUN_ENTRIES_MAX entries and the frame limit. Each frame's response is matched
+once (`AddFrame.deliver`) and completes every caller it holds: each its own
+outcome, an entry's failure going to the caller of that entry only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final, NamedTuple, Protocol
+
+from journal.errors import PoraError
+from netio import frames as f
+from netio.codec import encode_add_batch, encode_add_entry, encode_add_run
+from netio.errors import ProtocolError
+from netio.frames import Status
+from netio.messages import (
+    AddBatchResponse,
+    AddEntryResponse,
+    AddRunResponse,
+    ErrorResponse,
+    ResponseMessage,
+)
+from netio.status import error_type_of
+
+#: What an ADD_BATCH frame costs besides its key and entries, and per entry besides
+#: its payload (its id and size); an ADD_RUN costs less, so this bounds both.
+_FRAME_BASE: Final = f.LENGTH_MIN + f.ADD_BATCH_REQUEST_FIXED.size
+_BYTES_PER_ENTRY: Final = f.BATCH_ITEM.size
+_ID_MAX: Final = 2**63 - 1
+
+
+class Event(Protocol):
+    def set(self) -> None: ...
+    def is_set(self) -> bool: ...
+    async def wait(self) -> None: ...
+
+
+class AddCall:
+    """One caller's adds (one, for `add_entry`), waiting for an outcome each.
+
+    Shaped as the client's other waiters (`remaining`, `error`, `timed_out`,
+    `event`) so that its deadline sweeper and a lost connection fail it alike."""
+
+    __slots__ = ("error", "event", "outcomes", "remaining", "timed_out")
+
+    def __init__(self, count: int, event: Event) -> None:
+        self.event = event
+        self.remaining = count
+        #: per entry: None (stored) or its error, once answered
+        self.outcomes: list[PoraError | None] = [None] * count
+        #: what failed every entry at once (a lost connection), else None
+        self.error: PoraError | None = None
+        self.timed_out = False
+
+    def settle(self, index: int, outcome: PoraError | None) -> None:
+        self.outcomes[index] = outcome
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.event.set()
+
+    def fail(self, error: PoraError) -> None:
+        if self.error is None and self.remaining:
+            self.error = error
+            self.event.set()
+
+
+class QueuedAdd(NamedTuple):
+    """One entry waiting for the writer: its ledger, key and flags choose its frame."""
+
+    ledger_id: int
+    master_key: bytes
+    recovery: bool
+    entry_id: int
+    payload: bytes
+    last_add_confirmed: int
+    call: AddCall
+    #: of the entry among its call's
+    position: int
+
+
+class AddFrame:
+    """One sent frame of coalesced adds: which caller holds each of its entries."""
+
+    __slots__ = ("entry_ids", "ledger_id", "members", "opcode")
+
+    def __init__(self, ledger_id: int, opcode: int, adds: list[QueuedAdd]) -> None:
+        self.ledger_id = ledger_id
+        self.opcode = opcode
+        self.entry_ids = [add.entry_id for add in adds]
+        self.members = [(add.call, add.position) for add in adds]
+
+    def deliver(self, response: ResponseMessage, clone: Callable[[PoraError], PoraError]) -> None:
+        """Settle every caller of the frame from its one response."""
+        members = self.members
+        if isinstance(response, ErrorResponse):
+            error = _error_of(response)
+            for position, (call, index) in enumerate(members):
+                call.settle(index, error if position == 0 else clone(error))
+            return
+        if type(response) is AddEntryResponse and len(members) == 1:
+            call, index = members[0]
+            call.settle(index, None)
+            return
+        if not (
+            isinstance(response, AddRunResponse | AddBatchResponse)
+            and response.ledger_id == self.ledger_id
+            and response.count == len(members)
+        ):
+            self.fail(
+                ProtocolError(
+                    f"response {response.request_id} does not answer its frame of "
+                    f"{len(members)} adds to ledger {self.ledger_id}: {response!r}"[:300],
+                    status=Status.BAD_REQUEST,
+                    request_id=response.request_id,
+                )
+            )
+            return
+        failed: dict[int, PoraError] = {}
+        for entry_id, status, message in response.failures:
+            failed[entry_id] = _error_of(
+                ErrorResponse(
+                    response.request_id, self.opcode, status, self.ledger_id, entry_id, message
+                )
+            )
+        for entry_id, (call, index) in zip(self.entry_ids, members, strict=True):
+            call.settle(index, failed.get(entry_id) if failed else None)
+
+    def fail(self, error: PoraError) -> None:
+        for call, _index in self.members:
+            call.fail(error)
+
+
+def _error_of(response: ErrorResponse) -> PoraError:
+    # (the client's `error_from_response`, without importing the client)
+    error_type = error_type_of(response.status)
+    error = error_type.__new__(error_type)
+    Exception.__init__(error, response.message)
+    error.ledger_id = response.ledger_id  # type: ignore[attr-defined]
+    error.entry_id = response.entry_id  # type: ignore[attr-defined]
+    if isinstance(error, ProtocolError):
+        error.status = response.status
+        error.request_id = response.request_id
+    return error
+
+
+def frames_for(
+    queued: list[QueuedAdd],
+    new_id: Callable[[], int],
+    frame_bytes_max: int,
+    entry_bytes_max: int,
+) -> list[tuple[int, bytes, AddFrame]]:
+    """The frames that carry `queued`, as `(request_id, frame, AddFrame)`: per ledger,
+    key and recovery flag, entries in id order, each frame within RUN_ENTRIES_MAX
+    entries and `frame_bytes_max` bytes. Two adds of one id (a retry racing its
+    original) go in separate frames. An entry the node refuses by itself (over its
+    `entry_bytes_max`, or a bad id) goes alone: in a shared frame its refusal would
+    refuse its neighbours, other callers' entries."""
+    groups: dict[tuple[int, bytes, bool], list[QueuedAdd]] = {}
+    out: list[tuple[int, bytes, AddFrame]] = []
+    for add in queued:
+        if not (0 <= add.entry_id <= _ID_MAX and len(add.payload) <= entry_bytes_max):
+            out.append(_frame(new_id(), add.ledger_id, add.master_key, add.recovery, [add]))
+            continue
+        key = (add.ledger_id, add.master_key, add.recovery)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [add]
+        else:
+            group.append(add)
+    for (ledger_id, master_key, recovery), group in groups.items():
+        budget = frame_bytes_max - _FRAME_BASE - len(master_key)
+        rest = sorted(group, key=_entry_id_of) if len(group) > 1 else group
+        while rest:
+            leftover: list[QueuedAdd] = []
+            chunk: list[QueuedAdd] = []
+            used = 0
+            last = -2
+            for add in rest:
+                if add.entry_id == last:
+                    leftover.append(add)
+                    continue
+                cost = _BYTES_PER_ENTRY + len(add.payload)
+                if chunk and (len(chunk) == f.RUN_ENTRIES_MAX or used + cost > budget):
+                    out.append(_frame(new_id(), ledger_id, master_key, recovery, chunk))
+                    chunk = []
+                    used = 0
+                chunk.append(add)
+                used += cost
+                last = add.entry_id
+            out.append(_frame(new_id(), ledger_id, master_key, recovery, chunk))
+            rest = leftover
+    return out
+
+
+def _entry_id_of(add: QueuedAdd) -> int:
+    return add.entry_id
+
+
+def _frame(
+    request_id: int, ledger_id: int, master_key: bytes, recovery: bool, chunk: list[QueuedAdd]
+) -> tuple[int, bytes, AddFrame]:
+    lac = max([add.last_add_confirmed for add in chunk])
+    first = chunk[0].entry_id
+    if len(chunk) == 1:
+        frame = encode_add_entry(
+            request_id,
+            ledger_id,
+            first,
+            chunk[0].payload,
+            master_key=master_key,
+            last_add_confirmed=lac,
+            recovery=recovery,
+        )
+        return request_id, frame, AddFrame(ledger_id, f.Opcode.ADD_ENTRY, chunk)
+    payloads = [add.payload for add in chunk]
+    if chunk[-1].entry_id - first == len(chunk) - 1:  # ids increase: consecutive
+        frame = encode_add_run(
+            request_id,
+            ledger_id,
+            first,
+            payloads,
+            master_key=master_key,
+            last_add_confirmed=lac,
+            recovery=recovery,
+        )
+        return request_id, frame, AddFrame(ledger_id, f.Opcode.ADD_RUN, chunk)
+    frame = encode_add_batch(
+        request_id,
+        ledger_id,
+        [add.entry_id for add in chunk],
+        payloads,
+        master_key=master_key,
+        last_add_confirmed=lac,
+        recovery=recovery,
+    )
+    return request_id, frame, AddFrame(ledger_id, f.Opcode.ADD_BATCH, chunk)

@@ -1,0 +1,112 @@
+"""Concurrent `add_entry` calls to one node share frames, each keeping its own outcome."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+from net_helpers import serving
+
+import pora
+from pora.client.node_client import connect_node
+from pora.server.server import Server
+
+KEY = b"k" * 32
+ADD_OPCODES = ("add_entry", "add_run", "add_batch")
+
+
+def add_frames(server: Server) -> int:
+    counts = server.statistics().requests_by_opcode
+    return sum(counts[name] for name in ADD_OPCODES)
+
+
+async def test_500_concurrent_adds_go_in_few_frames_and_a_conflict_fails_only_its_caller(
+    data_dir: Path,
+) -> None:
+    async with serving(data_dir) as (node, server, address), connect_node(address) as client:
+        await node.add_entry(3, 250, b"stored before", master_key=KEY)
+        before = add_frames(server)
+        outcomes: dict[int, str] = {}
+
+        async def add(entry_id: int) -> None:
+            try:
+                await client.add_entry(3, entry_id, b"p%d" % entry_id, master_key=KEY)
+            except pora.PoraError as error:
+                outcomes[entry_id] = type(error).__name__
+            else:
+                outcomes[entry_id] = "ok"
+
+        async with trio.open_nursery() as nursery:
+            for entry_id in range(500):
+                nursery.start_soon(add, entry_id)
+        frames = add_frames(server) - before
+        assert frames <= 25, frames  # far fewer frames than calls
+        assert outcomes == {i: "EntryConflict" if i == 250 else "ok" for i in range(500)}
+        stored = await node.read_range(3, 0, 499, max_entries=1000)
+        assert len(stored) == 500
+        assert stored[250] == (250, b"stored before")
+        assert stored[499] == (499, b"p499")
+
+
+async def test_sparse_ids_of_many_callers_travel_as_batches(data_dir: Path) -> None:
+    async with serving(data_dir) as (node, server, address), connect_node(address) as client:
+        ids = list(range(0, 300, 3))  # one node's share of a striped ensemble
+
+        async def add(entry_id: int) -> None:
+            await client.add_entry(4, entry_id, b"x", master_key=KEY)
+
+        async with trio.open_nursery() as nursery:
+            for entry_id in ids:
+                nursery.start_soon(add, entry_id)
+        counts = server.statistics().requests_by_opcode
+        assert counts["add_batch"] >= 1
+        assert counts["add_entry"] + counts["add_batch"] + counts["add_run"] < 20
+        assert [e for e, _ in await node.read_range(4, 0, 299)] == ids
+
+
+async def test_callers_of_many_ledgers_and_keys_each_get_their_own_refusal(
+    data_dir: Path,
+) -> None:
+    async with serving(data_dir) as (node, _server, address), connect_node(address) as client:
+        await node.fence_ledger(5, master_key=KEY)
+        await node.add_entry(6, 100, b"keyed", master_key=KEY)
+        results: dict[tuple[int, int], str] = {}
+
+        async def add(ledger_id: int, entry_id: int, key: bytes) -> None:
+            try:
+                await client.add_entry(ledger_id, entry_id, b"v", master_key=key)
+            except pora.PoraError as error:
+                results[ledger_id, entry_id] = type(error).__name__
+            else:
+                results[ledger_id, entry_id] = "ok"
+
+        async with trio.open_nursery() as nursery:
+            for entry_id in range(20):
+                nursery.start_soon(add, 5, entry_id, KEY)  # fenced: all refused
+                nursery.start_soon(add, 6, entry_id, KEY)
+            nursery.start_soon(add, 6, 20, b"w" * 32)  # another key: refused alone
+        assert {results[5, i] for i in range(20)} == {"LedgerFenced"}
+        assert {results[6, i] for i in range(20)} == {"ok"}
+        assert results[6, 20] == "Unauthorized"
+
+
+async def test_a_coalesced_add_times_out_on_its_own_deadline(data_dir: Path) -> None:
+    """The node takes the adds but never answers: each call ends at its timeout."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+
+    async def never_answer(stream: trio.SocketStream) -> None:
+        while await stream.receive_some(65536):
+            pass
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, never_answer, listeners)
+        async with connect_node(f"127.0.0.1:{port}", timeout_s=0.2) as client:
+            with trio.fail_after(5):
+                try:
+                    await client.add_entry(1, 0, b"x")
+                except pora.RequestTimeout as error:
+                    assert "may or may not" in str(error)
+                else:
+                    raise AssertionError("no timeout")
+        nursery.cancel_scope.cancel()
