@@ -123,8 +123,8 @@ class AckTracker:
 
     @property
     def pending(self) -> range:
-        """The ids sent and not yet acknowledged."""
-        return range(self._lac + 1, self._next)
+        """The ids sent and not yet acknowledged (none once fenced: they failed)."""
+        return range(self._next, self._next) if self._fenced else range(self._lac + 1, self._next)
 
     @property
     def failed_members(self) -> frozenset[EnsembleMember]:
@@ -177,6 +177,8 @@ class AckTracker:
     ) -> EnsembleChange:
         """R9: the current ensemble with each key replaced by its value, starting at
         LAC + 1. Not durable until `ensemble_durable` (R10)."""
+        if self._fenced:
+            raise LedgerFenced(self.ledger_id)
         members = list(self._ensemble.members)
         current = set(members)
         newcomers = set(replacements.values())
