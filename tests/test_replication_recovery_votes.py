@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pora.client.replication.entry_format import encode_entry
-from pora.client.replication.quorum import write_set, write_set_positions
+from pora.client.replication.quorum import AckTracker, write_set, write_set_positions
 from pora.client.replication.recovery_votes import (
     EntryRecoveryVote,
     FenceCoverage,
@@ -193,3 +193,75 @@ def test_r19_property_an_absent_vote_never_has_qa_holders(data: st.DataObject) -
             assert v.entry is not None
             assert v.entry.payload == b"hello"
             assert any(holds.values())
+
+
+@st.composite
+def quorums(draw: st.DrawFn) -> tuple[int, int, int]:
+    e = draw(st.integers(1, 5))
+    qw = draw(st.integers(1, e))
+    qa = draw(st.integers(1, qw))
+    return e, qw, qa
+
+
+@settings(max_examples=300, deadline=None)
+@given(q=quorums(), data=st.data())
+def test_r17_r18_r19_property_recovery_keeps_every_acknowledged_entry_even_from_a_zombie(
+    q: tuple[int, int, int], data: st.DataObject
+) -> None:
+    """The pieces together: a writer's AckTracker against nodes that refuse it once
+    fenced; a recovery fences until FenceCoverage, starts at recovery_start and reads
+    forward with fencing reads until EntryRecoveryVote says absent, while the old
+    writer goes on delivering in between. Every entry the writer ever acknowledged,
+    before or during the recovery, is at or below the recovered last entry, and every
+    entry up to that one is stored somewhere."""
+    e, qw, qa = q
+    ensemble = Ensemble(0, members(e))
+    tracker = AckTracker(1, qw, qa, ensemble)
+    stored: dict[str, dict[int, bytes]] = {member.address: {} for member in ensemble.members}
+    lac_seen = dict.fromkeys(stored, -1)
+    fenced: set[str] = set()
+    in_flight: list[tuple[int, EnsembleMember]] = []
+    for entry_id in range(data.draw(st.integers(0, 10))):
+        in_flight.extend((entry_id, member) for member in tracker.add(entry_id))
+
+    def deliver(count: int) -> None:
+        for _ in range(min(count, len(in_flight))):
+            entry_id, member = in_flight.pop(data.draw(st.integers(0, len(in_flight) - 1)))
+            if member.address in fenced:
+                tracker.record_failure(member)
+                continue
+            stored[member.address][entry_id] = encode_entry(1, entry_id, entry_id + 1, b"e")
+            lac_seen[member.address] = max(lac_seen[member.address], tracker.last_add_confirmed)
+            tracker.record_ack(entry_id, member)
+
+    deliver(data.draw(st.integers(0, len(in_flight))))
+    coverage = FenceCoverage(ensemble, qw, qa)
+    for member in data.draw(st.permutations(ensemble.members)):
+        if coverage.covered:
+            break
+        fenced.add(member.address)
+        coverage.record_fenced(member.address)
+        deliver(data.draw(st.integers(0, 3)))
+    assert coverage.covered
+    next_entry = recovery_start([lac_seen[address] for address in fenced], ensemble)
+    while True:
+        vote = EntryRecoveryVote(1, next_entry, write_set(next_entry, ensemble.members, qw), qa)
+        for member in data.draw(st.permutations(vote.write_set)):
+            fenced.add(member.address)  # R19: every recovery read fences
+            held = stored[member.address].get(next_entry)
+            if held is None:
+                vote.record_no_such_entry(member.address, member.instance_id)
+            else:
+                vote.record_entry(member.address, member.instance_id, held)
+            deliver(data.draw(st.integers(0, 2)))
+            if vote.outcome in (VoteOutcome.PRESENT, VoteOutcome.ABSENT):
+                break
+        if vote.outcome is not VoteOutcome.PRESENT:
+            break
+        next_entry += 1
+    recovered_last = next_entry - 1
+    deliver(len(in_flight))  # the zombie writer finishes: fenced nodes refuse it
+    assert tracker.last_add_confirmed <= recovered_last
+    # and the recovered ledger has no hole: each entry up to its end is on a replica
+    for entry_id in range(recovered_last + 1):
+        assert any(entry_id in stored[m.address] for m in write_set(entry_id, ensemble.members, qw))
