@@ -202,6 +202,7 @@ def quorums(draw: st.DrawFn) -> tuple[int, int, int]:
     return e, qw, qa
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(q=quorums(), data=st.data())
 def test_properties_of_acknowledgements_under_random_answers_and_ensemble_changes(

@@ -203,6 +203,7 @@ def quorums(draw: st.DrawFn) -> tuple[int, int, int]:
     return e, qw, qa
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(q=quorums(), data=st.data())
 def test_r17_r18_r19_property_recovery_keeps_every_acknowledged_entry_even_from_a_zombie(
