@@ -68,6 +68,23 @@ def test_r6_the_same_member_twice_or_a_member_outside_the_write_set_never_counts
     assert tracker.record_ack(0, m(1)) == range(1)
 
 
+def test_r4_a_run_answered_at_once_counts_as_one_ack_per_entry() -> None:
+    one_by_one = AckTracker(1, 2, 2, Ensemble(0, members(3)))
+    in_bulk = AckTracker(1, 2, 2, Ensemble(0, members(3)))
+    for entry_id in range(6):
+        one_by_one.add(entry_id)
+        in_bulk.add(entry_id)
+    for member in members(3):
+        mine = [i for i in range(6) if member in one_by_one.write_set(i)]
+        for entry_id in mine:
+            one_by_one.record_ack(entry_id, member)
+        before = in_bulk.last_add_confirmed
+        acknowledged = in_bulk.record_acks(member, [*mine, 9])  # 9 was never added
+        assert in_bulk.last_add_confirmed == one_by_one.last_add_confirmed
+        assert acknowledged == range(before + 1, in_bulk.last_add_confirmed + 1)
+    assert in_bulk.last_add_confirmed == 5
+
+
 def test_r5_entries_are_added_in_order_each_once() -> None:
     tracker = AckTracker(1, 1, 1, Ensemble(0, members(1)))
     tracker.add(0)
@@ -220,7 +237,9 @@ def test_properties_of_acknowledgements_under_random_answers_and_ensemble_change
     seen: list[EnsembleMember] = list(start.members)
     for _ in range(data.draw(st.integers(0, 60))):
         op = data.draw(
-            st.sampled_from(["add", "ack", "ack", "ack", "fail", "change", "durable", "fence"])
+            st.sampled_from(
+                ["add", "ack", "ack", "ack", "acks", "fail", "change", "durable", "fence"]
+            )
         )
         if tracker.fenced:
             break
@@ -233,6 +252,12 @@ def test_properties_of_acknowledgements_under_random_answers_and_ensemble_change
             member = data.draw(st.sampled_from(seen))
             model.acked_by[entry_id].add(member)
             model.check(tracker.record_ack(entry_id, member), tracker)
+        elif op == "acks" and tracker.next_entry_id > 0:
+            member = data.draw(st.sampled_from(seen))
+            entry_ids = data.draw(st.lists(st.integers(0, tracker.next_entry_id - 1)))
+            for entry_id in entry_ids:
+                model.acked_by[entry_id].add(member)
+            model.check(tracker.record_acks(member, entry_ids), tracker)
         elif op == "fail":
             tracker.record_failure(data.draw(st.sampled_from(seen)))
         elif op == "change":

@@ -9,7 +9,7 @@ itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ledger.errors import LedgerFenced
@@ -98,6 +98,7 @@ class AckTracker:
         self.write_quorum = write_quorum
         self.ack_quorum = ack_quorum
         self._ensemble = ensemble
+        self._positions = {member: p for p, member in enumerate(ensemble.members)}
         self._durable = True  # the ensemble a writer starts on is read from the metadata
         self._lac = last_add_confirmed
         self._next = last_add_confirmed + 1
@@ -155,13 +156,14 @@ class AckTracker:
         """`member` holds `entry_id` durably. Returns the ids that became acknowledged
         (empty when none did). An answer from a member no longer in the entry's write
         set (replaced since) does not count."""
-        acks = self._acks.get(entry_id)
-        if acks is None or self._fenced:
-            return range(0)
-        position = self._position_in_write_set(entry_id, member)
-        if position is None:
-            return range(0)
-        acks.add(position)
+        self._count_ack(entry_id, member)
+        return self._advance()
+
+    def record_acks(self, member: EnsembleMember, entry_ids: Iterable[int]) -> range:
+        """`member` holds every one of `entry_ids` (a run or batch answered at once):
+        counted as one `record_ack` each, the acknowledged range computed once."""
+        for entry_id in entry_ids:
+            self._count_ack(entry_id, member)
         return self._advance()
 
     def record_failure(self, member: EnsembleMember) -> bool:
@@ -198,6 +200,7 @@ class AckTracker:
                     acks.discard(position)
                     resend[positions[position]].append(entry_id)
         self._ensemble = Ensemble(self._lac + 1, tuple(members))
+        self._positions = {member: p for p, member in enumerate(members)}
         self._durable = False
         self._failed.difference_update(replacements)
         return EnsembleChange(self._ensemble, {new: tuple(ids) for new, ids in resend.items()})
@@ -220,12 +223,14 @@ class AckTracker:
         self._acks.clear()
         return failed
 
-    def _position_in_write_set(self, entry_id: int, member: EnsembleMember) -> int | None:
-        members = self._ensemble.members
-        for position in write_set_positions(entry_id, len(members), self.write_quorum):
-            if members[position] == member:
-                return position
-        return None
+    def _count_ack(self, entry_id: int, member: EnsembleMember) -> None:
+        acks = self._acks.get(entry_id)
+        position = self._positions.get(member)
+        if acks is None or position is None or self._fenced:
+            return
+        # in the write set when the position is among the Qw after entry_id mod E
+        if (position - entry_id) % len(self._positions) < self.write_quorum:
+            acks.add(position)
 
     def _advance(self) -> range:
         if not self._durable:
