@@ -3,7 +3,8 @@
 Each is defined in the lowest package that raises it: the journal's in
 `journal.errors` (with the root, `PoraError`), the ledgers' and the node's in
 `ledger.errors`, the wire's and the client's in `netio.errors`, the data dir's in
-`pora.node.datadir`, the metadata store's in `pora.meta.errors`. An application
+`pora.node.datadir`, the metadata store's in `pora.meta.errors`, the replicating
+client's in `pora.client.replication.errors`. An application
 imports them from here or from `pora`.
 """
 
@@ -39,6 +40,7 @@ from netio.errors import (
     RemoteError,
     RequestTimeout,
 )
+from pora.client.replication.errors import EntryDamaged, NotEnoughNodes
 from pora.meta.errors import (
     InvalidMetadata,
     LedgerExists,
@@ -58,6 +60,7 @@ __all__ = [
     "DataDirError",
     "DataDirLocked",
     "EntryConflict",
+    "EntryDamaged",
     "EntryTooLarge",
     "FlushFailed",
     "IndexMissing",
@@ -85,6 +88,7 @@ __all__ = [
     "NodeClosed",
     "NodeOverloaded",
     "NodeReadOnly",
+    "NotEnoughNodes",
     "PoraError",
     "ProtocolError",
     "RegistrationLost",

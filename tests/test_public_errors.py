@@ -8,12 +8,19 @@ import journal.errors
 import ledger.errors
 import netio.errors
 import pora
+import pora.client.replication.errors
 import pora.errors
 import pora.meta.errors
 
 
 def test_every_error_of_the_error_modules_is_in_pora_errors_and_pora() -> None:
-    for module in (journal.errors, ledger.errors, netio.errors, pora.meta.errors):
+    for module in (
+        journal.errors,
+        ledger.errors,
+        netio.errors,
+        pora.meta.errors,
+        pora.client.replication.errors,
+    ):
         for name, value in vars(module).items():
             if inspect.isclass(value) and issubclass(value, BaseException):
                 if value.__module__ != module.__name__:

@@ -1,0 +1,154 @@
+"""The ledger records a writer or a recovery writes to the metadata store, and the
+checks each makes on a record it re-reads (R9, R11, R14, R16, R22).
+
+The record holds a digest of the ledger's master key, never the password nor the key
+(the key is what a node accepts as proof of the right to write; anyone who can read
+the metadata must not learn it):
+
+    password_digest = SHA-256("pora-ledger-password-digest-v1\\0" || ledger_id i64 || master_key)
+
+with `master_key = master_key_from_password(password)` (netio.security). The ledger id
+in the digest makes equal passwords give different digests on different ledgers.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Final
+
+from ledger.errors import LedgerClosed, LedgerFenced, Unauthorized
+from pora.meta.records import (
+    Ensemble,
+    EnsembleMember,
+    LedgerMetadata,
+    LedgerState,
+    Versioned,
+)
+
+#: never change: the digests of existing ledgers would stop matching
+PASSWORD_DIGEST_DOMAIN: Final = b"pora-ledger-password-digest-v1\x00"
+
+
+def password_digest(ledger_id: int, master_key: bytes) -> bytes:
+    """What the record stores to check a ledger's password (32 bytes)."""
+    return hashlib.sha256(
+        PASSWORD_DIGEST_DOMAIN + struct.pack(">q", ledger_id) + master_key
+    ).digest()
+
+
+def check_password(metadata: LedgerMetadata, master_key: bytes) -> None:
+    """Unauthorized unless `master_key` is the ledger's (constant-time compare)."""
+    if not hmac.compare_digest(
+        metadata.password_digest, password_digest(metadata.ledger_id, master_key)
+    ):
+        raise Unauthorized(metadata.ledger_id)
+
+
+def new_ledger(
+    ledger_id: int,
+    write_quorum: int,
+    ack_quorum: int,
+    members: Sequence[EnsembleMember],
+    master_key: bytes,
+    created_ms: int,
+    custom: Mapping[str, bytes] | None = None,
+) -> LedgerMetadata:
+    """R2: an OPEN ledger on one ensemble (placement's choice) starting at entry 0.
+    Raises InvalidMetadata for quorums or custom metadata no store accepts."""
+    metadata = LedgerMetadata(
+        ledger_id=ledger_id,
+        ensemble_size=len(members),
+        write_quorum=write_quorum,
+        ack_quorum=ack_quorum,
+        ensembles=(Ensemble(0, tuple(members)),),
+        password_digest=password_digest(ledger_id, master_key),
+        created_ms=created_ms,
+        custom=dict(custom or {}),
+    )
+    metadata.validate()
+    return metadata
+
+
+def with_ensemble_change(metadata: LedgerMetadata, ensemble: Ensemble) -> LedgerMetadata:
+    """R9: the record with `ensemble` added (or replacing the last one when it starts at
+    the same entry: nothing was acknowledged on that one). A writer changes an OPEN
+    ledger; a recovery replacing a member while re-adding (R20) one IN_RECOVERY."""
+    if metadata.state is LedgerState.CLOSED:
+        raise LedgerClosed(metadata.ledger_id)
+    last = metadata.ensembles[-1]
+    if ensemble.first_entry_id < last.first_entry_id:
+        raise ValueError(
+            f"ledger {metadata.ledger_id}: a new ensemble at entry {ensemble.first_entry_id} "
+            f"would start before the last one's first entry {last.first_entry_id}"
+        )
+    changed = metadata.with_ensemble(ensemble)
+    changed.validate()
+    return changed
+
+
+def in_recovery(metadata: LedgerMetadata) -> LedgerMetadata:
+    """R16: the record a recovery compare-and-sets an OPEN ledger to."""
+    if metadata.state is LedgerState.CLOSED:
+        raise LedgerClosed(metadata.ledger_id)
+    return _with_state(metadata, LedgerState.IN_RECOVERY)
+
+
+def closed_at(metadata: LedgerMetadata, last_entry_id: int, length: int) -> LedgerMetadata:
+    """R14/R21/R22: the record CLOSED at `last_entry_id` with the ledger's `length`.
+    R15: a CLOSED record never changes its last entry or length."""
+    if metadata.state is LedgerState.CLOSED:
+        if (metadata.last_entry_id, metadata.length) == (last_entry_id, length):
+            return metadata
+        raise LedgerClosed(metadata.ledger_id)
+    if last_entry_id < metadata.ensembles[-1].first_entry_id - 1:
+        raise ValueError(
+            f"ledger {metadata.ledger_id}: closing at entry {last_entry_id} would drop "
+            f"entries before the last ensemble's first entry "
+            f"{metadata.ensembles[-1].first_entry_id}, acknowledged before it was added (R18)"
+        )
+    closed = metadata.closed(last_entry_id, length)
+    closed.validate()
+    return closed
+
+
+class WriterRetry(enum.Enum):
+    RETRY = "retry"  # still OPEN: build the change again on the version re-read
+    APPLIED = "applied"  # the change is in the record (a timed-out write that took)
+
+
+def writer_after_conflict(
+    reread: Versioned[LedgerMetadata], intended: Ensemble | None = None
+) -> WriterRetry:
+    """R11: a writer's compare-and-set failed and it re-read the record. OPEN: retry
+    (or, when the re-read record already ends with the `intended` ensemble, the
+    change took). IN_RECOVERY or CLOSED: raises LedgerFenced; every pending and later
+    append fails with it."""
+    metadata = reread.value
+    if metadata.state is not LedgerState.OPEN:
+        raise LedgerFenced(metadata.ledger_id)
+    if intended is not None and metadata.ensembles[-1] == intended:
+        return WriterRetry.APPLIED
+    return WriterRetry.RETRY
+
+
+class RecoveryRetry(enum.Enum):
+    RETRY = "retry"  # not closed: start again from the record re-read (R16)
+    CLOSED = "closed"  # another recovery (or the writer) closed it: that result stands
+
+
+def recovery_after_conflict(reread: Versioned[LedgerMetadata]) -> RecoveryRetry:
+    """R16/R22: a recovery's compare-and-set failed and it re-read the record."""
+    if reread.value.state is LedgerState.CLOSED:
+        return RecoveryRetry.CLOSED
+    return RecoveryRetry.RETRY
+
+
+def _with_state(metadata: LedgerMetadata, state: LedgerState) -> LedgerMetadata:
+    changed = replace(metadata, state=state)
+    changed.validate()
+    return changed

@@ -1,0 +1,97 @@
+"""Placement (R1, R2): which registered nodes hold a new ensemble, and which node
+replaces a failed member.
+
+Deterministic given its inputs: the caller passes the registrations (the store's
+`list_nodes(writable_only=True)`, live ones only) and a `random.Random`, so a seeded
+simulation replays the same choices.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Collection, Iterable, Sequence
+
+from pora.client.replication.errors import NotEnoughNodes
+from pora.meta.records import EnsembleMember, NodeRegistration
+
+#: the rack of a registration that carries no label: all such nodes count as one rack
+UNLABELLED = ""
+
+
+def choose_ensemble(
+    nodes: Iterable[NodeRegistration], size: int, rng: random.Random
+) -> tuple[EnsembleMember, ...]:
+    """R1/R2: `size` distinct writable nodes, spread over racks (distinct racks when
+    there are enough, else as evenly as the racks allow), more free bytes first, ties
+    broken by `rng`. NotEnoughNodes when fewer than `size` qualify."""
+    if size < 1:
+        raise ValueError(f"an ensemble has at least one node, not {size}")
+    candidates = _candidates(nodes, excluded=())
+    if len(candidates) < size:
+        raise NotEnoughNodes(len(candidates), size)
+    return _pick(candidates, size, rng, Counter())
+
+
+def choose_replacements(
+    nodes: Iterable[NodeRegistration],
+    ensemble: Sequence[EnsembleMember],
+    failed: Collection[EnsembleMember],
+    rng: random.Random,
+    excluded: Collection[str] = (),
+) -> dict[EnsembleMember, EnsembleMember]:
+    """R9: a replacement for each failed member of `ensemble`, never a current member
+    nor an address in `excluded` (every node that failed for this ledger). Replacements
+    favour racks the surviving members do not use. NotEnoughNodes when too few remain."""
+    failed_set = set(failed)
+    unknown = failed_set.difference(ensemble)
+    if unknown:
+        raise ValueError(f"members {sorted(m.address for m in unknown)} are not in the ensemble")
+    out = {m.address for m in ensemble} | set(excluded)
+    registered = list(nodes)
+    racks = {node.address: node.rack or UNLABELLED for node in registered}
+    candidates = _candidates(registered, excluded=out)
+    if len(candidates) < len(failed_set):
+        raise NotEnoughNodes(len(candidates), len(failed_set), excluded=len(out))
+    survivors = Counter(
+        racks.get(member.address, UNLABELLED) for member in ensemble if member not in failed_set
+    )
+    chosen = _pick(candidates, len(failed_set), rng, survivors)
+    in_order = [member for member in ensemble if member in failed_set]
+    return dict(zip(in_order, chosen, strict=True))
+
+
+def _candidates(
+    nodes: Iterable[NodeRegistration], excluded: Collection[str]
+) -> list[NodeRegistration]:
+    """Writable registrations by address, each address once, sorted so the input's
+    order never changes the choice."""
+    by_address: dict[str, NodeRegistration] = {}
+    for node in nodes:
+        if not node.read_only and node.address not in excluded:
+            by_address[node.address] = node
+    return [by_address[address] for address in sorted(by_address)]
+
+
+def _pick(
+    candidates: list[NodeRegistration],
+    count: int,
+    rng: random.Random,
+    rack_use: Counter[str],
+) -> tuple[EnsembleMember, ...]:
+    """Greedy: each turn takes, from the racks used least so far, the node with the most
+    free bytes (ties at random). Taking the least-used rack first gives distinct racks
+    while unused ones remain and an even spread after."""
+    tiebreak = {node.address: rng.random() for node in candidates}
+    left = list(candidates)
+    rack_use = Counter(rack_use)
+    chosen: list[EnsembleMember] = []
+    for _ in range(count):
+        best = min(
+            left,
+            key=lambda n: (rack_use[n.rack or UNLABELLED], -n.free_bytes, tiebreak[n.address]),
+        )
+        left.remove(best)
+        rack_use[best.rack or UNLABELLED] += 1
+        chosen.append(EnsembleMember(best.address, best.instance_id))
+    return tuple(chosen)

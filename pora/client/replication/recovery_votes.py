@@ -1,0 +1,183 @@
+"""A recovery's quorum bookkeeping: fencing coverage (R17), where reading starts
+(R18), and each entry's present/absent vote (R19).
+
+Both trackers count answers per member of the write set, by address, so a repeated
+answer never counts twice; the I/O layer turns the nodes' responses into the calls
+below and acts on `covered` and `outcome`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+
+from pora.client.replication.entry_format import ReplicatedEntry, decode_entry
+from pora.client.replication.errors import EntryDamaged
+from pora.client.replication.quorum import write_set_positions
+from pora.meta.records import Ensemble, EnsembleMember
+
+
+def absence_quorum(write_quorum: int, ack_quorum: int) -> int:
+    """Qw - Qa + 1: that many members of a write set fenced, or answering "no such
+    entry", leave at most Qa - 1 that could acknowledge or hold the entry."""
+    if not write_quorum >= ack_quorum >= 1:
+        raise ValueError(f"quorums Qw={write_quorum} Qa={ack_quorum} break Qw >= Qa >= 1")
+    return write_quorum - ack_quorum + 1
+
+
+class FenceCoverage:
+    """R17: fencing covers the last ensemble once every write set has Qw - Qa + 1
+    fenced members; then no write set has Qa unfenced members and the old writer can
+    acknowledge nothing more. Any answer to a fencing read fences that node, whatever
+    its instance id: a wiped node fences the ledger like any other."""
+
+    def __init__(self, ensemble: Ensemble, write_quorum: int, ack_quorum: int) -> None:
+        self.ensemble = ensemble
+        self.needed = absence_quorum(write_quorum, ack_quorum)
+        size = len(ensemble.members)
+        if write_quorum > size:
+            raise ValueError(f"write quorum {write_quorum} exceeds the ensemble's {size} nodes")
+        # every distinct write set of the ensemble: one per starting position
+        self._write_sets = sorted(
+            {tuple(sorted(write_set_positions(start, size, write_quorum))) for start in range(size)}
+        )
+        self._addresses = [member.address for member in ensemble.members]
+        self._fenced: set[int] = set()
+
+    def record_fenced(self, address: str) -> bool:
+        """The node at `address` answered a fencing read. Returns `covered`."""
+        if address in self._addresses:
+            self._fenced.add(self._addresses.index(address))
+        return self.covered
+
+    @property
+    def fenced(self) -> frozenset[str]:
+        return frozenset(self._addresses[p] for p in self._fenced)
+
+    @property
+    def covered(self) -> bool:
+        return not self.uncovered_write_sets()
+
+    def uncovered_write_sets(self) -> list[tuple[EnsembleMember, ...]]:
+        """The write sets still short of fenced members (for the error a recovery that
+        times out raises)."""
+        members = self.ensemble.members
+        return [
+            tuple(members[p] for p in positions)
+            for positions in self._write_sets
+            if len(self._fenced.intersection(positions)) < self.needed
+        ]
+
+
+def recovery_start(reported_lacs: Iterable[int], last_ensemble: Ensemble) -> int:
+    """R18: the first entry a recovery reads: after the highest LAC the fenced nodes
+    reported, and never before the last ensemble's first entry (every entry before it
+    was acknowledged before the ensemble change that created it, while the new
+    ensemble's members report LAC -1)."""
+    highest = max(reported_lacs, default=-1)
+    return max(highest, last_ensemble.first_entry_id - 1) + 1
+
+
+class VoteOutcome(enum.Enum):
+    PRESENT = "present"  # a member of the right instance returned it, crc valid
+    ABSENT = "absent"  # Qw - Qa + 1 members of the right instance said no such entry
+    WAITING = "waiting"  # answers missing that could still decide
+    UNKNOWN = "unknown"  # every member answered and nothing decided: ask again
+
+
+class EntryRecoveryVote:
+    """R19: whether one entry exists, from fencing reads to its write set.
+
+    Only answers from a member whose instance id is the ensemble's count: a node whose
+    data dir was wiped never held what the old one did (BookKeeper #2612). Errors,
+    CORRUPT, timeouts and crc failures leave a member undecided, never negative
+    (#2908). Absence needs Qw - Qa + 1 negatives, not the whole write set, so one
+    hung node cannot stall recovery (#1067). Present wins over absent: recovering an
+    entry that was never acknowledged is allowed, losing an acknowledged one is not.
+    """
+
+    def __init__(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        write_set: Sequence[EnsembleMember],
+        ack_quorum: int,
+    ) -> None:
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.write_set = tuple(write_set)
+        self.needed = absence_quorum(len(self.write_set), ack_quorum)
+        self._instances = {member.address: member.instance_id for member in self.write_set}
+        self._negative: set[str] = set()
+        self._undecided: dict[str, str] = {}  # address -> why its answer did not count
+        self._entry: ReplicatedEntry | None = None
+        #: replicas whose bytes failed the crc check, to report (R24: never returned)
+        self.damaged: list[tuple[str, EntryDamaged]] = []
+
+    def _ours(self, address: str, instance_id: str) -> bool:
+        expected = self._instances.get(address)
+        if expected is None:
+            return False
+        if instance_id != expected:
+            self._undecided[address] = (
+                f"instance {instance_id}, not the ensemble's {expected} (data dir replaced)"
+            )
+            return False
+        return True
+
+    def record_entry(self, address: str, instance_id: str, data: bytes | memoryview) -> None:
+        """`address` returned the entry's bytes."""
+        if not self._ours(address, instance_id):
+            return
+        try:
+            entry = decode_entry(self.ledger_id, self.entry_id, data)
+        except EntryDamaged as damage:
+            self.damaged.append((address, damage))
+            self._undecided[address] = damage.what
+            return
+        self._undecided.pop(address, None)
+        if self._entry is None:
+            self._entry = entry
+
+    def record_no_such_entry(self, address: str, instance_id: str) -> None:
+        """`address` answered NO_SUCH_ENTRY to the fencing read."""
+        if self._ours(address, instance_id):
+            self._undecided.pop(address, None)
+            self._negative.add(address)
+
+    def record_error(self, address: str, reason: str) -> None:
+        """Any other answer (an error, CORRUPT, a timeout, a lost connection)."""
+        if address in self._instances and address not in self._negative:
+            self._undecided[address] = reason
+
+    def ask_again(self) -> tuple[EnsembleMember, ...]:
+        """Forget the undecided answers; returns the members to ask again."""
+        self._undecided.clear()
+        return self.members_to_ask()
+
+    def members_to_ask(self) -> tuple[EnsembleMember, ...]:
+        decided = self._negative | set(self._undecided)
+        return tuple(m for m in self.write_set if m.address not in decided)
+
+    @property
+    def entry(self) -> ReplicatedEntry | None:
+        return self._entry
+
+    @property
+    def negatives(self) -> frozenset[str]:
+        return frozenset(self._negative)
+
+    @property
+    def undecided(self) -> dict[str, str]:
+        """Members whose answer did not count, and why (for the error message)."""
+        return dict(self._undecided)
+
+    @property
+    def outcome(self) -> VoteOutcome:
+        if self._entry is not None:
+            return VoteOutcome.PRESENT
+        if len(self._negative) >= self.needed:
+            return VoteOutcome.ABSENT
+        if self.members_to_ask():
+            return VoteOutcome.WAITING
+        return VoteOutcome.UNKNOWN
