@@ -1,0 +1,66 @@
+"""The replicating client's settings: failure detection, waits and bounds. Every
+queue and wait the client keeps has its limit here (docs/replication.md names the
+rule each one serves)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pora.meta.store import MetadataConfig
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    #: R8: a request to a node with no answer after this long fails that node for the
+    #: ledger (a write: ensemble change; a read: the next replica)
+    node_timeout_s: float = 10.0
+    #: connecting to a node gives up after this long (then R8)
+    connect_timeout_s: float = 5.0
+    #: R12: with no replacement node, appends wait this long for one to register
+    ensemble_change_timeout_s: float = 30.0
+    #: R7: an idle writer tells the nodes its newer LAC after this long
+    lac_flush_interval_s: float = 1.0
+    #: R24: a read with no answer after this long is also sent to the next replica
+    speculative_read_delay_s: float = 0.05
+    #: R25: a tail's long poll waits on a node this long before asking again
+    tail_poll_wait_s: float = 10.0
+    #: R17, R19: a recovery asks a member that gave no usable answer this many times
+    recovery_attempts_max: int = 3
+    #: R17: fencing waits this long for coverage before the recovery fails
+    recovery_fence_timeout_s: float = 30.0
+    #: appends of one ledger sent and not yet acknowledged (or failed), at most;
+    #: `append` waits for room
+    pending_appends_per_ledger_max: int = 10_000
+    #: payload bytes of appends pending over all ledgers of one client, at most
+    pending_bytes_max: int = 256 << 20
+    #: add calls in flight to one node for one ledger, at most
+    calls_in_flight_per_node_max: int = 8
+    #: entries and bytes a sequential read asks a node for in one range read
+    read_range_entries_max: int = 1000
+    read_range_bytes_max: int = 4 << 20
+    #: the metadata store's settings (timeouts, id blocks, ZooKeeper session)
+    metadata: MetadataConfig = field(default_factory=MetadataConfig)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "node_timeout_s",
+            "connect_timeout_s",
+            "ensemble_change_timeout_s",
+            "lac_flush_interval_s",
+            "tail_poll_wait_s",
+            "recovery_fence_timeout_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ClientConfig.{name} must be positive")
+        if self.speculative_read_delay_s < 0:
+            raise ValueError("ClientConfig.speculative_read_delay_s must be >= 0")
+        for name in (
+            "recovery_attempts_max",
+            "pending_appends_per_ledger_max",
+            "pending_bytes_max",
+            "calls_in_flight_per_node_max",
+            "read_range_entries_max",
+            "read_range_bytes_max",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ClientConfig.{name} must be >= 1")
