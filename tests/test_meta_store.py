@@ -400,3 +400,17 @@ def test_opens_while_another_process_holds_a_fresh_file(run: Runner, tmp_path: P
         run(main)
     finally:
         other_process.close()
+
+
+def test_sqlite_schema_reserves_the_streams_table(run: Runner, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/meta.db"
+
+    async def body(store: MetadataStore) -> None:
+        await store.list_ledgers()
+
+    with_store(run, url, body)
+    with sqlite3.connect(tmp_path / "meta.db") as conn:
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(streams)")]
+    assert {"ledgers", "nodes", "id_blocks", "streams"} <= tables
+    assert columns == ["name", "version", "record"]

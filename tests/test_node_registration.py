@@ -21,6 +21,8 @@ from serve_helpers import http_get, samples
 from waiting import wait_until_true
 from zookeeper_support import fresh_zk_url
 
+from pora.meta.errors import MetadataUnavailable
+from pora.meta.local_zookeeper import LocalZooKeeper
 from pora.meta.records import NodeRegistration
 from pora.meta.store import MetadataStore, open_metadata
 from pora.node.datadir import open_data_dir
@@ -259,3 +261,33 @@ async def test_a_lost_registration_is_registered_again_unless_another_holds_it(
         await registrar.tick()
         assert registrar.status.registered
         assert (await registered(store)).instance_id == "instance-a"
+
+
+@pytest.mark.slow
+async def test_a_served_node_stays_registered_through_a_zookeeper_restart(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """ZooKeeper stopped for longer than the node's session (its 1 s lease) and started
+    again: the node is registered afterwards (its session restored by the server, or its
+    registration re-created in a new one), keeps renewing, and still unregisters on
+    SIGTERM."""
+    with LocalZooKeeper(tmp_path / "zookeeper", force_sync=False) as server:
+        url = server.url("/restart")
+        async with serve(data_dir, tmp_path, url) as node:
+            assert node.address in await nodes_in(url)
+            await trio.to_thread.run_sync(server.stop)
+            await trio.sleep(LEASE_S * 2.5)  # the outage: real time, longer than the session
+            await trio.to_thread.run_sync(server.start)
+
+            async def registered() -> bool:
+                try:
+                    return node.address in await nodes_in(url)
+                except MetadataUnavailable:
+                    return False
+
+            await wait_until_true(registered, 20)
+            await trio.sleep(LEASE_S * 2)  # renewals go on after the outage
+            assert node.address in await nodes_in(url)
+            assert node.process.poll() is None
+            assert await stop(node) == 0
+            assert await nodes_in(url) == {}

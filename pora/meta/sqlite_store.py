@@ -47,6 +47,9 @@ SCHEMA = (
     " read_only INTEGER NOT NULL, free_bytes INTEGER NOT NULL, rack TEXT,"
     " last_seen_ms INTEGER NOT NULL, lease_expires_ms INTEGER NOT NULL,"
     " version INTEGER NOT NULL)",
+    # the streams layer's named records (a name -> a versioned document), reserved
+    "CREATE TABLE IF NOT EXISTS streams (name TEXT PRIMARY KEY,"
+    " version INTEGER NOT NULL, record BLOB NOT NULL)",
     "INSERT OR IGNORE INTO id_blocks (name, next_id) VALUES ('ledger', 0)",
 )
 BUSY_SHARE_OF_TIMEOUT = 0.8
