@@ -4,6 +4,7 @@ option and running a query against the store, its errors turned into exit status
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -32,6 +33,9 @@ def query_metadata(url: str, query: Callable[[MetadataStore], Awaitable[T]]) -> 
     async def main() -> T:
         async with open_metadata(url) as store:
             return await query(store)
+
+    # kazoo logs each failed connection attempt; the command's own error says it once
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)
 
     try:
         return trio.run(main)

@@ -63,6 +63,8 @@ UNKNOWN_OUTCOME = (ConnectionLoss, SessionExpiredError, OperationTimeoutError, K
 RECONNECT_DELAY_MAX_S = 1.0
 #: pause before a read cut off by a lost connection is sent again
 READ_RETRY_PAUSE_S = 0.02
+#: opening a store waits for a server this share of the call timeout
+CONNECT_SHARE_OF_TIMEOUT = 0.9
 
 Wake = Callable[[Callable[[], object]], object]
 
@@ -116,12 +118,14 @@ class ZooKeeperMetadataStore:
     # --- connection, threads, errors
 
     def _connect(self) -> None:
+        # within the call's own timeout, so that this message, not the call's, says why
+        start_timeout_s = self._config.call_timeout_s * CONNECT_SHARE_OF_TIMEOUT
         try:
-            self.client.start(timeout=self._config.call_timeout_s)
+            self.client.start(timeout=start_timeout_s)
         except KazooTimeoutError:
             raise MetadataUnavailable(
                 self._url,
-                f"no ZooKeeper server answered within {self._config.call_timeout_s:g} s",
+                f"no ZooKeeper server answered within {start_timeout_s:g} s",
                 f"is ZooKeeper running at {self._hosts}? check the URL's host list "
                 f"(the chroot {self.paths.root} is created if missing)",
             ) from None
