@@ -1,0 +1,412 @@
+"""`LedgerWriter`: a ledger's write path (docs/replication.md R4..R15).
+
+Cheap per append: `append` takes the next id synchronously, encodes the entry,
+registers it with the `AckTracker` and queues it; the entries queued in one scheduler
+turn share one waiter, and the ledger's one sender task wakes once per turn, takes
+everything queued and makes ONE `add_entries` call per node of the ensemble (the
+channel coalesces further across ledgers). Answers are counted in bulk
+(`record_acks`), and the acknowledged range completes its waiters in one pass.
+Several calls per node may be in flight (`calls_in_flight_per_node_max`): a turn
+never waits for the previous turn's answers.
+
+Failures (R8) go to one ensemble-change task per ledger (R9..R12), one change at a
+time; refusals (R13) end the writer. The `AckTracker` decides every
+acknowledgement; this module only feeds it answers and wakes waiters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import anyio
+import anyio.abc
+
+from journal.errors import PoraError
+from ledger.errors import (
+    EntryConflict,
+    EntryTooLarge,
+    InvalidArgument,
+    LedgerClosed,
+    LedgerFenced,
+    Unauthorized,
+)
+from pora.client.replication.budget import Budget
+from pora.client.replication.ensemble_change import EnsembleChanger, WriterContext
+from pora.client.replication.entry_format import HEADER_BYTES, encode_entry
+from pora.client.replication.quorum import AckTracker
+from pora.meta.records import EnsembleMember, LedgerMetadata, Versioned
+
+_log = logging.getLogger("pora.client.writer")
+
+
+class ClientClosed(PoraError):
+    """The client a ledger writer belongs to ended with appends still pending."""
+
+    def __init__(self, ledger_id: int) -> None:
+        self.ledger_id = ledger_id
+        super().__init__(
+            f"ledger {ledger_id}: the client was closed with this append pending; its "
+            "outcome is unknown (open the ledger with recovery to learn what it holds)"
+        )
+
+
+@dataclass(eq=False)
+class _TurnWaiter:
+    """The entries added in one scheduler turn, up to `last`, wait on one event."""
+
+    last: int
+    event: anyio.Event
+
+
+class LedgerWriter:
+    def __init__(
+        self, context: WriterContext, record: Versioned[LedgerMetadata], master_key: bytes
+    ) -> None:
+        metadata = record.value
+        self.ledger_id = metadata.ledger_id
+        self._context = context
+        self._master_key = master_key
+        self._tracker = AckTracker(
+            metadata.ledger_id, metadata.write_quorum, metadata.ack_quorum, metadata.ensembles[-1]
+        )
+        self._changer = EnsembleChanger(
+            context, record, self._tracker, self._fail, self._acknowledged
+        )
+        config = context.config
+        self._room = Budget(
+            config.pending_appends_per_ledger_max, f"ledger {self.ledger_id}'s pending appends"
+        )
+        self._entries: dict[int, tuple[bytes, int]] = {}  # pending id -> (entry, length_after)
+        self._length = 0  # length_after of the last entry added
+        self._acked_length = 0  # length_after of the LAC
+        self._outbox: list[int] = []  # added, not yet taken by the sender
+        self._resends: list[tuple[EnsembleMember, list[tuple[int, bytes]]]] = []
+        self._turn: _TurnWaiter | None = None
+        self._waiters: deque[_TurnWaiter] = deque()
+        self._wake = anyio.Event()
+        self._lac_dirty = anyio.Event()
+        self._lac_sent = -1
+        self._sends = 0
+        self._slots: dict[EnsembleMember, anyio.Semaphore] = {}
+        self._error: PoraError | None = None
+        self._closing = False
+        self._closed = False
+        self._close_lock = anyio.Lock()
+        self._scope: anyio.CancelScope | None = None
+        self._stopped = anyio.Event()
+        self._on_closed: Callable[[LedgerWriter], None] = lambda writer: None
+
+    # -- the application's side ---------------------------------------------------------
+
+    @property
+    def last_add_confirmed(self) -> int:
+        """R4: the highest id acknowledged with every one before it (-1: none)."""
+        return self._tracker.last_add_confirmed
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        """The ledger's record as this writer last wrote or read it."""
+        return self._changer.record.value
+
+    async def __aenter__(self) -> LedgerWriter:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def append(self, payload: bytes) -> int:
+        """Append one entry; returns its id once Qa nodes of its write set hold it and
+        every earlier entry is acknowledged (R4). Waits for room when the ledger's or
+        the client's pending bounds are reached."""
+        self._check_writable()
+        await self._reserve(1, len(payload))
+        entry_id, waiter = self._add(payload)
+        await waiter.event.wait()
+        if entry_id <= self._tracker.last_add_confirmed:
+            return entry_id
+        assert self._error is not None
+        raise self._error
+
+    async def append_many(self, payloads: Sequence[bytes]) -> list[int]:
+        """Append entries in order; returns their ids once all are acknowledged."""
+        ids: list[int] = []
+        last: _TurnWaiter | None = None
+        step = self._room.limit
+        for start in range(0, len(payloads), step):
+            chunk = payloads[start : start + step]
+            self._check_writable()
+            await self._reserve(len(chunk), sum(len(p) for p in chunk))
+            for payload in chunk:
+                entry_id, last = self._add(payload)
+                ids.append(entry_id)
+        if last is None:
+            return ids
+        await last.event.wait()
+        if ids[-1] <= self._tracker.last_add_confirmed:
+            return ids
+        assert self._error is not None
+        raise self._error
+
+    async def close(self) -> None:
+        """R14: wait for the pending appends, set the record CLOSED at the LAC with the
+        ledger's length (R11 on a conflict: LedgerFenced), then seal the last
+        ensemble's nodes (best effort). Closing a closed writer returns."""
+        async with self._close_lock:
+            if self._closed:
+                return
+            self._closing = True
+            while self._waiters:
+                await self._waiters[-1].event.wait()
+            try:
+                await self._changer.close_record(
+                    self._tracker.last_add_confirmed, self._acked_length
+                )
+            finally:
+                self._closed = True
+                self._on_closed(self)
+                await self._stop()
+            await self._changer.seal(self._tracker.last_add_confirmed, self._master_key)
+
+    # -- the client's side --------------------------------------------------------------
+
+    async def start(
+        self, task_group: anyio.abc.TaskGroup, on_closed: Callable[[LedgerWriter], None]
+    ) -> None:
+        """Run the ledger's sender, ensemble changer and LAC flusher in `task_group`;
+        `on_closed(self)` once closed."""
+        self._on_closed = on_closed
+        await task_group.start(self._run)
+
+    async def abandon(self) -> None:
+        """The client ends: pending appends fail with ClientClosed; tasks stop."""
+        self._fail(ClientClosed(self.ledger_id))
+        self._closed = True
+        await self._stop()
+
+    async def _run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        try:
+            async with anyio.create_task_group() as tasks:
+                self._scope = tasks.cancel_scope
+                tasks.start_soon(self._send_loop, tasks)
+                tasks.start_soon(self._changer.run, self._wake_sender, self._queue_resend)
+                tasks.start_soon(self._lac_flush_loop)
+                task_status.started()
+        finally:
+            self._stopped.set()
+
+    async def _stop(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+            await self._stopped.wait()
+
+    # -- adding -------------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closing:
+            raise LedgerClosed(self.ledger_id)
+
+    async def _reserve(self, count: int, size: int) -> None:
+        if not self._room.try_take(count):
+            await self._room.take(count)
+        pending_bytes = self._context.pending_bytes
+        if not pending_bytes.try_take(size):
+            try:
+                await pending_bytes.take(size)
+            except BaseException:
+                self._room.give(count)
+                raise
+        if self._error is not None or self._closing:
+            self._room.give(count)
+            pending_bytes.give(size)
+            self._check_writable()
+
+    def _add(self, payload: bytes) -> tuple[int, _TurnWaiter]:
+        tracker = self._tracker
+        entry_id = tracker.next_entry_id
+        length_after = self._length + len(payload)
+        entry = encode_entry(self.ledger_id, entry_id, length_after, payload)
+        tracker.add(entry_id)
+        self._length = length_after
+        self._entries[entry_id] = (entry, length_after)
+        self._outbox.append(entry_id)
+        turn = self._turn
+        if turn is None:
+            turn = self._turn = _TurnWaiter(entry_id, anyio.Event())
+            self._waiters.append(turn)
+        else:
+            turn.last = entry_id
+        if not self._wake.is_set():
+            self._wake.set()
+        return entry_id, turn
+
+    # -- sending (R4) -------------------------------------------------------------------
+
+    def _wake_sender(self) -> None:
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def _queue_resend(self, member: EnsembleMember, entry_ids: Sequence[int]) -> None:
+        """R10: pending entries a replacement must be sent (those still in the outbox go
+        out with their turn, to the new ensemble)."""
+        first_unsent = self._outbox[0] if self._outbox else self._tracker.next_entry_id
+        entries = [(i, self._entries[i][0]) for i in entry_ids if i < first_unsent]
+        if entries:
+            self._resends.append((member, entries))
+
+    async def _send_loop(self, tasks: anyio.abc.TaskGroup) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            batch, self._outbox = self._outbox, []
+            resends, self._resends = self._resends, []
+            self._turn = None
+            if self._error is None:
+                self._dispatch(batch, resends, tasks)
+
+    def _dispatch(
+        self,
+        batch: list[int],
+        resends: list[tuple[EnsembleMember, list[tuple[int, bytes]]]],
+        tasks: anyio.abc.TaskGroup,
+    ) -> None:
+        tracker = self._tracker
+        members = tracker.ensemble.members
+        size, quorum = len(members), tracker.write_quorum
+        failed = tracker.failed_members
+        entries = self._entries
+        everything = [(i, entries[i][0]) for i in batch]
+        for member, resent in resends:
+            if member in members and member not in failed:
+                tasks.start_soon(self._send, member, resent)
+        if not everything:
+            return
+        for position, member in enumerate(members):
+            if member in failed:
+                continue  # its entries go to its replacement (R10)
+            if quorum == size:
+                mine = everything
+            else:  # R3: position p holds entry i when (p - i) mod E < Qw
+                mine = [item for item in everything if (position - item[0]) % size < quorum]
+            if mine:
+                tasks.start_soon(self._send, member, mine)
+
+    async def _send(self, member: EnsembleMember, entries: list[tuple[int, bytes]]) -> None:
+        slots = self._slots.get(member)
+        if slots is None:
+            slots = self._slots[member] = anyio.Semaphore(
+                self._context.config.calls_in_flight_per_node_max
+            )
+        async with slots:
+            if self._error is not None or member not in self._tracker.ensemble.members:
+                return  # replaced meanwhile: the replacement was sent these (R10)
+            lac = self._tracker.last_add_confirmed
+            outcomes = await self._call_add(member, entries, lac)
+        if outcomes is None:
+            return
+        self._sends += 1
+        self._lac_sent = max(self._lac_sent, lac)
+        stored: list[int] = []
+        for (entry_id, _), outcome in zip(entries, outcomes, strict=True):
+            if outcome is not None:
+                self._refused(member, outcome)
+                return
+            stored.append(entry_id)
+        self._acknowledged(self._tracker.record_acks(member, stored))
+
+    async def _call_add(
+        self, member: EnsembleMember, entries: list[tuple[int, bytes]], lac: int
+    ) -> list[PoraError | None] | None:
+        """One add call, bounded by `node_timeout_s`; None when the member failed (R8)."""
+        timeout_s = self._context.config.node_timeout_s
+        failure: BaseException | None = None
+        with anyio.move_on_after(timeout_s):
+            try:
+                channel = await self._context.pool.channel(member.address)
+                return await channel.add_entries(
+                    self.ledger_id,
+                    entries,
+                    master_key=self._master_key,
+                    last_add_confirmed=lac,
+                    instance_id=member.instance_id,
+                    timeout_s=timeout_s,
+                )
+            except (PoraError, OSError) as error:
+                failure = error
+        self._changer.member_failed(member, failure or TimeoutError(f"no answer in {timeout_s} s"))
+        return None
+
+    def _refused(self, member: EnsembleMember, error: PoraError) -> None:
+        """R13: a refusal of the ledger ends the writer (FENCED fences it; UNAUTHORIZED
+        and CLOSED fail it with that error); a conflicting or oversized entry is a bug or
+        a misuse that stops the ledger at that entry; anything else fails the member."""
+        if isinstance(error, LedgerFenced | Unauthorized | LedgerClosed):
+            self._fail(error)
+        elif isinstance(error, EntryConflict | EntryTooLarge | InvalidArgument):
+            _log.error("ledger %d: node %s refused an entry: %s", self.ledger_id, member, error)
+            self._fail(error)
+        else:
+            self._changer.member_failed(member, error)
+
+    # -- completing ---------------------------------------------------------------------
+
+    def _acknowledged(self, acked: range) -> None:
+        """Complete the waiters of an acknowledged range (R4), in one pass."""
+        if not acked:
+            return
+        entries = self._entries
+        size = 0
+        length_after = self._acked_length
+        for entry_id in acked:
+            entry, length_after = entries.pop(entry_id)
+            size += len(entry) - HEADER_BYTES
+        self._acked_length = length_after
+        self._room.give(len(acked))
+        self._context.pending_bytes.give(size)
+        lac = acked[-1]
+        waiters = self._waiters
+        while waiters and waiters[0].last <= lac:
+            waiter = waiters.popleft()
+            if waiter is self._turn:
+                self._turn = None
+            waiter.event.set()
+        self._lac_dirty.set()
+
+    def _fail(self, error: PoraError) -> None:
+        """Every pending and later append fails with `error`; nothing more is
+        acknowledged (R11, R12, R13)."""
+        if self._error is not None:
+            return
+        self._error = error
+        _log.warning("ledger %d: writer stopped: %s", self.ledger_id, error)
+        failed = self._tracker.fence()
+        size = 0
+        for entry_id in failed:
+            entry, _ = self._entries.pop(entry_id)
+            size += len(entry) - HEADER_BYTES
+        self._room.give(len(failed))
+        self._context.pending_bytes.give(size)
+        self._outbox.clear()
+        self._turn = None
+        while self._waiters:
+            self._waiters.popleft().event.set()
+
+    # -- R7 -----------------------------------------------------------------------------
+
+    async def _lac_flush_loop(self) -> None:
+        interval = self._context.config.lac_flush_interval_s
+        while True:
+            await self._lac_dirty.wait()
+            self._lac_dirty = anyio.Event()
+            sends = -1
+            while sends != self._sends:  # idle for a whole interval
+                sends = self._sends
+                await anyio.sleep(interval)
+            lac = self._tracker.last_add_confirmed
+            if self._error is None and lac > self._lac_sent:
+                self._lac_sent = lac
+                await self._changer.write_lac(lac, self._master_key)
