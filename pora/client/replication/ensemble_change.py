@@ -122,7 +122,8 @@ class EnsembleChanger:
                 )
             except (NotEnoughNodes, MetadataError) as error:
                 last_error: PoraError = error
-            if anyio.current_time() + delay > deadline:
+            left = deadline - anyio.current_time()
+            if left <= 0:
                 _log.error(
                     "ledger %d: no replacement for failed node(s) in %.1f s: %s",
                     self._ledger_id,
@@ -131,7 +132,7 @@ class EnsembleChanger:
                 )
                 self._fail(last_error)
                 return None
-            await anyio.sleep(delay)
+            await anyio.sleep(min(delay, left))
             delay = min(delay * 2, _RELIST_MAX_S)
 
     async def _write_ensemble(self, ensemble: Ensemble) -> bool:

@@ -160,6 +160,12 @@ class LedgerWriter:
             self._closing = True
             while self._waiters:
                 await self._waiters[-1].event.wait()
+            if isinstance(self._error, LedgerFenced):
+                # a recovery owns the record now: the writer must not write it (R11)
+                self._closed = True
+                self._on_closed(self)
+                await self._stop()
+                raise self._error
             try:
                 await self._changer.close_record(
                     self._tracker.last_add_confirmed, self._acked_length
