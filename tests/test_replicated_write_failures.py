@@ -192,3 +192,23 @@ async def test_a_record_in_recovery_fences_the_writer_at_its_ensemble_change(
         assert ledger.last_add_confirmed == 0
         record = (await cluster.store.read_ledger(ledger.ledger_id)).value
         assert len(record.ensembles) == 1  # the writer wrote nothing over the recovery
+
+
+async def test_a_writer_fenced_while_waiting_for_a_replacement_changes_nothing(
+    tmp_path: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    mock_clock.autojump_threshold = 0.1
+    async with local_cluster(tmp_path, nodes=3) as cluster, client_on(cluster) as client:
+        ledger = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=3)
+        cluster.set_fault(cluster.addresses[0], Fault.FAIL)
+        key = master_key_from_password("")
+        for address in cluster.addresses[1:]:
+            await cluster.nodes[address].fence_ledger(ledger.ledger_id, master_key=key)
+        with pytest.raises(LedgerFenced):  # R12's wait is under way when R13 fences it
+            await ledger.append(b"a")
+        await cluster.start_node("127.0.0.1:41009")  # a replacement, too late
+        await trio.sleep(5)
+        record = (await cluster.store.read_ledger(ledger.ledger_id)).value
+        assert len(record.ensembles) == 1
+        with pytest.raises(LedgerFenced):
+            await ledger.append(b"b")

@@ -4,7 +4,10 @@ acknowledgements in order (R4), the LAC piggybacked and flushed (R4, R7), close
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import trio
@@ -14,8 +17,10 @@ from waiting import wait_until_true
 from writer_support import client_on, holders, payload_on
 
 import pora
+from journal.errors import PoraError
 from ledger.errors import LedgerClosed, NoSuchEntry, NoSuchLedger, Unauthorized
 from netio.security import master_key_from_password
+from pora.client.channel import NodeChannel
 from pora.client.replication.budget import Budget
 from pora.client.replication.errors import NotEnoughNodes
 from pora.client.replication.quorum import entry_write_set
@@ -233,3 +238,38 @@ async def test_pora_exports_the_client() -> None:
     assert pora.connect is not None
     assert pora.LedgerWriter.__name__ == "LedgerWriter"
     assert issubclass(pora.ClientClosed, pora.PoraError)
+
+
+class _SlowAdds:
+    """A channel whose adds answer `delay_s` late (every other call passes through)."""
+
+    def __init__(self, inner: NodeChannel, delay_s: float) -> None:
+        self._inner = inner
+        self._delay_s = delay_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def add_entries(self, *args: Any, **kwargs: Any) -> list[PoraError | None]:
+        await trio.sleep(self._delay_s)
+        return await self._inner.add_entries(*args, **kwargs)
+
+
+async def test_close_lets_the_replicas_beyond_the_ack_quorum_get_their_copies(
+    tmp_path: Path,
+) -> None:
+    async with local_cluster(tmp_path, nodes=3) as cluster:
+        slow = cluster.addresses[2]
+
+        @asynccontextmanager
+        async def open_channel(address: str) -> AsyncIterator[NodeChannel]:
+            channel = await cluster.channel_for(address)
+            yield cast(NodeChannel, _SlowAdds(channel, 0.2)) if address == slow else channel
+
+        async with pora.connect(cluster.store.url, open_channel=open_channel) as client:
+            ledger = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
+            await ledger.append_many([b"%d" % k for k in range(50)])
+            assert await holders(cluster, ledger.ledger_id, 49) != set(cluster.addresses)
+            await ledger.close()  # R14: acknowledged by two, but the third is written too
+            for entry_id in (0, 25, 49):
+                assert await holders(cluster, ledger.ledger_id, entry_id) == set(cluster.addresses)

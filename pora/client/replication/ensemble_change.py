@@ -92,17 +92,28 @@ class EnsembleChanger:
         while True:
             await self._needed.wait()
             self._needed = anyio.Event()
-            while not self._tracker.fenced and self._tracker.failed_members:
-                replacements = await self._find_replacements()
-                if replacements is None:
-                    return
-                change = self._tracker.change_ensemble(replacements)
-                for member, entry_ids in change.resend.items():
-                    resend(member, entry_ids)
-                wake_sender()
-                if await self._write_ensemble(change.ensemble):
-                    # R10: only now may entries at or after its first entry be acknowledged
-                    self._acknowledged(self._tracker.ensemble_durable(change.ensemble))
+            try:
+                await self._change_while_failed(wake_sender, resend)
+            except MetadataError as error:  # the store failed us (gone, unreachable)
+                self._fail(error)
+                return
+
+    async def _change_while_failed(
+        self,
+        wake_sender: Callable[[], None],
+        resend: Callable[[EnsembleMember, Sequence[int]], None],
+    ) -> None:
+        while not self._tracker.fenced and self._tracker.failed_members:
+            replacements = await self._find_replacements()
+            if replacements is None or self._tracker.fenced:
+                return  # failed meanwhile: nothing to change
+            change = self._tracker.change_ensemble(replacements)
+            for member, entry_ids in change.resend.items():
+                resend(member, entry_ids)
+            wake_sender()
+            if await self._write_ensemble(change.ensemble):
+                # R10: only now may entries at or after its first entry be acknowledged
+                self._acknowledged(self._tracker.ensemble_durable(change.ensemble))
 
     async def _find_replacements(self) -> Mapping[EnsembleMember, EnsembleMember] | None:
         """R9 with R12: wait (listing the nodes again, with backoff) up to

@@ -91,6 +91,8 @@ class LedgerWriter:
         self._lac_sent = -1
         self._sends = 0
         self._slots: dict[EnsembleMember, anyio.Semaphore] = {}
+        self._in_flight = 0  # add calls started and not finished
+        self._calls_done = anyio.Event()
         self._error: PoraError | None = None
         self._closing = False
         self._closed = False
@@ -166,6 +168,10 @@ class LedgerWriter:
                 self._on_closed(self)
                 await self._stop()
                 raise self._error
+            # the Qw - Qa replicas still being written get their copies (bounded)
+            with anyio.move_on_after(self._context.config.node_timeout_s):
+                if self._in_flight:
+                    await self._calls_done.wait()
             try:
                 await self._changer.close_record(
                     self._tracker.last_add_confirmed, self._acked_length
@@ -288,7 +294,7 @@ class LedgerWriter:
         everything = [(i, entries[i][0]) for i in batch]
         for member, resent in resends:
             if member in members and member not in failed:
-                tasks.start_soon(self._send, member, resent)
+                self._start_send(tasks, member, resent)
         if not everything:
             return
         for position, member in enumerate(members):
@@ -299,7 +305,26 @@ class LedgerWriter:
             else:  # R3: position p holds entry i when (p - i) mod E < Qw
                 mine = [item for item in everything if (position - item[0]) % size < quorum]
             if mine:
-                tasks.start_soon(self._send, member, mine)
+                self._start_send(tasks, member, mine)
+
+    def _start_send(
+        self,
+        tasks: anyio.abc.TaskGroup,
+        member: EnsembleMember,
+        entries: list[tuple[int, bytes]],
+    ) -> None:
+        if not self._in_flight:
+            self._calls_done = anyio.Event()
+        self._in_flight += 1
+        tasks.start_soon(self._send_counted, member, entries)
+
+    async def _send_counted(self, member: EnsembleMember, entries: list[tuple[int, bytes]]) -> None:
+        try:
+            await self._send(member, entries)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._calls_done.set()
 
     async def _send(self, member: EnsembleMember, entries: list[tuple[int, bytes]]) -> None:
         slots = self._slots.get(member)
