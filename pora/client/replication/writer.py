@@ -48,8 +48,9 @@ class ClientClosed(PoraError):
     def __init__(self, ledger_id: int) -> None:
         self.ledger_id = ledger_id
         super().__init__(
-            f"ledger {ledger_id}: the client was closed with this append pending; its "
-            "outcome is unknown (open the ledger with recovery to learn what it holds)"
+            f"ledger {ledger_id}: its client was closed: the writer takes no more appends, "
+            "and one pending then has an unknown outcome (open the ledger with recovery to "
+            "learn what it holds)"
         )
 
 
@@ -193,8 +194,13 @@ class LedgerWriter:
         await task_group.start(self._run)
 
     async def abandon(self) -> None:
-        """The client ends: pending appends fail with ClientClosed; tasks stop."""
-        self._fail(ClientClosed(self.ledger_id))
+        """The client ends: pending and later appends fail with ClientClosed; the
+        writer's tasks stop (the ledger stays open: a recovery closes it)."""
+        if self._waiters:
+            self._fail(ClientClosed(self.ledger_id))
+        elif self._error is None:  # nothing pending: nothing to report
+            self._error = ClientClosed(self.ledger_id)
+            self._tracker.fence()
         self._closed = True
         await self._stop()
 
