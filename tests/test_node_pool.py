@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 import pytest
 import trio
 import trio.testing
@@ -33,8 +34,8 @@ async def test_one_channel_per_address_opened_once_and_closed_with_the_pool(
             finally:
                 closed.append(address)
 
-        async with trio.open_nursery() as nursery:
-            pool = NodePool(nursery, open_channel)
+        async with anyio.create_task_group() as tasks:
+            pool = NodePool(tasks, open_channel)
             got: list[NodeChannel] = []
 
             async def ask(address: str) -> None:
@@ -56,13 +57,13 @@ async def test_one_channel_per_address_opened_once_and_closed_with_the_pool(
 async def test_a_channel_that_cannot_open_raises_to_its_caller_and_the_pool_goes_on(
     tmp_path: Path,
 ) -> None:
-    async with local_cluster(tmp_path, nodes=1) as cluster, trio.open_nursery() as nursery:
+    async with local_cluster(tmp_path, nodes=1) as cluster, anyio.create_task_group() as tasks:
 
         @asynccontextmanager
         async def open_channel(address: str) -> AsyncIterator[NodeChannel]:
             yield await cluster.channel_for(address)
 
-        pool = NodePool(nursery, open_channel)
+        pool = NodePool(tasks, open_channel)
         with pytest.raises(ConnectionLost):
             await pool.channel("127.0.0.1:1")  # no node there
         assert (await pool.channel(cluster.addresses[0])).address == cluster.addresses[0]
