@@ -11,7 +11,8 @@ never waits for the previous turn's answers.
 
 Failures (R8) go to one ensemble-change task per ledger (R9..R12), one change at a
 time; refusals (R13) end the writer. The `AckTracker` decides every
-acknowledgement; this module only feeds it answers and wakes waiters.
+acknowledgement; the writer and its sender (`sender.py`) only feed it answers and
+wake waiters.
 """
 
 from __future__ import annotations
@@ -26,18 +27,15 @@ import anyio.abc
 
 from journal.errors import PoraError
 from ledger.errors import (
-    EntryConflict,
-    EntryTooLarge,
-    InvalidArgument,
     LedgerClosed,
     LedgerFenced,
-    Unauthorized,
 )
 from pora.client.replication.budget import Budget
 from pora.client.replication.ensemble_change import EnsembleChanger, WriterContext
 from pora.client.replication.entry_format import HEADER_BYTES, encode_entry
 from pora.client.replication.quorum import AckTracker
-from pora.meta.records import EnsembleMember, LedgerMetadata, Versioned
+from pora.client.replication.sender import Sender
+from pora.meta.records import LedgerMetadata, Versioned
 
 _log = logging.getLogger("pora.client.writer")
 
@@ -83,17 +81,20 @@ class LedgerWriter:
         self._entries: dict[int, tuple[bytes, int]] = {}  # pending id -> (entry, length_after)
         self._length = 0  # length_after of the last entry added
         self._acked_length = 0  # length_after of the LAC
-        self._outbox: list[int] = []  # added, not yet taken by the sender
-        self._resends: list[tuple[EnsembleMember, list[tuple[int, bytes]]]] = []
         self._turn: _TurnWaiter | None = None
         self._waiters: deque[_TurnWaiter] = deque()
-        self._wake = anyio.Event()
         self._lac_dirty = anyio.Event()
-        self._lac_sent = -1
-        self._sends = 0
-        self._slots: dict[EnsembleMember, anyio.Semaphore] = {}
-        self._in_flight = 0  # add calls started and not finished
-        self._calls_done = anyio.Event()
+        self._sender = Sender(
+            self.ledger_id,
+            context,
+            self._tracker,
+            self._entries,
+            master_key,
+            self._changer,
+            self._fail,
+            self._acknowledged,
+            self._end_turn,
+        )
         self._error: PoraError | None = None
         self._closing = False
         self._closed = False
@@ -171,8 +172,7 @@ class LedgerWriter:
                 raise self._error
             # the Qw - Qa replicas still being written get their copies (bounded)
             with anyio.move_on_after(self._context.config.node_timeout_s):
-                if self._in_flight:
-                    await self._calls_done.wait()
+                await self._sender.calls_done()
             try:
                 await self._changer.close_record(
                     self._tracker.last_add_confirmed, self._acked_length
@@ -208,8 +208,8 @@ class LedgerWriter:
         try:
             async with anyio.create_task_group() as tasks:
                 self._scope = tasks.cancel_scope
-                tasks.start_soon(self._send_loop, tasks)
-                tasks.start_soon(self._changer.run, self._wake_sender, self._queue_resend)
+                tasks.start_soon(self._sender.run, tasks)
+                tasks.start_soon(self._changer.run, self._sender.wake, self._sender.queue_resend)
                 tasks.start_soon(self._lac_flush_loop)
                 task_status.started()
         finally:
@@ -251,143 +251,20 @@ class LedgerWriter:
         tracker.add(entry_id)
         self._length = length_after
         self._entries[entry_id] = (entry, length_after)
-        self._outbox.append(entry_id)
+        sender = self._sender
+        sender.outbox.append(entry_id)
         turn = self._turn
         if turn is None:
             turn = self._turn = _TurnWaiter(entry_id, anyio.Event())
             self._waiters.append(turn)
         else:
             turn.last = entry_id
-        if not self._wake.is_set():
-            self._wake.set()
+        sender.wake()
         return entry_id, turn
 
-    # -- sending (R4) -------------------------------------------------------------------
-
-    def _wake_sender(self) -> None:
-        if not self._wake.is_set():
-            self._wake.set()
-
-    def _queue_resend(self, member: EnsembleMember, entry_ids: Sequence[int]) -> None:
-        """R10: pending entries a replacement must be sent (those still in the outbox go
-        out with their turn, to the new ensemble)."""
-        first_unsent = self._outbox[0] if self._outbox else self._tracker.next_entry_id
-        entries = [(i, self._entries[i][0]) for i in entry_ids if i < first_unsent]
-        if entries:
-            self._resends.append((member, entries))
-
-    async def _send_loop(self, tasks: anyio.abc.TaskGroup) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake = anyio.Event()
-            batch, self._outbox = self._outbox, []
-            resends, self._resends = self._resends, []
-            self._turn = None
-            if self._error is None:
-                self._dispatch(batch, resends, tasks)
-
-    def _dispatch(
-        self,
-        batch: list[int],
-        resends: list[tuple[EnsembleMember, list[tuple[int, bytes]]]],
-        tasks: anyio.abc.TaskGroup,
-    ) -> None:
-        tracker = self._tracker
-        members = tracker.ensemble.members
-        size, quorum = len(members), tracker.write_quorum
-        failed = tracker.failed_members
-        entries = self._entries
-        everything = [(i, entries[i][0]) for i in batch]
-        for member, resent in resends:
-            if member in members and member not in failed:
-                self._start_send(tasks, member, resent)
-        if not everything:
-            return
-        for position, member in enumerate(members):
-            if member in failed:
-                continue  # its entries go to its replacement (R10)
-            if quorum == size:
-                mine = everything
-            else:  # R3: position p holds entry i when (p - i) mod E < Qw
-                mine = [item for item in everything if (position - item[0]) % size < quorum]
-            if mine:
-                self._start_send(tasks, member, mine)
-
-    def _start_send(
-        self,
-        tasks: anyio.abc.TaskGroup,
-        member: EnsembleMember,
-        entries: list[tuple[int, bytes]],
-    ) -> None:
-        if not self._in_flight:
-            self._calls_done = anyio.Event()
-        self._in_flight += 1
-        tasks.start_soon(self._send_counted, member, entries)
-
-    async def _send_counted(self, member: EnsembleMember, entries: list[tuple[int, bytes]]) -> None:
-        try:
-            await self._send(member, entries)
-        finally:
-            self._in_flight -= 1
-            if not self._in_flight:
-                self._calls_done.set()
-
-    async def _send(self, member: EnsembleMember, entries: list[tuple[int, bytes]]) -> None:
-        slots = self._slots.get(member)
-        if slots is None:
-            slots = self._slots[member] = anyio.Semaphore(
-                self._context.config.calls_in_flight_per_node_max
-            )
-        async with slots:
-            if self._error is not None or member not in self._tracker.ensemble.members:
-                return  # replaced meanwhile: the replacement was sent these (R10)
-            lac = self._tracker.last_add_confirmed
-            outcomes = await self._call_add(member, entries, lac)
-        if outcomes is None:
-            return
-        self._sends += 1
-        self._lac_sent = max(self._lac_sent, lac)
-        stored: list[int] = []
-        for (entry_id, _), outcome in zip(entries, outcomes, strict=True):
-            if outcome is not None:
-                self._refused(member, outcome)
-                return
-            stored.append(entry_id)
-        self._acknowledged(self._tracker.record_acks(member, stored))
-
-    async def _call_add(
-        self, member: EnsembleMember, entries: list[tuple[int, bytes]], lac: int
-    ) -> list[PoraError | None] | None:
-        """One add call, bounded by `node_timeout_s`; None when the member failed (R8)."""
-        timeout_s = self._context.config.node_timeout_s
-        failure: BaseException | None = None
-        with anyio.move_on_after(timeout_s):
-            try:
-                channel = await self._context.pool.channel(member.address)
-                return await channel.add_entries(
-                    self.ledger_id,
-                    entries,
-                    master_key=self._master_key,
-                    last_add_confirmed=lac,
-                    instance_id=member.instance_id,
-                    timeout_s=timeout_s,
-                )
-            except (PoraError, OSError) as error:
-                failure = error
-        self._changer.member_failed(member, failure or TimeoutError(f"no answer in {timeout_s} s"))
-        return None
-
-    def _refused(self, member: EnsembleMember, error: PoraError) -> None:
-        """R13: a refusal of the ledger ends the writer (FENCED fences it; UNAUTHORIZED
-        and CLOSED fail it with that error); a conflicting or oversized entry is a bug or
-        a misuse that stops the ledger at that entry; anything else fails the member."""
-        if isinstance(error, LedgerFenced | Unauthorized | LedgerClosed):
-            self._fail(error)
-        elif isinstance(error, EntryConflict | EntryTooLarge | InvalidArgument):
-            _log.error("ledger %d: node %s refused an entry: %s", self.ledger_id, member, error)
-            self._fail(error)
-        else:
-            self._changer.member_failed(member, error)
+    def _end_turn(self) -> None:
+        """The sender took the queued entries: later ones start a new turn."""
+        self._turn = None
 
     # -- completing ---------------------------------------------------------------------
 
@@ -427,7 +304,7 @@ class LedgerWriter:
             size += len(entry) - HEADER_BYTES
         self._room.give(len(failed))
         self._context.pending_bytes.give(size)
-        self._outbox.clear()
+        self._sender.outbox.clear()
         self._turn = None
         while self._waiters:
             self._waiters.popleft().event.set()
@@ -439,11 +316,12 @@ class LedgerWriter:
         while True:
             await self._lac_dirty.wait()
             self._lac_dirty = anyio.Event()
-            sends = -1
-            while sends != self._sends:  # idle for a whole interval
-                sends = self._sends
+            sender = self._sender
+            answered = -1
+            while answered != sender.answered:  # idle for a whole interval
+                answered = sender.answered
                 await anyio.sleep(interval)
             lac = self._tracker.last_add_confirmed
-            if self._error is None and lac > self._lac_sent:
-                self._lac_sent = lac
+            if self._error is None and lac > sender.lac_sent:
+                sender.lac_sent = lac
                 await self._changer.write_lac(lac, self._master_key)
