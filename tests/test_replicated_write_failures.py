@@ -16,7 +16,7 @@ from ledger.errors import LedgerFenced
 from netio.security import master_key_from_password
 from pora.client.replication.errors import NotEnoughNodes
 from pora.client.replication.ledger_records import in_recovery
-from pora.client.replication.writer import LedgerWriter
+from pora.client.replication.writer import ClientClosed, LedgerWriter
 
 
 async def _append_all(ledger: LedgerWriter, count: int, first: int = 0) -> list[int]:
@@ -212,3 +212,26 @@ async def test_a_writer_fenced_while_waiting_for_a_replacement_changes_nothing(
         assert len(record.ensembles) == 1
         with pytest.raises(LedgerFenced):
             await ledger.append(b"b")
+
+
+async def test_leaving_the_client_fails_pending_appends_with_client_closed(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path, nodes=1) as cluster:
+        outcomes: list[BaseException] = []
+
+        async def append(ledger: LedgerWriter) -> None:
+            try:
+                await ledger.append(b"never answered")
+            except ClientClosed as error:
+                outcomes.append(error)
+
+        async with trio.open_nursery() as nursery, client_on(cluster) as client:
+            ledger = await client.create_ledger(ensemble_size=1)
+            cluster.set_fault(cluster.addresses[0], Fault.HANG)
+            for _ in range(3):
+                nursery.start_soon(append, ledger)
+            await trio.testing.wait_all_tasks_blocked()
+        assert len(outcomes) == 3  # the outcome is unknown: neither acknowledged nor lost
+        with pytest.raises(ClientClosed):
+            await ledger.append(b"later")
+        record = (await cluster.store.read_ledger(ledger.ledger_id)).value
+        assert record.state.value == "OPEN"  # a recovery closes it
