@@ -1,14 +1,19 @@
 """Pora: a durable, replicated ledger store on trio.
 
 `open_node` runs a storage node in-process; `connect_node` talks to one over the
-network. The errors their operations raise are gathered in `pora.errors` and
-re-exported here.
+network; `connect` opens a replicating client on a cluster's metadata store
+(`Client`: ledgers on ensembles of nodes, written through a `LedgerWriter`). The
+errors their operations raise are gathered in `pora.errors` and re-exported here.
 """
 
 from ledger.state import LedgerInfo
 from netio.security import master_key_from_password
 from pora.client.node_client import NodeClient, NodeInfo, connect_node
+from pora.client.replication.client import Client, connect
+from pora.client.replication.config import ClientConfig
+from pora.client.replication.writer import LedgerWriter
 from pora.errors import (
+    ClientClosed,
     ConnectionLost,
     DataDirError,
     DataDirLocked,
@@ -57,6 +62,9 @@ from pora.node.config import NodeConfig
 __version__ = "0.1.0"
 
 __all__ = [
+    "Client",
+    "ClientClosed",
+    "ClientConfig",
     "ConnectionLost",
     "DataDirError",
     "DataDirLocked",
@@ -78,6 +86,7 @@ __all__ = [
     "LedgerExists",
     "LedgerFenced",
     "LedgerInfo",
+    "LedgerWriter",
     "MetadataError",
     "MetadataRecordTooLarge",
     "MetadataTimeout",
@@ -104,6 +113,7 @@ __all__ = [
     "StorageCorruption",
     "Unauthorized",
     "UnindexedEntryLog",
+    "connect",
     "connect_node",
     "master_key_from_password",
     "open_node",

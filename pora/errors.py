@@ -4,7 +4,7 @@ Each is defined in the lowest package that raises it: the journal's in
 `journal.errors` (with the root, `PoraError`), the ledgers' and the node's in
 `ledger.errors`, the wire's and the client's in `netio.errors`, the data dir's in
 `pora.node.datadir`, the metadata store's in `pora.meta.errors`, the replicating
-client's in `pora.client.replication.errors`. An application
+client's in `pora.client.replication.errors` (and `ClientClosed` with the writer). An application
 imports them from here or from `pora`.
 """
 
@@ -41,6 +41,7 @@ from netio.errors import (
     RequestTimeout,
 )
 from pora.client.replication.errors import EntryDamaged, NotEnoughNodes
+from pora.client.replication.writer import ClientClosed
 from pora.meta.errors import (
     InvalidMetadata,
     LedgerExists,
@@ -56,6 +57,7 @@ from pora.meta.errors import (
 from pora.node.datadir import DataDirError, DataDirLocked, IndexMissing
 
 __all__ = [
+    "ClientClosed",
     "ConnectionLost",
     "DataDirError",
     "DataDirLocked",

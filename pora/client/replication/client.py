@@ -1,0 +1,196 @@
+"""`pora.connect(url)` and `Client`: a replicating client on a metadata store.
+
+    async with pora.connect("sqlite:pora-cluster/meta.db") as client:
+        async with await client.create_ledger(ensemble_size=3, ack_quorum=2) as ledger:
+            await ledger.append(b"payload")
+
+The client holds the metadata store, one `NodePool` shared by all its ledgers, and a
+task group running each writer's tasks and each node connection's holder. It works
+under asyncio and trio (anyio).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.abc
+
+from journal.errors import PoraError
+from ledger.errors import NoSuchLedger
+from netio.security import master_key_from_password
+from pora.client.replication.budget import Budget
+from pora.client.replication.config import ClientConfig
+from pora.client.replication.ensemble_change import WriterContext
+from pora.client.replication.ledger_records import check_password, new_ledger
+from pora.client.replication.node_pool import ChannelOpener, NodePool, tcp_channels
+from pora.client.replication.placement import choose_ensemble
+from pora.client.replication.writer import LedgerWriter
+from pora.meta.errors import MetadataTimeout, MetadataVersionConflict
+from pora.meta.records import EnsembleMember, LedgerMetadata
+from pora.meta.store import MetadataStore, open_metadata
+
+_log = logging.getLogger("pora.client")
+
+#: ledger records read per page by `list_ledgers`
+_LIST_PAGE = 1000
+#: a delete re-reads and retries this many times when the record keeps changing
+_DELETE_ATTEMPTS = 5
+
+
+class Client:
+    def __init__(
+        self,
+        store: MetadataStore,
+        pool: NodePool,
+        task_group: anyio.abc.TaskGroup,
+        config: ClientConfig,
+        rng: random.Random,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self._pool = pool
+        self._task_group = task_group
+        self._context = WriterContext(
+            store, pool, config, rng, Budget(config.pending_bytes_max, "the client's pending bytes")
+        )
+        #: the writers not closed yet (the client fails their pending appends on exit)
+        self._writers: set[LedgerWriter] = set()
+
+    async def create_ledger(
+        self,
+        ensemble_size: int = 3,
+        write_quorum: int | None = None,
+        ack_quorum: int | None = None,
+        password: str | bytes = "",
+        custom_metadata: Mapping[str, bytes] | None = None,
+    ) -> LedgerWriter:
+        """A new OPEN ledger on `ensemble_size` writable nodes (R1, R2) with the write
+        quorum (default: E) and the ack quorum (default: Qw); returns its writer.
+        NotEnoughNodes (nothing created) when fewer writable nodes are registered."""
+        write_quorum = ensemble_size if write_quorum is None else write_quorum
+        ack_quorum = write_quorum if ack_quorum is None else ack_quorum
+        if not ensemble_size >= write_quorum >= ack_quorum >= 1:
+            raise ValueError(
+                f"quorums E={ensemble_size} Qw={write_quorum} Qa={ack_quorum} break "
+                "E >= Qw >= Qa >= 1: ask for an ack quorum no larger than the write quorum, "
+                "and a write quorum no larger than the ensemble"
+            )
+        master_key = master_key_from_password(password)
+        nodes = await self.store.list_nodes(writable_only=True)
+        members = choose_ensemble(nodes, ensemble_size, self._context.rng)
+        ledger_id = await self.store.allocate_ledger_id()
+        record = await self.store.create_ledger(
+            new_ledger(
+                ledger_id,
+                write_quorum,
+                ack_quorum,
+                members,
+                master_key,
+                int(time.time() * 1000),
+                custom_metadata,
+            )
+        )
+        writer = LedgerWriter(self._context, record, master_key)
+        self._writers.add(writer)
+        await writer.start(self._task_group, self._writers.discard)
+        return writer
+
+    async def delete_ledger(self, ledger_id: int, password: str | bytes = "") -> None:
+        """Check the password (Unauthorized), delete the record (compare-and-set), then
+        delete the ledger on every node of every ensemble, best effort: a node that
+        cannot be reached keeps the entries as garbage for the cluster tools.
+        NoSuchLedgerMetadata when the ledger has no record."""
+        master_key = master_key_from_password(password)
+        attempt = 0
+        while True:
+            record = await self.store.read_ledger(ledger_id)
+            check_password(record.value, master_key)
+            try:
+                await self.store.delete_ledger(ledger_id, record.version)
+                break
+            except (MetadataVersionConflict, MetadataTimeout):
+                attempt += 1
+                if attempt >= _DELETE_ATTEMPTS:  # a writer or a recovery keeps changing it
+                    raise
+        await self._delete_on_nodes(record.value, master_key)
+
+    async def _delete_on_nodes(self, metadata: LedgerMetadata, master_key: bytes) -> None:
+        members: dict[str, EnsembleMember] = {}
+        for ensemble in metadata.ensembles:
+            for member in ensemble.members:
+                members[member.address] = member  # the latest instance at each address
+        timeout_s = self.config.node_timeout_s
+        ledger_id = metadata.ledger_id
+
+        async def delete_on(member: EnsembleMember) -> None:
+            with anyio.move_on_after(timeout_s) as scope:
+                try:
+                    channel = await self._pool.channel(member.address)
+                    await channel.delete_ledger(
+                        ledger_id, master_key=master_key, timeout_s=timeout_s
+                    )
+                except NoSuchLedger:
+                    pass
+                except (PoraError, OSError) as error:
+                    _log.warning(
+                        "ledger %d deleted, but node %s kept its entries (%s): garbage for "
+                        "the cluster tools to collect",
+                        ledger_id,
+                        member.address,
+                        error,
+                    )
+            if scope.cancelled_caught:
+                _log.warning(
+                    "ledger %d deleted, but node %s did not answer in %.1f s: its entries "
+                    "are garbage for the cluster tools to collect",
+                    ledger_id,
+                    member.address,
+                    timeout_s,
+                )
+
+        async with anyio.create_task_group() as tasks:
+            for member in members.values():
+                tasks.start_soon(delete_on, member)
+
+    async def list_ledgers(self) -> AsyncIterator[LedgerMetadata]:
+        """Every ledger record, by increasing id (read a page at a time)."""
+        after = -1
+        while True:
+            page = await self.store.list_ledgers(after_id=after, limit=_LIST_PAGE)
+            for record in page:
+                yield record.value
+            if len(page) < _LIST_PAGE:
+                return
+            after = page[-1].value.ledger_id
+
+    async def _abandon_writers(self) -> None:
+        for writer in list(self._writers):
+            await writer.abandon()
+
+
+@asynccontextmanager
+async def connect(
+    url: str,
+    config: ClientConfig | None = None,
+    *,
+    open_channel: ChannelOpener | None = None,
+    rng: random.Random | None = None,
+) -> AsyncIterator[Client]:
+    """A replicating client on the metadata store at `url` (`sqlite:...`, `zk://...`),
+    for the block. `open_channel` replaces the TCP connections to the nodes (tests:
+    in-process nodes); `rng` seeds placement's choices (a simulation replays them)."""
+    config = config or ClientConfig()
+    async with open_metadata(url, config.metadata) as store, anyio.create_task_group() as tasks:
+        pool = NodePool(tasks, open_channel or tcp_channels(config))
+        client = Client(store, pool, tasks, config, rng or random.Random())
+        try:
+            yield client
+        finally:
+            with anyio.CancelScope(shield=True):
+                await client._abandon_writers()
+                await pool.aclose()

@@ -1,0 +1,265 @@
+"""A writer's side of the metadata: ensemble changes (R8..R12), the close of the
+record (R14, R15), sealing the nodes, and the LAC flush's WRITE_LAC (R7).
+
+`EnsembleChanger` owns the writer's copy of its ledger record: every write of that
+record (an ensemble change's compare-and-set, the close's) goes through it, one at a
+time, so a change and a close never race on the version.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import anyio
+
+from journal.errors import PoraError
+from ledger.errors import LedgerClosed, LedgerFenced, NoSuchLedger
+from pora.client.replication.budget import Budget
+from pora.client.replication.config import ClientConfig
+from pora.client.replication.errors import NotEnoughNodes
+from pora.client.replication.ledger_records import (
+    WriterRetry,
+    closed_at,
+    with_ensemble_change,
+    writer_after_conflict,
+)
+from pora.client.replication.node_pool import NodePool
+from pora.client.replication.placement import choose_replacements
+from pora.client.replication.quorum import AckTracker
+from pora.meta.errors import MetadataError, MetadataTimeout, MetadataVersionConflict
+from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState, Versioned
+from pora.meta.store import MetadataStore
+
+_log = logging.getLogger("pora.client.writer")
+
+#: R12: the first wait before listing the nodes again for a replacement; it doubles
+_RELIST_FIRST_S = 0.05
+_RELIST_MAX_S = 1.0
+
+
+@dataclass
+class WriterContext:
+    """What a ledger writer shares with its client."""
+
+    store: MetadataStore
+    pool: NodePool
+    config: ClientConfig
+    rng: random.Random
+    #: payload bytes pending over every ledger of the client
+    pending_bytes: Budget
+
+
+class EnsembleChanger:
+    def __init__(
+        self,
+        context: WriterContext,
+        record: Versioned[LedgerMetadata],
+        tracker: AckTracker,
+        fail: Callable[[PoraError], None],
+        acknowledged: Callable[[range], None],
+    ) -> None:
+        self.record = record
+        self._context = context
+        self._tracker = tracker
+        self._fail = fail
+        self._acknowledged = acknowledged
+        self._ledger_id = record.value.ledger_id
+        self._needed = anyio.Event()
+        self._record_lock = anyio.Lock()
+        #: every address that failed for this ledger: never chosen again (R9)
+        self._failed_addresses: set[str] = set()
+
+    def member_failed(self, member: EnsembleMember, error: BaseException) -> None:
+        """R8: a request to `member` failed; the change task replaces it."""
+        if self._tracker.fenced:
+            return
+        if self._tracker.record_failure(member):
+            _log.warning(
+                "ledger %d: node %s failed (%s); replacing it", self._ledger_id, member, error
+            )
+            self._failed_addresses.add(member.address)
+            self._needed.set()
+
+    async def run(
+        self,
+        wake_sender: Callable[[], None],
+        resend: Callable[[EnsembleMember, Sequence[int]], None],
+    ) -> None:
+        """One ensemble change at a time, for as long as members are failed."""
+        while True:
+            await self._needed.wait()
+            self._needed = anyio.Event()
+            try:
+                await self._change_while_failed(wake_sender, resend)
+            except MetadataError as error:  # the store failed us (gone, unreachable)
+                self._fail(error)
+                return
+
+    async def _change_while_failed(
+        self,
+        wake_sender: Callable[[], None],
+        resend: Callable[[EnsembleMember, Sequence[int]], None],
+    ) -> None:
+        while not self._tracker.fenced and self._tracker.failed_members:
+            replacements = await self._find_replacements()
+            if replacements is None or self._tracker.fenced:
+                return  # failed meanwhile: nothing to change
+            change = self._tracker.change_ensemble(replacements)
+            for member, entry_ids in change.resend.items():
+                resend(member, entry_ids)
+            wake_sender()
+            if await self._write_ensemble(change.ensemble):
+                # R10: only now may entries at or after its first entry be acknowledged
+                self._acknowledged(self._tracker.ensemble_durable(change.ensemble))
+
+    async def _find_replacements(self) -> Mapping[EnsembleMember, EnsembleMember] | None:
+        """R9 with R12: wait (listing the nodes again, with backoff) up to
+        `ensemble_change_timeout_s` for enough replacements; then fail the writer."""
+        config = self._context.config
+        deadline = anyio.current_time() + config.ensemble_change_timeout_s
+        delay = _RELIST_FIRST_S
+        while True:
+            try:
+                nodes = await self._context.store.list_nodes(writable_only=True)
+                return choose_replacements(
+                    nodes,
+                    self._tracker.ensemble.members,
+                    self._tracker.failed_members,
+                    self._context.rng,
+                    excluded=self._failed_addresses,
+                )
+            except (NotEnoughNodes, MetadataError) as error:
+                last_error: PoraError = error
+            left = deadline - anyio.current_time()
+            if left <= 0:
+                _log.error(
+                    "ledger %d: no replacement for failed node(s) in %.1f s: %s",
+                    self._ledger_id,
+                    config.ensemble_change_timeout_s,
+                    last_error,
+                )
+                self._fail(last_error)
+                return None
+            await anyio.sleep(min(delay, left))
+            delay = min(delay * 2, _RELIST_MAX_S)
+
+    async def _write_ensemble(self, ensemble: Ensemble) -> bool:
+        """R9/R11: compare-and-set the record with `ensemble`. On a conflict (or a
+        timeout), re-read: OPEN retries (or finds the write took), anything else fences
+        the writer. True once the ensemble is durable."""
+        store = self._context.store
+        async with self._record_lock:
+            while not self._tracker.fenced:
+                try:
+                    changed = with_ensemble_change(self.record.value, ensemble)
+                except LedgerClosed:
+                    self._fail(LedgerFenced(self._ledger_id))
+                    return False
+                try:
+                    self.record = await store.update_ledger(changed, self.record.version)
+                except (MetadataVersionConflict, MetadataTimeout):
+                    pass
+                else:
+                    return True
+                reread = await self._reread()
+                if reread is None:
+                    return False
+                try:
+                    verdict = writer_after_conflict(reread, ensemble)
+                except LedgerFenced as fenced:
+                    self._fail(fenced)
+                    return False
+                self.record = reread
+                if verdict is WriterRetry.APPLIED:
+                    return True
+        return False
+
+    async def _reread(self) -> Versioned[LedgerMetadata] | None:
+        try:
+            return await self._context.store.read_ledger(self._ledger_id)
+        except MetadataError as error:
+            self._fail(error)
+            return None
+
+    async def close_record(self, last_entry_id: int, length: int) -> None:
+        """R14: the record CLOSED at `last_entry_id` (compare-and-set). A re-read showing
+        it in recovery, or closed elsewhere, is R11: LedgerFenced."""
+        store = self._context.store
+        async with self._record_lock:
+            while True:
+                current = self.record.value
+                if current.state is LedgerState.CLOSED and (
+                    current.last_entry_id,
+                    current.length,
+                ) == (last_entry_id, length):
+                    return
+                if current.state is not LedgerState.OPEN:
+                    raise LedgerFenced(self._ledger_id)
+                closed = closed_at(current, last_entry_id, length)
+                try:
+                    self.record = await store.update_ledger(closed, self.record.version)
+                except (MetadataVersionConflict, MetadataTimeout):
+                    self.record = await store.read_ledger(self._ledger_id)
+                else:
+                    return
+
+    async def seal(self, last_entry_id: int, master_key: bytes) -> None:
+        """R14: ask the last ensemble's nodes to seal at `last_entry_id` (best effort:
+        the metadata is the truth)."""
+
+        async def seal_one(member: EnsembleMember) -> None:
+            channel = await self._context.pool.channel(member.address)
+            await channel.close_ledger(
+                self._ledger_id,
+                last_entry_id,
+                master_key=master_key,
+                instance_id=member.instance_id,
+                timeout_s=self._context.config.node_timeout_s,
+            )
+
+        await self._on_each(self.record.value.ensembles[-1].members, seal_one, "seal")
+
+    async def write_lac(self, lac: int, master_key: bytes) -> None:
+        """R7: tell the current ensemble the LAC (best effort)."""
+
+        async def write_one(member: EnsembleMember) -> None:
+            channel = await self._context.pool.channel(member.address)
+            await channel.write_lac(
+                self._ledger_id,
+                lac,
+                master_key=master_key,
+                instance_id=member.instance_id,
+                timeout_s=self._context.config.node_timeout_s,
+            )
+
+        failed = self._tracker.failed_members
+        members = [m for m in self._tracker.ensemble.members if m not in failed]
+        await self._on_each(members, write_one, "write the LAC")
+
+    async def _on_each(
+        self,
+        members: Sequence[EnsembleMember],
+        call: Callable[[EnsembleMember], Awaitable[None]],
+        what: str,
+    ) -> None:
+        timeout_s = self._context.config.node_timeout_s
+
+        async def one(member: EnsembleMember) -> None:
+            with anyio.move_on_after(timeout_s) as scope:
+                try:
+                    await call(member)
+                except NoSuchLedger:
+                    pass
+                except (PoraError, OSError) as error:
+                    _log.info(
+                        "ledger %d: could not %s on %s: %s", self._ledger_id, what, member, error
+                    )
+            if scope.cancelled_caught:
+                _log.info("ledger %d: no answer to %s from %s", self._ledger_id, what, member)
+
+        async with anyio.create_task_group() as tasks:
+            for member in members:
+                tasks.start_soon(one, member)

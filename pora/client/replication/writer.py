@@ -1,0 +1,327 @@
+"""`LedgerWriter`: a ledger's write path (docs/replication.md R4..R15).
+
+Cheap per append: `append` takes the next id synchronously, encodes the entry,
+registers it with the `AckTracker` and queues it; the entries queued in one scheduler
+turn share one waiter, and the ledger's one sender task wakes once per turn, takes
+everything queued and makes ONE `add_entries` call per node of the ensemble (the
+channel coalesces further across ledgers). Answers are counted in bulk
+(`record_acks`), and the acknowledged range completes its waiters in one pass.
+Several calls per node may be in flight (`calls_in_flight_per_node_max`): a turn
+never waits for the previous turn's answers.
+
+Failures (R8) go to one ensemble-change task per ledger (R9..R12), one change at a
+time; refusals (R13) end the writer. The `AckTracker` decides every
+acknowledgement; the writer and its sender (`sender.py`) only feed it answers and
+wake waiters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import anyio
+import anyio.abc
+
+from journal.errors import PoraError
+from ledger.errors import (
+    LedgerClosed,
+    LedgerFenced,
+)
+from pora.client.replication.budget import Budget
+from pora.client.replication.ensemble_change import EnsembleChanger, WriterContext
+from pora.client.replication.entry_format import HEADER_BYTES, encode_entry
+from pora.client.replication.quorum import AckTracker
+from pora.client.replication.sender import Sender
+from pora.meta.records import LedgerMetadata, Versioned
+
+_log = logging.getLogger("pora.client.writer")
+
+
+class ClientClosed(PoraError):
+    """The client a ledger writer belongs to ended with appends still pending."""
+
+    def __init__(self, ledger_id: int) -> None:
+        self.ledger_id = ledger_id
+        super().__init__(
+            f"ledger {ledger_id}: its client was closed: the writer takes no more appends, "
+            "and one pending then has an unknown outcome (open the ledger with recovery to "
+            "learn what it holds)"
+        )
+
+
+@dataclass(eq=False)
+class _TurnWaiter:
+    """The entries added in one scheduler turn, up to `last`, wait on one event."""
+
+    last: int
+    event: anyio.Event
+
+
+class LedgerWriter:
+    def __init__(
+        self, context: WriterContext, record: Versioned[LedgerMetadata], master_key: bytes
+    ) -> None:
+        metadata = record.value
+        self.ledger_id = metadata.ledger_id
+        self._context = context
+        self._master_key = master_key
+        self._tracker = AckTracker(
+            metadata.ledger_id, metadata.write_quorum, metadata.ack_quorum, metadata.ensembles[-1]
+        )
+        self._changer = EnsembleChanger(
+            context, record, self._tracker, self._fail, self._acknowledged
+        )
+        config = context.config
+        self._room = Budget(
+            config.pending_appends_per_ledger_max, f"ledger {self.ledger_id}'s pending appends"
+        )
+        self._entries: dict[int, tuple[bytes, int]] = {}  # pending id -> (entry, length_after)
+        self._length = 0  # length_after of the last entry added
+        self._acked_length = 0  # length_after of the LAC
+        self._turn: _TurnWaiter | None = None
+        self._waiters: deque[_TurnWaiter] = deque()
+        self._lac_dirty = anyio.Event()
+        self._sender = Sender(
+            self.ledger_id,
+            context,
+            self._tracker,
+            self._entries,
+            master_key,
+            self._changer,
+            self._fail,
+            self._acknowledged,
+            self._end_turn,
+        )
+        self._error: PoraError | None = None
+        self._closing = False
+        self._closed = False
+        self._close_lock = anyio.Lock()
+        self._scope: anyio.CancelScope | None = None
+        self._stopped = anyio.Event()
+        self._on_closed: Callable[[LedgerWriter], None] = lambda writer: None
+
+    # -- the application's side ---------------------------------------------------------
+
+    @property
+    def last_add_confirmed(self) -> int:
+        """R4: the highest id acknowledged with every one before it (-1: none)."""
+        return self._tracker.last_add_confirmed
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        """The ledger's record as this writer last wrote or read it."""
+        return self._changer.record.value
+
+    async def __aenter__(self) -> LedgerWriter:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def append(self, payload: bytes) -> int:
+        """Append one entry; returns its id once Qa nodes of its write set hold it and
+        every earlier entry is acknowledged (R4). Waits for room when the ledger's or
+        the client's pending bounds are reached."""
+        self._check_writable()
+        await self._reserve(1, len(payload))
+        entry_id, waiter = self._add(payload)
+        await waiter.event.wait()
+        if entry_id <= self._tracker.last_add_confirmed:
+            return entry_id
+        assert self._error is not None
+        raise self._error
+
+    async def append_many(self, payloads: Sequence[bytes]) -> list[int]:
+        """Append entries in order; returns their ids once all are acknowledged."""
+        ids: list[int] = []
+        last: _TurnWaiter | None = None
+        step = self._room.limit
+        for start in range(0, len(payloads), step):
+            chunk = payloads[start : start + step]
+            self._check_writable()
+            await self._reserve(len(chunk), sum(len(p) for p in chunk))
+            for payload in chunk:
+                entry_id, last = self._add(payload)
+                ids.append(entry_id)
+        if last is None:
+            return ids
+        await last.event.wait()
+        if ids[-1] <= self._tracker.last_add_confirmed:
+            return ids
+        assert self._error is not None
+        raise self._error
+
+    async def close(self) -> None:
+        """R14: wait for the pending appends, set the record CLOSED at the LAC with the
+        ledger's length (R11 on a conflict: LedgerFenced), then seal the last
+        ensemble's nodes (best effort). Closing a closed writer returns."""
+        async with self._close_lock:
+            if self._closed:
+                return
+            self._closing = True
+            while self._waiters:
+                await self._waiters[-1].event.wait()
+            if isinstance(self._error, LedgerFenced):
+                # a recovery owns the record now: the writer must not write it (R11)
+                self._closed = True
+                self._on_closed(self)
+                await self._stop()
+                raise self._error
+            # the Qw - Qa replicas still being written get their copies (bounded)
+            with anyio.move_on_after(self._context.config.node_timeout_s):
+                await self._sender.calls_done()
+            try:
+                await self._changer.close_record(
+                    self._tracker.last_add_confirmed, self._acked_length
+                )
+            finally:
+                self._closed = True
+                self._on_closed(self)
+                await self._stop()
+            await self._changer.seal(self._tracker.last_add_confirmed, self._master_key)
+
+    # -- the client's side --------------------------------------------------------------
+
+    async def start(
+        self, task_group: anyio.abc.TaskGroup, on_closed: Callable[[LedgerWriter], None]
+    ) -> None:
+        """Run the ledger's sender, ensemble changer and LAC flusher in `task_group`;
+        `on_closed(self)` once closed."""
+        self._on_closed = on_closed
+        await task_group.start(self._run)
+
+    async def abandon(self) -> None:
+        """The client ends: pending and later appends fail with ClientClosed; the
+        writer's tasks stop (the ledger stays open: a recovery closes it)."""
+        if self._waiters:
+            self._fail(ClientClosed(self.ledger_id))
+        elif self._error is None:  # nothing pending: nothing to report
+            self._error = ClientClosed(self.ledger_id)
+            self._tracker.fence()
+        self._closed = True
+        await self._stop()
+
+    async def _run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        try:
+            async with anyio.create_task_group() as tasks:
+                self._scope = tasks.cancel_scope
+                tasks.start_soon(self._sender.run, tasks)
+                tasks.start_soon(self._changer.run, self._sender.wake, self._sender.queue_resend)
+                tasks.start_soon(self._lac_flush_loop)
+                task_status.started()
+        finally:
+            self._stopped.set()
+
+    async def _stop(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+            await self._stopped.wait()
+
+    # -- adding -------------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closing:
+            raise LedgerClosed(self.ledger_id)
+
+    async def _reserve(self, count: int, size: int) -> None:
+        if not self._room.try_take(count):
+            await self._room.take(count)
+        pending_bytes = self._context.pending_bytes
+        if not pending_bytes.try_take(size):
+            try:
+                await pending_bytes.take(size)
+            except BaseException:
+                self._room.give(count)
+                raise
+        if self._error is not None or self._closing:
+            self._room.give(count)
+            pending_bytes.give(size)
+            self._check_writable()
+
+    def _add(self, payload: bytes) -> tuple[int, _TurnWaiter]:
+        tracker = self._tracker
+        entry_id = tracker.next_entry_id
+        length_after = self._length + len(payload)
+        entry = encode_entry(self.ledger_id, entry_id, length_after, payload)
+        tracker.add(entry_id)
+        self._length = length_after
+        self._entries[entry_id] = (entry, length_after)
+        sender = self._sender
+        sender.outbox.append(entry_id)
+        turn = self._turn
+        if turn is None:
+            turn = self._turn = _TurnWaiter(entry_id, anyio.Event())
+            self._waiters.append(turn)
+        else:
+            turn.last = entry_id
+        sender.wake()
+        return entry_id, turn
+
+    def _end_turn(self) -> None:
+        """The sender took the queued entries: later ones start a new turn."""
+        self._turn = None
+
+    # -- completing ---------------------------------------------------------------------
+
+    def _acknowledged(self, acked: range) -> None:
+        """Complete the waiters of an acknowledged range (R4), in one pass."""
+        if not acked:
+            return
+        entries = self._entries
+        size = 0
+        length_after = self._acked_length
+        for entry_id in acked:
+            entry, length_after = entries.pop(entry_id)
+            size += len(entry) - HEADER_BYTES
+        self._acked_length = length_after
+        self._room.give(len(acked))
+        self._context.pending_bytes.give(size)
+        lac = acked[-1]
+        waiters = self._waiters
+        while waiters and waiters[0].last <= lac:
+            waiter = waiters.popleft()
+            if waiter is self._turn:
+                self._turn = None
+            waiter.event.set()
+        self._lac_dirty.set()
+
+    def _fail(self, error: PoraError) -> None:
+        """Every pending and later append fails with `error`; nothing more is
+        acknowledged (R11, R12, R13)."""
+        if self._error is not None:
+            return
+        self._error = error
+        _log.warning("ledger %d: writer stopped: %s", self.ledger_id, error)
+        failed = self._tracker.fence()
+        size = 0
+        for entry_id in failed:
+            entry, _ = self._entries.pop(entry_id)
+            size += len(entry) - HEADER_BYTES
+        self._room.give(len(failed))
+        self._context.pending_bytes.give(size)
+        self._sender.outbox.clear()
+        self._turn = None
+        while self._waiters:
+            self._waiters.popleft().event.set()
+
+    # -- R7 -----------------------------------------------------------------------------
+
+    async def _lac_flush_loop(self) -> None:
+        interval = self._context.config.lac_flush_interval_s
+        while True:
+            await self._lac_dirty.wait()
+            self._lac_dirty = anyio.Event()
+            sender = self._sender
+            answered = -1
+            while answered != sender.answered:  # idle for a whole interval
+                answered = sender.answered
+                await anyio.sleep(interval)
+            lac = self._tracker.last_add_confirmed
+            if self._error is None and lac > sender.lac_sent:
+                sender.lac_sent = lac
+                await self._changer.write_lac(lac, self._master_key)

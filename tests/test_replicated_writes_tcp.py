@@ -1,0 +1,73 @@
+"""The whole write path under asyncio, over TCP to real `pora serve` processes (a
+`pora cluster`): `pora.connect`, create, appends from many tasks, close, and every
+entry read back from its whole write set."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from test_cli_cluster import free_base_port
+
+import pora
+from pora.client.replication.entry_format import decode_entry
+from pora.client.replication.quorum import entry_write_set
+from pora.meta.records import LedgerState
+from pora.meta.store import open_metadata
+
+START_TIMEOUT_S = 60.0
+
+
+async def _three_nodes_registered(url: str) -> bool:
+    try:
+        async with open_metadata(url) as store:
+            return len(await store.list_nodes(writable_only=True)) == 3
+    except pora.MetadataError:  # the cluster process is still creating the store
+        return False
+
+
+async def _write_and_check(url: str) -> None:
+    deadline = asyncio.get_running_loop().time() + START_TIMEOUT_S
+    while not await _three_nodes_registered(url):
+        assert asyncio.get_running_loop().time() < deadline, "the nodes never registered"
+        await asyncio.sleep(0.05)
+    async with pora.connect(url) as client:
+        ledger = await client.create_ledger(
+            ensemble_size=3, write_quorum=3, ack_quorum=2, password="pw"
+        )
+        ids = await asyncio.gather(*(ledger.append(b"entry %d" % k) for k in range(200)))
+        assert sorted(ids) == list(range(200))
+        assert await ledger.append_many([b"x", b"y"]) == [200, 201]
+        await ledger.close()
+        record = ledger.metadata
+        assert (record.state, record.last_entry_id) == (LedgerState.CLOSED, 201)
+    for entry_id in (0, 57, 199, 201):  # on every member of its write set
+        for member in entry_write_set(record, entry_id):
+            async with pora.connect_node(member.address) as node:
+                data = await node.read_entry(ledger.ledger_id, entry_id)
+                entry = decode_entry(ledger.ledger_id, entry_id, data)
+                assert entry.payload == (b"y" if entry_id == 201 else b"entry %d" % entry_id)
+
+
+def test_asyncio_writes_over_tcp_to_a_real_cluster(tmp_path: Path) -> None:
+    folder = tmp_path / "cluster"
+    command = [
+        sys.executable, "-m", "pora.cli", "cluster", "--nodes", "3",
+        "--dir", str(folder), "--base-port", str(free_base_port(3)),
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ
+    )
+    try:
+        asyncio.run(_write_and_check(f"sqlite://{folder / 'meta.db'}"))
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
