@@ -40,7 +40,13 @@ from netio.errors import (
     RemoteError,
     RequestTimeout,
 )
-from pora.client.replication.errors import EntryDamaged, NotEnoughNodes
+from pora.client.replication.errors import (
+    EntryDamaged,
+    EntryLost,
+    EntryUnreadable,
+    NotEnoughNodes,
+    RecoveryFailed,
+)
 from pora.meta.errors import (
     InvalidMetadata,
     LedgerExists,
@@ -61,7 +67,9 @@ __all__ = [
     "DataDirLocked",
     "EntryConflict",
     "EntryDamaged",
+    "EntryLost",
     "EntryTooLarge",
+    "EntryUnreadable",
     "FlushFailed",
     "IndexMissing",
     "InstanceMismatch",
@@ -91,6 +99,7 @@ __all__ = [
     "NotEnoughNodes",
     "PoraError",
     "ProtocolError",
+    "RecoveryFailed",
     "RegistrationLost",
     "RemoteError",
     "RequestTimeout",
