@@ -3,12 +3,17 @@ holding ledgers built by hand."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+import threading
 from pathlib import Path
 
+import anyio
+import anyio.lowlevel
 import pytest
 import trio
 import trio.testing
+from net_helpers import serving
 from replicated_ledger_support import (
     KEY,
     PASSWORD,
@@ -22,12 +27,16 @@ from replicated_ledger_support import (
 from replication_support import Fault, LocalCluster, local_cluster
 
 from ledger.errors import NoSuchEntry, Unauthorized
+from pora.client.channel import NodeChannel, TcpChannel
+from pora.client.node_client import connect_node
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.entry_format import encode_entry
 from pora.client.replication.errors import EntryLost
-from pora.client.replication.ledger_records import closed_at
+from pora.client.replication.ledger_records import closed_at, new_ledger
+from pora.client.replication.quorum import entry_write_set
 from pora.client.replication.reader import LedgerReader, open_ledger
-from pora.meta.records import LedgerMetadata, LedgerState, Versioned
+from pora.meta.records import EnsembleMember, LedgerMetadata, LedgerState, Versioned
+from pora.meta.store import open_metadata
 
 CONFIG = ClientConfig(node_timeout_s=5.0, speculative_read_delay_s=0.05, tail_poll_wait_s=2.0)
 
@@ -219,3 +228,80 @@ async def test_tail_of_a_closed_ledger_ends_after_its_last_entry(tmp_path: Path)
 
 def test_wrong_bytes_are_not_an_entry() -> None:
     assert encode_entry(1, 0, 3, b"abc") != encode_entry(1, 1, 3, b"abc")
+
+
+def _tail_under_asyncio(
+    url: str, addresses: list[str], ledger_id: int, first_seen: threading.Event
+) -> list[tuple[int, bytes]]:
+    """An asyncio program: the metadata store and TCP channels to the nodes, tailing
+    the ledger until its close."""
+
+    async def main() -> list[tuple[int, bytes]]:
+        async with contextlib.AsyncExitStack() as stack:
+            store = await stack.enter_async_context(open_metadata(url))
+            channels: dict[str, NodeChannel] = {}
+            for address in addresses:
+                client = await stack.enter_async_context(connect_node(address, timeout_s=10))
+                channels[address] = TcpChannel(client)
+
+            async def channel_for(address: str) -> NodeChannel:
+                await anyio.lowlevel.checkpoint()
+                return channels[address]
+
+            reader = await open_ledger(
+                store, channel_for, CONFIG, random.Random(1), ledger_id, PASSWORD, recover=False
+            )
+            seen: list[tuple[int, bytes]] = []
+            async for item in reader.tail(0):
+                seen.append(item)
+                if len(seen) == 3:
+                    first_seen.set()
+            return seen
+
+    return anyio.run(main, backend="asyncio")
+
+
+async def test_tail_under_asyncio_over_tcp(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/meta.db"
+    async with contextlib.AsyncExitStack() as stack:
+        store = await stack.enter_async_context(open_metadata(url))
+        served = [
+            await stack.enter_async_context(serving(tmp_path / f"node-{k}")) for k in range(3)
+        ]
+        members = [
+            EnsembleMember(address, node.data_dir.instance_id) for node, _, address in served
+        ]
+        ledger_id = await store.allocate_ledger_id()
+        record = await store.create_ledger(new_ledger(ledger_id, 3, 2, members, KEY, 0))
+        nodes = {address: node for node, _, address in served}
+
+        async def put_over(entry_ids: range, lac: int | None = None) -> None:
+            for entry_id in entry_ids:
+                for member in entry_write_set(record.value, entry_id):
+                    await nodes[member.address].add_entry(
+                        ledger_id,
+                        entry_id,
+                        stored_bytes(ledger_id, entry_id),
+                        master_key=KEY,
+                        last_add_confirmed=entry_id - 1 if lac is None else lac,
+                    )
+
+        await put_over(range(4))  # LAC 2 piggybacked on entry 3
+        first_seen = threading.Event()
+        async with trio.open_nursery() as nursery:
+            result: list[list[tuple[int, bytes]]] = []
+
+            async def tail() -> None:
+                result.append(
+                    await trio.to_thread.run_sync(
+                        _tail_under_asyncio, url, list(nodes), ledger_id, first_seen
+                    )
+                )
+
+            nursery.start_soon(tail)
+            with trio.fail_after(20):
+                await trio.to_thread.run_sync(first_seen.wait)
+            await put_over(range(4, 8))  # the long polls see LAC 6
+            await put_over(range(8, 9), lac=7)
+            await store.update_ledger(closed_at(record.value, 8, length_after(8)), record.version)
+        assert result == [[(k, payload(k)) for k in range(9)]]
