@@ -85,6 +85,12 @@ async def test_read_entries_in_order_by_range_reads(tmp_path: Path) -> None:
         reader.config = config
         got = [item async for item in reader.read_entries(3, 44)]
         assert got == [(k, payload(k)) for k in range(3, 45)]
+        # nodes that stop at their byte cap after one entry: read on from there
+        reader.config = ClientConfig(read_range_entries_max=50, read_range_bytes_max=1)
+        calls_before = sum(cluster.calls.values())
+        got = [item async for item in reader.read_entries(0, 44)]
+        assert got == [(k, payload(k)) for k in range(45)]
+        assert sum(cluster.calls.values()) - calls_before < 3 * 45
 
 
 async def test_speculative_read_answers_from_the_second_member(

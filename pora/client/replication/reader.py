@@ -176,19 +176,26 @@ class LedgerReader:
         next_id = first
         while next_id <= last:
             chunk_last = min(last, next_id + self.config.read_range_entries_max - 1)
-            found = await self._range_from_covering_members(next_id, chunk_last)
+            found, complete_through = await self._range_from_covering_members(next_id, chunk_last)
             while next_id <= chunk_last:
                 payload = found.pop(next_id, None)
                 if payload is None:
+                    if next_id > complete_through:
+                        break  # a node stopped at its cap: a new range read from here
                     payload = await self.read(next_id)
                 yield next_id, payload
                 next_id += 1
 
-    async def _range_from_covering_members(self, first: int, last: int) -> dict[int, bytes]:
+    async def _range_from_covering_members(
+        self, first: int, last: int
+    ) -> tuple[dict[int, bytes], int]:
         """Range reads of [first, last] (within one ensemble's span at a time) to the
         members at positions 0, Qw, 2Qw, ...: together they are on every write set.
-        Whatever fails or is damaged is left out; the caller reads those alone."""
+        Returns the valid copies found and the id through which every answer was
+        complete (a node stops at its caps). Whatever fails or is damaged is left out;
+        the caller reads those alone."""
         found: dict[int, bytes] = {}
+        complete = [last]
         metadata = self.metadata
         start = first
         while start <= last:
@@ -198,12 +205,19 @@ class LedgerReader:
             members = ensemble.members[:: metadata.write_quorum]
             async with anyio.create_task_group() as group:
                 for member in members:
-                    group.start_soon(self._range_one, member, start, end, found)
+                    group.start_soon(self._range_one, member, start, end, found, complete)
+            if min(complete) < end:
+                return found, max(first - 1, min(complete))
             start = end + 1
-        return found
+        return found, last
 
     async def _range_one(
-        self, member: EnsembleMember, first: int, last: int, found: dict[int, bytes]
+        self,
+        member: EnsembleMember,
+        first: int,
+        last: int,
+        found: dict[int, bytes],
+        complete: list[int],
     ) -> None:
         try:
             with anyio.fail_after(self.config.node_timeout_s):
@@ -221,6 +235,7 @@ class LedgerReader:
             log.info("ledger %d: range read from %s: %s", self.ledger_id, member.address, error)
             return
         self.learn_lac(answer.last_add_confirmed)
+        complete.append(answer.complete_through)
         for entry_id, data in answer.entries:
             try:
                 found.setdefault(entry_id, decode_entry(self.ledger_id, entry_id, data).payload)
