@@ -270,3 +270,41 @@ async def test_fencing_short_of_coverage_names_the_write_sets(
                 cluster.store, cluster.channel_for, CONFIG, record.value.ledger_id, KEY
             )
         assert b in str(failure.value)
+
+
+async def test_a_member_failing_the_re_adds_is_replaced(tmp_path: Path) -> None:
+    """R20: C takes fencing reads but no adds; with Qa = 3 every entry falls short, so
+    C is replaced by D (R9) from the first re-added entry, D gets the entries, and the
+    record names D only after that."""
+    async with local_cluster(tmp_path, nodes=4) as cluster:
+        a, b, c, d = cluster.addresses
+        record = await make_ledger(cluster, [a, b, c], write_quorum=3, ack_quorum=3)
+        await put(cluster, record.value, range(5), lac=lambda _: 1)
+        script = Scripted(cluster)
+        script.faults[(c, "add_entries")] = lambda _: ConnectionLost(f"{c}: lost (test)")
+        closed = await recover_ledger(
+            cluster.store, script.channel_for, CONFIG, record.value.ledger_id, KEY
+        )
+        assert closed.value.last_entry_id == 4
+        ensembles = closed.value.ensembles
+        assert [(e.first_entry_id, [m.address for m in e.members]) for e in ensembles] == [
+            (0, [a, b, c]),
+            (2, [a, b, d]),
+        ]
+        await assert_on_every_replica(cluster, closed.value)
+
+
+async def test_no_replacement_for_a_failing_member_fails_the_recovery(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path, nodes=3) as cluster:
+        _, _, c = cluster.addresses
+        record = await make_ledger(cluster, write_quorum=3, ack_quorum=3)
+        await put(cluster, record.value, range(3), lac=lambda _: -1)
+        script = Scripted(cluster)
+        script.faults[(c, "add_entries")] = lambda _: ConnectionLost(f"{c}: lost (test)")
+        with pytest.raises(RecoveryFailed, match="placement needs 1 writable"):
+            await recover_ledger(
+                cluster.store, script.channel_for, CONFIG, record.value.ledger_id, KEY
+            )
+        current = await cluster.store.read_ledger(record.value.ledger_id)
+        assert current.value.state is LedgerState.IN_RECOVERY
+        assert current.value.ensembles == record.value.ensembles

@@ -9,6 +9,7 @@ The decisions are the deterministic core's (`FenceCoverage`, `recovery_start`,
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Sequence
 
 import anyio
@@ -17,16 +18,19 @@ from journal.errors import PoraError
 from ledger.errors import NoSuchEntry, NoSuchLedger
 from netio.errors import InstanceMismatch
 from pora.client.replication.config import ClientConfig
-from pora.client.replication.entry_format import ReplicatedEntry, encode_entry
-from pora.client.replication.errors import RecoveryFailed
+from pora.client.replication.entry_format import ReplicatedEntry
+from pora.client.replication.errors import NotEnoughNodes, RecoveryFailed
 from pora.client.replication.ledger_records import (
     RecoveryRetry,
     check_password,
     closed_at,
     in_recovery,
     recovery_after_conflict,
+    with_ensemble_change,
 )
+from pora.client.replication.placement import choose_replacements
 from pora.client.replication.quorum import entry_write_set
+from pora.client.replication.recovery_adds import STRAGGLER_GRACE_S, add_recovered
 from pora.client.replication.recovery_votes import (
     EntryRecoveryVote,
     FenceCoverage,
@@ -48,9 +52,6 @@ log = logging.getLogger(__name__)
 READ_AHEAD = 8
 #: a member that refused a fencing read is asked again after this, doubling
 FENCE_RETRY_DELAY_S = 0.05
-#: once re-adds reached Qa members (or seals were sent), a member that has not
-#: answered gets this much longer; a hung one is left behind (R20: best effort past Qa)
-STRAGGLER_GRACE_S = 1.0
 
 
 async def recover_ledger(
@@ -59,10 +60,12 @@ async def recover_ledger(
     config: ClientConfig,
     ledger_id: int,
     master_key: bytes,
+    rng: random.Random | None = None,
 ) -> Versioned[LedgerMetadata]:
     """Close the ledger at its last recoverable entry and return the CLOSED record
     (another recovery's, when that one closed it first). Unauthorized for a wrong
-    key; RecoveryFailed (the record left IN_RECOVERY) when too few nodes answer."""
+    key; RecoveryFailed (the record left IN_RECOVERY) when too few nodes answer.
+    `rng` breaks ties when a member is replaced (R1)."""
     while True:
         current = await store.read_ledger(ledger_id)
         check_password(current.value, master_key)
@@ -75,19 +78,23 @@ async def recover_ledger(
                 continue  # R16: start again from the read
         # R16: IN_RECOVERY (ours, or another recovery's, perhaps dead): go on; only the
         # final compare-and-set decides (R22)
-        run = _Recovery(channel_for, config, current.value, master_key)
-        last_entry_id, length = await run.find_and_copy_tail()
+        run = _Recovery(channel_for, config, current, master_key, store, rng or random.Random())
         try:
+            last_entry_id, length = await run.find_and_copy_tail()
             closed = await store.update_ledger(
-                closed_at(current.value, last_entry_id, length), current.version
+                closed_at(run.record.value, last_entry_id, length), run.record.version
             )
-        except MetadataVersionConflict:
+        except (MetadataVersionConflict, _RecordMoved):
             reread = await store.read_ledger(ledger_id)
             if recovery_after_conflict(reread) is RecoveryRetry.CLOSED:
                 return reread  # R22: another recovery closed it; that result stands
             continue  # the record moved (an ensemble change): start again
         await run.seal(closed.value.last_entry_id)
         return closed
+
+
+class _RecordMoved(Exception):
+    """Another process changed the record while this recovery replaced a member."""
 
 
 class _Recovery:
@@ -97,15 +104,25 @@ class _Recovery:
         self,
         channel_for: ChannelFor,
         config: ClientConfig,
-        metadata: LedgerMetadata,
+        record: Versioned[LedgerMetadata],
         master_key: bytes,
+        store: MetadataStore | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.channel_for = channel_for
         self.config = config
-        self.metadata = metadata
-        self.ledger_id = metadata.ledger_id
+        self.record = record
+        #: the record the adds follow (a member replaced while re-adding moves it)
+        self.metadata = record.value
+        #: the record the votes follow: the ensembles the old writer wrote to, never
+        #: one with a replacement that holds nothing (its "no such entry" proves nothing)
+        self.vote_metadata = record.value
+        self.ledger_id = record.value.ledger_id
         self.master_key = master_key
-        self.last_ensemble: Ensemble = metadata.ensembles[-1]
+        self.store = store
+        self.rng = rng or random.Random()
+        self.last_ensemble: Ensemble = record.value.ensembles[-1]
+        self.failed_addresses: set[str] = set()
 
     async def find_and_copy_tail(self) -> tuple[int, int]:
         """R17..R21: `(last entry id, length)` of the recovered ledger, every recovered
@@ -210,7 +227,7 @@ class _Recovery:
     async def vote(self, entry_id: int) -> EntryRecoveryVote:
         """R19: fencing reads of one entry to its write set until it is present or
         absent; asks the undecided members again (bounded), then RecoveryFailed."""
-        write_set = entry_write_set(self.metadata, entry_id)
+        write_set = entry_write_set(self.vote_metadata, entry_id)
         vote = EntryRecoveryVote(self.ledger_id, entry_id, write_set, self.metadata.ack_quorum)
         members = vote.members_to_ask()
         undecided: dict[str, str] = {}
@@ -267,86 +284,77 @@ class _Recovery:
 
     async def copy(self, entries: Sequence[ReplicatedEntry]) -> None:
         """R20: add the recovered entries again, RECOVERY flag, to their whole write
-        set (one call per member, ids in order); each must reach Qa members."""
-        by_member: dict[EnsembleMember, list[tuple[int, bytes]]] = {}
-        for entry in entries:
-            data = encode_entry(self.ledger_id, entry.entry_id, entry.length_after, entry.payload)
-            for member in entry_write_set(self.metadata, entry.entry_id):
-                by_member.setdefault(member, []).append((entry.entry_id, data))
-        stored: dict[int, int] = {entry.entry_id: 0 for entry in entries}
-        failures: dict[int, list[str]] = {entry.entry_id: [] for entry in entries}
-        lac = entries[0].entry_id - 1
+        set; each must reach Qa members. Members whose adds failed (so that an entry
+        fell short) are replaced as in R9, keeping the record IN_RECOVERY: the entries
+        go to the new write sets first, and the new ensemble is written to the record
+        (compare-and-set) only once each holds them on Qa members, so a record never
+        names a replacement that lacks what a later recovery would look for."""
+        first = entries[0].entry_id
+        metadata = self.metadata
+        for _ in range(self.config.recovery_attempts_max):
+            outcome = await add_recovered(
+                self.channel_for, self.config, metadata, self.master_key, entries
+            )
+            if not outcome.short:
+                if metadata is not self.metadata:
+                    await self._commit(metadata)
+                return
+            metadata = await self._replaced(metadata, outcome.failed, first, outcome.why())
+        raise RecoveryFailed(
+            self.ledger_id,
+            f"entries {first}..{entries[-1].entry_id} could not be stored again on "
+            f"Qa={metadata.ack_quorum} members after {self.config.recovery_attempts_max} "
+            "ensembles",
+        )
 
-        async def add_to(member: EnsembleMember, batch: list[tuple[int, bytes]]) -> None:
-            outcomes: Sequence[PoraError | str | None]
-            try:
-                with anyio.fail_after(self.config.node_timeout_s):
-                    channel = await self.channel_for(member.address)
-                    outcomes = await channel.add_entries(
-                        self.ledger_id,
-                        batch,
-                        master_key=self.master_key,
-                        last_add_confirmed=lac,
-                        recovery=True,
-                        instance_id=member.instance_id,
-                        timeout_s=self.config.node_timeout_s,
-                    )
-            except TimeoutError:
-                outcomes = [f"no answer in {self.config.node_timeout_s} s"] * len(batch)
-            except PoraError as error:
-                outcomes = [error] * len(batch)
-            for (entry_id, _), outcome in zip(batch, outcomes, strict=True):
-                if outcome is None:
-                    stored[entry_id] += 1
-                else:
-                    failures[entry_id].append(f"{member.address}: {outcome}")
+    async def _replaced(
+        self, metadata: LedgerMetadata, failed: set[EnsembleMember], first: int, why: str
+    ) -> LedgerMetadata:
+        """R9 for a recovery: `metadata` with a last ensemble from `first` on, its
+        failed members replaced (never by a node that failed for this ledger)."""
+        self.failed_addresses.update(member.address for member in failed)
+        last = metadata.ensembles[-1]
+        in_last = failed.intersection(last.members)
+        if self.store is None or not in_last:
+            raise RecoveryFailed(self.ledger_id, f"re-adding recovered entries failed: {why}")
+        try:
+            replacements = choose_replacements(
+                await self.store.list_nodes(writable_only=True),
+                last.members,
+                in_last,
+                self.rng,
+                excluded=self.failed_addresses,
+            )
+        except NotEnoughNodes as error:
+            raise RecoveryFailed(
+                self.ledger_id, f"re-adding recovered entries failed ({why}) and {error}"
+            ) from error
+        log.warning(
+            "recovery of ledger %d: replacing %s by %s from entry %d (%s)",
+            self.ledger_id,
+            sorted(m.address for m in replacements),
+            sorted(m.address for m in replacements.values()),
+            first,
+            why,
+        )
+        members = tuple(replacements.get(m, m) for m in last.members)
+        return with_ensemble_change(metadata, Ensemble(first, members))
 
-        quorum_met, all_done = anyio.Event(), anyio.Event()
-        unanswered = len(by_member)
-
-        async def add_and_count(member: EnsembleMember, batch: list[tuple[int, bytes]]) -> None:
-            nonlocal unanswered
-            await add_to(member, batch)
-            unanswered -= 1
-            if all(count >= self.metadata.ack_quorum for count in stored.values()):
-                quorum_met.set()
-            if unanswered == 0:
-                quorum_met.set()
-                all_done.set()
-
-        async with anyio.create_task_group() as group:
-            for member, batch in by_member.items():
-                group.start_soon(add_and_count, member, batch)
-            # a member that hangs holds nothing up once every entry has Qa copies
-            # (#1067); it is left under-replicated as after any failure
-            await quorum_met.wait()
-            with anyio.move_on_after(STRAGGLER_GRACE_S):
-                await all_done.wait()
-            group.cancel_scope.cancel()
-        for entry_id, count in stored.items():
-            if failures[entry_id]:
-                log.warning(
-                    "recovery of ledger %d: entry %d reached %d member(s) of its write set; "
-                    "failed on %s",
-                    self.ledger_id,
-                    entry_id,
-                    count,
-                    failures[entry_id],
-                )
-            if count < self.metadata.ack_quorum:
-                raise RecoveryFailed(
-                    self.ledger_id,
-                    f"entry {entry_id} was stored again on {count} member(s) of its write "
-                    f"set, fewer than Qa={self.metadata.ack_quorum} "
-                    f"({'; '.join(failures[entry_id])})",
-                )
+    async def _commit(self, metadata: LedgerMetadata) -> None:
+        assert self.store is not None
+        try:
+            self.record = await self.store.update_ledger(metadata, self.record.version)
+        except MetadataVersionConflict as conflict:
+            raise _RecordMoved from conflict
+        self.metadata = metadata
+        self.last_ensemble = metadata.ensembles[-1]
 
     async def _length_through(self, last_entry_id: int) -> int:
         """R21: the ledger's length when no entry was recovered: `length_after` of the
         entry before the first one read (acknowledged, so readable), or 0."""
         if last_entry_id < 0:
             return 0
-        write_set = entry_write_set(self.metadata, last_entry_id)
+        write_set = entry_write_set(self.vote_metadata, last_entry_id)
         try:
             answer = await read_from_write_set(
                 self.channel_for, self.config, self.ledger_id, last_entry_id, write_set
