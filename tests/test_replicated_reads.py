@@ -171,6 +171,28 @@ async def test_an_acknowledged_entry_no_replica_holds_is_lost(tmp_path: Path) ->
             await reader.read(2)
 
 
+async def test_a_reader_learns_of_an_ensemble_change_before_calling_an_entry_lost(
+    tmp_path: Path,
+) -> None:
+    async with local_cluster(tmp_path, nodes=4) as cluster:
+        a, b, c, d = cluster.addresses
+        record = await make_ledger(cluster, [a, b, c], write_quorum=1, ack_quorum=1)
+        ledger_id = record.value.ledger_id
+        await put(cluster, record.value, range(3))
+        reader = await reader_of(cluster, ledger_id)
+        assert reader.last_add_confirmed == 1
+        changed = await add_ensemble(cluster, record, 3, [a, b, d])
+        await put(cluster, changed.value, range(3, 9))
+        # entry 5 lives on D alone (LAC 7 there); the reader's record still says C
+        assert await reader.read(5) == payload(5)
+        assert reader.metadata == changed.value
+        assert reader.last_add_confirmed == 7
+        # a LAC learnt before the record (as piggybacked): the read re-reads it
+        reader.record = record
+        assert await reader.read(5) == payload(5)
+        assert reader.metadata == changed.value
+
+
 async def close_record(
     cluster: LocalCluster, current: Versioned[LedgerMetadata], last: int
 ) -> Versioned[LedgerMetadata]:

@@ -23,6 +23,7 @@ from pora.client.replication.recovery import recover_ledger
 from pora.client.replication.replica_reads import (
     AllAnsweredNoSuchEntry,
     ChannelFor,
+    ReplicaAnswer,
     read_from_write_set,
 )
 from pora.meta.records import EnsembleMember, LedgerMetadata, LedgerState, Versioned
@@ -47,7 +48,7 @@ async def open_ledger(
     record = await store.read_ledger(ledger_id)
     check_password(record.value, master_key)
     if recover and record.value.state is not LedgerState.CLOSED:
-        record = await recover_ledger(store, channel_for, config, ledger_id, master_key)
+        record = await recover_ledger(store, channel_for, config, ledger_id, master_key, rng)
     reader = LedgerReader(store, channel_for, config, rng, record)
     if record.value.state is not LedgerState.CLOSED:
         await reader.refresh_last_add_confirmed()
@@ -104,12 +105,15 @@ class LedgerReader:
         self._lac = max(self._lac, last_add_confirmed)
 
     async def refresh_last_add_confirmed(self, entry_id: int | None = None) -> int:
-        """Ask the write set of `entry_id` (default: the next entry) for its LAC, in
-        parallel, no fencing; the highest answer counts (each is a lower bound)."""
+        """Ask the write set of `entry_id` (default: every member of the last
+        ensemble, where the writer is) for its LAC, in parallel, no fencing; the
+        highest answer counts (each is a lower bound)."""
         if self.closed:
             return self.last_add_confirmed
-        target = self._lac + 1 if entry_id is None else entry_id
-        members = entry_write_set(self.metadata, max(target, 0))
+        if entry_id is None:
+            members = self.metadata.ensembles[-1].members
+        else:
+            members = entry_write_set(self.metadata, entry_id)
 
         async def ask(member: EnsembleMember) -> None:
             try:
@@ -137,7 +141,11 @@ class LedgerReader:
             return self.last_add_confirmed
         await self.refresh_last_add_confirmed(entry_id)
         if entry_id > self._lac:
+            seen = self.record.version
             self.learn(await self.store.read_ledger(self.ledger_id))
+            if self.record.version != seen and not self.closed:
+                # a new ensemble: its members know the newer LAC
+                await self.refresh_last_add_confirmed(entry_id)
         return self.last_add_confirmed
 
     async def read(self, entry_id: int) -> bytes:
@@ -147,20 +155,35 @@ class LedgerReader:
         self._check_open()
         if entry_id < 0 or entry_id > await self._bound_for(entry_id):
             raise NoSuchEntry(self.ledger_id, entry_id)
-        write_set = entry_write_set(self.metadata, entry_id)
         try:
-            answer = await read_from_write_set(
-                self.channel_for,
-                self.config,
-                self.ledger_id,
-                entry_id,
-                write_set,
-                on_damaged=self._report_damage,
-            )
-        except AllAnsweredNoSuchEntry as none:
-            raise EntryLost(self.ledger_id, entry_id, none.members) from None
+            answer = await self._read_replicas(entry_id)
+        except AllAnsweredNoSuchEntry:
+            # an open ledger's writer may have moved the entry to a new ensemble this
+            # reader has not seen yet: re-read the record once before calling it lost
+            seen = self.record.version
+            self.learn(await self.store.read_ledger(self.ledger_id))
+            if self.record.version == seen:
+                raise EntryLost(
+                    self.ledger_id,
+                    entry_id,
+                    [m.address for m in entry_write_set(self.metadata, entry_id)],
+                ) from None
+            try:
+                answer = await self._read_replicas(entry_id)
+            except AllAnsweredNoSuchEntry as none:
+                raise EntryLost(self.ledger_id, entry_id, none.members) from None
         self.learn_lac(answer.last_add_confirmed)
         return answer.entry.payload
+
+    async def _read_replicas(self, entry_id: int) -> ReplicaAnswer:
+        return await read_from_write_set(
+            self.channel_for,
+            self.config,
+            self.ledger_id,
+            entry_id,
+            entry_write_set(self.metadata, entry_id),
+            on_damaged=self._report_damage,
+        )
 
     def _report_damage(self, address: str, damage: EntryDamaged) -> None:
         self.damaged.append((address, damage))
