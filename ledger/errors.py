@@ -19,8 +19,8 @@ class LedgerError(PoraError):
 
 
 class NoSuchLedger(LedgerError):
-    def __init__(self, ledger_id: int) -> None:
-        super().__init__(ledger_id, f"ledger {ledger_id} does not exist on this node")
+    def __init__(self, ledger_id: int, where: str = "on this node") -> None:
+        super().__init__(ledger_id, f"ledger {ledger_id} does not exist {where}")
 
 
 class NoSuchEntry(LedgerError):

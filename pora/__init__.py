@@ -2,7 +2,7 @@
 
 `open_node` runs a storage node in-process; `connect_node` talks to one over the
 network; `connect` opens a replicating client on a cluster's metadata store
-(`Client`: ledgers on ensembles of nodes, written through a `LedgerWriter`). The
+(`Client`: ledgers on ensembles of nodes, written through a `LedgerWriter`, read through a `LedgerReader`). The
 errors their operations raise are gathered in `pora.errors` and re-exported here.
 """
 
@@ -11,6 +11,7 @@ from netio.security import master_key_from_password
 from pora.client.node_client import NodeClient, NodeInfo, connect_node
 from pora.client.replication.client import Client, connect
 from pora.client.replication.config import ClientConfig
+from pora.client.replication.reader import LedgerReader
 from pora.client.replication.writer import LedgerWriter
 from pora.errors import (
     ClientClosed,
@@ -19,7 +20,9 @@ from pora.errors import (
     DataDirLocked,
     EntryConflict,
     EntryDamaged,
+    EntryLost,
     EntryTooLarge,
+    EntryUnreadable,
     FlushFailed,
     IndexMissing,
     InstanceMismatch,
@@ -49,6 +52,7 @@ from pora.errors import (
     NotEnoughNodes,
     PoraError,
     ProtocolError,
+    RecoveryFailed,
     RegistrationLost,
     RemoteError,
     RequestTimeout,
@@ -70,7 +74,9 @@ __all__ = [
     "DataDirLocked",
     "EntryConflict",
     "EntryDamaged",
+    "EntryLost",
     "EntryTooLarge",
+    "EntryUnreadable",
     "FlushFailed",
     "IndexMissing",
     "InstanceMismatch",
@@ -86,6 +92,7 @@ __all__ = [
     "LedgerExists",
     "LedgerFenced",
     "LedgerInfo",
+    "LedgerReader",
     "LedgerWriter",
     "MetadataError",
     "MetadataRecordTooLarge",
@@ -107,6 +114,7 @@ __all__ = [
     "NotEnoughNodes",
     "PoraError",
     "ProtocolError",
+    "RecoveryFailed",
     "RegistrationLost",
     "RemoteError",
     "RequestTimeout",

@@ -40,8 +40,14 @@ from netio.errors import (
     RemoteError,
     RequestTimeout,
 )
-from pora.client.replication.errors import EntryDamaged, NotEnoughNodes
-from pora.client.replication.writer import ClientClosed
+from pora.client.replication.errors import (
+    ClientClosed,
+    EntryDamaged,
+    EntryLost,
+    EntryUnreadable,
+    NotEnoughNodes,
+    RecoveryFailed,
+)
 from pora.meta.errors import (
     InvalidMetadata,
     LedgerExists,
@@ -63,7 +69,9 @@ __all__ = [
     "DataDirLocked",
     "EntryConflict",
     "EntryDamaged",
+    "EntryLost",
     "EntryTooLarge",
+    "EntryUnreadable",
     "FlushFailed",
     "IndexMissing",
     "InstanceMismatch",
@@ -93,6 +101,7 @@ __all__ = [
     "NotEnoughNodes",
     "PoraError",
     "ProtocolError",
+    "RecoveryFailed",
     "RegistrationLost",
     "RemoteError",
     "RequestTimeout",

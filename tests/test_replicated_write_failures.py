@@ -14,9 +14,9 @@ from writer_support import client_on, holders
 
 from ledger.errors import LedgerFenced
 from netio.security import master_key_from_password
-from pora.client.replication.errors import NotEnoughNodes
+from pora.client.replication.errors import ClientClosed, NotEnoughNodes
 from pora.client.replication.ledger_records import in_recovery
-from pora.client.replication.writer import ClientClosed, LedgerWriter
+from pora.client.replication.writer import LedgerWriter
 
 
 async def _append_all(ledger: LedgerWriter, count: int, first: int = 0) -> list[int]:

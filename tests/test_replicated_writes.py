@@ -158,8 +158,10 @@ async def test_delete_checks_the_password_and_removes_record_and_data(tmp_path: 
         for node in cluster.nodes.values():
             with pytest.raises((NoSuchLedger, NoSuchEntry)):
                 await node.read_entry(ledger.ledger_id, 0)
-        with pytest.raises(NoSuchLedgerMetadata):
+        with pytest.raises(NoSuchLedger, match="in the metadata store"):
             await client.delete_ledger(ledger.ledger_id, password="secret")
+        with pytest.raises(NoSuchLedger, match="in the metadata store"):
+            await client.open_ledger(ledger.ledger_id, password="secret")
 
 
 async def test_delete_leaves_an_unreachable_node_s_copy_behind_and_succeeds(tmp_path: Path) -> None:

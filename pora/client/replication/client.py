@@ -29,8 +29,9 @@ from pora.client.replication.ensemble_change import WriterContext
 from pora.client.replication.ledger_records import check_password, new_ledger
 from pora.client.replication.node_pool import ChannelOpener, NodePool, tcp_channels
 from pora.client.replication.placement import choose_ensemble
+from pora.client.replication.reader import LedgerReader, open_ledger
 from pora.client.replication.writer import LedgerWriter
-from pora.meta.errors import MetadataTimeout, MetadataVersionConflict
+from pora.meta.errors import MetadataTimeout, MetadataVersionConflict, NoSuchLedgerMetadata
 from pora.meta.records import EnsembleMember, LedgerMetadata
 from pora.meta.store import MetadataStore, open_metadata
 
@@ -100,15 +101,42 @@ class Client:
         await writer.start(self._task_group, self._writers.discard)
         return writer
 
+    async def open_ledger(
+        self, ledger_id: int, password: str | bytes = "", *, recover: bool = True
+    ) -> LedgerReader:
+        """A reader of the ledger (`Unauthorized` for a wrong password, `NoSuchLedger`
+        when it has no record). `recover=True` (the default) recovers and closes an open
+        ledger first: fencing its writer, whose later appends fail with LedgerFenced
+        (R16..R22). `recover=False` reads an open ledger as it grows, never past its
+        LAC (R23), without disturbing its writer."""
+        async with self._no_such_ledger(ledger_id):
+            return await open_ledger(
+                self.store,
+                self._pool.channel,
+                self.config,
+                self._context.rng,
+                ledger_id,
+                password,
+                recover,
+            )
+
+    @asynccontextmanager
+    async def _no_such_ledger(self, ledger_id: int) -> AsyncIterator[None]:
+        try:
+            yield
+        except NoSuchLedgerMetadata as error:
+            raise NoSuchLedger(ledger_id, f"in the metadata store {self.store.url}") from error
+
     async def delete_ledger(self, ledger_id: int, password: str | bytes = "") -> None:
         """Check the password (Unauthorized), delete the record (compare-and-set), then
         delete the ledger on every node of every ensemble, best effort: a node that
         cannot be reached keeps the entries as garbage for the cluster tools.
-        NoSuchLedgerMetadata when the ledger has no record."""
+        NoSuchLedger when the ledger has no record."""
         master_key = master_key_from_password(password)
         attempt = 0
         while True:
-            record = await self.store.read_ledger(ledger_id)
+            async with self._no_such_ledger(ledger_id):
+                record = await self.store.read_ledger(ledger_id)
             check_password(record.value, master_key)
             try:
                 await self.store.delete_ledger(ledger_id, record.version)

@@ -34,3 +34,59 @@ class EntryDamaged(PoraError):
             "the replica that returned it must not be trusted for it (read another one, "
             "and run `pora verify` on that node)"
         )
+
+
+class EntryLost(PoraError):
+    """R24: every member of an entry's write set answered "no such entry" for an entry
+    at or below the ledger's LAC (or closed last entry): it was acknowledged and no
+    replica holds it any more. Not "no such entry": the ledger claims it."""
+
+    def __init__(self, ledger_id: int, entry_id: int, members: list[str]) -> None:
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.members = members
+        super().__init__(
+            f"entry {entry_id} of ledger {ledger_id} was acknowledged but none of its "
+            f"replicas ({', '.join(members)}) holds it: the data is lost unless one of "
+            "those nodes' data dirs can be restored; check their logs and `pora verify`"
+        )
+
+
+class EntryUnreadable(PoraError):
+    """R24: no member of an entry's write set gave a valid copy (errors, timeouts,
+    damaged copies, replaced data dirs); `answers` says what each one did."""
+
+    def __init__(self, ledger_id: int, entry_id: int, answers: dict[str, str]) -> None:
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+        self.answers = answers
+        why = "; ".join(f"{address}: {answer}" for address, answer in answers.items())
+        super().__init__(
+            f"entry {entry_id} of ledger {ledger_id} could not be read from any replica "
+            f"({why}); retry once those nodes are reachable"
+        )
+
+
+class RecoveryFailed(PoraError):
+    """A recovery could not finish (R17, R19, R20); the record stays IN_RECOVERY and
+    another `open_ledger(recover=True)` retries it."""
+
+    def __init__(self, ledger_id: int, what: str) -> None:
+        self.ledger_id = ledger_id
+        self.what = what
+        super().__init__(
+            f"recovery of ledger {ledger_id} failed: {what}; the ledger stays in recovery: "
+            "bring those nodes back (or wait for them) and open it with recover=True again"
+        )
+
+
+class ClientClosed(PoraError):
+    """The client a ledger writer belongs to ended with appends still pending."""
+
+    def __init__(self, ledger_id: int) -> None:
+        self.ledger_id = ledger_id
+        super().__init__(
+            f"ledger {ledger_id}: its client was closed: the writer takes no more appends, "
+            "and one pending then has an unknown outcome (open the ledger with recovery to "
+            "learn what it holds)"
+        )

@@ -33,23 +33,12 @@ from ledger.errors import (
 from pora.client.replication.budget import Budget
 from pora.client.replication.ensemble_change import EnsembleChanger, WriterContext
 from pora.client.replication.entry_format import HEADER_BYTES, encode_entry
+from pora.client.replication.errors import ClientClosed
 from pora.client.replication.quorum import AckTracker
 from pora.client.replication.sender import Sender
 from pora.meta.records import LedgerMetadata, Versioned
 
 _log = logging.getLogger("pora.client.writer")
-
-
-class ClientClosed(PoraError):
-    """The client a ledger writer belongs to ended with appends still pending."""
-
-    def __init__(self, ledger_id: int) -> None:
-        self.ledger_id = ledger_id
-        super().__init__(
-            f"ledger {ledger_id}: its client was closed: the writer takes no more appends, "
-            "and one pending then has an unknown outcome (open the ledger with recovery to "
-            "learn what it holds)"
-        )
 
 
 @dataclass(eq=False)

@@ -1,0 +1,92 @@
+"""R25: following a ledger as it is written. Entries are returned once the LAC
+confirms them (R23); between them the tail long-polls the LAC on the write set of the
+next entry and watches the ledger's record, which tells of a new ensemble (the write
+sets move) and of the close (the last entry is fixed; the tail ends after it).
+
+No task group is open across a `yield`: each wait runs its polls and its watch in a
+group of its own that ends before the next entry is returned."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import anyio
+
+from journal.errors import PoraError
+from pora.client.replication.quorum import entry_write_set
+from pora.meta.errors import NoSuchLedgerMetadata
+from pora.meta.records import EnsembleMember
+
+if TYPE_CHECKING:
+    from pora.client.replication.reader import LedgerReader
+
+log = logging.getLogger(__name__)
+
+#: a node that failed a long poll is asked again after this (it may be restarting)
+POLL_RETRY_DELAY_S = 0.1
+
+
+async def tail_ledger(reader: LedgerReader, from_entry_id: int) -> AsyncIterator[tuple[int, bytes]]:
+    next_id = max(0, from_entry_id)
+    while True:
+        if next_id <= reader.last_add_confirmed:
+            async for entry_id, payload in reader.read_entries(next_id, reader.last_add_confirmed):
+                yield entry_id, payload
+                next_id = entry_id + 1
+            continue
+        if reader.closed:
+            return  # after the last entry of a closed ledger
+        await _wait_for_progress(reader, next_id)
+
+
+async def _wait_for_progress(reader: LedgerReader, next_id: int) -> None:
+    """Until the LAC passes `next_id - 1`, the record changes, or a poll's wait ends."""
+    config = reader.config
+    known_lac = reader.last_add_confirmed
+    version = reader.record.version
+    deleted = False
+
+    async def poll(member: EnsembleMember) -> None:
+        try:
+            with anyio.fail_after(config.tail_poll_wait_s + config.node_timeout_s):
+                channel = await reader.channel_for(member.address)
+                lac, _ = await channel.read_lac(
+                    reader.ledger_id,
+                    known_lac=known_lac,
+                    wait_s=config.tail_poll_wait_s,
+                    instance_id=member.instance_id,
+                    timeout_s=config.tail_poll_wait_s + config.node_timeout_s,
+                )
+        except (PoraError, TimeoutError) as error:
+            log.info("ledger %d: long poll on %s: %s", reader.ledger_id, member.address, error)
+            await anyio.sleep(POLL_RETRY_DELAY_S)
+            return
+        if lac > known_lac:
+            reader.learn_lac(lac)
+            group.cancel_scope.cancel()
+
+    async def watch() -> None:
+        nonlocal deleted
+        changes = reader.store.watch_ledger(reader.ledger_id, after_version=version)
+        try:
+            async for record in changes:
+                reader.learn(record)
+                group.cancel_scope.cancel()
+                return
+            deleted = True
+            group.cancel_scope.cancel()
+        finally:
+            close = getattr(changes, "aclose", None)
+            if close is not None:
+                with anyio.CancelScope(shield=True):
+                    await close()
+
+    with anyio.move_on_after(config.tail_poll_wait_s):
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch)
+            for member in entry_write_set(reader.metadata, next_id):
+                group.start_soon(poll, member)
+    if deleted:
+        raise NoSuchLedgerMetadata(reader.ledger_id)

@@ -1,0 +1,116 @@
+"""The replicating client's public API exactly as applications use it (the names are a
+contract), under asyncio and under trio, over TCP to a real `pora cluster` of three
+`pora serve` processes registered in SQLite metadata."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+
+import anyio
+import pytest
+import trio
+from test_cli_cluster import free_base_port
+
+import pora
+from pora.meta.store import open_metadata
+
+START_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = tmp_path_factory.mktemp("contract") / "cluster"
+    command = [
+        sys.executable, "-m", "pora.cli", "cluster", "--nodes", "3",
+        "--dir", str(folder), "--base-port", str(free_base_port(3)),
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ
+    )
+    url = f"sqlite://{folder / 'meta.db'}"
+
+    async def registered() -> int:
+        try:
+            async with open_metadata(url) as store:
+                return len(await store.list_nodes(writable_only=True))
+        except pora.MetadataError:  # the cluster is still creating the store
+            return 0
+
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while trio.run(registered) < 3:
+            assert process.poll() is None, "pora cluster exited"
+            assert time.monotonic() < deadline, "the nodes never registered"
+            time.sleep(0.05)
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def the_contract(url: str) -> None:
+    async with pora.connect(url) as client:
+        ledger = await client.create_ledger(
+            ensemble_size=3,
+            write_quorum=3,
+            ack_quorum=2,
+            password="pw",
+            custom_metadata={"app": b"demo"},
+        )
+        assert isinstance(ledger.ledger_id, int)
+        assert await ledger.append(b"payload") == 0
+        assert await ledger.append_many([b"a", b"b"]) == [1, 2]
+        assert ledger.last_add_confirmed == 2
+
+        # a follower reads the open ledger as it grows, never past the LAC
+        follower = await client.open_ledger(ledger.ledger_id, password="pw", recover=False)
+        followed: list[tuple[int, bytes]] = []
+
+        async def follow() -> None:
+            async for entry_id, payload in follower.tail(from_entry_id=0):
+                followed.append((entry_id, payload))
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(follow)
+            assert await ledger.append(b"c") == 3
+            await ledger.close()  # the tail ends at the close
+        assert followed == [(0, b"payload"), (1, b"a"), (2, b"b"), (3, b"c")]
+
+        reader = await client.open_ledger(ledger.ledger_id, password="pw")
+        assert reader.last_entry_id == 3
+        assert await reader.read(1) == b"a"
+        assert [entry async for entry in reader.read_entries(0, 3)] == followed
+        assert reader.metadata.custom == {"app": b"demo"}
+        with pytest.raises(pora.Unauthorized):
+            await client.open_ledger(ledger.ledger_id, password="not it")
+
+        listed = [info.ledger_id async for info in client.list_ledgers()]
+        assert ledger.ledger_id in listed
+        await client.delete_ledger(ledger.ledger_id, password="pw")
+        with pytest.raises(pora.NoSuchLedger):
+            await client.open_ledger(ledger.ledger_id, password="pw")
+
+
+def under_asyncio(main: Callable[[], Awaitable[None]]) -> None:
+    async def wrapped() -> None:
+        await main()
+
+    asyncio.run(wrapped())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runner", [under_asyncio, trio.run], ids=["asyncio", "trio"])
+def test_the_public_api_as_documented(
+    cluster_url: str, runner: Callable[[Callable[[], Awaitable[None]]], None]
+) -> None:
+    runner(lambda: the_contract(cluster_url))
