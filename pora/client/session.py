@@ -1,0 +1,149 @@
+"""One connection of the per-node client and what waits on it: the node's identity
+(`NodeInfo`), the one-waiter events a caller parks on, a caller's `Waiter` for its
+responses, and the `Session` (stream, requests in flight, frames to send)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+import anyio
+import anyio.abc
+import trio
+
+from journal.errors import PoraError
+from netio.codec import ResponseDecoder
+from netio.messages import ResponseMessage
+from pora.client.coalescer import AddFrame, QueuedAdd
+
+RECEIVE_BYTES: Final = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    protocol_version: int
+    server_version: str
+    #: why the node refuses writes, or None when it takes them
+    read_only_reason: str | None
+    frame_bytes_max: int
+    entry_bytes_max: int
+    ledger_count: int
+    #: the node's data-dir instance id (a wiped data dir has a new one)
+    instance_id: str = ""
+
+
+class Event(Protocol):
+    def set(self) -> None: ...
+    def is_set(self) -> bool: ...
+    async def wait(self) -> None: ...
+
+
+class TrioWakeup:
+    """An event with one waiter, under trio: the waiting task parked and rescheduled
+    directly, without the parking lot of a `trio.Event` (each caller of the client
+    waits on its own, once per request: this is part of the per-add cost)."""
+
+    __slots__ = ("_flag", "_task")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._task: trio.lowlevel.Task | None = None
+
+    def set(self) -> None:
+        if self._flag:
+            return
+        self._flag = True
+        task = self._task
+        if task is not None:
+            self._task = None
+            trio.lowlevel.reschedule(task)
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    async def wait(self) -> None:
+        if self._flag:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._task is not None:
+            raise RuntimeError("a TrioWakeup has one waiter at most")
+        self._task = trio.lowlevel.current_task()
+
+        def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
+            self._task = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+def event_type() -> Callable[[], Event]:
+    """The cheapest one-waiter event of the running event loop: under trio, a task
+    parked and rescheduled directly (anyio's wrapper of trio.Event costs ten times
+    as much, once per request)."""
+    if trio.lowlevel.in_trio_task():
+        return TrioWakeup
+    return anyio.Event
+
+
+class Waiter:
+    """One caller waiting for `remaining` responses, one per frame it sent (one
+    request, or a batch: the ADD_RUN frames of an `add_entries`)."""
+
+    __slots__ = ("error", "event", "remaining", "responses", "timed_out")
+
+    def __init__(self, count: int, event: Event) -> None:
+        self.event = event
+        self.remaining = count
+        self.responses: list[ResponseMessage | None] = [None] * count
+        self.error: PoraError | None = None
+        self.timed_out = False
+
+
+class Session:
+    """One connection: its stream, its requests in flight, its frames to send."""
+
+    def __init__(self, stream: anyio.abc.ByteStream, frame_bytes_max: int) -> None:
+        self.stream = stream
+        self.decoder = ResponseDecoder(frame_bytes_max, RECEIVE_BYTES)
+        #: request id -> (waiter, index of the response in the waiter)
+        self.pending: dict[int, tuple[Waiter | AddFrame, int]] = {}
+        self.outbox: list[bytes] = []
+        self.outbox_ready = anyio.Event()
+        self.error: BaseException | None = None
+        self.alive = True
+        self.cancel_scope = anyio.CancelScope()
+        #: the node's frame_bytes_max, once asked on this connection (a reconnect
+        #: may reach a node restarted with another)
+        self.node_frame_bytes_max: int | None = None
+        #: the node's entry_bytes_max and data-dir instance id, from its INFO at connect
+        self.node_entry_bytes_max = 0
+        self.instance_id = ""
+        #: coalesced adds queued for the writer task, which frames them each turn
+        self.add_queue: list[QueuedAdd] = []
+        #: set once the node answered the connection's first request, its INFO
+        self.identified = anyio.Event()
+        self.info: NodeInfo | None = None
+
+
+def why_lost(error: BaseException | None) -> str:
+    """Why a connection ended, for its ConnectionLost message."""
+    if error is None:
+        return "the node closed it"
+    text = str(error) or str(error.__cause__ or "")
+    kind = type(error).__name__
+    if isinstance(error, anyio.BrokenResourceError | anyio.ClosedResourceError | OSError):
+        kind = f"the connection broke: {kind}"
+    return f"{kind}: {text}" if text else kind
+
+
+__all__ = [
+    "RECEIVE_BYTES",
+    "Event",
+    "NodeInfo",
+    "Session",
+    "TrioWakeup",
+    "Waiter",
+    "event_type",
+    "why_lost",
+]

@@ -1,0 +1,162 @@
+"""`TcpChannel`: a `NodeChannel` over a `NodeClient` (`connect_node`).
+
+Adds are coalesced with every other add to that node in the same scheduler turn,
+and the node's instance id is learnt from the INFO asked first on every
+connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from journal.errors import PoraError
+from pora.client.node_channel import NodeIdentity, RangeAnswer, complete_through
+from pora.client.node_client import NodeClient
+
+
+class TcpChannel:
+    """A `NodeChannel` over a `NodeClient` (made by `connect_node`)."""
+
+    def __init__(self, client: NodeClient) -> None:
+        self.client = client
+
+    @property
+    def address(self) -> str:
+        return self.client.address
+
+    async def identity(self) -> NodeIdentity:
+        info = await self.client.identity()
+        return NodeIdentity(self.client.address, info.instance_id, info.read_only_reason)
+
+    async def add_entries(
+        self,
+        ledger_id: int,
+        entries: Sequence[tuple[int, bytes]],
+        *,
+        master_key: bytes,
+        last_add_confirmed: int,
+        recovery: bool = False,
+        instance_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> list[PoraError | None]:
+        return await self.client.add_coalesced(
+            ledger_id,
+            entries,
+            master_key=master_key,
+            last_add_confirmed=last_add_confirmed,
+            recovery=recovery,
+            timeout_s=timeout_s,
+            instance_id=instance_id,
+        )
+
+    async def read_entry(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        *,
+        fence_key: bytes | None = None,
+        wait_s: float = 0.0,
+        instance_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[bytes, int]:
+        return await self.client.read_entry_and_lac(
+            ledger_id,
+            entry_id,
+            wait_s=wait_s,
+            fence=fence_key is not None,
+            master_key=fence_key or b"",
+            timeout_s=timeout_s,
+            instance_id=instance_id,
+        )
+
+    async def read_range(
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        last_entry_id: int,
+        *,
+        fence_key: bytes | None = None,
+        max_entries: int = 1000,
+        max_bytes: int = 1 << 20,
+        instance_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> RangeAnswer:
+        entries, lac, more = await self.client.read_range_page(
+            ledger_id,
+            first_entry_id,
+            last_entry_id,
+            max_entries=max_entries,
+            max_bytes=max_bytes,
+            fence_key=fence_key,
+            timeout_s=timeout_s,
+            instance_id=instance_id,
+        )
+        return RangeAnswer(entries, lac, complete_through(entries, last_entry_id, more))
+
+    async def read_lac(
+        self,
+        ledger_id: int,
+        *,
+        fence_key: bytes | None = None,
+        known_lac: int = -1,
+        wait_s: float = 0.0,
+        instance_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[int, int]:
+        return await self.client.read_lac(
+            ledger_id,
+            known_lac=known_lac,
+            wait_s=wait_s,
+            fence_key=fence_key,
+            timeout_s=timeout_s,
+            instance_id=instance_id,
+        )
+
+    async def write_lac(
+        self,
+        ledger_id: int,
+        last_add_confirmed: int,
+        *,
+        master_key: bytes,
+        instance_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> int:
+        return await self.client.write_lac(
+            ledger_id,
+            last_add_confirmed,
+            master_key=master_key,
+            timeout_s=timeout_s,
+            instance_id=instance_id,
+        )
+
+    async def close_ledger(
+        self,
+        ledger_id: int,
+        last_entry_id: int,
+        *,
+        master_key: bytes,
+        instance_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> int:
+        return await self.client.close_ledger(
+            ledger_id,
+            last_entry_id,
+            master_key=master_key,
+            timeout_s=timeout_s,
+            instance_id=instance_id,
+        )
+
+    async def delete_ledger(
+        self,
+        ledger_id: int,
+        *,
+        master_key: bytes,
+        instance_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        await self.client.delete_ledger(
+            ledger_id, master_key=master_key, timeout_s=timeout_s, instance_id=instance_id
+        )
+
+
+__all__ = ["TcpChannel"]

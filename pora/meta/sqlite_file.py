@@ -1,0 +1,260 @@
+"""The SQLite file under the embedded metadata store: its connections, its threads
+and its schema. Reads run in worker threads on pooled connections (WAL readers never
+wait for the writer); writes go to one writer thread that commits whatever is queued
+in one `BEGIN IMMEDIATE` transaction (pora/meta/sqlite_writer.py, which says what a
+caller that timed out knows). docs/metadata.md gives the schema."""
+
+from __future__ import annotations
+
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+import anyio.to_thread
+
+from pora.meta.errors import MetadataError, MetadataTimeout, MetadataUnavailable
+from pora.meta.sqlite_writer import BatchWriter, Write
+from pora.meta.store import MetadataConfig
+
+R = TypeVar("R")
+
+SCHEMA_VERSION = 1
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS id_blocks (name TEXT PRIMARY KEY, next_id INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS ledgers (ledger_id INTEGER PRIMARY KEY,"
+    " version INTEGER NOT NULL, record BLOB NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS nodes (address TEXT PRIMARY KEY, instance_id TEXT NOT NULL,"
+    " read_only INTEGER NOT NULL, free_bytes INTEGER NOT NULL, rack TEXT,"
+    " last_seen_ms INTEGER NOT NULL, lease_expires_ms INTEGER NOT NULL,"
+    " version INTEGER NOT NULL)",
+    # the streams layer's named records (a name -> a versioned document), reserved
+    "CREATE TABLE IF NOT EXISTS streams (name TEXT PRIMARY KEY,"
+    " version INTEGER NOT NULL, record BLOB NOT NULL)",
+    "INSERT OR IGNORE INTO id_blocks (name, next_id) VALUES ('ledger', 0)",
+)
+BUSY_SHARE_OF_TIMEOUT = 0.8
+WAL_RETRY_S = 0.005
+UNAVAILABLE_HINT = (
+    "check that the folder exists and is writable and that the file is a Pora SQLite "
+    "metadata database"
+)
+
+
+def sqlite_path(url: str) -> Path:
+    """`sqlite:///abs/path.db` -> /abs/path.db; `sqlite:relative/path.db` -> relative."""
+    rest = url.removeprefix("sqlite:")
+    if rest.startswith("//"):
+        rest = rest[2:]
+        if not rest.startswith("/"):
+            raise MetadataUnavailable(url, "a sqlite:// URL needs an absolute path", "sqlite:///")
+    if not rest:
+        raise MetadataUnavailable(url, "no database path", "sqlite:relative/path.db")
+    return Path(rest)
+
+
+@contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """A write transaction that takes the file's write lock at once, so two processes'
+    read-check-write sequences never interleave."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _enable_wal(conn: sqlite3.Connection, deadline: float) -> None:
+    """Switch the file to WAL (kept in the file once set). While another process creates
+    or converts the same file, SQLite refuses at once with "locked" instead of waiting
+    on the busy timeout, so the switch is retried until the deadline."""
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() >= deadline:
+                raise
+            time.sleep(WAL_RETRY_S)
+        else:
+            return
+
+
+class SqliteFile:
+    """One store's file: `_call` runs a read on a pooled connection in a worker
+    thread, `_write` runs a write in the writer thread's next transaction."""
+
+    def __init__(self, url: str, path: Path, config: MetadataConfig) -> None:
+        self._url = url
+        self._path = path
+        self._config = config
+        # the writer thread holds one of the store's threads_max connections
+        self._limiter = anyio.CapacityLimiter(max(1, config.threads_max - 1))
+        self._write_room = anyio.Semaphore(config.write_queue_max)
+        self._writer: BatchWriter | None = None
+        self._idle: queue.SimpleQueue[sqlite3.Connection] = queue.SimpleQueue()
+        self._closed = False
+        self._closed_lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    # --- threads and connections
+
+    def _connect(self) -> sqlite3.Connection:
+        # a wait for another process's write lock gives up before the call's timeout,
+        # so a write refused for a held lock is known not to have happened
+        busy_timeout_s = self._config.call_timeout_s * BUSY_SHARE_OF_TIMEOUT
+        conn = sqlite3.connect(
+            self._path,
+            timeout=busy_timeout_s,
+            isolation_level=None,  # transactions are explicit
+            check_same_thread=False,  # one thread at a time, through the pool
+        )
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            _enable_wal(conn, time.monotonic() + busy_timeout_s)
+            conn.execute("PRAGMA synchronous = FULL")  # a committed close survives power loss
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _in_thread(self, operation: Callable[[sqlite3.Connection], R]) -> R:
+        try:
+            conn = self._idle.get_nowait()
+        except queue.Empty:
+            conn = self._connect_or_raise()
+        reusable = False
+        try:
+            result = operation(conn)
+        except MetadataError:
+            reusable = True  # a refusal (conflict, exists): the transaction rolled back
+            raise
+        except sqlite3.Error as error:
+            raise self._sqlite_failure(error) from error
+        else:
+            reusable = True
+            return result
+        finally:
+            self._give_back(conn, reusable)
+
+    def _connect_or_raise(self) -> sqlite3.Connection:
+        try:
+            return self._connect()
+        except sqlite3.Error as error:
+            raise self._sqlite_failure(error) from error
+
+    def _sqlite_failure(self, error: sqlite3.Error) -> MetadataUnavailable:
+        if "locked" in str(error) or "busy" in str(error):
+            return MetadataTimeout(
+                self._url,
+                f"{error} (busy timeout {self._config.call_timeout_s * BUSY_SHARE_OF_TIMEOUT:g} s)",
+                "another process holds the write lock too long",
+            )
+        return MetadataUnavailable(self._url, str(error), UNAVAILABLE_HINT)
+
+    def _give_back(self, conn: sqlite3.Connection, reusable: bool) -> None:
+        with self._closed_lock:
+            if reusable and not self._closed:
+                self._idle.put(conn)
+                return
+        conn.close()
+
+    async def _call(self, operation: Callable[[sqlite3.Connection], R]) -> R:
+        if self._closed:
+            raise MetadataError(f"metadata store {self._url} is closed")
+        timeout = self._config.call_timeout_s
+        try:
+            with anyio.fail_after(timeout):
+                # abandoned on timeout: the thread finishes on its own, bounded by the
+                # busy timeout; the caller learns the outcome is unknown
+                return await anyio.to_thread.run_sync(
+                    self._in_thread, operation, limiter=self._limiter, abandon_on_cancel=True
+                )
+        except TimeoutError:
+            raise MetadataTimeout(
+                self._url, f"no answer within {timeout} s", "is the disk or the file stuck?"
+            ) from None
+
+    async def _write(self, operation: Callable[[sqlite3.Connection], R]) -> R:
+        """Run `operation` in the writer's next transaction, inside its own savepoint."""
+        writer = self._writer
+        if self._closed or writer is None:
+            raise MetadataError(f"metadata store {self._url} is closed")
+        timeout = self._config.call_timeout_s
+        write = Write(operation)
+        with anyio.move_on_after(timeout) as waiting:
+            await self._write_room.acquire()
+        if waiting.cancelled_caught:
+            raise MetadataTimeout(
+                self._url,
+                f"the write queue stayed full for {timeout} s; nothing was written",
+                "the file's disk is slower than the writers: write less or use a faster disk",
+            )
+        try:
+            await self._submit_and_wait(writer, write, waiting.deadline)
+        except BaseException:
+            write.withdraw()  # cancelled: a write not started yet never happens
+            raise
+        finally:
+            self._write_room.release()
+        return write.outcome()
+
+    async def _submit_and_wait(self, writer: BatchWriter, write: Write[R], deadline: float) -> None:
+        if not writer.submit(write):
+            raise MetadataError(f"metadata store {self._url} is closed")
+        with anyio.move_on_after(deadline - anyio.current_time()):
+            await write.done.wait()
+        if write.done.is_set():
+            return
+        if write.withdraw():
+            raise MetadataTimeout(
+                self._url,
+                f"no answer within {self._config.call_timeout_s} s; the write had not "
+                "started and was withdrawn, so it did not happen",
+                "is the disk or the file stuck?",
+            )
+        with anyio.CancelScope(shield=True):
+            # started: its transaction waits on no lock, only on the disk
+            await write.done.wait()
+
+    async def aclose(self) -> None:
+        with self._closed_lock:
+            self._closed = True
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(writer.stop)
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return
+
+    # --- schema
+
+    def _create_schema(self, conn: sqlite3.Connection) -> None:
+        with _immediate(conn):
+            for statement in SCHEMA:
+                conn.execute(statement)
+            row = conn.execute("SELECT version FROM schema_version").fetchone()
+            if row is None:
+                conn.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+            elif row[0] != SCHEMA_VERSION:
+                raise MetadataUnavailable(
+                    self._url,
+                    f"schema version {row[0]} is not {SCHEMA_VERSION}",
+                    "use the Pora version that wrote it",
+                )
+
+
+__all__ = ["SCHEMA", "SCHEMA_VERSION", "SqliteFile", "sqlite_path"]
