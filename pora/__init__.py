@@ -3,7 +3,8 @@
 `open_node` runs a storage node in-process; `connect_node` talks to one over the
 network; `connect` opens a replicating client on a cluster's metadata store
 (`Client`: ledgers on ensembles of nodes, written through a `LedgerWriter`, read
-through a `LedgerReader`). The errors their operations raise are gathered in `pora.errors` and re-exported here.
+through a `LedgerReader`). The errors their operations raise are gathered in
+`pora.errors` and re-exported here.
 """
 
 from ledger.state import LedgerInfo
