@@ -1,6 +1,6 @@
 """The replicating client's public API exactly as applications use it (the names are a
 contract), under asyncio and under trio, over TCP to a real `pora cluster` of three
-`pora serve` processes registered in SQLite metadata."""
+`pora serve` processes registered in SQLite metadata and in ZooKeeper."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import anyio
 import pytest
 import trio
 from test_cli_cluster import free_base_port
+from zookeeper_support import fresh_zk_url
 
 import pora
 from pora.meta.store import open_metadata
@@ -23,17 +24,19 @@ from pora.meta.store import open_metadata
 START_TIMEOUT_S = 60.0
 
 
-@pytest.fixture(scope="module")
-def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["sqlite", "zk"])
+def cluster_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("contract") / "cluster"
+    url = fresh_zk_url(request) if request.param == "zk" else f"sqlite://{folder / 'meta.db'}"
     command = [
         sys.executable, "-m", "pora.cli", "cluster", "--nodes", "3",
-        "--dir", str(folder), "--base-port", str(free_base_port(3)),
+        "--dir", str(folder), "--base-port", str(free_base_port(3)), "--metadata", url,
     ]  # fmt: skip
     process = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ
     )
-    url = f"sqlite://{folder / 'meta.db'}"
 
     async def registered() -> int:
         try:
