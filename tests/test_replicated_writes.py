@@ -18,7 +18,7 @@ from writer_support import client_on, holders, payload_on
 
 import pora
 from journal.errors import PoraError
-from ledger.errors import LedgerClosed, NoSuchEntry, NoSuchLedger, Unauthorized
+from ledger.errors import EntryTooLarge, LedgerClosed, NoSuchEntry, NoSuchLedger, Unauthorized
 from netio.security import master_key_from_password
 from pora.client.channel import NodeChannel
 from pora.client.replication.budget import Budget
@@ -275,3 +275,19 @@ async def test_close_lets_the_replicas_beyond_the_ack_quorum_get_their_copies(
             await ledger.close()  # R14: acknowledged by two, but the third is written too
             for entry_id in (0, 25, 49):
                 assert await holders(cluster, ledger.ledger_id, entry_id) == set(cluster.addresses)
+
+
+async def test_an_oversized_payload_is_refused_before_it_has_an_id(tmp_path: Path) -> None:
+    async with (
+        local_cluster(tmp_path, nodes=3) as cluster,
+        client_on(cluster, payload_bytes_max=1000) as client,
+    ):
+        ledger = await client.create_ledger(ensemble_size=3)
+        assert await ledger.append(b"x" * 1000) == 0
+        with pytest.raises(EntryTooLarge, match="1001"):
+            await ledger.append(b"x" * 1001)
+        with pytest.raises(EntryTooLarge):
+            await ledger.append_many([b"small", b"x" * 1001])
+        assert await ledger.append(b"after") == 1  # the ledger goes on; no id was used
+        await ledger.close()
+        assert ledger.metadata.last_entry_id == 1

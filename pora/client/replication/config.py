@@ -35,6 +35,11 @@ class ClientConfig:
     pending_bytes_max: int = 256 << 20
     #: add calls in flight to one node for one ledger, at most
     calls_in_flight_per_node_max: int = 8
+    #: the largest payload an append takes: the nodes' default `entry_bytes_max` (4 MiB)
+    #: less the replicated entry's 13-byte header; a larger one is refused before it
+    #: is given an id (nodes configured with a smaller limit refuse it themselves,
+    #: which ends the writer)
+    payload_bytes_max: int = (4 << 20) - 13
     #: entries and bytes a sequential read asks a node for in one range read
     read_range_entries_max: int = 1000
     read_range_bytes_max: int = 4 << 20
@@ -60,6 +65,7 @@ class ClientConfig:
             "pending_bytes_max",
             "calls_in_flight_per_node_max",
             "read_range_entries_max",
+            "payload_bytes_max",
             "read_range_bytes_max",
         ):
             if getattr(self, name) < 1:

@@ -27,6 +27,7 @@ import anyio.abc
 
 from journal.errors import PoraError
 from ledger.errors import (
+    EntryTooLarge,
     LedgerClosed,
     LedgerFenced,
 )
@@ -115,6 +116,7 @@ class LedgerWriter:
         every earlier entry is acknowledged (R4). Waits for room when the ledger's or
         the client's pending bounds are reached."""
         self._check_writable()
+        self._check_size(payload)
         await self._reserve(1, len(payload))
         entry_id, waiter = self._add(payload)
         await waiter.event.wait()
@@ -124,7 +126,10 @@ class LedgerWriter:
         raise self._error
 
     async def append_many(self, payloads: Sequence[bytes]) -> list[int]:
-        """Append entries in order; returns their ids once all are acknowledged."""
+        """Append entries in order; returns their ids once all are acknowledged. A
+        payload over the limit refuses the whole call before any is appended."""
+        for payload in payloads:
+            self._check_size(payload)
         ids: list[int] = []
         last: _TurnWaiter | None = None
         step = self._room.limit
@@ -142,6 +147,13 @@ class LedgerWriter:
             return ids
         assert self._error is not None
         raise self._error
+
+    def _check_size(self, payload: bytes) -> None:
+        """A payload no node would take is refused here, before it has an id: the
+        ledger goes on (a node refusing it would end the writer)."""
+        limit = self._context.config.payload_bytes_max
+        if len(payload) > limit:
+            raise EntryTooLarge(self.ledger_id, len(payload), limit)
 
     async def close(self) -> None:
         """R14: wait for the pending appends, set the record CLOSED at the LAC with the
