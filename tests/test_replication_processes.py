@@ -223,3 +223,47 @@ async def test_the_same_on_zookeeper_metadata(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     await node_killed_mid_write_then_writer_killed(tmp_path, fresh_zk_url(request))
+
+
+def process_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat ("T": stopped)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.slow
+async def test_a_zombie_writer_stopped_during_a_recovery_is_fenced_and_told_nothing_more(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, NODES) as running:
+        url = (await running.wait_for_line("metadata URL: ")).split(": ", 1)[1]
+        await running.wait_for_line(f"ready: {NODES} nodes")
+        log_path = tmp_path / "writer.log"
+        async with writer_process(url, log_path) as writer:
+            await wait_for_acks(log_path, ACKS_BETWEEN_FAULTS, writer)
+            writer.send_signal(signal.SIGSTOP)
+            await wait_until(lambda: process_state(writer.pid) == "T", WAIT_S)
+            at_stop = read_log(log_path)
+            assert at_stop.ledger_id is not None
+            ledger_id = at_stop.ledger_id
+
+            # another process's recovery fences the ledger and closes it while the
+            # writer is stopped with appends in flight
+            record, recovered = await recover(url, ledger_id)
+            assert record.last_entry_id >= max(at_stop.acks)
+
+            writer.send_signal(signal.SIGCONT)
+            with trio.fail_after(WAIT_S):
+                assert await writer.wait() == 0
+        final = read_log(log_path)
+        assert final.errors == [] and final.done
+        # every task's pending append, and the one it tried after, failed LedgerFenced
+        assert (final.fenced_pending, final.fenced_later) == (WRITER_TASKS, WRITER_TASKS)
+        # an acknowledgement logged after SIGCONT is one the nodes sent before they were
+        # fenced (it sat in the writer's sockets): the recovery kept it (check_replicas);
+        # nothing the recovery cut was acknowledged
+        late = final.ack_order[len(at_stop.ack_order) :]
+        assert all(entry_id <= record.last_entry_id for entry_id in late), late
+        await check_replicas(record, recovered, final.acks, dead=set())
+        # the closed ledger never moves once closed
+        assert await ledger_record(url, ledger_id) == record
