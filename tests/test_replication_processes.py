@@ -219,7 +219,7 @@ async def test_a_node_killed_mid_write_then_the_writer_killed_loses_no_acknowled
 
 
 @pytest.mark.slow
-async def test_the_same_on_zookeeper_metadata(
+async def test_a_node_killed_mid_write_on_zookeeper_metadata(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     await node_killed_mid_write_then_writer_killed(tmp_path, fresh_zk_url(request))
@@ -231,11 +231,8 @@ def process_state(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[0]
 
 
-@pytest.mark.slow
-async def test_a_zombie_writer_stopped_during_a_recovery_is_fenced_and_told_nothing_more(
-    tmp_path: Path,
-) -> None:
-    async with cluster(tmp_path, NODES) as running:
+async def zombie_writer_stopped_during_a_recovery(tmp_path: Path, metadata: str | None) -> None:
+    async with cluster(tmp_path, NODES, metadata) as running:
         url = (await running.wait_for_line("metadata URL: ")).split(": ", 1)[1]
         await running.wait_for_line(f"ready: {NODES} nodes")
         log_path = tmp_path / "writer.log"
@@ -267,3 +264,17 @@ async def test_a_zombie_writer_stopped_during_a_recovery_is_fenced_and_told_noth
         await check_replicas(record, recovered, final.acks, dead=set())
         # the closed ledger never moves once closed
         assert await ledger_record(url, ledger_id) == record
+
+
+@pytest.mark.slow
+async def test_a_zombie_writer_stopped_during_a_recovery_is_fenced_and_told_nothing_more(
+    tmp_path: Path,
+) -> None:
+    await zombie_writer_stopped_during_a_recovery(tmp_path, None)
+
+
+@pytest.mark.slow
+async def test_a_zombie_writer_on_zookeeper_metadata(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    await zombie_writer_stopped_during_a_recovery(tmp_path, fresh_zk_url(request))
