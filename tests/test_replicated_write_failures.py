@@ -178,6 +178,24 @@ async def test_a_ledger_fenced_on_the_nodes_fails_pending_and_later_appends(
             await ledger.close()
 
 
+async def test_a_ledger_sealed_on_the_nodes_by_a_recovery_fences_the_writer(
+    tmp_path: Path,
+) -> None:
+    async with local_cluster(tmp_path, nodes=3) as cluster, client_on(cluster) as client:
+        ledger = await client.create_ledger(
+            ensemble_size=3, write_quorum=3, ack_quorum=2, password="pw"
+        )
+        await ledger.append_many([b"a", b"b", b"c"])
+        key = master_key_from_password("pw")
+        for node in cluster.nodes.values():  # what a recovery's close does (R22)
+            await node.close_ledger(ledger.ledger_id, 2, master_key=key)
+        with pytest.raises(LedgerFenced):  # R13: CLOSED from a node is another's close
+            await ledger.append(b"pending")
+        with pytest.raises(LedgerFenced):
+            await ledger.append(b"later")
+        assert ledger.last_add_confirmed == 2
+
+
 async def test_a_record_in_recovery_fences_the_writer_at_its_ensemble_change(
     tmp_path: Path,
 ) -> None:

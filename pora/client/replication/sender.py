@@ -182,10 +182,14 @@ class Sender:
         return None
 
     def _refused(self, member: EnsembleMember, error: PoraError) -> None:
-        """R13: a refusal of the ledger ends the writer (FENCED fences it; UNAUTHORIZED
-        and CLOSED fail it with that error); a conflicting or oversized entry is a bug or
-        a misuse that stops the ledger at that entry; anything else fails the member."""
-        if isinstance(error, LedgerFenced | Unauthorized | LedgerClosed):
+        """R13: a refusal of the ledger ends the writer (FENCED and CLOSED fence it;
+        UNAUTHORIZED fails it with that error); a conflicting or oversized entry is a bug
+        or a misuse that stops the ledger at that entry; anything else fails the member."""
+        if isinstance(error, LedgerClosed):
+            # the writer's own close stops its sender before it seals the nodes: a node
+            # sealed under a writing writer was sealed by a recovery, which fenced it
+            self._fail(LedgerFenced(self._ledger_id))
+        elif isinstance(error, LedgerFenced | Unauthorized):
             self._fail(error)
         elif isinstance(error, EntryConflict | EntryTooLarge | InvalidArgument):
             _log.error("ledger %d: node %s refused an entry: %s", self._ledger_id, member, error)

@@ -1,0 +1,78 @@
+"""A writer process for tests/test_replication_processes.py, run with sys.executable:
+
+    python replication_writer_process.py METADATA_URL LOG_FILE [TASKS]
+
+Creates one ledger (E=3 Qw=3 Qa=2, password "pw") and appends from TASKS asyncio
+tasks until it is killed or fenced. Every line of LOG_FILE is written whole and
+flushed before the task goes on, so a test that SIGKILLs or SIGSTOPs this process
+reads exactly what it logged:
+
+    ledger ID                  once, before the first append
+    ack ENTRY_ID SHA256        an append acknowledged, with its payload's digest
+    fenced pending TASK        an append in flight failed with LedgerFenced
+    fenced later TASK          the task's next append failed with LedgerFenced too
+    error TASK TYPE MESSAGE    any other failure (a test fails on it)
+    done                       every task ended (fenced or failed)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import sys
+from typing import TextIO
+
+import pora
+
+#: quorums the processes tests write with
+ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
+PASSWORD = "pw"
+
+
+def log(out: TextIO, line: str) -> None:
+    out.write(line + "\n")
+    out.flush()
+
+
+async def append_until_fenced(ledger: pora.LedgerWriter, task: int, out: TextIO) -> None:
+    sequence = 0
+    while True:
+        # payloads of varied sizes, unique per task and sequence
+        payload = b"%d-%d-" % (task, sequence) + os.urandom(64 + (task * 37 + sequence) % 900)
+        sequence += 1
+        try:
+            entry_id = await ledger.append(payload)
+        except pora.LedgerFenced:
+            log(out, f"fenced pending {task}")
+            break
+        except Exception as error:  # the test fails on it, reading the log
+            log(out, f"error {task} {type(error).__name__} {error}")
+            return
+        log(out, f"ack {entry_id} {hashlib.sha256(payload).hexdigest()}")
+    try:
+        entry_id = await ledger.append(b"after the fence")
+    except pora.LedgerFenced:
+        log(out, f"fenced later {task}")
+    except Exception as error:  # the test fails on it, reading the log
+        log(out, f"error {task} {type(error).__name__} {error}")
+    else:
+        log(out, f"ack {entry_id} {hashlib.sha256(b'after the fence').hexdigest()}")
+
+
+async def main(url: str, out: TextIO, tasks: int) -> None:
+    async with pora.connect(url) as client:
+        ledger = await client.create_ledger(
+            ensemble_size=ENSEMBLE,
+            write_quorum=WRITE_QUORUM,
+            ack_quorum=ACK_QUORUM,
+            password=PASSWORD,
+        )
+        log(out, f"ledger {ledger.ledger_id}")
+        await asyncio.gather(*(append_until_fenced(ledger, k, out) for k in range(tasks)))
+    log(out, "done")
+
+
+if __name__ == "__main__":
+    with open(sys.argv[2], "a", encoding="ascii") as log_file:
+        asyncio.run(main(sys.argv[1], log_file, int(sys.argv[3]) if len(sys.argv) > 3 else 64))
