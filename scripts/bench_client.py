@@ -272,24 +272,30 @@ async def _ledgers(client: pora.Client, ensemble: int, write: int, ack: int) -> 
 async def client_closed_loop(
     url: str, quorums: tuple[int, int, int], config: LoadConfig, system: str
 ) -> LoadResult:
-    """TASKS tasks, each awaiting one `append` at a time, on LEDGERS ledgers."""
+    """TASKS tasks, each awaiting one `append` at a time, on LEDGERS ledgers. The note
+    says the client process's CPU per append over the whole load (warm-up included)."""
     payload = os.urandom(config.payload_bytes)
+    appended = 0
     async with pora.connect(url) as client:
         ledgers = await _ledgers(client, *quorums)
 
         async def appender(ledger: LedgerWriter) -> None:
+            nonlocal appended
             while not window.finished:
                 sent_at = time.perf_counter()
                 await ledger.append(payload)
                 window.done(sent_at, time.perf_counter())
+                appended += 1
 
         window = Window(config)  # the clock starts once the ledgers exist
+        cpu_before = time.process_time()
         async with trio.open_nursery() as nursery:
             for index in range(TASKS):
                 nursery.start_soon(appender, ledgers[index % LEDGERS])
+        cpu = time.process_time() - cpu_before
         for ledger in ledgers:
             await ledger.close()
-    return window.result(system)
+    return window.result(system, note=f"client CPU {cpu / max(1, appended) * 1e6:.1f} us/append")
 
 
 async def client_open_loop(
@@ -487,6 +493,9 @@ def format_table(comparisons: Sequence[Comparison], rounds: Rounds, note: str) -
     lines += ["", "adds/s of every round:"]
     for key, results in rounds.results.items():
         lines.append(f"  {key:<15} " + ", ".join(f"{r.ops_per_s:,.0f}" for r in results))
+        notes = [r.note for r in results if r.note.startswith("client CPU")]
+        if notes:
+            lines.append(f"  {'':<15} " + ", ".join(notes))
     if note:
         lines += ["", note]
     return "\n".join(lines)
