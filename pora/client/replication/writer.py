@@ -248,7 +248,7 @@ class LedgerWriter:
         entry_id = tracker.next_entry_id
         length_after = self._length + len(payload)
         entry = encode_entry(self.ledger_id, entry_id, length_after, payload)
-        tracker.add(entry_id)
+        tracker.add_pending(entry_id)
         self._length = length_after
         self._entries[entry_id] = (entry, length_after)
         sender = self._sender
