@@ -47,6 +47,9 @@ class _AnsweringChannel:
     async def write_lac(self, *arguments: object, **options: object) -> None:
         await trio.lowlevel.checkpoint()
 
+    async def close_ledger(self, *arguments: object, **options: object) -> None:
+        await trio.lowlevel.checkpoint()
+
 
 @asynccontextmanager
 async def _open_channel(address: str) -> AsyncIterator[NodeChannel]:
