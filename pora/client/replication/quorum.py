@@ -138,6 +138,12 @@ class AckTracker:
 
     def add(self, entry_id: int) -> tuple[EnsembleMember, ...]:
         """Take the next entry; returns its write set, the members to send it to (R4)."""
+        self.add_pending(entry_id)
+        return self.write_set(entry_id)
+
+    def add_pending(self, entry_id: int) -> None:
+        """`add` without computing the write set: the writer's sender stripes a whole
+        turn at once, so the append path skips building a tuple per entry."""
         if self._fenced:
             raise LedgerFenced(self.ledger_id)
         if entry_id != self._next:
@@ -147,7 +153,6 @@ class AckTracker:
             )
         self._acks[entry_id] = set()
         self._next += 1
-        return self.write_set(entry_id)
 
     def write_set(self, entry_id: int) -> tuple[EnsembleMember, ...]:
         return write_set(entry_id, self._ensemble.members, self.write_quorum)
@@ -162,8 +167,16 @@ class AckTracker:
     def record_acks(self, member: EnsembleMember, entry_ids: Iterable[int]) -> range:
         """`member` holds every one of `entry_ids` (a run or batch answered at once):
         counted as one `record_ack` each, the acknowledged range computed once."""
+        position = self._positions.get(member)
+        if position is None or self._fenced:
+            return self._advance()
+        acks_of = self._acks.get
+        size, quorum = len(self._positions), self.write_quorum
+        # one lookup of the member for the whole batch: `_count_ack` inlined
         for entry_id in entry_ids:
-            self._count_ack(entry_id, member)
+            acks = acks_of(entry_id)
+            if acks is not None and (position - entry_id) % size < quorum:
+                acks.add(position)
         return self._advance()
 
     def record_failure(self, member: EnsembleMember) -> bool:

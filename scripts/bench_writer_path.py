@@ -1,0 +1,105 @@
+"""The replicating client's own CPU per append, with nodes that answer at once.
+
+`pora.Client` on a temp SQLite metadata store with three registered addresses whose
+channels are stand-ins: every `add_entries` call answers OK after one checkpoint, so
+no node process shares the cores and the process's CPU time is the writer path's
+(append, the turn, striping, acknowledgements, waking the appending tasks). 512
+tasks over 8 ledgers, each awaiting `--appends` appends one at a time, as (1) and (2)
+of scripts/bench_client.py. Compare builds by alternating runs (PYTHONPATH=...).
+
+    python scripts/bench_writer_path.py [--appends 200] [--label A]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import cast
+
+import trio
+
+from pora.client.channel import NodeChannel
+from pora.client.replication.client import connect
+from pora.client.replication.writer import LedgerWriter
+from pora.meta.records import NodeRegistration
+from pora.meta.store import open_metadata
+from pora.server.gc_tuning import GC_YOUNG_THRESHOLD_DEFAULT, freeze_and_tune
+
+TASKS = 512
+LEDGERS = 8
+
+
+class _AnsweringChannel:
+    """Stands in for a node's channel: every add is stored, at once."""
+
+    async def add_entries(
+        self, ledger_id: int, entries: Sequence[tuple[int, bytes]], **options: object
+    ) -> list[None]:
+        await trio.lowlevel.checkpoint()
+        return [None] * len(entries)
+
+    async def write_lac(self, *arguments: object, **options: object) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def close_ledger(self, *arguments: object, **options: object) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+@asynccontextmanager
+async def _open_channel(address: str) -> AsyncIterator[NodeChannel]:
+    yield cast(NodeChannel, _AnsweringChannel())
+
+
+async def cpu_per_append(quorums: tuple[int, int, int], appends: int) -> tuple[float, float]:
+    """(CPU us, wall us) per append of TASKS tasks doing `appends` each."""
+    with tempfile.TemporaryDirectory(prefix="pora-bench-writer-") as directory:
+        url = f"sqlite://{Path(directory) / 'meta.db'}"
+        async with open_metadata(url) as store:
+            for index in range(3):
+                registration = NodeRegistration(f"127.0.0.1:{9001 + index}", f"stand-in-{index}")
+                await store.register_node(registration, lease_s=600)
+        payload = os.urandom(1024)
+        async with connect(url, open_channel=_open_channel, rng=random.Random(1)) as client:
+            ledgers = [
+                await client.create_ledger(*quorums, password="")  # E, Qw, Qa
+                for _ in range(LEDGERS)
+            ]
+
+            async def appender(ledger: LedgerWriter) -> None:
+                for _ in range(appends):
+                    await ledger.append(payload)
+
+            cpu, wall = time.process_time(), time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for index in range(TASKS):
+                    nursery.start_soon(appender, ledgers[index % LEDGERS])
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            for ledger in ledgers:
+                await ledger.close()
+    total = TASKS * appends
+    return cpu / total * 1e6, wall / total * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--appends", type=int, default=200, help="appends per task")
+    parser.add_argument("--label", default="", help="a prefix for the output lines")
+    args = parser.parse_args()
+    freeze_and_tune(GC_YOUNG_THRESHOLD_DEFAULT)  # as the benchmarks' load clients do
+    for quorums in ((1, 1, 1), (3, 3, 2)):
+        cpu, wall = trio.run(cpu_per_append, quorums, args.appends)
+        e, qw, qa = quorums
+        print(
+            f"{args.label} E={e} Qw={qw} Qa={qa}: {cpu:.2f} us CPU per append ({wall:.2f} us wall)",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
