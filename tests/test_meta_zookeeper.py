@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -254,3 +255,42 @@ async def test_local_server_keeps_its_data_across_kill_and_start(
 
 def test_shared_server_answers() -> None:
     assert shared_zookeeper().running
+
+
+async def test_a_renew_abandoned_by_its_caller_cannot_undo_a_later_unregister(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancelled `renew_node` goes on in its worker thread; an `unregister_node` made
+    after it must still leave no registration behind (the renew must not re-create
+    it after the removal)."""
+    async with zk_store(fresh_zk_url(request)) as store:
+        await store.register_node(NODE)
+        registry = store._registry
+        take = registry._take
+        renewing = threading.Event()
+        go_on = threading.Event()
+
+        def slow_take(registration: NodeRegistration) -> NodeRegistration:
+            renewing.set()
+            go_on.wait(10)  # the renew stalls between its read and its write
+            return take(registration)
+
+        monkeypatch.setattr(registry, "_take", slow_take)
+        with trio.move_on_after(0.05):  # the caller gives up; the thread goes on
+            await trio.to_thread.run_sync(
+                registry.renew, NODE.address, NODE.instance_id, abandon_on_cancel=True
+            )
+        assert renewing.is_set()
+        monkeypatch.setattr(registry, "_take", take)
+        unregistered = trio.Event()
+
+        async def unregister() -> None:
+            await store.unregister_node(NODE.address, NODE.instance_id)
+            unregistered.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(unregister)
+            await trio.sleep(0.05)  # the unregister waits for the stalled renew
+            go_on.set()
+        assert unregistered.is_set()
+        assert await store.list_nodes() == []

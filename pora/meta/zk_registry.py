@@ -42,6 +42,10 @@ class ZkRegistry:
         self._paths = paths
         self._wait = wait
         self._lock = threading.Lock()
+        #: held through each whole register, renew or unregister: a call abandoned by
+        #: its cancelled caller goes on in its thread, and must not re-create a
+        #: registration that an unregister made after it removes
+        self._operations = threading.RLock()
         self._held: dict[str, NodeRegistration] = {}
         self._session_lost = False
 
@@ -89,9 +93,10 @@ class ZkRegistry:
         )
 
     def register(self, registration: NodeRegistration) -> None:
-        taken = self._take(registration)
-        with self._lock:
-            self._held[registration.address] = taken
+        with self._operations:
+            taken = self._take(registration)
+            with self._lock:
+                self._held[registration.address] = taken
 
     def renew(
         self, address: str, instance_id: str, replacement: NodeRegistration | None = None
@@ -99,23 +104,24 @@ class ZkRegistry:
         """Refresh `last_seen_ms` (and the fields of `replacement`); re-create the znode
         if this store's session lost it; RegistrationLost if another instance has it or
         this store never held it."""
-        with self._lock:
-            held = self._held.get(address)
-        found = self._get(address)
-        if found is None and (held is None or held.instance_id != instance_id):
-            raise RegistrationLost(address, instance_id)
-        if found is not None and found[0].instance_id != instance_id:
-            self._forget(address, instance_id)
-            raise RegistrationLost(address, instance_id)
-        base = replacement or (found[0] if found is not None else held)
-        assert base is not None
-        try:
-            taken = self._take(base)
-        except NodeAddressTaken:
-            self._forget(address, instance_id)
-            raise RegistrationLost(address, instance_id) from None
-        with self._lock:
-            self._held[address] = taken
+        with self._operations:
+            with self._lock:
+                held = self._held.get(address)
+            found = self._get(address)
+            if found is None and (held is None or held.instance_id != instance_id):
+                raise RegistrationLost(address, instance_id)
+            if found is not None and found[0].instance_id != instance_id:
+                self._forget(address, instance_id)
+                raise RegistrationLost(address, instance_id)
+            base = replacement or (found[0] if found is not None else held)
+            assert base is not None
+            try:
+                taken = self._take(base)
+            except NodeAddressTaken:
+                self._forget(address, instance_id)
+                raise RegistrationLost(address, instance_id) from None
+            with self._lock:
+                self._held[address] = taken
 
     def _forget(self, address: str, instance_id: str) -> None:
         with self._lock:
@@ -124,18 +130,19 @@ class ZkRegistry:
                 del self._held[address]
 
     def unregister(self, address: str, instance_id: str) -> None:
-        self._forget(address, instance_id)
-        for _ in range(CONTENDED_ATTEMPTS):
-            found = self._get(address)
-            if found is None or found[0].instance_id != instance_id:
-                return  # not this instance's: nothing to remove
-            try:
-                self._wait(self._client.delete_async(self._paths.node(address), found[1]))
-            except NoNodeError:
+        with self._operations:
+            self._forget(address, instance_id)
+            for _ in range(CONTENDED_ATTEMPTS):
+                found = self._get(address)
+                if found is None or found[0].instance_id != instance_id:
+                    return  # not this instance's: nothing to remove
+                try:
+                    self._wait(self._client.delete_async(self._paths.node(address), found[1]))
+                except NoNodeError:
+                    return
+                except BadVersionError:
+                    continue  # renewed meanwhile: read again
                 return
-            except BadVersionError:
-                continue  # renewed meanwhile: read again
-            return
 
     def list_all(self) -> list[NodeRegistration]:
         names = self._wait(self._client.get_children_async(self._paths.nodes))
