@@ -105,9 +105,9 @@ async def cluster(
         await process.wait()
 
 
-def node_pids(folder: Path) -> dict[int, int]:
-    """Node number -> pid of the `pora serve` processes on this cluster's data dirs."""
-    pids: dict[int, int] = {}
+def serve_processes(folder: Path) -> dict[int, list[bytes]]:
+    """Pid -> command line of the `pora serve` processes on this cluster's data dirs."""
+    found: dict[int, list[bytes]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -118,8 +118,16 @@ def node_pids(folder: Path) -> dict[int, int]:
         if b"serve" in args and b"--data-dir" in args:
             data_dir = Path(args[args.index(b"--data-dir") + 1].decode())
             if data_dir.parent == folder:
-                pids[int(data_dir.name.removeprefix("node-"))] = int(entry.name)
-    return pids
+                found[int(entry.name)] = args
+    return found
+
+
+def node_pids(folder: Path) -> dict[int, int]:
+    """Node number -> pid of the `pora serve` processes on this cluster's data dirs."""
+    return {
+        int(Path(args[args.index(b"--data-dir") + 1].decode()).name.removeprefix("node-")): pid
+        for pid, args in serve_processes(folder).items()
+    }
 
 
 async def registered(url: str) -> set[str]:

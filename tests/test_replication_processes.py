@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from test_cli_cluster import cluster
+from test_cli_cluster import cluster, serve_processes
 from waiting import wait_until, wait_until_true
 from zookeeper_support import fresh_zk_url
 
@@ -100,19 +100,11 @@ async def wait_for_acks(log_path: Path, count: int, writer: trio.Process) -> Wri
 
 def node_pids_by_address(folder: Path) -> dict[str, int]:
     """Listen address -> pid of the `pora serve` processes on this cluster's data dirs."""
-    pids: dict[str, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"serve" in args and b"--data-dir" in args and b"--listen" in args:
-            data_dir = Path(args[args.index(b"--data-dir") + 1].decode())
-            if data_dir.parent == folder:
-                pids[args[args.index(b"--listen") + 1].decode()] = int(entry.name)
-    return pids
+    return {
+        args[args.index(b"--listen") + 1].decode(): pid
+        for pid, args in serve_processes(folder).items()
+        if b"--listen" in args
+    }
 
 
 async def ledger_record(url: str, ledger_id: int) -> LedgerMetadata:
