@@ -1,0 +1,137 @@
+"""Simulated time: trio's `MockClock`, moved only when every task is blocked and no
+thread is working.
+
+trio's own autojump moves the clock as soon as every task is blocked, also while a
+node's disk thread (an fdatasync, a LevelDB write) or the metadata store's SQLite
+thread is still running: a timeout could then fire in simulated time because a disk
+was slow in real time, and a seed would not replay. `SimTime` counts the threads at
+work (every `start_thread_soon`, which `trio.to_thread` and the journal's syncs use;
+`CountingStore` counts the SQLite writer's calls) and jumps only when that count is
+zero: a thread takes no simulated time at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import math
+import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, cast
+
+import trio
+import trio.lowlevel
+import trio.testing
+from trio import _threads as trio_threads
+from trio._core import _run as trio_run  # the scheduler's batch shuffling
+
+from pora.meta.store import MetadataStore
+
+
+class Deadlock(Exception):
+    """Every task waits and no timer is set: nothing can ever run again."""
+
+
+class SimTime:
+    def __init__(self) -> None:
+        self.clock = trio.testing.MockClock(rate=0.0)
+        self._working = 0
+        self._idle = trio.Event()
+        self._idle.set()
+
+    def work_started(self) -> None:
+        self._working += 1
+        if self._working == 1:
+            self._idle = trio.Event()
+
+    def work_ended(self) -> None:
+        self._working -= 1
+        if self._working == 0:
+            self._idle.set()
+
+    async def drive(self) -> None:
+        """Jump the clock to the next deadline whenever nothing else can run; run in
+        the simulation's nursery, cancelled at its end."""
+        while True:
+            await trio.testing.wait_all_tasks_blocked(cushion=0.0)
+            if self._working:
+                await self._idle.wait()
+                continue
+            delay = trio.lowlevel.current_statistics().seconds_to_next_deadline
+            if math.isinf(delay):
+                raise Deadlock(
+                    f"every task waits and no timer is set at t={trio.current_time():.3f}: "
+                    "the simulation can never go on (a lost wake-up in the client?)"
+                )
+            if delay > 0:
+                self.clock.jump(delay)
+            await trio.lowlevel.checkpoint()
+
+
+@contextmanager
+def counted_threads(sim: SimTime) -> Iterator[None]:
+    """Count every thread trio starts (`trio.to_thread`, the journal's syncs) as work
+    in progress until its result is back on the event loop."""
+    original = trio_threads.start_thread_soon
+
+    def counting(
+        fn: Callable[[], Any], deliver: Callable[[Any], None], name: str | None = None
+    ) -> None:
+        token = trio.lowlevel.current_trio_token()
+        sim.work_started()
+
+        def deliver_then_count(result: Any) -> None:  # in the worker thread
+            deliver(result)
+            # queued after deliver's own callback: the woken task is runnable before
+            # the clock may move again
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(sim.work_ended)
+
+        original(fn, deliver_then_count, name)
+
+    trio_threads.start_thread_soon = counting  # type: ignore[assignment]
+    trio.lowlevel.start_thread_soon = counting  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        trio_threads.start_thread_soon = original
+        trio.lowlevel.start_thread_soon = original
+
+
+def seed_scheduler(seed: int) -> None:
+    """trio shuffles each batch of runnable tasks with a module-level `Random`: seed
+    it, so the order tasks run in replays too."""
+    generator: random.Random = trio_run._r
+    generator.seed(seed)
+
+
+class CountingStore:
+    """A metadata store whose calls count as work in progress: the SQLite store
+    writes in a thread of its own, which `counted_threads` does not see. A store call
+    takes no simulated time."""
+
+    def __init__(self, inner: MetadataStore, sim: SimTime) -> None:
+        self._inner = inner
+        self._sim = sim
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._inner, name)
+        if not inspect.iscoroutinefunction(attribute):
+            return attribute  # the url, watch_ledger (its polls are counted threads)
+        sim = self._sim
+
+        @functools.wraps(attribute)
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            sim.work_started()
+            try:
+                return await attribute(*args, **kwargs)
+            finally:
+                sim.work_ended()
+
+        return counted
+
+
+def counting_store(inner: MetadataStore, sim: SimTime) -> MetadataStore:
+    return cast(MetadataStore, CountingStore(inner, sim))
