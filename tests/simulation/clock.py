@@ -100,11 +100,24 @@ def counted_threads(sim: SimTime) -> Iterator[None]:
         trio.lowlevel.start_thread_soon = original
 
 
-def seed_scheduler(seed: int) -> None:
-    """trio shuffles each batch of runnable tasks with a module-level `Random`: seed
-    it, so the order tasks run in replays too."""
-    generator: random.Random = trio_run._r
-    generator.seed(seed)
+class _InOrder(random.Random):
+    """What trio's scheduler draws from to shuffle each batch of runnable tasks:
+    never shuffle. How many batches the loop runs depends on when disk threads end
+    (real time), so any draw per batch would replay differently; the simulation's
+    randomness is the network's and the plan's, all seeded."""
+
+    def random(self) -> float:
+        return 1.0
+
+
+@contextmanager
+def tasks_in_order() -> Iterator[None]:
+    original = trio_run._r
+    trio_run._r = _InOrder()
+    try:
+        yield
+    finally:
+        trio_run._r = original
 
 
 class CountingStore:

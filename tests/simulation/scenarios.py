@@ -29,7 +29,7 @@ from pora.client.replication.quorum import entry_write_set
 from pora.meta.records import LedgerMetadata, LedgerState
 from pora.meta.store import MetadataStore, open_metadata
 from simulation import invariants
-from simulation.clock import SimTime, counted_threads, counting_store, seed_scheduler
+from simulation.clock import SimTime, counted_threads, counting_store, tasks_in_order
 from simulation.cluster import SimCluster, sim_cluster
 from simulation.history import History
 from simulation.network import LinkFaults, SimNetwork
@@ -97,7 +97,6 @@ class RunResult:
 
 def run_plan(plan: Plan, folder: Path) -> RunResult:
     """Run `plan` to its end in simulated time (data dirs under `folder`)."""
-    seed_scheduler(plan.seed)
     sim = SimTime()
     results: list[RunResult] = []
 
@@ -112,7 +111,8 @@ def run_plan(plan: Plan, folder: Path) -> RunResult:
                         results.append(await run.run())
                 outer.cancel_scope.cancel()
 
-    trio.run(main, clock=sim.clock)
+    with tasks_in_order():
+        trio.run(main, clock=sim.clock)
     return results[0]
 
 
@@ -153,7 +153,8 @@ class Simulation:
                 plan.ensemble, plan.write_quorum, plan.ack_quorum, password=PASSWORD
             )
             self.ledger_id = writer.ledger_id
-            history.note(f"created ledger {self.ledger_id} on {writer.metadata.ensembles[0]}")
+            members = [m.address for m in writer.metadata.ensembles[0].members]
+            history.note(f"created ledger {self.ledger_id} on {members}")
             async with trio.open_nursery() as background:
                 background.start_soon(self._faults)
                 for k in range(plan.readers):
