@@ -17,6 +17,8 @@ arrives depends on the seed alone.
     opener = network.opener("writer")            # a ChannelOpener for pora.connect
     network.partition("writer", address)         # cut one link ...
     network.heal("writer", address)              # ... and mend it
+    network.pause("writer")                      # hold its messages (SIGSTOP) ...
+    network.resume("writer")                     # ... and let them go (SIGCONT)
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ class SimNetwork:
         #: (client, node address) pairs that cannot talk
         self.cut: set[tuple[str, str]] = set()
         self._links: dict[tuple[str, str], random.Random] = {}
+        #: clients whose messages wait (a stopped process: SIGSTOP), and the event
+        #: that lets them go
+        self._paused: dict[str, trio.Event] = {}
         #: messages delivered to each node (the scenarios' sanity checks)
         self.delivered: dict[str, int] = {}
         self.dropped = 0
@@ -74,7 +79,19 @@ class SimNetwork:
     def heal(self, client: str, address: str) -> None:
         self.cut.discard((client, address))
 
+    def pause(self, client: str) -> None:
+        """Hold every message to and from `client` until `resume` (as a process
+        stopped with SIGSTOP: nothing it sent is lost, nothing reaches it)."""
+        self._paused.setdefault(client, trio.Event())
+
+    def resume(self, client: str) -> None:
+        held = self._paused.pop(client, None)
+        if held is not None:
+            held.set()
+
     def heal_all(self) -> None:
+        for client in list(self._paused):
+            self.resume(client)
         self.cut.clear()
         self.faults.drop_rate = 0.0
         self.faults.slowdown.clear()
@@ -105,6 +122,8 @@ class SimNetwork:
         lost = generator.random() < faults.drop_rate
         hang = generator.random() < 0.5
         await trio.sleep(delay)
+        while client in self._paused:
+            await self._paused[client].wait()
         if lost or (client, address) in self.cut:
             self.dropped += 1
             if hang:
