@@ -53,7 +53,7 @@ def test_a_recovery_racing_an_ensemble_change() -> None:
     """A member of the writer's ensemble crashes; the writer replaces it (R9) while
     recoveries start before, during and after the change's compare-and-set (the
     analysis of BookKeeper's protocol found acknowledged entries lost here)."""
-    crash_at, timeout = 0.05, 0.5
+    crash_at = 0.05
     for k, recovery_at in enumerate([0.3, 0.54, 0.55, 0.56, 0.6, 0.7]):
         result = run(
             Plan(

@@ -38,6 +38,8 @@ class SimCluster:
     #: the data dir each address runs on (a wipe moves it to a new one)
     paths: dict[str, Path] = field(default_factory=dict)
     wipes: dict[str, int] = field(default_factory=dict)
+    #: the instance registered at each address (a crashed node's stays registered)
+    registered: dict[str, str] = field(default_factory=dict)
     _stops: dict[str, tuple[trio.Event, trio.Event]] = field(default_factory=dict)
     _serving: dict[str, set[trio.CancelScope]] = field(default_factory=dict)
 
@@ -62,6 +64,7 @@ class SimCluster:
         node: Node = await self.nursery.start(self._hold, path, stop, stopped)
         self._stops[address] = (stop, stopped)
         self.nodes[address] = node
+        self.registered[address] = node.data_dir.instance_id
         await self.store.register_node(
             NodeRegistration(address, node.data_dir.instance_id), LEASE_S
         )
@@ -99,11 +102,8 @@ class SimCluster:
 
     async def wipe(self, address: str) -> None:
         """The node comes back on a new, empty data dir: a new instance id."""
-        old = self.nodes.get(address)
-        old_instance = None if old is None else old.data_dir.instance_id
         await self.crash(address)
-        if old_instance is not None:
-            await self.store.unregister_node(address, old_instance)
+        await self.store.unregister_node(address, self.registered[address])
         self.wipes[address] = self.wipes.get(address, 0) + 1
         self.paths[address] = (
             self.folder / f"{address.replace(':', '_')}-wiped-{self.wipes[address]}"

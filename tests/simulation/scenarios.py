@@ -401,6 +401,10 @@ def plan_from_seed(seed: int) -> Plan:
                 factor=rng.choice([10.0, 100.0, 300.0]),
             )
         )
+    if wiped:
+        # a recovery re-adds to a wiped member's replacement: never the wiped node
+        # itself (R9 excludes an address that failed for the ledger)
+        nodes = max(nodes, ensemble + 1)
     recoveries = tuple(round(rng.uniform(0.0, 0.4), 4) for _ in range(rng.randint(0, 2)))
     return Plan(
         seed=seed,
