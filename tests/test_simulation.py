@@ -123,3 +123,25 @@ def test_a_zombie_writer_is_fenced_and_never_acknowledged(nodes: int) -> None:
     assert "NotEnoughNodes" not in history.failures
     lac_at_fence, _ = history.fenced_at[WRITER]
     assert lac_at_fence <= result.closed[0]
+
+
+@pytest.mark.parametrize("seed", [2, 21, 22])
+def test_racing_recoveries_each_see_the_one_close(seed: int) -> None:
+    """Recoveries started together race each other (R22): one closes the ledger,
+    the others return that close, none fails because the winner sealed the nodes
+    under it."""
+    result = run(
+        Plan(
+            seed=seed,
+            nodes=3,
+            ensemble=2,
+            write_quorum=1,
+            ack_quorum=1,
+            appenders=6,
+            appends_each=7,
+            recoveries=(0.1574, 0.1575, 0.2892),
+            faults=(Fault(0.0755, "slow", 0, for_s=0.626, factor=100.0),),
+            close_writer=False,
+        )
+    )
+    assert "RecoveryFailed" not in result.history.failures, result.history.log[-30:]
