@@ -20,7 +20,7 @@ import anyio
 import trio
 
 from journal.errors import PoraError
-from ledger.errors import NoSuchEntry
+from ledger.errors import NoSuchEntry, NoSuchLedger
 from pora import Client, ClientConfig, LedgerFenced, LedgerWriter
 from pora.client.channel import LocalChannel
 from pora.client.replication.entry_format import decode_entry
@@ -348,7 +348,7 @@ class Simulation:
                 channel = LocalChannel(self.cluster.nodes[member.address], member.address)
                 try:
                     stored, _ = await channel.read_entry(self.ledger_id, entry_id)
-                except NoSuchEntry:
+                except (NoSuchEntry, NoSuchLedger):  # the node never got one of its entries
                     took = history.recovery_adds.get((self.ledger_id, entry_id), set())
                     if member.address in took or (took and self.plan.strict_recovery_copies):
                         invariants.fail(
