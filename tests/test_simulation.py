@@ -27,7 +27,7 @@ def run(plan: Plan) -> RunResult:
         return run_plan(plan, Path(folder))
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(SEEDS)
 def test_random_runs_keep_the_invariants(seed: int) -> None:
     run(plan_from_seed(seed))
@@ -50,11 +50,12 @@ def test_replay_a_seed_exactly() -> None:
 
 
 def test_a_recovery_racing_an_ensemble_change() -> None:
-    """A member of the writer's ensemble crashes; the writer replaces it (R9) while
-    recoveries start before, during and after the change's compare-and-set (the
-    analysis of BookKeeper's protocol found acknowledged entries lost here)."""
+    """A member of the writer's ensemble crashes; the writer sees its connection
+    lost and replaces it (R9) while recoveries start just before, during and after
+    the change's compare-and-set (the analysis of BookKeeper's protocol found
+    acknowledged entries lost here)."""
     crash_at = 0.05
-    for k, recovery_at in enumerate([0.3, 0.54, 0.55, 0.56, 0.6, 0.7]):
+    for k, recovery_at in enumerate([0.0, 0.004, 0.012]):
         result = run(
             Plan(
                 seed=1000 + k,

@@ -127,13 +127,17 @@ def tasks_in_order() -> Iterator[None]:
 
 
 class CountingStore:
-    """A metadata store whose calls count as work in progress: the SQLite store
-    writes in a thread of its own, which `counted_threads` does not see. A store call
-    takes no simulated time."""
+    """A metadata store whose calls count as work in progress (the SQLite store
+    writes in a thread of its own, which `counted_threads` does not see), with a
+    seeded round trip in simulated time around each call."""
 
-    def __init__(self, inner: MetadataStore, sim: SimTime) -> None:
+    def __init__(self, inner: MetadataStore, sim: SimTime, seed: int) -> None:
         self._inner = inner
         self._sim = sim
+        #: the store's round trip, in simulated time (a ZooKeeper's would be ~1 ms):
+        #: what lets a recovery's compare-and-set land inside a writer's ensemble
+        #: change, and the other way round
+        self._latency = random.Random(f"{seed}/metadata")
 
     def __getattr__(self, name: str) -> Any:
         attribute = getattr(self._inner, name)
@@ -143,14 +147,17 @@ class CountingStore:
 
         @functools.wraps(attribute)
         async def counted(*args: Any, **kwargs: Any) -> Any:
+            await trio.sleep(self._latency.uniform(0.0002, 0.003))
             sim.work_started()
             try:
-                return await attribute(*args, **kwargs)
+                answer = await attribute(*args, **kwargs)
             finally:
                 sim.work_ended()
+            await trio.sleep(self._latency.uniform(0.0002, 0.003))
+            return answer
 
         return counted
 
 
-def counting_store(inner: MetadataStore, sim: SimTime) -> MetadataStore:
-    return cast(MetadataStore, CountingStore(inner, sim))
+def counting_store(inner: MetadataStore, sim: SimTime, seed: int) -> MetadataStore:
+    return cast(MetadataStore, CountingStore(inner, sim, seed))

@@ -107,7 +107,7 @@ def run_plan(plan: Plan, folder: Path) -> RunResult:
             async with trio.open_nursery() as outer:
                 outer.start_soon(sim.drive)
                 async with open_metadata(f"sqlite:///{folder}/meta.db") as raw:
-                    store = counting_store(raw, sim)
+                    store = counting_store(raw, sim, plan.seed)
                     async with sim_cluster(store, folder / "nodes", plan.nodes) as cluster:
                         run = Simulation(plan, store, cluster)
                         results.append(await run.run())
