@@ -8,6 +8,7 @@ time, so a change and a close never race on the version.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -117,7 +118,11 @@ class EnsembleChanger:
 
     async def _find_replacements(self) -> Mapping[EnsembleMember, EnsembleMember] | None:
         """R9 with R12: wait (listing the nodes again, with backoff) up to
-        `ensemble_change_timeout_s` for enough replacements; then fail the writer."""
+        `ensemble_change_timeout_s` for enough replacements; then fail the writer.
+        While it waits, a record found in recovery or closed fences the writer (R11):
+        a recovery that took the ledger meanwhile is why no append can be
+        acknowledged any more, not the want of nodes (the application must not
+        retry on a ledger that is gone)."""
         config = self._context.config
         deadline = anyio.current_time() + config.ensemble_change_timeout_s
         delay = _RELIST_FIRST_S
@@ -133,6 +138,10 @@ class EnsembleChanger:
                 )
             except (NotEnoughNodes, MetadataError) as error:
                 last_error: PoraError = error
+            with contextlib.suppress(MetadataError):  # the wait goes on; R12 decides
+                if await self._taken_by_recovery():
+                    self._fail(LedgerFenced(self._ledger_id))
+                    return None
             left = deadline - anyio.current_time()
             if left <= 0:
                 _log.error(
@@ -145,6 +154,13 @@ class EnsembleChanger:
                 return None
             await anyio.sleep(min(delay, left))
             delay = min(delay * 2, _RELIST_MAX_S)
+
+    async def _taken_by_recovery(self) -> bool:
+        """The record re-read shows the ledger in recovery or closed (R11)."""
+        if self.record.value.state is not LedgerState.OPEN:
+            return True
+        reread = await self._context.store.read_ledger(self._ledger_id)
+        return reread.value.state is not LedgerState.OPEN
 
     async def _write_ensemble(self, ensemble: Ensemble) -> bool:
         """R9/R11: compare-and-set the record with `ensemble`. On a conflict (or a

@@ -89,6 +89,13 @@ async def recover_ledger(
             if recovery_after_conflict(reread) is RecoveryRetry.CLOSED:
                 return reread  # R22: another recovery closed it; that result stands
             continue  # the record moved (an ensemble change): start again
+        except RecoveryFailed:
+            # a racing recovery that closed the ledger first seals its nodes, which
+            # then refuse this one's re-adds: its close is the result (R22)
+            reread = await store.read_ledger(ledger_id)
+            if recovery_after_conflict(reread) is RecoveryRetry.CLOSED:
+                return reread
+            raise
         await run.seal(closed.value.last_entry_id)
         return closed
 

@@ -1,0 +1,70 @@
+"""What a simulated run did, as its clients saw it: each writer's acknowledgements
+(ledger, entry id, payload) and fence, each recovery's and close's result, each
+reader's bytes; every event checked against the invariants as it is recorded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import trio
+
+from simulation import invariants
+
+
+@dataclass
+class History:
+    seed: int
+    #: (ledger, entry) -> the payload acknowledged
+    acked: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    #: (ledger, entry) -> the bytes first seen there, and by whom
+    seen: dict[tuple[int, int], tuple[bytes, str]] = field(default_factory=dict)
+    #: writer -> (its LAC when it first saw LedgerFenced, the step of that)
+    fenced_at: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: ledger -> (last entry id, length) it closed at
+    closed: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: (ledger, entry) -> addresses that took a recovery add of it
+    recovery_adds: dict[tuple[int, int], set[str]] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)
+    step: int = 0
+
+    def note(self, text: str) -> int:
+        self.step += 1
+        self.log.append(f"{self.step:5d} t={trio.current_time():9.4f} {text}")
+        return self.step
+
+    def acknowledged(
+        self, writer: str, ledger_id: int, entry_id: int, payload: bytes, started: int
+    ) -> None:
+        self.note(f"{writer} ack {ledger_id}/{entry_id}")
+        invariants.check_ack(self, writer, ledger_id, entry_id, payload, started)
+        self.acked[(ledger_id, entry_id)] = payload
+
+    def fenced(self, writer: str, lac: int) -> None:
+        self.note(f"{writer} fenced at LAC {lac}")
+        if writer not in self.fenced_at:
+            self.fenced_at[writer] = (lac, self.step)
+        invariants.check_fence(self, writer, lac)
+
+    def failed(self, who: str, error: BaseException) -> None:
+        name = type(error).__name__
+        self.failures[name] = self.failures.get(name, 0) + 1
+        self.note(f"{who} failed: {name}: {str(error)[:120]}")
+
+    def read(self, reader: str, ledger_id: int, entry_id: int, data: bytes) -> None:
+        self.note(f"{reader} read {ledger_id}/{entry_id}")
+        invariants.check_bytes(self, reader, ledger_id, entry_id, data)
+        payload = self.acked.get((ledger_id, entry_id))
+        if payload is not None and payload != data:
+            invariants.fail(
+                self, f"{reader} read other bytes than acknowledged at {ledger_id}/{entry_id}"
+            )
+
+    def closed_at(self, who: str, ledger_id: int, last_entry_id: int, length: int) -> None:
+        self.note(f"{who} sees {ledger_id} closed at {last_entry_id} ({length} bytes)")
+        invariants.check_close(self, who, ledger_id, last_entry_id, length)
+        self.closed[ledger_id] = (last_entry_id, length)
+
+    def recovery_added(self, address: str, ledger_id: int, entry_ids: list[int]) -> None:
+        for entry_id in entry_ids:
+            self.recovery_adds.setdefault((ledger_id, entry_id), set()).add(address)
