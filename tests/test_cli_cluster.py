@@ -4,6 +4,7 @@ keep serving."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -103,6 +104,7 @@ async def cluster(
         if process.poll() is None:
             process.kill()
         await process.wait()
+        kill_leftover_nodes(folder)
 
 
 def serve_processes(folder: Path) -> dict[int, list[bytes]]:
@@ -120,6 +122,14 @@ def serve_processes(folder: Path) -> dict[int, list[bytes]]:
             if data_dir.parent == folder:
                 found[int(entry.name)] = args
     return found
+
+
+def kill_leftover_nodes(folder: Path) -> None:
+    """SIGKILL the cluster's nodes still running: they run in sessions of their own, so
+    a `pora cluster` killed (or stopped past a test's patience) leaves them behind."""
+    for pid in serve_processes(folder):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def node_pids(folder: Path) -> dict[int, int]:

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterator
 import anyio
 import pytest
 import trio
-from test_cli_cluster import free_base_port
+from test_cli_cluster import free_base_port, kill_leftover_nodes
 from zookeeper_support import fresh_zk_url
 
 import pora
@@ -59,6 +59,7 @@ def cluster_url(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        kill_leftover_nodes(folder)
 
 
 async def the_contract(url: str) -> None:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_cli_cluster import free_base_port
+from test_cli_cluster import free_base_port, kill_leftover_nodes
 
 import pora
 from pora.client.replication.entry_format import decode_entry
@@ -71,3 +71,4 @@ def test_asyncio_writes_over_tcp_to_a_real_cluster(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        kill_leftover_nodes(folder)
