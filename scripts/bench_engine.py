@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import outcome
 import trio
 
 import pora
@@ -76,6 +77,40 @@ def raw_ceiling(directory: Path, seconds: float) -> float:
     finally:
         os.close(fd)
         path.unlink()
+
+
+async def wake_floor(tasks: int, seconds: float) -> float:
+    """Wake-ups/s of `tasks` tasks that only park and are woken in bulk by one driver
+    (no node work): what one trio process can do at most for one awaited call per
+    task, whatever the call costs."""
+    parked: list[trio.lowlevel.Task] = []
+    wakeups = 0
+    stop_at = time.perf_counter() + seconds
+
+    def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
+        return trio.lowlevel.Abort.FAILED  # parked until the driver wakes it
+
+    async def sleeper() -> None:
+        nonlocal wakeups
+        while True:
+            parked.append(trio.lowlevel.current_task())
+            if await trio.lowlevel.wait_task_rescheduled(abort):
+                return
+            wakeups += 1
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(tasks):
+            nursery.start_soon(sleeper)
+        started = time.perf_counter()
+        stopping = False
+        while parked or not stopping:
+            await trio.lowlevel.checkpoint()
+            woken, parked[:] = list(parked), []
+            stopping = time.perf_counter() >= stop_at
+            for task in woken:
+                trio.lowlevel.reschedule(task, outcome.Value(stopping))
+        elapsed = time.perf_counter() - started
+    return wakeups / elapsed
 
 
 async def closed_loop(

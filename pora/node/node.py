@@ -43,6 +43,7 @@ from ledger.errors import (
 )
 from ledger.registry import LedgerRegistry, RegistryStatistics
 from ledger.state import LedgerInfo, LedgerState
+from pora.node.add_queue import AddQueue
 from pora.node.config import NodeConfig
 from pora.node.datadir import (
     DataDir,
@@ -109,6 +110,9 @@ class Node:
         self._read_only: str | None = None
         self._keys = registry.storage.keys
         self._arrivals = registry.storage.arrivals
+        # the adds of many tasks in one turn become one submission; as many wait
+        # for it as the journal's channel holds batches
+        self._adds = AddQueue(self.submit, config.journal.channel_batches_max)
 
     def stop_taking_requests(self) -> None:
         """Refuse what is submitted from now on with NodeClosed (the node stops)."""
@@ -316,17 +320,22 @@ class Node:
         with other bytes it raises EntryConflict. `recovery` marks a recovering
         client's add, which a fenced ledger still accepts; `last_add_confirmed` is
         the writer's LAC, piggybacked (see `last_add_confirmed`).
+
+        The calls of many tasks in one scheduler turn are submitted together, each
+        ledger's consecutive adds as one run (pora/node/add_queue.py); each caller
+        gets its own entry's outcome.
         """
-        await self._perform_one(
-            self.entry_request(
-                ledger_id,
-                entry_id,
-                payload,
-                master_key=master_key,
-                recovery=recovery,
-                last_add_confirmed=last_add_confirmed,
-            )
+        request = self.entry_request(
+            ledger_id,
+            entry_id,
+            payload,
+            master_key=master_key,
+            recovery=recovery,
+            last_add_confirmed=last_add_confirmed,
         )
+        await self._adds.perform([request])
+        if request.error is not None:
+            raise request.error
 
     async def add_entries(
         self, entries: Sequence[tuple[int, int, bytes]], *, master_key: bytes = b""
@@ -382,7 +391,7 @@ class Node:
                     )
                 )
                 start = index
-        await self._perform(runs)
+        await self._adds.perform(runs)
         return [_as_pora_error(run.error_of(i)) for run in runs for i in range(run.count)]
 
     async def fence_ledger(self, ledger_id: int, *, master_key: bytes = b"") -> int:
