@@ -15,7 +15,7 @@ from ledger.errors import InvalidArgument
 from netio import frames as f
 from netio.codec import encode_add_run
 from netio.errors import RequestTimeout
-from pora.client.coalescer import AddCall, QueuedAdd
+from pora.client.coalescer import QueuedAdd
 from pora.client.remote_errors import clone_error
 from pora.client.requests import RequestClient
 from pora.client.runs import run_outcomes, split_runs
@@ -83,7 +83,7 @@ class AddClient(RequestClient):
         if instance_id is not None:
             await self._check_instance(session, instance_id, left_s)
         count = len(entries)
-        call = AddCall(count, self._new_event())
+        call = self._new_add_call(count, self._now() + left_s)
         queue = session.add_queue
         if count == 1:  # add_entry: the common case, kept lean
             entry_id, payload = entries[0]
@@ -111,16 +111,14 @@ class AddClient(RequestClient):
                 )
         self._adds_in_flight += count
         self._add_bytes_in_flight += size
+        if self._sweeper_idle:
+            self._wake_sweeper()
         ready = session.outbox_ready
         if not ready.is_set():
             ready.set()
-        bucket = self._track_deadline(call, left_s)
         try:
-            await call.event.wait()
+            await call.wait()
         finally:
-            waiters = self._deadlines.get(bucket)
-            if waiters is not None:
-                waiters.discard(call)
             self._adds_in_flight -= count
             self._add_bytes_in_flight -= size
             if self._room_waiters:
