@@ -15,10 +15,11 @@ from ledger.errors import InvalidArgument
 from netio import frames as f
 from netio.codec import encode_add_run
 from netio.errors import RequestTimeout
-from pora.client.coalescer import QueuedAdd
+from pora.client.coalescer import AddCall, QueuedAdd
 from pora.client.remote_errors import clone_error
 from pora.client.requests import RequestClient
 from pora.client.runs import run_outcomes, split_runs
+from pora.client.session import Session
 
 
 class AddClient(RequestClient):
@@ -42,14 +43,26 @@ class AddClient(RequestClient):
         `last_add_confirmed` piggybacks the writer's LAC for tail readers;
         `recovery` marks an add of a recovery, which a fenced ledger accepts.
         """
-        (outcome,) = await self.add_coalesced(
-            ledger_id,
-            [(entry_id, payload)],
-            master_key=self._key(master_key, password),
-            last_add_confirmed=last_add_confirmed,
-            recovery=recovery,
-            timeout_s=timeout_s,
-        )
+        key = master_key if password is None else self._key(master_key, password)
+        session = self._session
+        if session is None or not session.alive or self._room_waiters or self._busy(session):
+            # connecting, or waiting in line for room: add_coalesced does both
+            (outcome,) = await self.add_coalesced(
+                ledger_id,
+                [(entry_id, payload)],
+                master_key=key,
+                last_add_confirmed=last_add_confirmed,
+                recovery=recovery,
+                timeout_s=timeout_s,
+            )
+        else:
+            # the common case, kept lean: one entry queued on a connection with room
+            timeout = self.timeout_s if timeout_s is None else timeout_s
+            call = self._new_add_call(1, self._now() + timeout)
+            session.add_queue.append(
+                QueuedAdd(ledger_id, key, recovery, entry_id, payload, last_add_confirmed, call, 0)
+            )
+            (outcome,) = await self._wait_for_adds(session, call, 1, len(payload), timeout)
         if outcome is not None:
             raise outcome
 
@@ -85,30 +98,28 @@ class AddClient(RequestClient):
         count = len(entries)
         call = self._new_add_call(count, self._now() + left_s)
         queue = session.add_queue
-        if count == 1:  # add_entry: the common case, kept lean
-            entry_id, payload = entries[0]
-            size = len(payload)
+        size = 0
+        for index, (entry_id, payload) in enumerate(entries):
+            size += len(payload)
             queue.append(
                 QueuedAdd(
-                    ledger_id, master_key, recovery, entry_id, payload, last_add_confirmed, call, 0
+                    ledger_id,
+                    master_key,
+                    recovery,
+                    entry_id,
+                    payload,
+                    last_add_confirmed,
+                    call,
+                    index,
                 )
             )
-        else:
-            size = 0
-            for index, (entry_id, payload) in enumerate(entries):
-                size += len(payload)
-                queue.append(
-                    QueuedAdd(
-                        ledger_id,
-                        master_key,
-                        recovery,
-                        entry_id,
-                        payload,
-                        last_add_confirmed,
-                        call,
-                        index,
-                    )
-                )
+        return await self._wait_for_adds(session, call, count, size, timeout)
+
+    async def _wait_for_adds(
+        self, session: Session, call: AddCall, count: int, size: int, timeout: float
+    ) -> list[PoraError | None]:
+        """Wait for the `count` entries (`size` payload bytes) of `call`, just queued
+        on `session`: their outcomes, or RequestTimeout or the connection's loss."""
         self._adds_in_flight += count
         self._add_bytes_in_flight += size
         if self._sweeper_idle:
