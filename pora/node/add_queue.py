@@ -2,11 +2,12 @@
 
 Each `node.add_entry` call alone would be one journal batch, one record and one
 ledger apply. Here the calls of one turn are queued; the first caller of the turn
-yields once, so that the other tasks running in the same turn queue theirs, then
-submits them all: each ledger's consecutive single adds (same key and flags) merged
-into one run request, in the order they were queued. Every caller parks once and
-is rescheduled by its own request's completion, with its own outcome (an entry of a
-run that fails alone fails only its caller).
+(its leader) yields once, so that the other tasks running in the same turn queue
+theirs, then submits them all: each ledger's adds by entry id, consecutive ones
+(same key and flags) as one run request (`entry_runs`, the served node's path).
+Every caller parks once and is rescheduled by its entry's completion, with its own
+outcome raised in it (an entry of a run that fails alone fails only its caller).
+`add_batch` calls, already runs, share the turn's submission as they are.
 """
 
 from __future__ import annotations
@@ -14,40 +15,123 @@ from __future__ import annotations
 import operator
 from collections.abc import Awaitable, Callable
 
+import outcome
 import trio
 
-from journal.format import RecordKind
-from journal.request import Request, merged_runs
+from journal.errors import PoraError
+from journal.request import Add, Request, entry_runs
 
 __all__ = ["AddQueue"]
 
 Submit = Callable[[list[Request]], Awaitable[None]]
+Refusal = Callable[[Add], PoraError | None]
+
+#: an Add's ledger and entry id: a turn's adds are sorted by them (C key function)
+_ledger_and_entry = operator.itemgetter(1, 2)
+
+
+class _Turn:
+    """The adds queued in one scheduler turn and their callers."""
+
+    __slots__ = ("adds", "early", "requests", "tasks")
+
+    def __init__(self) -> None:
+        #: `add_entry` calls, as `Add` tuples tagged with their index here
+        self.adds: list[Add] = []
+        #: per tag, the caller's task while it is parked (None: not parked)
+        self.tasks: list[trio.lowlevel.Task | None] = []
+        #: outcomes that came before their caller parked (the leader's, refusals)
+        self.early: dict[int, BaseException | None] = {}
+        #: requests of `add_batch` calls, each completing its caller itself
+        self.requests: list[Request] = []
+
+    def settle(self, tag: int, error: BaseException | None) -> None:
+        task = self.tasks[tag]
+        if task is None:
+            self.early[tag] = error
+            return
+        self.tasks[tag] = None
+        trio.lowlevel.reschedule(
+            task, outcome.Value(None) if error is None else outcome.Error(error)
+        )
+
+    def on_done(self, run: Request) -> None:
+        """A run of the turn's adds completed: wake each of its callers."""
+        tasks = self.tasks
+        if run.error is None and run.entry_errors is None:
+            for tag in run.tags:
+                task = tasks[tag]
+                if task is None:
+                    self.early[tag] = None
+                else:
+                    tasks[tag] = None
+                    trio.lowlevel.reschedule(task)
+            return
+        for index, tag in enumerate(run.tags):
+            self.settle(tag, run.error_of(index))
 
 
 class AddQueue:
-    """The adds queued in the current turn, and who submits them.
+    """The current turn's adds, and who submits them.
 
-    Bounded: at most `queued_max` requests wait for a turn's submission (a caller
-    beyond that waits for the next one); a submission waits while the journal's
-    channel is full, as a direct submission does.
+    Bounded: at most `queued_max` adds and requests wait for a turn's submission (a
+    caller beyond that waits for the next turn); a submission waits while the
+    journal's channel is full, as a direct submission does.
     """
 
-    def __init__(self, submit: Submit, queued_max: int) -> None:
+    def __init__(
+        self, submit: Submit, entry_bytes_max: int, refusal: Refusal, queued_max: int
+    ) -> None:
         self._submit = submit
+        self._entry_bytes_max = entry_bytes_max
+        self._refusal = refusal
         self._queued_max = queued_max
-        self._queued: list[Request] = []
+        self._turn: _Turn | None = None
         self._space: trio.Event | None = None
 
-    async def perform(self, requests: list[Request]) -> None:
-        """Queue `requests` and wait until every one of them has completed.
+    async def add(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        last_add_confirmed: int,
+        master_key: bytes,
+        payload: bytes,
+        recovery: bool,
+    ) -> None:
+        """Queue one checked add and wait until it is stored (or raise its error).
 
-        Cancelling the wait does not cancel the requests (they are submitted with
-        their turn's): like a timeout on any database, the caller then does not know
-        whether they were stored.
+        Cancelling the wait does not cancel the add (it is submitted with its
+        turn's): like a timeout on any database, the caller then does not know
+        whether it was stored.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        while len(self._queued) >= self._queued_max:
-            await self._wait_for_space()
+        turn = await self._current_turn()
+        tasks = turn.tasks
+        tag = len(tasks)
+        turn.adds.append(
+            (tag, ledger_id, entry_id, last_add_confirmed, master_key, payload, recovery)
+        )
+        tasks.append(None)
+        if tag == 0 and not turn.requests:
+            await self._submit_turn(turn)
+            if tag in turn.early:
+                error = turn.early[tag]
+                if error is not None:
+                    raise error
+                return
+        tasks[tag] = trio.lowlevel.current_task()
+
+        def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
+            tasks[tag] = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    async def perform(self, requests: list[Request]) -> None:
+        """Queue `requests` (runs of one `add_batch`) and wait until every one of them
+        has completed; cancellation as for `add`."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        turn = await self._current_turn()
         task = trio.lowlevel.current_task()
         pending = len(requests)
         parked = False  # requests refused at submission complete before we park
@@ -60,10 +144,10 @@ class AddQueue:
 
         for request in requests:
             request.on_done = on_done
-        queued = self._queued
-        queued += requests
-        if len(queued) == len(requests):
-            await self._submit_turn()
+        leader = not turn.tasks and not turn.requests
+        turn.requests += requests
+        if leader:
+            await self._submit_turn(turn)
         if pending:
 
             def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
@@ -74,21 +158,33 @@ class AddQueue:
             parked = True
             await trio.lowlevel.wait_task_rescheduled(abort)
 
-    async def _wait_for_space(self) -> None:
-        if self._space is None:
-            self._space = trio.Event()
-        await self._space.wait()
+    async def _current_turn(self) -> _Turn:
+        turn = self._turn
+        while turn is not None and len(turn.tasks) + len(turn.requests) >= self._queued_max:
+            if self._space is None:
+                self._space = trio.Event()
+            await self._space.wait()
+            turn = self._turn
+        if turn is None:
+            turn = self._turn = _Turn()
+        return turn
 
-    async def _submit_turn(self) -> None:
-        """The first caller of a turn: let the turn's other callers queue, then
-        submit everything queued. Shielded: the others' adds depend on it."""
+    async def _submit_turn(self, turn: _Turn) -> None:
+        """The leader of a turn: let the turn's other callers queue, then submit
+        everything queued. Shielded: the others' adds depend on it."""
         await trio.lowlevel.cancel_shielded_checkpoint()
-        turn = self._queued
-        self._queued = []
+        self._turn = None
         if self._space is not None:
             self._space.set()
             self._space = None
-        batch = coalesced(turn)
+        adds = turn.adds
+        if len(adds) > 1:
+            adds.sort(key=_ledger_and_entry)  # stable: one id twice keeps its order
+        batch, refused = entry_runs(adds, self._entry_bytes_max, turn.on_done, self._refusal)
+        for tag, refusal in refused:
+            turn.settle(tag, refusal)
+        if turn.requests:
+            batch += turn.requests
         try:
             with trio.CancelScope(shield=True):
                 await self._submit(batch)
@@ -100,73 +196,3 @@ class AddQueue:
                     request.fail(error)
             if not isinstance(error, Exception):
                 raise
-
-
-def coalesced(requests: list[Request]) -> list[Request]:
-    """`requests` (in queue order) grouped by ledger, each ledger's in order, with
-    each stretch of consecutive single adds merged into one run whose completion
-    completes its members with their own outcomes."""
-    by_ledger: dict[int, list[Request]] = {}
-    for request in requests:
-        ledger = by_ledger.get(request.ledger_id)
-        if ledger is None:
-            by_ledger[request.ledger_id] = [request]
-        else:
-            ledger.append(request)
-    if len(by_ledger) == len(requests):
-        return requests  # one request per ledger: nothing to merge
-    batch: list[Request] = []
-    for ledger_requests in by_ledger.values():
-        if len(ledger_requests) == 1:
-            batch += ledger_requests
-            continue
-        singles: list[Request] = []
-        for request in ledger_requests:
-            if request.count == 1 and request.kind is RecordKind.ENTRY:
-                singles.append(request)
-                continue
-            _merge_into(batch, singles)
-            singles = []
-            batch.append(request)
-        _merge_into(batch, singles)
-    return batch
-
-
-def _merge_into(batch: list[Request], singles: list[Request]) -> None:
-    """Append `singles` (single adds of one ledger, in order) to `batch` as runs.
-
-    They are sorted by entry id first (stable: equal ids keep their order): adds of
-    one turn were all called before any of them returned, so any order is one the
-    callers could have seen, and trio runs a turn's tasks in either order."""
-    if not singles:
-        return
-    if len(singles) > 1:
-        singles.sort(key=_entry_id)
-    start = 0
-    for run in merged_runs(singles):
-        count = run.count
-        if count > 1:
-            run.on_done = _fan_out(singles[start : start + count])
-        batch.append(run)
-        start += count
-
-
-_entry_id = operator.attrgetter("entry_id")
-
-
-def _fan_out(members: list[Request]) -> Callable[[Request], None]:
-    def on_done(run: Request) -> None:
-        error = run.error
-        if error is not None:
-            for member in members:
-                member.fail(error)
-            return
-        entry_errors = run.entry_errors
-        for index, member in enumerate(members):
-            entry_error = None if entry_errors is None else entry_errors[index]
-            if entry_error is None:
-                member.complete(run.result)
-            else:
-                member.fail(entry_error)
-
-    return on_done

@@ -112,7 +112,9 @@ class Node:
         self._arrivals = registry.storage.arrivals
         # the adds of many tasks in one turn become one submission; as many wait
         # for it as the journal's channel holds batches
-        self._adds = AddQueue(self.submit, config.journal.channel_batches_max)
+        self._adds = AddQueue(
+            self.submit, config.entry_bytes_max, self._refusal, config.journal.channel_batches_max
+        )
 
     def stop_taking_requests(self) -> None:
         """Refuse what is submitted from now on with NodeClosed (the node stops)."""
@@ -325,17 +327,27 @@ class Node:
         ledger's consecutive adds as one run (pora/node/add_queue.py); each caller
         gets its own entry's outcome.
         """
-        request = self.entry_request(
-            ledger_id,
-            entry_id,
-            payload,
-            master_key=master_key,
-            recovery=recovery,
-            last_add_confirmed=last_add_confirmed,
-        )
-        await self._adds.perform([request])
-        if request.error is not None:
-            raise request.error
+        if not (
+            type(ledger_id) is int
+            and type(entry_id) is int
+            and type(payload) is bytes
+            and 0 <= ledger_id <= ID_MAX
+            and 0 <= entry_id <= ID_MAX
+            and len(payload) <= self.config.entry_bytes_max
+            and -1 <= last_add_confirmed <= ID_MAX
+            and len(master_key) <= MASTER_KEY_BYTES_MAX
+        ):
+            # rare: the one-at-a-time checks raise what is wrong (or take the add)
+            self.entry_request(
+                ledger_id,
+                entry_id,
+                payload,
+                master_key=master_key,
+                recovery=recovery,
+                last_add_confirmed=last_add_confirmed,
+            )
+            payload = bytes(payload)  # the journal keeps it: it must not change
+        await self._adds.add(ledger_id, entry_id, last_add_confirmed, master_key, payload, recovery)
 
     async def add_entries(
         self, entries: Sequence[tuple[int, int, bytes]], *, master_key: bytes = b""
