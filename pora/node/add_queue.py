@@ -105,7 +105,9 @@ class AddQueue:
         whether it was stored.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        turn = await self._current_turn()
+        turn = self._turn
+        if turn is None or len(turn.tasks) + len(turn.requests) >= self._queued_max:
+            turn = await self._current_turn()
         tasks = turn.tasks
         tag = len(tasks)
         turn.adds.append(
