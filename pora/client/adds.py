@@ -9,6 +9,7 @@ entries into runs that fit a frame (pora.client.runs) and sends them pipelined.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NoReturn
 
 from journal.errors import PoraError
 from ledger.errors import InvalidArgument
@@ -56,13 +57,31 @@ class AddClient(RequestClient):
                 timeout_s=timeout_s,
             )
         else:
-            # the common case, kept lean: one entry queued on a connection with room
+            # the common case, kept lean: one entry queued on a connection with room,
+            # `_wait_for_adds` inlined (every coroutine level is resumed at each wake-up)
             timeout = self.timeout_s if timeout_s is None else timeout_s
             call = self._new_add_call(1, self._now() + timeout)
             session.add_queue.append(
                 QueuedAdd(ledger_id, key, recovery, entry_id, payload, last_add_confirmed, call, 0)
             )
-            (outcome,) = await self._wait_for_adds(session, call, 1, len(payload), timeout)
+            size = len(payload)
+            self._adds_in_flight += 1
+            self._add_bytes_in_flight += size
+            if self._sweeper_idle:
+                self._wake_sweeper()
+            ready = session.outbox_ready
+            if not ready.is_set():
+                ready.set()
+            try:
+                await call.wait()
+            finally:
+                self._adds_in_flight -= 1
+                self._add_bytes_in_flight -= size
+                if self._room_waiters:
+                    self._grant_room(len(session.pending))
+            if call.timed_out or call.error is not None:
+                self._raise_failed(call, timeout)
+            outcome = call.outcomes[0]
         if outcome is not None:
             raise outcome
 
@@ -134,14 +153,20 @@ class AddClient(RequestClient):
             self._add_bytes_in_flight -= size
             if self._room_waiters:
                 self._grant_room(len(session.pending))
+        if call.timed_out or call.error is not None:
+            self._raise_failed(call, timeout)
+        return call.outcomes
+
+    def _raise_failed(self, call: AddCall, timeout: float) -> NoReturn:
+        """Raise why `call` ended without outcomes: its timeout, or the connection's
+        loss (each caller its own copy of the error)."""
         if call.timed_out:
             raise RequestTimeout(
                 f"no response from node {self.address} within {timeout} s; the adds may "
                 "or may not have been performed (retrying with the same bytes is safe)"
             )
-        if call.error is not None:
-            raise clone_error(call.error)
-        return call.outcomes
+        assert call.error is not None
+        raise clone_error(call.error)
 
     async def add_run(
         self,

@@ -14,7 +14,7 @@ outcome, an entry's failure going to the caller of that entry only.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final, NamedTuple, Protocol
 
 import anyio
@@ -84,8 +84,10 @@ class AddCall:
             self.timed_out = True
             self.event.set()
 
-    async def wait(self) -> None:
-        await self.event.wait()
+    def wait(self) -> Awaitable[None]:
+        """What to await for the outcomes: an awaitable, not a coroutine of its own
+        (each level of coroutines is resumed again at every wake-up)."""
+        return self.event.wait()
 
 
 class ParkedAddCall(AddCall):
@@ -129,12 +131,11 @@ class ParkedAddCall(AddCall):
             self._task = None
             trio.lowlevel.reschedule(task)
 
-    async def wait(self) -> None:
+    def wait(self) -> Awaitable[None]:
         if self._woken:
-            await trio.lowlevel.checkpoint()
-            return
+            return trio.lowlevel.checkpoint()  # noqa: ASYNC105 (awaited by the caller)
         self._task = trio.lowlevel.current_task()
-        await trio.lowlevel.wait_task_rescheduled(self._abort)
+        return trio.lowlevel.wait_task_rescheduled(self._abort)  # noqa: ASYNC105 (as above)
 
     def _abort(self, _raise_cancel: object) -> trio.lowlevel.Abort:
         self._task = None
