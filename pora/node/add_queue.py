@@ -89,7 +89,50 @@ class AddQueue:
         self._turn: _Turn | None = None
         self._space: trio.Event | None = None
 
-    async def add(
+    def add(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        last_add_confirmed: int,
+        master_key: bytes,
+        payload: bytes,
+        recovery: bool,
+    ) -> Awaitable[None]:
+        """Queue one checked add; awaiting what this returns waits until the add is
+        stored (or raises its error). The caller has passed a cancellation point
+        (`checkpoint_if_cancelled`) just before: a caller cancelled by then queues
+        nothing.
+
+        Not a coroutine itself: most callers are parked by the awaitable returned,
+        and every level of coroutines would be resumed again at each wake-up.
+        Cancelling the wait does not cancel the add (it is submitted with its
+        turn's): like a timeout on any database, the caller then does not know
+        whether it was stored.
+        """
+        turn = self._turn
+        if turn is None:
+            turn = self._turn = _Turn()
+        elif len(turn.tasks) + len(turn.requests) >= self._queued_max:
+            return self._add_when_room(
+                ledger_id, entry_id, last_add_confirmed, master_key, payload, recovery
+            )
+        tasks = turn.tasks
+        tag = len(tasks)
+        turn.adds.append(
+            (tag, ledger_id, entry_id, last_add_confirmed, master_key, payload, recovery)
+        )
+        if tag == 0 and not turn.requests:
+            tasks.append(None)
+            return self._lead(turn, tag)
+        tasks.append(trio.lowlevel.current_task())
+
+        def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
+            tasks[tag] = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        return trio.lowlevel.wait_task_rescheduled(abort)  # noqa: ASYNC105 (awaited by the caller)
+
+    async def _add_when_room(
         self,
         ledger_id: int,
         entry_id: int,
@@ -98,29 +141,18 @@ class AddQueue:
         payload: bytes,
         recovery: bool,
     ) -> None:
-        """Queue one checked add and wait until it is stored (or raise its error).
+        await self._current_turn()
+        await self.add(ledger_id, entry_id, last_add_confirmed, master_key, payload, recovery)
 
-        Cancelling the wait does not cancel the add (it is submitted with its
-        turn's): like a timeout on any database, the caller then does not know
-        whether it was stored.
-        """
-        await trio.lowlevel.checkpoint_if_cancelled()
-        turn = self._turn
-        if turn is None or len(turn.tasks) + len(turn.requests) >= self._queued_max:
-            turn = await self._current_turn()
+    async def _lead(self, turn: _Turn, tag: int) -> None:
+        """The add that opened `turn`: submit the turn, then wait for its own outcome."""
+        await self._submit_turn(turn)
+        if tag in turn.early:
+            error = turn.early[tag]
+            if error is not None:
+                raise error
+            return
         tasks = turn.tasks
-        tag = len(tasks)
-        turn.adds.append(
-            (tag, ledger_id, entry_id, last_add_confirmed, master_key, payload, recovery)
-        )
-        tasks.append(None)
-        if tag == 0 and not turn.requests:
-            await self._submit_turn(turn)
-            if tag in turn.early:
-                error = turn.early[tag]
-                if error is not None:
-                    raise error
-                return
         tasks[tag] = trio.lowlevel.current_task()
 
         def abort(_raise_cancel: object) -> trio.lowlevel.Abort:

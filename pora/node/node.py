@@ -347,6 +347,7 @@ class Node:
                 last_add_confirmed=last_add_confirmed,
             )
             payload = bytes(payload)  # the journal keeps it: it must not change
+        await trio.lowlevel.checkpoint_if_cancelled()
         await self._adds.add(ledger_id, entry_id, last_add_confirmed, master_key, payload, recovery)
 
     async def add_entries(
