@@ -18,14 +18,19 @@
    connections x 64), against the lean `frames` load (one ADD_ENTRY frame per add)
    on the same node (target >= 0.6x); `node.add_entry` in-process from 800 tasks
    over 100 ledgers against the disk's raw 1 MiB write+fdatasync ceiling measured in
-   the same run (scripts/bench_engine.py's; target >= 0.25x).
+   the same run (scripts/bench_engine.py's; target >= 0.25x), and against the trio
+   floor: 800 tasks that only park and are woken in bulk by one driver, no node work
+   (`bench_engine.wake_floor`), the most one trio process does of one awaited call
+   per task, whatever the call costs.
 
 Rounds alternate (`--rounds`): each round runs every load once, in this order, and
 each figure is the median round. `--profile DIR` then runs (1) and (2) once more
 under cProfile (the client process only; the nodes are subprocesses) and writes
-`client-e1.pstats`, `client-e3.pstats` and a summary of each there.
+`client-e1.pstats`, `client-e3.pstats` and a summary of each there. `--only 4` (or
+`--only 1 4`, ...) runs just those points.
 
     python scripts/bench_client.py [--rounds 3] [--duration-s 5] [--json] [--profile DIR]
+                                   [--only N ...]
 """
 
 from __future__ import annotations
@@ -374,11 +379,15 @@ async def redis_wait_load(port: int, config: LoadConfig) -> LoadResult:
     return window.result("redis XADD + WAIT 1, 2 replicas")
 
 
-async def engine_load(parent: Path, config: LoadConfig) -> tuple[LoadResult, LoadResult]:
-    """(the raw ceiling as 1 KiB adds/s, in-process `node.add_entry`)."""
+async def engine_load(
+    parent: Path, config: LoadConfig
+) -> tuple[LoadResult, LoadResult, LoadResult]:
+    """(the raw ceiling as 1 KiB adds/s, the trio wake-up floor, in-process
+    `node.add_entry`)."""
     with tempfile.TemporaryDirectory(prefix="pora-bench-engine-", dir=parent) as directory:
         root = Path(directory)
         mib_s = await trio.to_thread.run_sync(bench_engine.raw_ceiling, root, config.duration_s)
+        wakeups_s = await bench_engine.wake_floor(ENGINE_TASKS, config.duration_s)
         engine = await bench_engine.closed_loop(
             root / "data", ENGINE_LEDGERS, ENGINE_TASKS, config.duration_s, config.payload_bytes
         )
@@ -386,6 +395,9 @@ async def engine_load(parent: Path, config: LoadConfig) -> tuple[LoadResult, Loa
     nan = float("nan")
     raw = LoadResult("raw 1 MiB write+fdatasync", 0, config.duration_s, ceiling,
                      mib_s * 1.048576, nan, nan, nan, 0)  # fmt: skip
+    floor = LoadResult(f"trio floor: {ENGINE_TASKS} tasks parked, woken in bulk",
+                       int(wakeups_s * config.duration_s), config.duration_s, wakeups_s,
+                       0.0, nan, nan, nan, 0)  # fmt: skip
     measured = LoadResult(
         f"node.add_entry in-process, {ENGINE_TASKS} tasks / {ENGINE_LEDGERS} ledgers",
         engine.adds,
@@ -397,7 +409,7 @@ async def engine_load(parent: Path, config: LoadConfig) -> tuple[LoadResult, Loa
         nan,
         0,
     )
-    return raw, measured
+    return raw, floor, measured
 
 
 # --- the run ----------------------------------------------------------------------------------
@@ -415,12 +427,30 @@ class Rounds:
 
 
 async def one_round(parent: Path, config: LoadConfig, rounds: Rounds, say: Callable[[str], None],
-                    redis_path: str | None) -> None:  # fmt: skip
+                    redis_path: str | None, points: frozenset[int]) -> None:  # fmt: skip
     lean = replace(config, connections=TASKS // 64, depth=64)
+    if 1 in points:
+        await _point_1(parent, config, lean, rounds, say)
+    if 2 in points:
+        await _point_2(parent, config, rounds, say)
+    if 3 in points and redis_path is not None:
+        say("(3) Redis primary + 2 replicas, XADD + WAIT 1")
+        with replicated_redis(redis_path, parent) as port:
+            rounds.add("redis_wait", await redis_wait_load(port, lean))
+    if 4 in points:
+        await _point_4(parent, config, lean, rounds, say)
+
+
+async def _point_1(parent: Path, config: LoadConfig, lean: LoadConfig, rounds: Rounds,
+                   say: Callable[[str], None]) -> None:  # fmt: skip
     say("(1) one node with metadata: lean runs, then the client E=Qw=Qa=1")
     async with registered_node(parent) as (address, url):
         rounds.add("runs", await run_pora_load(address, lean, RAW_LEDGER_BASE, load="runs"))
         rounds.add("client_e1", await client_closed_loop(url, E1, config, "client E1, 1 node"))
+
+
+async def _point_2(parent: Path, config: LoadConfig, rounds: Rounds,
+                   say: Callable[[str], None]) -> None:  # fmt: skip
     say("(2) 3-node cluster: the client E=3 Qw=3 Qa=2, closed then open loop at half")
     async with local_cluster(parent, 3) as url:
         closed = await client_closed_loop(url, E3, config, "client E3 Qw3 Qa2, 3 nodes")
@@ -428,18 +458,19 @@ async def one_round(parent: Path, config: LoadConfig, rounds: Rounds, say: Calla
         rate = max(closed.ops_per_s / 2, 100.0)
         rounds.add("client_e3_half", await client_open_loop(
             url, E3, config, rate, f"client E3, open loop at {rate:,.0f}/s"))  # fmt: skip
-    if redis_path is not None:
-        say("(3) Redis primary + 2 replicas, XADD + WAIT 1")
-        with replicated_redis(redis_path, parent) as port:
-            rounds.add("redis_wait", await redis_wait_load(port, lean))
+
+
+async def _point_4(parent: Path, config: LoadConfig, lean: LoadConfig, rounds: Rounds,
+                   say: Callable[[str], None]) -> None:  # fmt: skip
     say("(4) one node: lean frames, then connect_node().add_entry per task")
     async with pora_server(parent) as address:
         rounds.add("frames", await run_pora_load(address, lean, RAW_LEDGER_BASE, load="frames"))
         rounds.add("library", await run_pora_load(address, lean, RAW_LEDGER_BASE + 64,
                                                   load="library"))  # fmt: skip
-    say("(4) in-process: the raw write+fdatasync ceiling, then node.add_entry")
-    raw, engine = await engine_load(parent, config)
+    say("(4) in-process: the raw write+fdatasync ceiling, the trio floor, node.add_entry")
+    raw, floor, engine = await engine_load(parent, config)
     rounds.add("raw", raw)
+    rounds.add("floor", floor)
     rounds.add("engine", engine)
 
 
@@ -470,6 +501,8 @@ def compare(rounds: Rounds) -> list[Comparison]:
         row("(3) redis WAIT 1 vs (2)", "redis_wait", "client_e3", None),
         row("(4) connect_node add_entry vs frames", "library", "frames", 0.6),
         row("(4) node.add_entry vs raw ceiling", "engine", "raw", 0.25),
+        row("(4) trio floor vs raw ceiling", "floor", "raw", None),
+        row("(4) node.add_entry vs trio floor", "engine", "floor", None),
     ]
     half = rows[2]
     if half is not None:
@@ -539,7 +572,7 @@ async def run(args: argparse.Namespace) -> None:
     rounds = Rounds({})
     for index in range(args.rounds):
         say(f"round {index + 1}/{args.rounds}")
-        await one_round(base, config, rounds, say, redis_path)
+        await one_round(base, config, rounds, say, redis_path, frozenset(args.only))
     load = os.getloadavg()
     note = "; ".join(filter(None, [note, f"load average at the end {load[0]:.2f} {load[1]:.2f}"]))
     comparisons = compare(rounds)
@@ -562,6 +595,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.add_argument("--profile", type=Path, default=None, metavar="DIR",
                         help="then profile the client of (1) and (2) into DIR")  # fmt: skip
+    parser.add_argument("--only", type=int, nargs="+", choices=[1, 2, 3, 4], default=[1, 2, 3, 4],
+                        metavar="N", help="run only these points (default: all)")  # fmt: skip
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import outcome
 import trio
 
 import pora
@@ -78,6 +79,40 @@ def raw_ceiling(directory: Path, seconds: float) -> float:
         path.unlink()
 
 
+async def wake_floor(tasks: int, seconds: float) -> float:
+    """Wake-ups/s of `tasks` tasks that only park and are woken in bulk by one driver
+    (no node work): what one trio process can do at most for one awaited call per
+    task, whatever the call costs."""
+    parked: list[trio.lowlevel.Task] = []
+    wakeups = 0
+    stop_at = time.perf_counter() + seconds
+
+    def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
+        return trio.lowlevel.Abort.FAILED  # parked until the driver wakes it
+
+    async def sleeper() -> None:
+        nonlocal wakeups
+        while True:
+            parked.append(trio.lowlevel.current_task())
+            if await trio.lowlevel.wait_task_rescheduled(abort):
+                return
+            wakeups += 1
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(tasks):
+            nursery.start_soon(sleeper)
+        started = time.perf_counter()
+        stopping = False
+        while parked or not stopping:
+            await trio.lowlevel.checkpoint()
+            woken, parked[:] = list(parked), []
+            stopping = time.perf_counter() >= stop_at
+            for task in woken:
+                trio.lowlevel.reschedule(task, outcome.Value(stopping))
+        elapsed = time.perf_counter() - started
+    return wakeups / elapsed
+
+
 async def closed_loop(
     data_dir: Path, ledgers: int, writers: int, seconds: float, payload_bytes: int, batch: int = 1
 ) -> LoadResult:
@@ -91,6 +126,17 @@ async def closed_loop(
 
         async def writer(seed: int) -> None:
             rng = random.Random(seed)
+            if batch == 1:  # kept lean: this loop's own cost is part of the figure
+                add_entry = node.add_entry
+                clock = time.perf_counter
+                record = latencies.append
+                while (started := clock()) < stop_at:
+                    ledger_id = rng.randrange(ledgers)
+                    entry_id = next_entry[ledger_id]
+                    next_entry[ledger_id] = entry_id + 1
+                    await add_entry(ledger_id, entry_id, payload)
+                    record(clock() - started)
+                return
             while time.perf_counter() < stop_at:
                 entries = []
                 for _ in range(batch):
@@ -98,11 +144,8 @@ async def closed_loop(
                     entries.append((ledger_id, next_entry[ledger_id], payload))
                     next_entry[ledger_id] += 1
                 started = time.perf_counter()
-                if batch == 1:
-                    await node.add_entry(*entries[0])
-                else:
-                    outcomes = await node.add_entries(entries)
-                    assert not any(outcomes), outcomes
+                outcomes = await node.add_entries(entries)
+                assert not any(outcomes), outcomes
                 latencies.extend([time.perf_counter() - started] * batch)
 
         # warm up: the ledgers exist (worker, entry log file) before the clock runs,

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 from net_helpers import serving
 
 import pora
+from netio.codec import encode_response
+from netio.messages import Info, InfoResponse
+from netio.request_codec import RequestDecoder
 from pora.client.node_client import connect_node
 from pora.server.server import Server
 
@@ -110,3 +114,43 @@ async def test_a_coalesced_add_times_out_on_its_own_deadline(data_dir: Path) -> 
                 else:
                     raise AssertionError("no timeout")
         nursery.cancel_scope.cancel()
+
+
+async def test_framed_adds_time_out_each_on_its_own_deadline(data_dir: Path) -> None:
+    """The node answers who it is, takes the add frames and never answers them: each
+    caller ends at its own timeout, swept from the frames in flight."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    frames_seen = 0
+
+    async def answer_info_only(stream: trio.SocketStream) -> None:
+        nonlocal frames_seen
+        decoder = RequestDecoder()
+        while data := await stream.receive_some(65536):
+            decoder.receive_data(data)
+            for request in decoder.next_requests(1000):
+                frames_seen += 1
+                if isinstance(request, Info):
+                    info = InfoResponse(request.request_id, 4, None, 1 << 24, 1 << 20, 0, "t", "i")
+                    await stream.send_all(encode_response(info, decoder.version or 4))
+
+    ended: dict[str, float] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, answer_info_only, listeners)
+        async with connect_node(f"127.0.0.1:{port}", timeout_s=5) as client:
+            await client.identity()
+            started = trio.current_time()
+
+            async def add(name: str, entry_id: int, timeout_s: float) -> None:
+                with pytest.raises(pora.RequestTimeout):
+                    await client.add_entry(1, entry_id, b"x", timeout_s=timeout_s)
+                ended[name] = trio.current_time() - started
+
+            with trio.fail_after(5):
+                async with trio.open_nursery() as adds:
+                    adds.start_soon(add, "short", 0, 0.1)
+                    adds.start_soon(add, "long", 1, 0.5)
+        nursery.cancel_scope.cancel()
+    assert frames_seen >= 2  # the INFO, and the adds' frame: they were in flight
+    assert 0.1 <= ended["short"] < 0.4
+    assert 0.5 <= ended["long"] < 1.5

@@ -9,6 +9,7 @@ entries into runs that fit a frame (pora.client.runs) and sends them pipelined.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NoReturn
 
 from journal.errors import PoraError
 from ledger.errors import InvalidArgument
@@ -19,6 +20,7 @@ from pora.client.coalescer import AddCall, QueuedAdd
 from pora.client.remote_errors import clone_error
 from pora.client.requests import RequestClient
 from pora.client.runs import run_outcomes, split_runs
+from pora.client.session import Session
 
 
 class AddClient(RequestClient):
@@ -42,14 +44,44 @@ class AddClient(RequestClient):
         `last_add_confirmed` piggybacks the writer's LAC for tail readers;
         `recovery` marks an add of a recovery, which a fenced ledger accepts.
         """
-        (outcome,) = await self.add_coalesced(
-            ledger_id,
-            [(entry_id, payload)],
-            master_key=self._key(master_key, password),
-            last_add_confirmed=last_add_confirmed,
-            recovery=recovery,
-            timeout_s=timeout_s,
-        )
+        key = master_key if password is None else self._key(master_key, password)
+        session = self._session
+        if session is None or not session.alive or self._room_waiters or self._busy(session):
+            # connecting, or waiting in line for room: add_coalesced does both
+            (outcome,) = await self.add_coalesced(
+                ledger_id,
+                [(entry_id, payload)],
+                master_key=key,
+                last_add_confirmed=last_add_confirmed,
+                recovery=recovery,
+                timeout_s=timeout_s,
+            )
+        else:
+            # the common case, kept lean: one entry queued on a connection with room,
+            # `_wait_for_adds` inlined (every coroutine level is resumed at each wake-up)
+            timeout = self.timeout_s if timeout_s is None else timeout_s
+            call = self._new_add_call(1, self._now() + timeout)
+            session.add_queue.append(
+                QueuedAdd(ledger_id, key, recovery, entry_id, payload, last_add_confirmed, call, 0)
+            )
+            size = len(payload)
+            self._adds_in_flight += 1
+            self._add_bytes_in_flight += size
+            if self._sweeper_idle:
+                self._wake_sweeper()
+            ready = session.outbox_ready
+            if not ready.is_set():
+                ready.set()
+            try:
+                await call.wait()
+            finally:
+                self._adds_in_flight -= 1
+                self._add_bytes_in_flight -= size
+                if self._room_waiters:
+                    self._grant_room(len(session.pending))
+            if call.timed_out or call.error is not None:
+                self._raise_failed(call, timeout)
+            outcome = call.outcomes[0]
         if outcome is not None:
             raise outcome
 
@@ -83,56 +115,58 @@ class AddClient(RequestClient):
         if instance_id is not None:
             await self._check_instance(session, instance_id, left_s)
         count = len(entries)
-        call = AddCall(count, self._new_event())
+        call = self._new_add_call(count, self._now() + left_s)
         queue = session.add_queue
-        if count == 1:  # add_entry: the common case, kept lean
-            entry_id, payload = entries[0]
-            size = len(payload)
+        size = 0
+        for index, (entry_id, payload) in enumerate(entries):
+            size += len(payload)
             queue.append(
                 QueuedAdd(
-                    ledger_id, master_key, recovery, entry_id, payload, last_add_confirmed, call, 0
+                    ledger_id,
+                    master_key,
+                    recovery,
+                    entry_id,
+                    payload,
+                    last_add_confirmed,
+                    call,
+                    index,
                 )
             )
-        else:
-            size = 0
-            for index, (entry_id, payload) in enumerate(entries):
-                size += len(payload)
-                queue.append(
-                    QueuedAdd(
-                        ledger_id,
-                        master_key,
-                        recovery,
-                        entry_id,
-                        payload,
-                        last_add_confirmed,
-                        call,
-                        index,
-                    )
-                )
+        return await self._wait_for_adds(session, call, count, size, timeout)
+
+    async def _wait_for_adds(
+        self, session: Session, call: AddCall, count: int, size: int, timeout: float
+    ) -> list[PoraError | None]:
+        """Wait for the `count` entries (`size` payload bytes) of `call`, just queued
+        on `session`: their outcomes, or RequestTimeout or the connection's loss."""
         self._adds_in_flight += count
         self._add_bytes_in_flight += size
+        if self._sweeper_idle:
+            self._wake_sweeper()
         ready = session.outbox_ready
         if not ready.is_set():
             ready.set()
-        bucket = self._track_deadline(call, left_s)
         try:
-            await call.event.wait()
+            await call.wait()
         finally:
-            waiters = self._deadlines.get(bucket)
-            if waiters is not None:
-                waiters.discard(call)
             self._adds_in_flight -= count
             self._add_bytes_in_flight -= size
             if self._room_waiters:
                 self._grant_room(len(session.pending))
+        if call.timed_out or call.error is not None:
+            self._raise_failed(call, timeout)
+        return call.outcomes
+
+    def _raise_failed(self, call: AddCall, timeout: float) -> NoReturn:
+        """Raise why `call` ended without outcomes: its timeout, or the connection's
+        loss (each caller its own copy of the error)."""
         if call.timed_out:
             raise RequestTimeout(
                 f"no response from node {self.address} within {timeout} s; the adds may "
                 "or may not have been performed (retrying with the same bytes is safe)"
             )
-        if call.error is not None:
-            raise clone_error(call.error)
-        return call.outcomes
+        assert call.error is not None
+        raise clone_error(call.error)
 
     async def add_run(
         self,

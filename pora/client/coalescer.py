@@ -13,8 +13,13 @@ outcome, an entry's failure going to the caller of that entry only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import operator
+from collections.abc import Awaitable, Callable
 from typing import Final, NamedTuple, Protocol
+
+import anyio
+import sniffio
+import trio
 
 from journal.errors import PoraError
 from netio import frames as f
@@ -44,16 +49,19 @@ class Event(Protocol):
 
 
 class AddCall:
-    """One caller's adds (one, for `add_entry`), waiting for an outcome each.
+    """One caller's adds (one, for `add_entry`), waiting for an outcome each, woken
+    through an event (any event loop; `ParkedAddCall` is trio's cheaper kind).
 
-    Shaped as the client's other waiters (`remaining`, `error`, `timed_out`,
-    `event`) so that its deadline sweeper and a lost connection fail it alike."""
+    Shaped as the client's other waiters (`remaining`, `error`, `timed_out`) so
+    that its deadline sweep and a lost connection fail it alike. `deadline` is
+    on the event loop's clock: the sweep of the frames in flight times it out."""
 
-    __slots__ = ("error", "event", "outcomes", "remaining", "timed_out")
+    __slots__ = ("deadline", "error", "event", "outcomes", "remaining", "timed_out")
 
-    def __init__(self, count: int, event: Event) -> None:
+    def __init__(self, count: int, deadline: float, event: Event) -> None:
         self.event = event
         self.remaining = count
+        self.deadline = deadline
         #: per entry: None (stored) or its error, once answered
         self.outcomes: list[PoraError | None] = [None] * count
         #: what failed every entry at once (a lost connection), else None
@@ -70,6 +78,80 @@ class AddCall:
         if self.error is None and self.remaining:
             self.error = error
             self.event.set()
+
+    def time_out(self) -> None:
+        if self.error is None and self.remaining and not self.timed_out:
+            self.timed_out = True
+            self.event.set()
+
+    def wait(self) -> Awaitable[None]:
+        """What to await for the outcomes: an awaitable, not a coroutine of its own
+        (each level of coroutines is resumed again at every wake-up)."""
+        return self.event.wait()
+
+
+class ParkedAddCall(AddCall):
+    """An `AddCall` under trio: the caller's task parks on the call itself and is
+    rescheduled directly by its last outcome (no event object per call: with one
+    add per task, the wake-up is most of what an add costs the client)."""
+
+    __slots__ = ("_task", "_woken")
+
+    def __init__(self, count: int, deadline: float) -> None:
+        self.remaining = count
+        self.deadline = deadline
+        self.outcomes = [None] * count
+        self.error = None
+        self.timed_out = False
+        self._task: trio.lowlevel.Task | None = None
+        self._woken = False
+
+    def settle(self, index: int, outcome: PoraError | None) -> None:
+        self.outcomes[index] = outcome
+        self.remaining -= 1
+        if self.remaining == 0:
+            self._wake()
+
+    def fail(self, error: PoraError) -> None:
+        if self.error is None and self.remaining:
+            self.error = error
+            self._wake()
+
+    def time_out(self) -> None:
+        if self.error is None and self.remaining and not self.timed_out:
+            self.timed_out = True
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._woken:
+            return
+        self._woken = True
+        task = self._task
+        if task is not None:
+            self._task = None
+            trio.lowlevel.reschedule(task)
+
+    def wait(self) -> Awaitable[None]:
+        if self._woken:
+            return trio.lowlevel.checkpoint()  # noqa: ASYNC105 (awaited by the caller)
+        self._task = trio.lowlevel.current_task()
+        return trio.lowlevel.wait_task_rescheduled(self._abort)  # noqa: ASYNC105 (as above)
+
+    def _abort(self, _raise_cancel: object) -> trio.lowlevel.Abort:
+        self._task = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
+def add_call_type() -> Callable[[int, float], AddCall]:
+    """How this event loop's callers wait for their adds, chosen once per client:
+    parked tasks under trio, an event each elsewhere (asyncio, through anyio)."""
+    if sniffio.current_async_library() == "trio":
+        return ParkedAddCall
+
+    def evented(count: int, deadline: float) -> AddCall:
+        return AddCall(count, deadline, anyio.Event())
+
+    return evented
 
 
 class QueuedAdd(NamedTuple):
@@ -89,13 +171,25 @@ class QueuedAdd(NamedTuple):
 class AddFrame:
     """One sent frame of coalesced adds: which caller holds each of its entries."""
 
-    __slots__ = ("entry_ids", "ledger_id", "members", "opcode")
+    __slots__ = ("deadline", "entry_ids", "ledger_id", "members", "opcode")
 
     def __init__(self, ledger_id: int, opcode: int, adds: list[QueuedAdd]) -> None:
         self.ledger_id = ledger_id
         self.opcode = opcode
         self.entry_ids = [add.entry_id for add in adds]
         self.members = [(add.call, add.position) for add in adds]
+        #: the earliest deadline of its callers: the sweep looks no further before
+        self.deadline = min([add.call.deadline for add in adds])
+
+    def time_out(self, now: float) -> None:
+        """Time out the callers whose deadline has passed (the others wait on)."""
+        deadline = float("inf")
+        for call, _index in self.members:
+            if call.deadline <= now:
+                call.time_out()
+            elif call.remaining and call.error is None and call.deadline < deadline:
+                deadline = call.deadline
+        self.deadline = deadline
 
     def deliver(self, response: ResponseMessage, clone: Callable[[PoraError], PoraError]) -> None:
         """Settle every caller of the frame from its one response."""
@@ -200,8 +294,8 @@ def frames_for(
     return out
 
 
-def _entry_id_of(add: QueuedAdd) -> int:
-    return add.entry_id
+#: (a C key function: a Python one costs a call per add of the turn)
+_entry_id_of = operator.attrgetter("entry_id")
 
 
 def _frame(

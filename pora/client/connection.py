@@ -22,7 +22,7 @@ from ledger.errors import InvalidArgument
 from netio.codec import encode_request
 from netio.errors import ConnectionLost, ProtocolError, RequestTimeout
 from netio.messages import ErrorResponse, Info, InfoResponse
-from pora.client.coalescer import AddFrame, frames_for
+from pora.client.coalescer import AddFrame, add_call_type, frames_for
 from pora.client.deadlines import DeadlineSweeper
 from pora.client.remote_errors import clone_error, error_from_response
 from pora.client.session import (
@@ -99,6 +99,7 @@ class NodeConnection(DeadlineSweeper):
         self._inflight_bytes_max = inflight_bytes_max
         self.reconnects = 0
         self._new_event = event_type()
+        self._new_add_call = add_call_type()
 
     # --- connection --------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from ledger.errors import (
 )
 from ledger.registry import LedgerRegistry, RegistryStatistics
 from ledger.state import LedgerInfo, LedgerState
+from pora.node.add_queue import AddQueue
 from pora.node.config import NodeConfig
 from pora.node.datadir import (
     DataDir,
@@ -109,6 +110,11 @@ class Node:
         self._read_only: str | None = None
         self._keys = registry.storage.keys
         self._arrivals = registry.storage.arrivals
+        # the adds of many tasks in one turn become one submission; as many wait
+        # for it as the journal's channel holds batches
+        self._adds = AddQueue(
+            self.submit, config.entry_bytes_max, self._refusal, config.journal.channel_batches_max
+        )
 
     def stop_taking_requests(self) -> None:
         """Refuse what is submitted from now on with NodeClosed (the node stops)."""
@@ -316,8 +322,22 @@ class Node:
         with other bytes it raises EntryConflict. `recovery` marks a recovering
         client's add, which a fenced ledger still accepts; `last_add_confirmed` is
         the writer's LAC, piggybacked (see `last_add_confirmed`).
+
+        The calls of many tasks in one scheduler turn are submitted together, each
+        ledger's consecutive adds as one run (pora/node/add_queue.py); each caller
+        gets its own entry's outcome.
         """
-        await self._perform_one(
+        if not (
+            type(ledger_id) is int
+            and type(entry_id) is int
+            and type(payload) is bytes
+            and 0 <= ledger_id <= ID_MAX
+            and 0 <= entry_id <= ID_MAX
+            and len(payload) <= self.config.entry_bytes_max
+            and -1 <= last_add_confirmed <= ID_MAX
+            and len(master_key) <= MASTER_KEY_BYTES_MAX
+        ):
+            # rare: the one-at-a-time checks raise what is wrong (or take the add)
             self.entry_request(
                 ledger_id,
                 entry_id,
@@ -326,7 +346,9 @@ class Node:
                 recovery=recovery,
                 last_add_confirmed=last_add_confirmed,
             )
-        )
+            payload = bytes(payload)  # the journal keeps it: it must not change
+        await trio.lowlevel.checkpoint_if_cancelled()
+        await self._adds.add(ledger_id, entry_id, last_add_confirmed, master_key, payload, recovery)
 
     async def add_entries(
         self, entries: Sequence[tuple[int, int, bytes]], *, master_key: bytes = b""
@@ -382,7 +404,7 @@ class Node:
                     )
                 )
                 start = index
-        await self._perform(runs)
+        await self._adds.perform(runs)
         return [_as_pora_error(run.error_of(i)) for run in runs for i in range(run.count)]
 
     async def fence_ledger(self, ledger_id: int, *, master_key: bytes = b"") -> int:
