@@ -70,8 +70,9 @@ class EnsembleChanger:
         self._ledger_id = record.value.ledger_id
         self._needed = anyio.Event()
         self._record_lock = anyio.Lock()
-        #: every address that failed for this ledger: never chosen again (R9)
-        self._failed_addresses: set[str] = set()
+        #: every member (address, instance id) that failed for this ledger: never
+        #: chosen again; a new instance at one's address may be (R9)
+        self._failed_members: set[EnsembleMember] = set()
 
     def member_failed(self, member: EnsembleMember, error: BaseException) -> None:
         """R8: a request to `member` failed; the change task replaces it."""
@@ -81,7 +82,7 @@ class EnsembleChanger:
             _log.warning(
                 "ledger %d: node %s failed (%s); replacing it", self._ledger_id, member, error
             )
-            self._failed_addresses.add(member.address)
+            self._failed_members.add(member)
             self._needed.set()
 
     async def run(
@@ -134,7 +135,7 @@ class EnsembleChanger:
                     self._tracker.ensemble.members,
                     self._tracker.failed_members,
                     self._context.rng,
-                    excluded=self._failed_addresses,
+                    excluded=self._failed_members,
                 )
             except (NotEnoughNodes, MetadataError) as error:
                 last_error: PoraError = error
