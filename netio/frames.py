@@ -74,6 +74,9 @@ class Flag(enum.IntFlag):
     #: LIST_LEDGERS response: more ledgers follow the last one listed; READ_RANGE
     #: response (version 4): the node stopped before the range's last id
     MORE = 0x01
+    #: READ_LAC request (version 4): answer with the entry at `known_lac + 1` too,
+    #: when the node holds it; READ_LAC response: the entry follows the fixed body
+    ENTRY = 0x02
     #: set on every response, clear on every request
     RESPONSE = 0x80
 

@@ -97,6 +97,8 @@ class ReadLac:
     #: version 4: fence the ledger before answering; needs the master key
     fence: bool = False
     master_key: bytes = b""
+    #: version 4: answer with the entry at `known_lac + 1` too, when the node holds it
+    with_entry: bool = False
 
 
 @dataclass(slots=True)
@@ -238,6 +240,9 @@ class LacResponse:
     last_add_confirmed: int
     #: version 4: the highest entry id stored on the node (-1 if none)
     last_entry_id: int = -1
+    #: version 4, asked `with_entry`: the stored bytes of entry `known_lac + 1`, or
+    #: None when the node does not hold it
+    entry: bytes | None = None
 
 
 @dataclass(slots=True)

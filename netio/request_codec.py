@@ -192,7 +192,7 @@ def encode_request(message: RequestMessage, version: int = _VERSION_NEWEST) -> b
             frames.READ_LAC_REQUEST_V4.pack(m.ledger_id, m.known_lac, m.wait_ms, len(m.master_key))
             + m.master_key
         )
-        flags = frames.Flag.FENCE if m.fence else 0
+        flags = (frames.Flag.FENCE if m.fence else 0) | (frames.Flag.ENTRY if m.with_entry else 0)
         return _header(frames.Opcode.READ_LAC, flags, 0, m.request_id, len(body)) + body
     if isinstance(m, ReadRange):
         _check_key(m.master_key)
@@ -224,6 +224,8 @@ def _encode_request_v3(message: RequestMessage) -> bytes:  # noqa: PLR0911 (one 
         raise TypeError(f"{type(m).__name__} exists from protocol version {_V4} on")
     if isinstance(m, ReadLac | ReadRange) and (m.fence or m.master_key):
         raise ValueError(f"a fencing {type(m).__name__} exists from protocol version {_V4} on")
+    if isinstance(m, ReadLac) and m.with_entry:
+        raise ValueError(f"a ReadLac with its entry exists from protocol version {_V4} on")
     if isinstance(m, AddEntry):
         return encode_add_entry(
             m.request_id,
@@ -569,12 +571,14 @@ def _decode_read_lac(frame: _RequestFrame) -> RequestMessage | Refused:
         (lid,) = frame.fixed(frames.LEDGER_ONLY)
         return ReadLac(frame.request_id, lid)
     layout = frames.READ_LAC_REQUEST_V4
-    lid, known_lac, wait_ms, klen = frame.fixed(layout, int(frames.Flag.FENCE), tail=True)
+    allowed = int(frames.Flag.FENCE | frames.Flag.ENTRY)
+    lid, known_lac, wait_ms, klen = frame.fixed(layout, allowed, tail=True)
     master_key = frame.key(layout, klen)
     if klen > MASTER_KEY_BYTES_MAX:
         return _key_too_long(frame.request_id, frame.opcode, lid, klen)
     fence = bool(frame.flags & frames.Flag.FENCE)
-    return ReadLac(frame.request_id, lid, known_lac, wait_ms, fence, master_key)
+    with_entry = bool(frame.flags & frames.Flag.ENTRY)
+    return ReadLac(frame.request_id, lid, known_lac, wait_ms, fence, master_key, with_entry)
 
 
 def _decode_write_lac(frame: _RequestFrame) -> RequestMessage | Refused:

@@ -192,11 +192,13 @@ def _encode_read_range_response(m: ReadRangeResponse, version: int) -> bytes:
 
 
 def _encode_lac_response(m: LacResponse, version: int) -> bytes:
-    if version >= _V4:
-        body = frames.READ_LAC_RESPONSE_V4.pack(m.ledger_id, m.last_add_confirmed, m.last_entry_id)
-    else:
+    if version < _V4:
         body = frames.LEDGER_AND_VALUE.pack(m.ledger_id, m.last_add_confirmed)
-    return _ok(frames.Opcode.READ_LAC, m.request_id, body, version=version)
+        return _ok(frames.Opcode.READ_LAC, m.request_id, body, version=version)
+    body = frames.READ_LAC_RESPONSE_V4.pack(m.ledger_id, m.last_add_confirmed, m.last_entry_id)
+    if m.entry is None:
+        return _ok(frames.Opcode.READ_LAC, m.request_id, body, version=version)
+    return _ok(frames.Opcode.READ_LAC, m.request_id, body + m.entry, frames.Flag.ENTRY, version)
 
 
 def _encode_fence_response(m: FenceResponse, version: int) -> bytes:
@@ -383,7 +385,18 @@ def _decode_lac_response(buf: bytes, rid: int, flags: int, body: int, end: int) 
 
 
 def _decode_lac_response_v4(buf: bytes, rid: int, flags: int, body: int, end: int) -> LacResponse:
-    return LacResponse(rid, *frames.READ_LAC_RESPONSE_V4.unpack_from(buf, body))
+    lid, lac, last = frames.READ_LAC_RESPONSE_V4.unpack_from(buf, body)
+    after = body + frames.READ_LAC_RESPONSE_V4.size
+    if flags & frames.Flag.ENTRY:
+        return LacResponse(rid, lid, lac, last, bytes(buf[after:end]))
+    if after != end:
+        raise ProtocolError(
+            f"bad response {rid}: READ_LAC body has {end - after} bytes past its "
+            "fields without the ENTRY flag",
+            status=_BAD_REQUEST,
+            request_id=rid,
+        )
+    return LacResponse(rid, lid, lac, last)
 
 
 def _decode_write_lac_response(
@@ -521,7 +534,7 @@ _OK_RESPONSES: Final[dict[int, _OkResponse]] = {
 _OK_RESPONSES_V4: Final[dict[int, _OkResponse]] = {
     **_OK_RESPONSES,
     frames.Opcode.READ_LAC: _OkResponse(
-        frames.READ_LAC_RESPONSE_V4.size, True, _decode_lac_response_v4
+        frames.READ_LAC_RESPONSE_V4.size, False, _decode_lac_response_v4
     ),
     frames.Opcode.INFO: _OkResponse(frames.INFO_RESPONSE.size, False, _decode_info_response_v4),
     frames.Opcode.ADD_BATCH: _OkResponse(0, False, _decode_add_batch_response),

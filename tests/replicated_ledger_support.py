@@ -139,6 +139,12 @@ class _ScriptedChannel:
         self._check("read_lac")
         return await self._inner.read_lac(ledger_id, **options)
 
+    async def read_lac_and_entry(
+        self, ledger_id: int, **options: Any
+    ) -> tuple[int, int, bytes | None]:
+        self._check("read_lac")
+        return await self._inner.read_lac_and_entry(ledger_id, **options)
+
     async def write_lac(self, ledger_id: int, last_add_confirmed: int, **options: Any) -> int:
         self._check("write_lac")
         return await self._inner.write_lac(ledger_id, last_add_confirmed, **options)

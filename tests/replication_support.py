@@ -190,6 +190,11 @@ class FaultyChannel:
     async def read_lac(self, ledger_id: int, **options: Any) -> tuple[int, int]:
         return await (await self._inner()).read_lac(ledger_id, **options)
 
+    async def read_lac_and_entry(
+        self, ledger_id: int, **options: Any
+    ) -> tuple[int, int, bytes | None]:
+        return await (await self._inner()).read_lac_and_entry(ledger_id, **options)
+
     async def write_lac(self, ledger_id: int, last_add_confirmed: int, **options: Any) -> int:
         return await (await self._inner()).write_lac(ledger_id, last_add_confirmed, **options)
 

@@ -45,6 +45,8 @@ def _decode_responses(frame: bytes, version: int = 4) -> list[ResponseMessage]:
         WriteLac(3, 7, 42, b"key"),
         ReadLac(4, 7, 10, 5000, True, b"key"),
         ReadLac(5, 7),
+        ReadLac(8, 7, 10, 5000, with_entry=True),
+        ReadLac(9, 7, 10, 0, True, b"key", with_entry=True),
         ReadRange(6, 7, 0, 99, 10, 1000, True, b"key"),
         ReadRange(7, 7, 0, 99, 10, 1000),
     ],
@@ -60,6 +62,8 @@ def test_version_4_requests_round_trip(message: RequestMessage) -> None:
         AddBatchResponse(2, 7, 5, 1, []),
         WriteLacResponse(3, 7, 42),
         LacResponse(4, 7, 10, 12),
+        LacResponse(9, 7, 11, 12, b"entry eleven"),
+        LacResponse(10, 7, 11, 12, b""),
         ReadRangeResponse(5, 7, 3, [(0, b"a"), (3, b"b")], True),
         ReadRangeResponse(6, 7, 3, [], False),
         InfoResponse(7, 4, None, 1 << 20, 1 << 16, 3, "0.1.0", "abc123"),
@@ -90,6 +94,21 @@ def test_version_3_bodies_are_unchanged() -> None:
         codec.encode_request(WriteLac(1, 7, 3), 3)
     with pytest.raises(ValueError, match="fencing ReadLac exists from protocol version 4"):
         codec.encode_request(ReadLac(1, 7, fence=True, master_key=b"k"), 3)
+
+
+def test_a_lac_answer_carries_its_entry_under_the_entry_flag() -> None:
+    with_entry = codec.encode_response(LacResponse(1, 7, 11, 12, b"abc"), 4)
+    assert with_entry[6] == f.Flag.RESPONSE | f.Flag.ENTRY
+    assert len(with_entry) == f.HEADER_BYTES + f.READ_LAC_RESPONSE_V4.size + 3
+    without = codec.encode_response(LacResponse(1, 7, 11, 12), 4)
+    assert without[6] == f.Flag.RESPONSE
+    # bytes past the fields without the flag: the frame is not trusted
+    stray = bytearray(without + b"x")
+    stray[0:4] = (len(stray) - 4).to_bytes(4, "big")
+    with pytest.raises(ProtocolError, match="without the ENTRY flag"):
+        _decode_responses(bytes(stray))
+    with pytest.raises(ValueError, match="ReadLac with its entry exists from protocol version 4"):
+        codec.encode_request(ReadLac(1, 7, with_entry=True), 3)
 
 
 @pytest.mark.parametrize("opcode", [f.Opcode.ADD_BATCH, f.Opcode.WRITE_LAC])

@@ -333,3 +333,71 @@ async def test_tail_under_asyncio_over_tcp(tmp_path: Path) -> None:
             await put_over(range(8, 9), lac=7)
             await store.update_ledger(closed_at(record.value, 8, length_after(8)), record.version)
         assert result == [[(k, payload(k)) for k in range(9)]]
+
+
+class _CountingChannels:
+    """The cluster's channels, counting each kind of request sent through them."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.calls: dict[str, int] = {}
+
+    async def channel_for(self, address: str) -> NodeChannel:
+        return _CountingChannel(self, await self.cluster.channel_for(address))  # type: ignore[return-value]
+
+
+class _CountingChannel:
+    def __init__(self, counts: _CountingChannels, inner: NodeChannel) -> None:
+        self._counts = counts
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        method = getattr(self._inner, name)
+        if not callable(method):
+            return method
+
+        def counted(*args: object, **options: object) -> object:
+            self._counts.calls[name] = self._counts.calls.get(name, 0) + 1
+            return method(*args, **options)
+
+        return counted
+
+
+async def test_tail_gets_each_entry_with_its_lac_in_one_round_trip(tmp_path: Path) -> None:
+    """R25: the long poll for the entry after the LAC brings that entry when the LAC
+    confirms it (READ_LAC with ENTRY): one request per entry, no read after it."""
+    async with local_cluster(tmp_path, nodes=1) as cluster:
+        (a,) = cluster.addresses
+        record = await make_ledger(cluster, [a], write_quorum=1, ack_quorum=1)
+        ledger_id = record.value.ledger_id
+        counting = _CountingChannels(cluster)
+        config = ClientConfig(node_timeout_s=5.0, tail_poll_wait_s=30.0)
+        follower = await open_ledger(
+            cluster.store,
+            counting.channel_for,
+            config,
+            random.Random(1),
+            ledger_id,
+            PASSWORD,
+            recover=False,
+        )
+        send, receive = trio.open_memory_channel[tuple[int, bytes]](0)
+
+        async def follow() -> None:
+            async with send:
+                async for item in follower.tail(0):
+                    await send.send(item)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow)
+            await put(cluster, record.value, [0])
+            await put(cluster, record.value, [1])  # LAC 0 piggybacked: confirms entry 0
+            with trio.fail_after(10):
+                assert await receive.receive() == (0, payload(0))
+            counting.calls.clear()
+            for entry_id in range(1, 11):
+                await put(cluster, record.value, [entry_id + 1])  # confirms entry_id
+                with trio.fail_after(10):
+                    assert await receive.receive() == (entry_id, payload(entry_id))
+            assert counting.calls == {"read_lac_and_entry": 10}
+            nursery.cancel_scope.cancel()

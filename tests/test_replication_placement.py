@@ -141,7 +141,11 @@ def test_r9_a_replacement_is_never_a_member_nor_an_excluded_node_and_prefers_a_f
     ensemble = choose_ensemble(nodes[:3], 3, random.Random(0))
     failed = ensemble[1]
     chosen = choose_replacements(
-        nodes, ensemble, [failed], random.Random(0), excluded=["10.0.0.6:3181"]
+        nodes,
+        ensemble,
+        [failed],
+        random.Random(0),
+        excluded=[EnsembleMember("10.0.0.6:3181", "inst-6")],
     )
     # node 4 has the most free bytes but shares r1 with a survivor; node 6 is excluded
     assert chosen == {failed: EnsembleMember("10.0.0.5:3181", "inst-5")}
@@ -154,6 +158,48 @@ def test_r12_no_replacement_is_not_enough_nodes_counting_the_excluded() -> None:
         choose_replacements(nodes, ensemble, [ensemble[0]], random.Random(0))
     assert (caught.value.found, caught.value.needed, caught.value.excluded) == (0, 1, 3)
     assert "besides 3 excluded" in str(caught.value)
+
+
+def test_r9_a_new_instance_at_a_failed_members_address_may_replace_it() -> None:
+    """A wiped node back at its address (another instance id) is a new node; the
+    failed instance itself, and the surviving members' addresses, never are."""
+    nodes = [node(i) for i in range(1, 4)]
+    ensemble = choose_ensemble(nodes, 3, random.Random(0))
+    failed = ensemble[2]
+    wiped = NodeRegistration(failed.address, "inst-new", False, 0, None)
+    renewed = [nodes[0], nodes[1], wiped]
+    chosen = choose_replacements(renewed, ensemble, [failed], random.Random(0))
+    assert chosen == {failed: EnsembleMember(failed.address, "inst-new")}
+    # an instance that failed before for this ledger stays excluded
+    with pytest.raises(NotEnoughNodes):
+        choose_replacements(
+            renewed,
+            ensemble,
+            [failed],
+            random.Random(0),
+            excluded=[EnsembleMember(failed.address, "inst-new")],
+        )
+
+
+def test_r9_nodes_that_never_failed_for_the_ledger_are_preferred() -> None:
+    base = [node(i) for i in range(1, 4)]
+    ensemble = choose_ensemble(base, 3, random.Random(0))
+    failed = ensemble[0]
+    wiped = NodeRegistration(failed.address, "inst-new", False, 10**9, None)
+    others = [n for n in base if n.address != failed.address]
+    for seed in range(20):
+        chosen = choose_replacements(
+            [*others, wiped, node(4), node(5)], ensemble, [failed], random.Random(seed)
+        )
+        assert chosen[failed].address in {"10.0.0.4:3181", "10.0.0.5:3181"}
+    # two failed and one fresh node: the fresh one and the new instance
+    two = choose_replacements(
+        [*others, wiped, node(4)], ensemble, [ensemble[0], ensemble[1]], random.Random(0)
+    )
+    assert set(two.values()) == {
+        EnsembleMember("10.0.0.4:3181", "inst-4"),
+        EnsembleMember(failed.address, "inst-new"),
+    }
 
 
 @given(

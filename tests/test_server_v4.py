@@ -177,6 +177,40 @@ async def test_a_lac_long_poll_that_times_out_answers_ok_with_the_current_values
         assert answer == LacResponse(1, 7, -1, 0)
 
 
+async def test_a_lac_read_with_entry_answers_the_entry_after_known_lac_when_held(
+    data_dir: Path,
+) -> None:
+    async with serving(data_dir) as (node, _server, address):
+        await node.add_entries([(7, 0, b"a"), (7, 1, b"b"), (7, 3, b"d")], master_key=KEY)
+        await node.add_entry(7, 4, b"e", master_key=KEY, last_add_confirmed=3)
+        held, absent, beyond = await ask(
+            address,
+            ReadLac(1, 7, 0, with_entry=True),  # entry 1: held
+            ReadLac(2, 7, 1, with_entry=True),  # entry 2: not on this node
+            ReadLac(3, 7, 4, with_entry=True),  # entry 5: past the last stored
+        )
+        assert held == LacResponse(1, 7, 3, 4, b"b")
+        assert absent == LacResponse(2, 7, 3, 4, None)
+        assert beyond == LacResponse(3, 7, 3, 4, None)
+
+
+async def test_a_lac_long_poll_with_entry_brings_the_entry_the_lac_confirms(
+    data_dir: Path,
+) -> None:
+    async with serving(data_dir) as (node, _server, address):
+        await node.add_entry(7, 0, b"a", master_key=KEY)
+        result: list[ResponseMessage] = []
+
+        async def poll() -> None:
+            result.extend(await ask(address, ReadLac(1, 7, -1, 30_000, with_entry=True)))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(poll)
+            await wait_until(lambda: node.statistics().long_polls.long_polls_waiting > 0, 5)
+            await node.add_entry(7, 1, b"b", master_key=KEY, last_add_confirmed=0)
+        assert result == [LacResponse(1, 7, 0, 1, b"a")]
+
+
 async def test_a_lac_long_poll_is_answered_shutting_down_at_shutdown(data_dir: Path) -> None:
     async with serving(data_dir) as (node, server, address):
         await node.add_entry(7, 0, b"a", master_key=KEY)

@@ -9,7 +9,7 @@ from typing import Protocol
 import trio
 
 from journal.errors import PoraError
-from ledger.errors import EntryTooLarge
+from ledger.errors import EntryTooLarge, NoSuchEntry
 from netio.errors import InstanceMismatch
 from pora.client.node_channel import NodeIdentity, RangeAnswer, complete_through
 
@@ -225,6 +225,24 @@ class LocalChannel:
         if fence_key is not None:
             await self.node.fence_ledger(ledger_id, master_key=fence_key)
         return await self.node.read_lac(ledger_id, known_lac=known_lac, wait_s=wait_s)
+
+    async def read_lac_and_entry(
+        self,
+        ledger_id: int,
+        *,
+        known_lac: int,
+        wait_s: float = 0.0,
+        instance_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[int, int, bytes | None]:
+        self._check(instance_id)
+        lac, last = await self.node.read_lac(ledger_id, known_lac=known_lac, wait_s=wait_s)
+        if last <= known_lac:
+            return lac, last, None
+        try:
+            return lac, last, await self.node.read_entry(ledger_id, known_lac + 1)
+        except NoSuchEntry:
+            return lac, last, None
 
     async def write_lac(
         self,

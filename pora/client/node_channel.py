@@ -123,6 +123,20 @@ class NodeChannel(Protocol):
         fenced, or the wait ends. `fence_key`: fence first (as `read_entry`)."""
         ...
 
+    async def read_lac_and_entry(
+        self,
+        ledger_id: int,
+        *,
+        known_lac: int,
+        wait_s: float = 0.0,
+        instance_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[int, int, bytes | None]:
+        """`read_lac`, with the stored bytes of entry `known_lac + 1` (None when the
+        node does not hold it) in the same round trip (BookKeeper's
+        readLastAddConfirmedAndEntry). The entry may be above the LAC answered."""
+        ...
+
     async def write_lac(
         self,
         ledger_id: int,

@@ -191,6 +191,25 @@ class NodeClient(AddClient):
         response = await self._call_one(frame, request_id, timeout, LacResponse, instance_id)
         return response.last_add_confirmed, response.last_entry_id
 
+    async def read_lac_and_entry(
+        self,
+        ledger_id: int,
+        *,
+        known_lac: int,
+        wait_s: float = 0.0,
+        timeout_s: float | None = None,
+        instance_id: str | None = None,
+    ) -> tuple[int, int, bytes | None]:
+        """`read_lac`, answered with the stored bytes of entry `known_lac + 1` too
+        (None when the node does not hold it) in the same round trip. The entry may
+        be above the LAC answered: a reader returns it only once a LAC covers it."""
+        request_id = self._new_id()
+        wait_ms = max(0, min(round(wait_s * 1000), 2**32 - 1))
+        frame = encode_request(ReadLac(request_id, ledger_id, known_lac, wait_ms, with_entry=True))
+        timeout = (self.timeout_s if timeout_s is None else timeout_s) + wait_s
+        response = await self._call_one(frame, request_id, timeout, LacResponse, instance_id)
+        return response.last_add_confirmed, response.last_entry_id, response.entry
+
     async def write_lac(
         self,
         ledger_id: int,

@@ -112,6 +112,23 @@ class TcpChannel:
             instance_id=instance_id,
         )
 
+    async def read_lac_and_entry(
+        self,
+        ledger_id: int,
+        *,
+        known_lac: int,
+        wait_s: float = 0.0,
+        instance_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[int, int, bytes | None]:
+        return await self.client.read_lac_and_entry(
+            ledger_id,
+            known_lac=known_lac,
+            wait_s=wait_s,
+            timeout_s=timeout_s,
+            instance_id=instance_id,
+        )
+
     async def write_lac(
         self,
         ledger_id: int,

@@ -394,7 +394,7 @@ class RequestExecutor:
                     self.long_polls.discard(scope)
         raise NodeClosed("the node is shutting down; read from another node, or retry")
 
-    async def _read_lac(self, message: ReadLac) -> bytes:
+    async def _read_lac(self, message: ReadLac, held: _Held) -> bytes:
         if message.fence:
             await self.node.fence_ledger(message.ledger_id, master_key=message.master_key)
         if self.version < _V4:
@@ -405,7 +405,21 @@ class RequestExecutor:
             lac, last = await self._long_poll_lac(message, wait_s)
         else:
             lac, last = await self.node.read_lac(message.ledger_id)
-        return self._encode(LacResponse(message.request_id, message.ledger_id, lac, last))
+        entry = None
+        if message.with_entry and last > message.known_lac:
+            entry = await self._next_entry(message, held)
+        return self._encode(LacResponse(message.request_id, message.ledger_id, lac, last, entry))
+
+    async def _next_entry(self, message: ReadLac, held: _Held) -> bytes | None:
+        """The entry after `known_lac`, for a READ_LAC asked with it, read under a
+        reservation of read-response bytes; None when the node does not hold it (a
+        node of an ensemble holds only its write sets' entries). A damaged copy fails
+        the whole answer (CORRUPT): absence is never claimed for it."""
+        await self._reserve_read(held, self._entry_response_bytes_max())
+        try:
+            return await self.node.read_entry(message.ledger_id, message.known_lac + 1)
+        except NoSuchEntry:
+            return None
 
     async def _read_range(self, message: ReadRange, held: _Held) -> bytes:
         node = self.node
@@ -475,7 +489,7 @@ class RequestExecutor:
         if isinstance(message, ReadRange):
             return await self._read_range(message, held)
         if isinstance(message, ReadLac):
-            return await self._read_lac(message)
+            return await self._read_lac(message, held)
         if isinstance(message, Fence):
             last = await node.fence_ledger(message.ledger_id, master_key=message.master_key)
             return self._encode(FenceResponse(rid, message.ledger_id, last))

@@ -228,6 +228,14 @@ class SimChannel:
         answer: tuple[int, int] = await self._call("read_lac", ledger_id, **options)
         return answer
 
+    async def read_lac_and_entry(
+        self, ledger_id: int, **options: Any
+    ) -> tuple[int, int, bytes | None]:
+        answer: tuple[int, int, bytes | None] = await self._call(
+            "read_lac_and_entry", ledger_id, **options
+        )
+        return answer
+
     async def write_lac(self, ledger_id: int, last_add_confirmed: int, **options: Any) -> int:
         answer: int = await self._call("write_lac", ledger_id, last_add_confirmed, **options)
         return answer

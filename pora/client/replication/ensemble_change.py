@@ -70,8 +70,11 @@ class EnsembleChanger:
         self._ledger_id = record.value.ledger_id
         self._needed = anyio.Event()
         self._record_lock = anyio.Lock()
-        #: every address that failed for this ledger: never chosen again (R9)
-        self._failed_addresses: set[str] = set()
+        #: every member (address, instance id) that failed for this ledger: never
+        #: chosen again; a new instance at one's address may be (R9)
+        self._failed_members: set[EnsembleMember] = set()
+        #: a write of the record failed or was cancelled: whether it took is unknown
+        self._record_unsure = False
 
     def member_failed(self, member: EnsembleMember, error: BaseException) -> None:
         """R8: a request to `member` failed; the change task replaces it."""
@@ -81,7 +84,7 @@ class EnsembleChanger:
             _log.warning(
                 "ledger %d: node %s failed (%s); replacing it", self._ledger_id, member, error
             )
-            self._failed_addresses.add(member.address)
+            self._failed_members.add(member)
             self._needed.set()
 
     async def run(
@@ -134,7 +137,7 @@ class EnsembleChanger:
                     self._tracker.ensemble.members,
                     self._tracker.failed_members,
                     self._context.rng,
-                    excluded=self._failed_addresses,
+                    excluded=self._failed_members,
                 )
             except (NotEnoughNodes, MetadataError) as error:
                 last_error: PoraError = error
@@ -202,25 +205,38 @@ class EnsembleChanger:
 
     async def close_record(self, last_entry_id: int, length: int) -> None:
         """R14: the record CLOSED at `last_entry_id` (compare-and-set). A re-read showing
-        it in recovery, or closed elsewhere, is R11: LedgerFenced."""
-        store = self._context.store
+        it in recovery, or closed elsewhere, is R11: LedgerFenced. A failure of the
+        store (a timeout: the write may have taken) propagates; the next call re-reads
+        the record first, so a timed-out write that took is found closed at this
+        writer's entry, and the close is retried otherwise."""
         async with self._record_lock:
-            while True:
-                current = self.record.value
-                if current.state is LedgerState.CLOSED and (
-                    current.last_entry_id,
-                    current.length,
-                ) == (last_entry_id, length):
-                    return
-                if current.state is not LedgerState.OPEN:
-                    raise LedgerFenced(self._ledger_id)
-                closed = closed_at(current, last_entry_id, length)
-                try:
-                    self.record = await store.update_ledger(closed, self.record.version)
-                except (MetadataVersionConflict, MetadataTimeout):
-                    self.record = await store.read_ledger(self._ledger_id)
-                else:
-                    return
+            try:
+                await self._close_record(last_entry_id, length)
+            except BaseException:
+                self._record_unsure = True
+                raise
+
+    async def _close_record(self, last_entry_id: int, length: int) -> None:
+        store = self._context.store
+        if self._record_unsure:
+            self.record = await store.read_ledger(self._ledger_id)
+            self._record_unsure = False
+        while True:
+            current = self.record.value
+            if current.state is LedgerState.CLOSED and (
+                current.last_entry_id,
+                current.length,
+            ) == (last_entry_id, length):
+                return
+            if current.state is not LedgerState.OPEN:
+                raise LedgerFenced(self._ledger_id)
+            closed = closed_at(current, last_entry_id, length)
+            try:
+                self.record = await store.update_ledger(closed, self.record.version)
+            except MetadataVersionConflict:
+                self.record = await store.read_ledger(self._ledger_id)
+            else:
+                return
 
     async def seal(self, last_entry_id: int, master_key: bytes) -> None:
         """R14: ask the last ensemble's nodes to seal at `last_entry_id` (best effort:

@@ -38,25 +38,39 @@ def choose_replacements(
     ensemble: Sequence[EnsembleMember],
     failed: Collection[EnsembleMember],
     rng: random.Random,
-    excluded: Collection[str] = (),
+    excluded: Collection[EnsembleMember] = (),
 ) -> dict[EnsembleMember, EnsembleMember]:
-    """R9: a replacement for each failed member of `ensemble`, never a current member
-    nor an address in `excluded` (every node that failed for this ledger). Replacements
-    favour racks the surviving members do not use. NotEnoughNodes when too few remain."""
+    """R9: a replacement for each failed member of `ensemble`. Never at a surviving
+    member's address, never a failed (address, instance id) pair (`failed`, and
+    `excluded`: every member that failed for this ledger). A registration at a failed
+    member's address with another instance id is a new node (a wiped data dir) and may
+    replace it; nodes at addresses that never failed for this ledger are taken first.
+    Replacements favour racks the surviving members do not use. NotEnoughNodes when too
+    few remain."""
     failed_set = set(failed)
     unknown = failed_set.difference(ensemble)
     if unknown:
         raise ValueError(f"members {sorted(m.address for m in unknown)} are not in the ensemble")
-    out = {m.address for m in ensemble} | set(excluded)
+    surviving = [member for member in ensemble if member not in failed_set]
+    taken = {member.address for member in surviving}
+    refused = failed_set | set(excluded)
     registered = list(nodes)
     racks = {node.address: node.rack or UNLABELLED for node in registered}
-    candidates = _candidates(registered, excluded=out)
+    candidates = [
+        node
+        for node in _candidates(registered, excluded=taken)
+        if EnsembleMember(node.address, node.instance_id) not in refused
+    ]
     if len(candidates) < len(failed_set):
-        raise NotEnoughNodes(len(candidates), len(failed_set), excluded=len(out))
-    survivors = Counter(
-        racks.get(member.address, UNLABELLED) for member in ensemble if member not in failed_set
-    )
-    chosen = _pick(candidates, len(failed_set), rng, survivors)
+        writable = len(_candidates(registered, excluded=()))
+        raise NotEnoughNodes(len(candidates), len(failed_set), excluded=writable - len(candidates))
+    rack_use = Counter(racks.get(member.address, UNLABELLED) for member in surviving)
+    failed_addresses = {member.address for member in refused}
+    fresh = [node for node in candidates if node.address not in failed_addresses]
+    renewed = [node for node in candidates if node.address in failed_addresses]
+    chosen = _pick(fresh, min(len(fresh), len(failed_set)), rng, rack_use)
+    rack_use.update(racks.get(member.address, UNLABELLED) for member in chosen)
+    chosen += _pick(renewed, len(failed_set) - len(chosen), rng, rack_use)
     in_order = [member for member in ensemble if member in failed_set]
     return dict(zip(in_order, chosen, strict=True))
 

@@ -129,7 +129,7 @@ class _Recovery:
         self.store = store
         self.rng = rng or random.Random()
         self.last_ensemble: Ensemble = record.value.ensembles[-1]
-        self.failed_addresses: set[str] = set()
+        self.failed_members: set[EnsembleMember] = set()
 
     async def find_and_copy_tail(self) -> tuple[int, int]:
         """R17..R21: `(last entry id, length)` of the recovered ledger, every recovered
@@ -318,8 +318,9 @@ class _Recovery:
         self, metadata: LedgerMetadata, failed: set[EnsembleMember], first: int, why: str
     ) -> LedgerMetadata:
         """R9 for a recovery: `metadata` with a last ensemble from `first` on, its
-        failed members replaced (never by a node that failed for this ledger)."""
-        self.failed_addresses.update(member.address for member in failed)
+        failed members replaced (never by a member that failed for this ledger; a new
+        instance at its address may be)."""
+        self.failed_members.update(failed)
         last = metadata.ensembles[-1]
         in_last = failed.intersection(last.members)
         if self.store is None or not in_last:
@@ -330,7 +331,7 @@ class _Recovery:
                 last.members,
                 in_last,
                 self.rng,
-                excluded=self.failed_addresses,
+                excluded=self.failed_members,
             )
         except NotEnoughNodes as error:
             raise RecoveryFailed(

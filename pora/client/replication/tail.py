@@ -3,6 +3,11 @@ confirms them (R23); between them the tail long-polls the LAC on the write set o
 next entry and watches the ledger's record, which tells of a new ensemble (the write
 sets move) and of the close (the last entry is fixed; the tail ends after it).
 
+A poll for the entry right after the LAC asks for that entry too (READ_LAC with
+ENTRY, BookKeeper's readLastAddConfirmedAndEntry): when the answer's LAC covers it,
+the tail returns it with no second round trip. An entry above the answer's LAC is
+dropped, never returned (R23).
+
 No task group is open across a `yield`: each wait runs its polls and its watch in a
 group of its own that ends before the next entry is returned."""
 
@@ -15,6 +20,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from journal.errors import PoraError
+from pora.client.replication.entry_format import decode_entry
+from pora.client.replication.errors import EntryDamaged
 from pora.client.replication.quorum import entry_write_set
 from pora.meta.errors import NoSuchLedgerMetadata
 from pora.meta.records import EnsembleMember
@@ -30,7 +37,15 @@ POLL_RETRY_DELAY_S = 0.1
 
 async def tail_ledger(reader: LedgerReader, from_entry_id: int) -> AsyncIterator[tuple[int, bytes]]:
     next_id = max(0, from_entry_id)
+    #: entries the long polls brought, confirmed by the LAC they came with
+    polled: dict[int, bytes] = {}
     while True:
+        payload = polled.pop(next_id, None)
+        if payload is not None and next_id <= reader.last_add_confirmed:
+            yield next_id, payload
+            next_id += 1
+            continue
+        polled.clear()
         if next_id <= reader.last_add_confirmed:
             async for entry_id, payload in reader.read_entries(next_id, reader.last_add_confirmed):
                 yield entry_id, payload
@@ -38,34 +53,53 @@ async def tail_ledger(reader: LedgerReader, from_entry_id: int) -> AsyncIterator
             continue
         if reader.closed:
             return  # after the last entry of a closed ledger
-        await _wait_for_progress(reader, next_id)
+        await _wait_for_progress(reader, next_id, polled)
 
 
-async def _wait_for_progress(reader: LedgerReader, next_id: int) -> None:
-    """Until the LAC passes `next_id - 1`, the record changes, or a poll's wait ends."""
+async def _wait_for_progress(reader: LedgerReader, next_id: int, polled: dict[int, bytes]) -> None:
+    """Until the LAC passes `next_id - 1`, the record changes, or a poll's wait ends.
+    A poll that brings entry `next_id` with a LAC covering it leaves it in `polled`."""
     config = reader.config
     known_lac = reader.last_add_confirmed
     version = reader.record.version
     deleted = False
+    with_entry = next_id == known_lac + 1
 
     async def poll(member: EnsembleMember) -> None:
+        data: bytes | None = None
+        timeout_s = config.tail_poll_wait_s + config.node_timeout_s
         try:
-            with anyio.fail_after(config.tail_poll_wait_s + config.node_timeout_s):
+            with anyio.fail_after(timeout_s):
                 channel = await reader.channel_for(member.address)
-                lac, _ = await channel.read_lac(
-                    reader.ledger_id,
-                    known_lac=known_lac,
-                    wait_s=config.tail_poll_wait_s,
-                    instance_id=member.instance_id,
-                    timeout_s=config.tail_poll_wait_s + config.node_timeout_s,
-                )
+                if with_entry:
+                    lac, _, data = await channel.read_lac_and_entry(
+                        reader.ledger_id,
+                        known_lac=known_lac,
+                        wait_s=config.tail_poll_wait_s,
+                        instance_id=member.instance_id,
+                        timeout_s=timeout_s,
+                    )
+                else:
+                    lac, _ = await channel.read_lac(
+                        reader.ledger_id,
+                        known_lac=known_lac,
+                        wait_s=config.tail_poll_wait_s,
+                        instance_id=member.instance_id,
+                        timeout_s=timeout_s,
+                    )
         except (PoraError, TimeoutError) as error:
             log.info("ledger %d: long poll on %s: %s", reader.ledger_id, member.address, error)
             await anyio.sleep(POLL_RETRY_DELAY_S)
             return
-        if lac > known_lac:
-            reader.learn_lac(lac)
-            group.cancel_scope.cancel()
+        if lac <= known_lac:
+            return
+        if data is not None and lac >= next_id:  # R23: only a confirmed entry
+            try:
+                polled[next_id] = decode_entry(reader.ledger_id, next_id, data).payload
+            except EntryDamaged as damage:  # read again from the write set (R24)
+                reader.damaged.append((member.address, damage))
+        reader.learn_lac(lac)
+        group.cancel_scope.cancel()
 
     async def watch() -> None:
         nonlocal deleted

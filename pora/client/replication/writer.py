@@ -159,7 +159,10 @@ class LedgerWriter:
     async def close(self) -> None:
         """R14: wait for the pending appends, set the record CLOSED at the LAC with the
         ledger's length (R11 on a conflict: LedgerFenced), then seal the last
-        ensemble's nodes (best effort). Closing a closed writer returns."""
+        ensemble's nodes (best effort). Closing a closed writer returns. When the
+        record's write fails (the store unreachable, a timeout), the error propagates
+        and the writer stays closing: appends are refused, and `close()` again retries
+        (finding the record already closed at its LAC when the failed write took)."""
         async with self._close_lock:
             if self._closed:
                 return
@@ -168,9 +171,7 @@ class LedgerWriter:
                 await self._waiters[-1].event.wait()
             if isinstance(self._error, LedgerFenced):
                 # a recovery owns the record now: the writer must not write it (R11)
-                self._closed = True
-                self._on_closed(self)
-                await self._stop()
+                await self._end()
                 raise self._error
             # the Qw - Qa replicas still being written get their copies (bounded)
             with anyio.move_on_after(self._context.config.node_timeout_s):
@@ -179,11 +180,17 @@ class LedgerWriter:
                 await self._changer.close_record(
                     self._tracker.last_add_confirmed, self._acked_length
                 )
-            finally:
-                self._closed = True
-                self._on_closed(self)
-                await self._stop()
+            except LedgerFenced:
+                await self._end()
+                raise
+            await self._end()
             await self._changer.seal(self._tracker.last_add_confirmed, self._master_key)
+
+    async def _end(self) -> None:
+        """The writer is done with its record: the client forgets it, its tasks stop."""
+        self._closed = True
+        self._on_closed(self)
+        await self._stop()
 
     # -- the client's side --------------------------------------------------------------
 
