@@ -3,11 +3,16 @@
 `pora.Client` on a temp SQLite metadata store with three registered addresses whose
 channels are stand-ins: every `add_entries` call answers OK after one checkpoint, so
 no node process shares the cores and the process's CPU time is the writer path's
-(append, the turn, striping, acknowledgements, waking the appending tasks). 512
-tasks over 8 ledgers, each awaiting `--appends` appends one at a time, as (1) and (2)
-of scripts/bench_client.py. Compare builds by alternating runs (PYTHONPATH=...).
+(append, the turn, striping, acknowledgements, waking the appending tasks).
 
-    python scripts/bench_writer_path.py [--appends 200] [--label A]
+Closed loop: 512 tasks over 8 ledgers, each awaiting `--appends` appends one at a
+time, as (1) and (2) of scripts/bench_client.py. Open loop (`--rate`): appends
+started on a schedule, `--rate` per second spread over 8 E=3 Qw=3 Qa=2 ledgers for
+`--duration-s`, each timed from its scheduled start: the low-batch case, where a
+turn carries few appends and the per-turn costs dominate. Compare builds by
+alternating runs (PYTHONPATH=...).
+
+    python scripts/bench_writer_path.py [--appends 200] [--rate 2000] [--label A]
 """
 
 from __future__ import annotations
@@ -86,12 +91,66 @@ async def cpu_per_append(quorums: tuple[int, int, int], appends: int) -> tuple[f
     return cpu / total * 1e6, wall / total * 1e6
 
 
+async def open_loop(rate: float, duration_s: float) -> tuple[float, float, float, float]:
+    """(CPU us per append, achieved rate, p50 ms, p99 ms) of appends started `rate`
+    per second over LEDGERS E=3 Qw=3 Qa=2 ledgers for `duration_s`."""
+    with tempfile.TemporaryDirectory(prefix="pora-bench-writer-") as directory:
+        url = f"sqlite://{Path(directory) / 'meta.db'}"
+        async with open_metadata(url) as store:
+            for index in range(3):
+                registration = NodeRegistration(f"127.0.0.1:{9001 + index}", f"stand-in-{index}")
+                await store.register_node(registration, lease_s=600)
+        payload = os.urandom(1024)
+        latencies: list[float] = []
+        async with connect(url, open_channel=_open_channel, rng=random.Random(1)) as client:
+            ledgers = [await client.create_ledger(3, 3, 2, password="") for _ in range(LEDGERS)]
+
+            async def append(ledger: LedgerWriter, due: float) -> None:
+                await ledger.append(payload)
+                latencies.append(trio.current_time() - due)
+
+            total = int(rate * duration_s)
+            cpu, wall = time.process_time(), time.perf_counter()
+            start = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                started = 0
+                while started < total:
+                    now = trio.current_time()
+                    due_count = min(total, int((now - start) * rate) + 1)
+                    while started < due_count:  # every append whose time has come
+                        due = start + started / rate
+                        nursery.start_soon(append, ledgers[started % LEDGERS], due)
+                        started += 1
+                    await trio.sleep_until(start + started / rate)
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            for ledger in ledgers:
+                await ledger.close()
+    latencies.sort()
+    p50 = latencies[len(latencies) // 2] * 1e3
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e3
+    return cpu / total * 1e6, total / wall, p50, p99
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--appends", type=int, default=200, help="appends per task")
     parser.add_argument("--label", default="", help="a prefix for the output lines")
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="open loop: appends per second (0: none)"
+    )
+    parser.add_argument("--duration-s", type=float, default=3.0, help="open loop: how long")
+    parser.add_argument("--open-only", action="store_true", help="skip the closed loops")
     args = parser.parse_args()
     freeze_and_tune(GC_YOUNG_THRESHOLD_DEFAULT)  # as the benchmarks' load clients do
+    if args.rate > 0:
+        cpu, achieved, p50, p99 = trio.run(open_loop, args.rate, args.duration_s)
+        print(
+            f"{args.label} open loop E=3 Qw=3 Qa=2 at {args.rate:.0f}/s: {cpu:.2f} us CPU per "
+            f"append, {achieved:.0f}/s achieved, p50 {p50:.2f} ms, p99 {p99:.2f} ms",
+            flush=True,
+        )
+    if args.open_only:
+        return
     for quorums in ((1, 1, 1), (3, 3, 2)):
         cpu, wall = trio.run(cpu_per_append, quorums, args.appends)
         e, qw, qa = quorums
