@@ -16,6 +16,7 @@ from netio import frames as f
 from netio.codec import encode_add_run
 from netio.errors import RequestTimeout
 from pora.client.coalescer import AddCall, QueuedAdd
+from pora.client.node_channel import AddRequest
 from pora.client.remote_errors import clone_error
 from pora.client.requests import RequestClient
 from pora.client.runs import run_outcomes, split_runs
@@ -134,6 +135,64 @@ class AddClient(RequestClient):
             raise clone_error(call.error)
         return call.outcomes
 
+    async def add_coalesced_many(
+        self,
+        requests: Sequence[AddRequest],
+        *,
+        timeout_s: float | None = None,
+        instance_id: str | None = None,
+    ) -> list[list[PoraError | None]]:
+        """`add_coalesced` for several ledgers' entries at once, as one caller: one
+        wait (one event, one deadline) for all of them, one outcome list per request,
+        in order. Raises as `add_coalesced` (every request's outcomes unknown)."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        left_s = timeout
+        session = self._session
+        if session is None or not session.alive:
+            session = await self._connected()
+        if self._room_waiters or self._busy(session):
+            left_s = await self._wait_for_room(timeout)
+            session = await self._connected()
+        if instance_id is not None:
+            await self._check_instance(session, instance_id, left_s)
+        count = sum(len(request.entries) for request in requests)
+        if not count:
+            return [[] for _ in requests]
+        call = AddCall(count, self._new_event())
+        queue = session.add_queue
+        size = 0
+        index = 0
+        for request in requests:
+            ledger_id, key, lac = request.ledger_id, request.master_key, request.last_add_confirmed
+            for entry_id, payload in request.entries:
+                size += len(payload)
+                queue.append(QueuedAdd(ledger_id, key, False, entry_id, payload, lac, call, index))
+                index += 1
+        self._adds_in_flight += count
+        self._add_bytes_in_flight += size
+        ready = session.outbox_ready
+        if not ready.is_set():
+            ready.set()
+        bucket = self._track_deadline(call, left_s)
+        try:
+            await call.event.wait()
+        finally:
+            waiters = self._deadlines.get(bucket)
+            if waiters is not None:
+                waiters.discard(call)
+            self._adds_in_flight -= count
+            self._add_bytes_in_flight -= size
+            if self._room_waiters:
+                self._grant_room(len(session.pending))
+        if call.timed_out:
+            raise RequestTimeout(
+                f"no response from node {self.address} within {timeout} s; the adds may "
+                "or may not have been performed (retrying with the same bytes is safe)"
+            )
+        if call.error is not None:
+            raise clone_error(call.error)
+        return _split_outcomes(call.outcomes, requests)
+
     async def add_run(
         self,
         ledger_id: int,
@@ -240,6 +299,19 @@ class AddClient(RequestClient):
         session = await self._connected()
         await self._await_identity(session, self.timeout_s if timeout_s is None else timeout_s)
         return min(self._frame_bytes_max, session.node_frame_bytes_max or self._frame_bytes_max)
+
+
+def _split_outcomes(
+    outcomes: list[PoraError | None], requests: Sequence[AddRequest]
+) -> list[list[PoraError | None]]:
+    """One call's outcomes, cut back into its requests' (in order)."""
+    answers: list[list[PoraError | None]] = []
+    start = 0
+    for request in requests:
+        stop = start + len(request.entries)
+        answers.append(outcomes[start:stop])
+        start = stop
+    return answers
 
 
 __all__ = ["AddClient"]

@@ -28,6 +28,7 @@ from pora.client.replication.ledger_records import (
     writer_after_conflict,
 )
 from pora.client.replication.node_pool import NodePool
+from pora.client.replication.node_senders import NodeSenders
 from pora.client.replication.placement import choose_replacements
 from pora.client.replication.quorum import AckTracker
 from pora.meta.errors import MetadataError, MetadataTimeout, MetadataVersionConflict
@@ -51,6 +52,8 @@ class WriterContext:
     rng: random.Random
     #: payload bytes pending over every ledger of the client
     pending_bytes: Budget
+    #: one sender per node, carrying every ledger's adds
+    senders: NodeSenders
 
 
 class EnsembleChanger:

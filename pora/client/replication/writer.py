@@ -2,12 +2,13 @@
 
 Cheap per append: `append` takes the next id synchronously, encodes the entry,
 registers it with the `AckTracker` and queues it; the entries queued in one scheduler
-turn share one waiter, and the ledger's one sender task wakes once per turn, takes
-everything queued and makes ONE `add_entries` call per node of the ensemble (the
-channel coalesces further across ledgers). Answers are counted in bulk
-(`record_acks`), and the acknowledged range completes its waiters in one pass.
-Several calls per node may be in flight (`calls_in_flight_per_node_max`): a turn
-never waits for the previous turn's answers.
+turn share one waiter. The client's node senders (`node_senders.py`) take the
+ledger's turn once per scheduler turn: everything queued, striped into one batch
+per member (`sender.py`), and each node gets ONE call per turn carrying every
+ledger's batch for it. Answers are counted in bulk (`record_acks`), and the
+acknowledged range completes its waiters in one pass. Several calls per node may be
+in flight (`calls_in_flight_per_node_max`): a turn never waits for the previous
+turn's answers.
 
 Failures (R8) go to one ensemble-change task per ledger (R9..R12), one change at a
 time; refusals (R13) end the writer. The `AckTracker` decides every
@@ -190,7 +191,8 @@ class LedgerWriter:
     async def start(
         self, task_group: anyio.abc.TaskGroup, on_closed: Callable[[LedgerWriter], None]
     ) -> None:
-        """Run the ledger's sender, ensemble changer and LAC flusher in `task_group`;
+        """Run the ledger's ensemble changer and LAC flusher in `task_group` (its adds go
+        through the client's node senders);
         `on_closed(self)` once closed."""
         self._on_closed = on_closed
         await task_group.start(self._run)
@@ -210,7 +212,6 @@ class LedgerWriter:
         try:
             async with anyio.create_task_group() as tasks:
                 self._scope = tasks.cancel_scope
-                tasks.start_soon(self._sender.run, tasks)
                 tasks.start_soon(self._changer.run, self._sender.wake, self._sender.queue_resend)
                 tasks.start_soon(self._lac_flush_loop)
                 task_status.started()
@@ -218,6 +219,7 @@ class LedgerWriter:
             self._stopped.set()
 
     async def _stop(self) -> None:
+        self._sender.stop()
         if self._scope is not None:
             self._scope.cancel()
             await self._stopped.wait()
