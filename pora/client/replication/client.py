@@ -32,6 +32,7 @@ from pora.client.replication.node_pool import ChannelOpener, NodePool, tcp_chann
 from pora.client.replication.node_senders import NodeSenders
 from pora.client.replication.placement import choose_ensemble
 from pora.client.replication.reader import LedgerReader, open_ledger
+from pora.client.replication.waiters import event_factory
 from pora.client.replication.writer import LedgerWriter
 from pora.meta.errors import MetadataTimeout, MetadataVersionConflict, NoSuchLedgerMetadata
 from pora.meta.records import EnsembleMember, LedgerMetadata
@@ -58,7 +59,8 @@ class Client:
         self.config = config
         self._pool = pool
         self._task_group = task_group
-        senders = self._senders = NodeSenders(pool, config)
+        new_event = event_factory()
+        senders = self._senders = NodeSenders(pool, config, new_event)
         task_group.start_soon(senders.run)
         self._context = WriterContext(
             store,
@@ -67,6 +69,7 @@ class Client:
             rng,
             Budget(config.pending_bytes_max, "the client's pending bytes"),
             senders,
+            new_event,
         )
         #: the writers not closed yet (the client fails their pending appends on exit)
         self._writers: set[LedgerWriter] = set()

@@ -17,7 +17,7 @@ per-ledger outcome (a refusal, R13) reaches its ledger only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import anyio
@@ -27,6 +27,7 @@ from journal.errors import PoraError
 from pora.client.node_channel import AddAnswer, AddRequest
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.node_pool import NodePool
+from pora.client.replication.waiters import Event
 from pora.meta.records import EnsembleMember
 
 Batch = list[tuple[int, bytes]]
@@ -68,13 +69,16 @@ class _NodeQueue:
 
 
 class NodeSenders:
-    def __init__(self, pool: NodePool, config: ClientConfig) -> None:
+    def __init__(
+        self, pool: NodePool, config: ClientConfig, new_event: Callable[[], Event] = anyio.Event
+    ) -> None:
         self._pool = pool
+        self._new_event = new_event
         self._config = config
         self._nodes: dict[EnsembleMember, _NodeQueue] = {}
         self._due: list[LedgerTurns] = []  # ledgers with a turn to take
         self._touched: list[_NodeQueue] = []  # nodes given work this turn
-        self._wake = anyio.Event()
+        self._wake = new_event()
         self._scope: anyio.CancelScope | None = None
 
     def schedule(self, ledger: LedgerTurns) -> None:
@@ -103,7 +107,7 @@ class NodeSenders:
             task_status.started()
             while True:
                 await self._wake.wait()
-                self._wake = anyio.Event()
+                self._wake = self._new_event()
                 due, self._due = self._due, []
                 for ledger in due:
                     ledger.take_turn()

@@ -64,7 +64,7 @@ class Sender:
         self._scheduled = False  # a turn is due in the client's next dispatch
         self._stopped = False
         self._in_flight = 0  # batches submitted and not answered
-        self._calls_done = anyio.Event()
+        self._calls_done: anyio.Event | None = None  # made only when a close waits
         #: add calls answered so far (the LAC flush's measure of idleness)
         self.answered = 0
         #: the highest LAC a node was sent, piggybacked or flushed (R4, R7)
@@ -99,6 +99,8 @@ class Sender:
     async def calls_done(self) -> None:
         """Wait until no add call is in flight."""
         if self._in_flight:
+            if self._calls_done is None:
+                self._calls_done = anyio.Event()
             await self._calls_done.wait()
 
     # -- the node senders' side (node_senders.LedgerTurns) ------------------------------
@@ -139,8 +141,9 @@ class Sender:
 
     def call_finished(self) -> None:
         self._in_flight -= 1
-        if not self._in_flight:
+        if not self._in_flight and self._calls_done is not None:
             self._calls_done.set()
+            self._calls_done = None
 
     def _dispatch(self, batch: list[int], resends: list[tuple[EnsembleMember, Batch]]) -> None:
         tracker = self._tracker
@@ -165,8 +168,6 @@ class Sender:
                 self._submit(member, mine)
 
     def _submit(self, member: EnsembleMember, entries: Batch) -> None:
-        if not self._in_flight:
-            self._calls_done = anyio.Event()
         self._in_flight += 1
         self._senders.submit(self, member, entries)
 

@@ -38,6 +38,7 @@ from pora.client.replication.entry_format import HEADER_BYTES, encode_entry
 from pora.client.replication.errors import ClientClosed
 from pora.client.replication.quorum import AckTracker
 from pora.client.replication.sender import Sender
+from pora.client.replication.waiters import Event
 from pora.meta.records import LedgerMetadata, Versioned
 
 _log = logging.getLogger("pora.client.writer")
@@ -48,7 +49,7 @@ class _TurnWaiter:
     """The entries added in one scheduler turn, up to `last`, wait on one event."""
 
     last: int
-    event: anyio.Event
+    event: Event
 
 
 class LedgerWriter:
@@ -269,7 +270,7 @@ class LedgerWriter:
         sender.outbox.append(entry_id)
         turn = self._turn
         if turn is None:
-            turn = self._turn = _TurnWaiter(entry_id, anyio.Event())
+            turn = self._turn = _TurnWaiter(entry_id, self._context.new_event())
             self._waiters.append(turn)
         else:
             turn.last = entry_id
