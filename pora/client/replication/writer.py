@@ -34,7 +34,7 @@ from ledger.errors import (
 )
 from pora.client.replication.budget import Budget
 from pora.client.replication.ensemble_change import EnsembleChanger, WriterContext
-from pora.client.replication.entry_format import HEADER_BYTES, encode_entry
+from pora.client.replication.entry_format import HEADER_BYTES, LENGTH_MAX, encode_checked_entry
 from pora.client.replication.errors import ClientClosed
 from pora.client.replication.quorum import AckTracker
 from pora.client.replication.sender import Sender
@@ -67,6 +67,7 @@ class LedgerWriter:
             context, record, self._tracker, self._fail, self._acknowledged
         )
         config = context.config
+        self._payload_max = config.payload_bytes_max
         self._room = Budget(
             config.pending_appends_per_ledger_max, f"ledger {self.ledger_id}'s pending appends"
         )
@@ -117,10 +118,13 @@ class LedgerWriter:
         """Append one entry; returns its id once Qa nodes of its write set hold it and
         every earlier entry is acknowledged (R4). Waits for room when the ledger's or
         the client's pending bounds are reached."""
-        self._check_writable()
-        self._check_size(payload)
-        if not self._try_reserve(1, len(payload)):
-            await self._reserve(1, len(payload))
+        if self._error is not None or self._closing:
+            self._check_writable()
+        size = len(payload)
+        if size > self._payload_max:
+            self._check_size(payload)
+        if not self._try_reserve(1, size):
+            await self._reserve(1, size)
         entry_id, waiter = self._add(payload)
         await waiter.event.wait()
         if entry_id <= self._tracker.last_add_confirmed:
@@ -262,7 +266,12 @@ class LedgerWriter:
         tracker = self._tracker
         entry_id = tracker.next_entry_id
         length_after = self._length + len(payload)
-        entry = encode_entry(self.ledger_id, entry_id, length_after, payload)
+        if length_after > LENGTH_MAX:
+            raise ValueError(
+                f"ledger {self.ledger_id}: {length_after} payload bytes in all would not fit "
+                "the entries' 64-bit length: start a new ledger"
+            )
+        entry = encode_checked_entry(self.ledger_id, entry_id, length_after, payload)
         tracker.add_pending(entry_id)
         self._length = length_after
         self._entries[entry_id] = (entry, length_after)
