@@ -17,6 +17,7 @@ per-ledger outcome (a refusal, R13) reaches its ledger only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -60,12 +61,13 @@ class LedgerTurns(Protocol):
 
 
 class _NodeQueue:
-    __slots__ = ("calls", "member", "queued")
+    __slots__ = ("idle", "member", "queued", "workers")
 
     def __init__(self, member: EnsembleMember) -> None:
         self.member = member
         self.queued: list[tuple[LedgerTurns, Batch]] = []
-        self.calls = 0  # add_entries_many calls in flight to the node
+        self.workers = 0  # worker tasks of the node: its calls in flight, at most
+        self.idle: list[Event] = []  # the wake-ups of its workers waiting for work
 
 
 class NodeSenders:
@@ -100,7 +102,9 @@ class NodeSenders:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """The dispatch, once per turn with work, until `stop`."""
+        """The dispatch, once per turn with work, until `stop`: an idle worker of each
+        node given work is woken, or a new one started below the node's bound (at the
+        bound, the next worker to finish takes the batches)."""
         limit = self._config.calls_in_flight_per_node_max
         async with anyio.create_task_group() as tasks:
             self._scope = tasks.cancel_scope
@@ -113,39 +117,72 @@ class NodeSenders:
                     ledger.take_turn()
                 touched, self._touched = self._touched, []
                 for node in touched:
-                    if node.queued and node.calls < limit:
-                        node.calls += 1
-                        tasks.start_soon(self._calls, node)
+                    if not node.queued:
+                        continue
+                    if node.idle:
+                        node.idle.pop().set()
+                    elif node.workers < limit:
+                        node.workers += 1
+                        tasks.start_soon(self._worker, node)
 
     def stop(self) -> None:
         """End the dispatch and every call in flight (the client is closing)."""
         if self._scope is not None:
             self._scope.cancel()
 
-    async def _calls(self, node: _NodeQueue) -> None:
-        """Calls to `node` while it has batches queued (those queued while it was at
-        its bound included)."""
+    async def _worker(self, node: _NodeQueue) -> None:
+        """One call in flight to `node` at a time, for as long as the client runs. Its
+        calls share one cancel scope, given a deadline per call (R8: `node_timeout_s`);
+        a call past it fails its ledgers' member and the worker goes on in a new
+        scope."""
         try:
+            while True:
+                with anyio.CancelScope() as scope:
+                    await self._serve(node, scope)
+        finally:
+            node.workers -= 1
+
+    async def _serve(self, node: _NodeQueue, scope: anyio.CancelScope) -> None:
+        while True:
             while node.queued:
                 batch, node.queued = node.queued, []
-                await self._issue(node.member, batch)
-        finally:
-            node.calls -= 1
+                await self._issue(node.member, batch, scope)
+            wake = self._new_event()
+            node.idle.append(wake)
+            try:
+                await wake.wait()
+            finally:
+                if not wake.is_set():  # cancelled while idle
+                    node.idle.remove(wake)
 
-    async def _issue(self, member: EnsembleMember, batch: list[tuple[LedgerTurns, Batch]]) -> None:
+    async def _issue(
+        self,
+        member: EnsembleMember,
+        batch: list[tuple[LedgerTurns, Batch]],
+        scope: anyio.CancelScope,
+    ) -> None:
+        live = [(ledger, entries) for ledger, entries in batch if ledger.sends_to(member)]
+        lacs = [ledger.issued_lac() for ledger, _ in live]
         try:
-            live = [(ledger, entries) for ledger, entries in batch if ledger.sends_to(member)]
             if not live:
                 return
-            lacs = [ledger.issued_lac() for ledger, _ in live]
             requests = [
                 AddRequest(ledger.ledger_id, entries, ledger.master_key, lac)
                 for (ledger, entries), lac in zip(live, lacs, strict=True)
             ]
+            scope.deadline = anyio.current_time() + self._config.node_timeout_s
             answers = await self._call(member, requests)
+            scope.deadline = math.inf
             for index, (ledger, entries) in enumerate(live):
                 answer = answers if isinstance(answers, BaseException) else answers[index]
                 ledger.answer(member, entries, lacs[index], answer)
+        except anyio.get_cancelled_exc_class():
+            if scope.cancel_called:  # past the deadline, not the client closing
+                timeout_s = self._config.node_timeout_s
+                late = TimeoutError(f"node {member.address}: no answer to adds in {timeout_s} s")
+                for index, (ledger, entries) in enumerate(live):
+                    ledger.answer(member, entries, lacs[index], late)
+            raise
         finally:
             for ledger, _ in batch:
                 ledger.call_finished()
@@ -153,18 +190,14 @@ class NodeSenders:
     async def _call(
         self, member: EnsembleMember, requests: Sequence[AddRequest]
     ) -> list[AddAnswer] | PoraError | OSError:
-        """One call for every ledger's batch, bounded by `node_timeout_s` (R8): the
-        answers, or what failed them all."""
-        timeout_s = self._config.node_timeout_s
-        with anyio.move_on_after(timeout_s):
-            try:
-                channel = await self._pool.channel(member.address)
-                return await channel.add_entries_many(
-                    requests, instance_id=member.instance_id, timeout_s=timeout_s
-                )
-            except (PoraError, OSError) as error:
-                return error
-        return TimeoutError(f"node {member.address}: no answer to adds in {timeout_s} s")
+        """One call for every ledger's batch: the answers, or what failed them all."""
+        try:
+            channel = await self._pool.channel(member.address)
+            return await channel.add_entries_many(
+                requests, instance_id=member.instance_id, timeout_s=self._config.node_timeout_s
+            )
+        except (PoraError, OSError) as error:
+            return error
 
 
 __all__ = ["LedgerTurns", "NodeSenders"]
