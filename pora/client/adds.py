@@ -1,9 +1,10 @@
 """The add operations of the per-node client.
 
-`add_entry` and `add_coalesced` queue their entries on the connection, to share
-frames with every other add of the same scheduler turn (see
-pora.client.coalescer); `add_run` sends one ADD_RUN frame; `add_entries` cuts its
-entries into runs that fit a frame (pora.client.runs) and sends them pipelined.
+`add_entry`, `add_coalesced` and `add_coalesced_many` (several ledgers' adds as one
+caller) queue their entries on the connection, to share frames with every other add
+of the same scheduler turn (see pora.client.coalescer); `add_run` sends one ADD_RUN
+frame; `add_entries` cuts its entries into runs that fit a frame (pora.client.runs)
+and sends them pipelined.
 """
 
 from __future__ import annotations
