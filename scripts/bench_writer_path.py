@@ -3,11 +3,16 @@
 `pora.Client` on a temp SQLite metadata store with three registered addresses whose
 channels are stand-ins: every `add_entries` call answers OK after one checkpoint, so
 no node process shares the cores and the process's CPU time is the writer path's
-(append, the turn, striping, acknowledgements, waking the appending tasks). 512
-tasks over 8 ledgers, each awaiting `--appends` appends one at a time, as (1) and (2)
-of scripts/bench_client.py. Compare builds by alternating runs (PYTHONPATH=...).
+(append, the turn, striping, acknowledgements, waking the appending tasks).
 
-    python scripts/bench_writer_path.py [--appends 200] [--label A]
+Closed loop: 512 tasks over 8 ledgers, each awaiting `--appends` appends one at a
+time, as (1) and (2) of scripts/bench_client.py. Open loop (`--rate`): appends
+started on a schedule, `--rate` per second spread over 8 E=3 Qw=3 Qa=2 ledgers for
+`--duration-s`, each timed from its scheduled start: the low-batch case, where a
+turn carries few appends and the per-turn costs dominate. Compare builds by
+alternating runs (PYTHONPATH=...).
+
+    python scripts/bench_writer_path.py [--appends 200] [--rate 2000] [--label A]
 """
 
 from __future__ import annotations
@@ -17,10 +22,10 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import trio
 
@@ -30,6 +35,9 @@ from pora.client.replication.writer import LedgerWriter
 from pora.meta.records import NodeRegistration
 from pora.meta.store import open_metadata
 from pora.server.gc_tuning import GC_YOUNG_THRESHOLD_DEFAULT, freeze_and_tune
+
+if TYPE_CHECKING:  # by name only: the script also runs against builds without them
+    from pora.client.node_channel import AddAnswer, AddRequest
 
 TASKS = 512
 LEDGERS = 8
@@ -43,6 +51,12 @@ class _AnsweringChannel:
     ) -> list[None]:
         await trio.lowlevel.checkpoint()
         return [None] * len(entries)
+
+    async def add_entries_many(
+        self, requests: Sequence[AddRequest], **options: object
+    ) -> list[AddAnswer]:
+        await trio.lowlevel.checkpoint()  # one wait for every ledger's adds, as over TCP
+        return [[None] * len(request.entries) for request in requests]
 
     async def write_lac(self, *arguments: object, **options: object) -> None:
         await trio.lowlevel.checkpoint()
@@ -86,12 +100,87 @@ async def cpu_per_append(quorums: tuple[int, int, int], appends: int) -> tuple[f
     return cpu / total * 1e6, wall / total * 1e6
 
 
+async def _on_schedule(
+    rate: float, total: int, start: Callable[[int, float], Awaitable[None]]
+) -> None:
+    """Start `total` tasks `start(index, due)`, `rate` per second, each at its due time
+    (those come due while the loop was busy start together)."""
+    begin = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        started = 0
+        while started < total:
+            due_count = min(total, int((trio.current_time() - begin) * rate) + 1)
+            while started < due_count:
+                nursery.start_soon(start, started, begin + started / rate)
+                started += 1
+            await trio.sleep_until(begin + started / rate)
+
+
+async def schedule_cpu(rate: float, duration_s: float) -> float:
+    """CPU us per start of the schedule alone (tasks that only checkpoint): what the
+    open loop's figure includes besides the writer (the loop waking per start)."""
+
+    async def nothing(index: int, due: float) -> None:
+        await trio.lowlevel.checkpoint()
+
+    total = int(rate * duration_s)
+    cpu = time.process_time()
+    await _on_schedule(rate, total, nothing)
+    return (time.process_time() - cpu) / total * 1e6
+
+
+async def open_loop(rate: float, duration_s: float) -> tuple[float, float, float, float]:
+    """(CPU us per append, achieved rate, p50 ms, p99 ms) of appends started `rate`
+    per second over LEDGERS E=3 Qw=3 Qa=2 ledgers for `duration_s`."""
+    with tempfile.TemporaryDirectory(prefix="pora-bench-writer-") as directory:
+        url = f"sqlite://{Path(directory) / 'meta.db'}"
+        async with open_metadata(url) as store:
+            for index in range(3):
+                registration = NodeRegistration(f"127.0.0.1:{9001 + index}", f"stand-in-{index}")
+                await store.register_node(registration, lease_s=600)
+        payload = os.urandom(1024)
+        latencies: list[float] = []
+        async with connect(url, open_channel=_open_channel, rng=random.Random(1)) as client:
+            ledgers = [await client.create_ledger(3, 3, 2, password="") for _ in range(LEDGERS)]
+
+            async def append(index: int, due: float) -> None:
+                await ledgers[index % LEDGERS].append(payload)
+                latencies.append(trio.current_time() - due)
+
+            total = int(rate * duration_s)
+            cpu, wall = time.process_time(), time.perf_counter()
+            await _on_schedule(rate, total, append)
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            for ledger in ledgers:
+                await ledger.close()
+    latencies.sort()
+    p50 = latencies[len(latencies) // 2] * 1e3
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1e3
+    return cpu / total * 1e6, total / wall, p50, p99
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--appends", type=int, default=200, help="appends per task")
     parser.add_argument("--label", default="", help="a prefix for the output lines")
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="open loop: appends per second (0: none)"
+    )
+    parser.add_argument("--duration-s", type=float, default=3.0, help="open loop: how long")
+    parser.add_argument("--open-only", action="store_true", help="skip the closed loops")
     args = parser.parse_args()
     freeze_and_tune(GC_YOUNG_THRESHOLD_DEFAULT)  # as the benchmarks' load clients do
+    if args.rate > 0:
+        cpu, achieved, p50, p99 = trio.run(open_loop, args.rate, args.duration_s)
+        idle = trio.run(schedule_cpu, args.rate, args.duration_s)
+        print(
+            f"{args.label} open loop E=3 Qw=3 Qa=2 at {args.rate:.0f}/s: {cpu:.2f} us CPU per "
+            f"append ({cpu - idle:.2f} beyond the schedule's own {idle:.2f}), {achieved:.0f}/s "
+            f"achieved, p50 {p50:.2f} ms, p99 {p99:.2f} ms",
+            flush=True,
+        )
+    if args.open_only:
+        return
     for quorums in ((1, 1, 1), (3, 3, 2)):
         cpu, wall = trio.run(cpu_per_append, quorums, args.appends)
         e, qw, qa = quorums

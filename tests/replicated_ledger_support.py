@@ -18,6 +18,7 @@ from replication_support import LocalCluster
 from ledger.errors import StorageCorruption
 from netio.security import master_key_from_password
 from pora.client.channel import NodeChannel, NodeIdentity, RangeAnswer
+from pora.client.node_channel import AddAnswer, AddRequest, add_entries_each
 from pora.client.replication.entry_format import encode_entry
 from pora.client.replication.ledger_records import new_ledger, with_ensemble_change
 from pora.client.replication.quorum import entry_write_set
@@ -118,6 +119,11 @@ class _ScriptedChannel:
 
     async def identity(self) -> NodeIdentity:
         return await self._inner.identity()
+
+    async def add_entries_many(
+        self, requests: Sequence[AddRequest], **options: Any
+    ) -> list[AddAnswer]:
+        return await add_entries_each(self, requests, **options)
 
     async def add_entries(
         self, ledger_id: int, entries: Sequence[tuple[int, bytes]], **options: Any

@@ -28,6 +28,7 @@ import pora
 from journal.errors import PoraError
 from netio.errors import ConnectionLost
 from pora.client.channel import LocalChannel, NodeChannel, NodeIdentity, RangeAnswer
+from pora.client.node_channel import AddAnswer, AddRequest, add_entries_each
 from pora.meta.records import NodeRegistration
 from pora.meta.store import MetadataStore, open_metadata
 from pora.node.node import Node
@@ -171,6 +172,11 @@ class FaultyChannel:
 
     async def identity(self) -> NodeIdentity:
         return await (await self._inner()).identity()
+
+    async def add_entries_many(
+        self, requests: Sequence[AddRequest], **options: Any
+    ) -> list[AddAnswer]:
+        return await add_entries_each(self, requests, **options)
 
     async def add_entries(
         self, ledger_id: int, entries: Sequence[tuple[int, bytes]], **options: Any

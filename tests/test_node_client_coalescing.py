@@ -12,7 +12,9 @@ import pora
 from netio.codec import encode_response
 from netio.messages import Info, InfoResponse
 from netio.request_codec import RequestDecoder
+from pora.client.node_channel import AddRequest
 from pora.client.node_client import connect_node
+from pora.client.tcp_channel import TcpChannel
 from pora.server.server import Server
 
 KEY = b"k" * 32
@@ -154,3 +156,31 @@ async def test_framed_adds_time_out_each_on_its_own_deadline(data_dir: Path) -> 
     assert frames_seen >= 2  # the INFO, and the adds' frame: they were in flight
     assert 0.1 <= ended["short"] < 0.4
     assert 0.5 <= ended["long"] < 1.5
+
+
+async def test_a_multi_ledger_add_is_one_wait_and_each_ledger_gets_its_own_outcomes(
+    data_dir: Path,
+) -> None:
+    """`TcpChannel.add_entries_many` (the replicating writer's call per node per turn):
+    several ledgers' adds as one caller; a ledger's refusal and an entry's conflict
+    reach that ledger's, that entry's outcome only."""
+    async with serving(data_dir) as (node, _, address), connect_node(address) as client:
+        await node.add_entry(5, 0, b"first", master_key=KEY)
+        await node.fence_ledger(6, master_key=KEY)  # a recovery took ledger 6
+        await node.add_entry(7, 1, b"stored before", master_key=KEY)
+        requests = [
+            AddRequest(5, [(1, b"a"), (2, b"b")], KEY, 0),
+            AddRequest(6, [(0, b"c")], KEY, -1),
+            AddRequest(7, [(0, b"d"), (1, b"other bytes"), (2, b"e")], KEY, -1),
+        ]
+        answers = await TcpChannel(client).add_entries_many(requests)
+        assert isinstance(answers[1], list) and isinstance(answers[2], list)
+        assert answers[0] == [None, None]
+        assert [type(outcome).__name__ for outcome in answers[1]] == ["LedgerFenced"]
+        assert [type(outcome).__name__ for outcome in answers[2]] == [
+            "NoneType",
+            "EntryConflict",
+            "NoneType",
+        ]
+        assert await node.read_range(5, 0, 2) == [(0, b"first"), (1, b"a"), (2, b"b")]
+        assert await node.read_range(7, 0, 2) == [(0, b"d"), (1, b"stored before"), (2, b"e")]

@@ -4,7 +4,7 @@ acknowledgements in order (R4), the LAC piggybacked and flushed (R4, R7), close
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -21,6 +21,7 @@ from journal.errors import PoraError
 from ledger.errors import EntryTooLarge, LedgerClosed, NoSuchEntry, NoSuchLedger, Unauthorized
 from netio.security import master_key_from_password
 from pora.client.channel import NodeChannel
+from pora.client.node_channel import AddAnswer, AddRequest, add_entries_each
 from pora.client.replication.budget import Budget
 from pora.client.replication.errors import NotEnoughNodes
 from pora.client.replication.quorum import entry_write_set
@@ -251,6 +252,11 @@ class _SlowAdds:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+    async def add_entries_many(
+        self, requests: Sequence[AddRequest], **options: Any
+    ) -> list[AddAnswer]:
+        return await add_entries_each(self, requests, **options)
 
     async def add_entries(self, *args: Any, **kwargs: Any) -> list[PoraError | None]:
         await trio.sleep(self._delay_s)

@@ -1,9 +1,10 @@
 """The add operations of the per-node client.
 
-`add_entry` and `add_coalesced` queue their entries on the connection, to share
-frames with every other add of the same scheduler turn (see
-pora.client.coalescer); `add_run` sends one ADD_RUN frame; `add_entries` cuts its
-entries into runs that fit a frame (pora.client.runs) and sends them pipelined.
+`add_entry`, `add_coalesced` and `add_coalesced_many` (several ledgers' adds as one
+caller) queue their entries on the connection, to share frames with every other add
+of the same scheduler turn (see pora.client.coalescer); `add_run` sends one ADD_RUN
+frame; `add_entries` cuts its entries into runs that fit a frame (pora.client.runs)
+and sends them pipelined.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from netio import frames as f
 from netio.codec import encode_add_run
 from netio.errors import RequestTimeout
 from pora.client.coalescer import AddCall, QueuedAdd
+from pora.client.node_channel import AddRequest
 from pora.client.remote_errors import clone_error
 from pora.client.requests import RequestClient
 from pora.client.runs import run_outcomes, split_runs
@@ -168,6 +170,42 @@ class AddClient(RequestClient):
         assert call.error is not None
         raise clone_error(call.error)
 
+    async def add_coalesced_many(
+        self,
+        requests: Sequence[AddRequest],
+        *,
+        timeout_s: float | None = None,
+        instance_id: str | None = None,
+    ) -> list[list[PoraError | None]]:
+        """`add_coalesced` for several ledgers' entries at once, as one caller: one
+        wait (one event, one deadline) for all of them, one outcome list per request,
+        in order. Raises as `add_coalesced` (every request's outcomes unknown)."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        left_s = timeout
+        session = self._session
+        if session is None or not session.alive:
+            session = await self._connected()
+        if self._room_waiters or self._busy(session):
+            left_s = await self._wait_for_room(timeout)
+            session = await self._connected()
+        if instance_id is not None:
+            await self._check_instance(session, instance_id, left_s)
+        count = sum(len(request.entries) for request in requests)
+        if not count:
+            return [[] for _ in requests]
+        call = self._new_add_call(count, self._now() + left_s)
+        queue = session.add_queue
+        size = 0
+        index = 0
+        for request in requests:
+            ledger_id, key, lac = request.ledger_id, request.master_key, request.last_add_confirmed
+            for entry_id, payload in request.entries:
+                size += len(payload)
+                queue.append(QueuedAdd(ledger_id, key, False, entry_id, payload, lac, call, index))
+                index += 1
+        outcomes = await self._wait_for_adds(session, call, count, size, timeout)
+        return _split_outcomes(outcomes, requests)
+
     async def add_run(
         self,
         ledger_id: int,
@@ -274,6 +312,19 @@ class AddClient(RequestClient):
         session = await self._connected()
         await self._await_identity(session, self.timeout_s if timeout_s is None else timeout_s)
         return min(self._frame_bytes_max, session.node_frame_bytes_max or self._frame_bytes_max)
+
+
+def _split_outcomes(
+    outcomes: list[PoraError | None], requests: Sequence[AddRequest]
+) -> list[list[PoraError | None]]:
+    """One call's outcomes, cut back into its requests' (in order)."""
+    answers: list[list[PoraError | None]] = []
+    start = 0
+    for request in requests:
+        stop = start + len(request.entries)
+        answers.append(outcomes[start:stop])
+        start = stop
+    return answers
 
 
 __all__ = ["AddClient"]

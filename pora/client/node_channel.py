@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import anyio
+
 from journal.errors import PoraError
 
 
@@ -39,6 +41,22 @@ class RangeAnswer:
     entries: list[tuple[int, bytes]]
     last_add_confirmed: int
     complete_through: int
+
+
+@dataclass(slots=True)
+class AddRequest:
+    """One ledger's part of a multi-ledger add (`NodeChannel.add_entries_many`): its
+    `(entry_id, payload)` entries and the writer's LAC to piggyback."""
+
+    ledger_id: int
+    entries: Sequence[tuple[int, bytes]]
+    master_key: bytes
+    last_add_confirmed: int
+
+
+#: one request's answer: an outcome per entry (None: stored), or the error that left
+#: every outcome of that request unknown (a lost connection, a timeout)
+AddAnswer = list[PoraError | None] | PoraError | OSError
 
 
 class NodeChannel(Protocol):
@@ -73,6 +91,20 @@ class NodeChannel(Protocol):
         `recovery` marks a recovery's adds (a fenced ledger takes them). Raises
         only what leaves every outcome unknown (timeout, lost connection) and
         InstanceMismatch (nothing sent)."""
+        ...
+
+    async def add_entries_many(
+        self,
+        requests: Sequence[AddRequest],
+        *,
+        instance_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> list[AddAnswer]:
+        """`add_entries` for several ledgers at once (a writer's adds of one turn to
+        this node, every ledger of the client): one answer per request, in order.
+        Raises what leaves every request's outcomes unknown (timeout, lost
+        connection, InstanceMismatch); a channel may also answer one request with
+        such an error (`add_entries_each`)."""
         ...
 
     async def read_entry(
@@ -174,8 +206,50 @@ class NodeChannel(Protocol):
         ...
 
 
+async def add_entries_each(
+    channel: NodeChannel,
+    requests: Sequence[AddRequest],
+    *,
+    instance_id: str | None = None,
+    timeout_s: float | None = None,
+) -> list[AddAnswer]:
+    """`add_entries_many` as one `add_entries` call per request, run side by side:
+    for channels with nothing cheaper (in-process nodes, test and simulated
+    channels), so each request keeps a call of its own (its own faults)."""
+    answers: list[AddAnswer] = [[] for _ in requests]
+
+    async def add(index: int, request: AddRequest) -> None:
+        try:
+            answers[index] = await channel.add_entries(
+                request.ledger_id,
+                request.entries,
+                master_key=request.master_key,
+                last_add_confirmed=request.last_add_confirmed,
+                instance_id=instance_id,
+                timeout_s=timeout_s,
+            )
+        except (PoraError, OSError) as error:
+            answers[index] = error
+
+    if len(requests) == 1:
+        await add(0, requests[0])
+        return answers
+    async with anyio.create_task_group() as tasks:
+        for index, request in enumerate(requests):
+            tasks.start_soon(add, index, request)
+    return answers
+
+
 def complete_through(entries: list[tuple[int, bytes]], last_entry_id: int, more: bool) -> int:
     return entries[-1][0] if more and entries else last_entry_id
 
 
-__all__ = ["NodeChannel", "NodeIdentity", "RangeAnswer", "complete_through"]
+__all__ = [
+    "AddAnswer",
+    "AddRequest",
+    "NodeChannel",
+    "NodeIdentity",
+    "RangeAnswer",
+    "add_entries_each",
+    "complete_through",
+]

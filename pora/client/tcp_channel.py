@@ -1,6 +1,7 @@
 """`TcpChannel`: a `NodeChannel` over a `NodeClient` (`connect_node`).
 
-Adds are coalesced with every other add to that node in the same scheduler turn,
+Adds are coalesced with every other add to that node in the same scheduler turn
+(`add_entries_many`: several ledgers' adds as one caller, one wait for all),
 and the node's instance id is learnt from the INFO asked first on every
 connection.
 """
@@ -10,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from journal.errors import PoraError
-from pora.client.node_channel import NodeIdentity, RangeAnswer, complete_through
+from pora.client.node_channel import (
+    AddAnswer,
+    AddRequest,
+    NodeIdentity,
+    RangeAnswer,
+    complete_through,
+)
 from pora.client.node_client import NodeClient
 
 
@@ -48,6 +55,18 @@ class TcpChannel:
             timeout_s=timeout_s,
             instance_id=instance_id,
         )
+
+    async def add_entries_many(
+        self,
+        requests: Sequence[AddRequest],
+        *,
+        instance_id: str | None = None,
+        timeout_s: float | None = None,
+    ) -> list[AddAnswer]:
+        answers = await self.client.add_coalesced_many(
+            requests, timeout_s=timeout_s, instance_id=instance_id
+        )
+        return list(answers)
 
     async def read_entry(
         self,

@@ -34,6 +34,7 @@ import trio
 
 from netio.errors import ConnectionLost
 from pora.client.channel import LocalChannel, NodeChannel, NodeIdentity, RangeAnswer
+from pora.client.node_channel import AddAnswer, AddRequest, add_entries_each
 from pora.client.replication.node_pool import ChannelOpener
 from simulation.cluster import SimCluster
 from simulation.history import History
@@ -205,6 +206,11 @@ class SimChannel:
     async def identity(self) -> NodeIdentity:
         answer: NodeIdentity = await self._call("identity")
         return answer
+
+    async def add_entries_many(
+        self, requests: Sequence[AddRequest], **options: Any
+    ) -> list[AddAnswer]:
+        return await add_entries_each(self, requests, **options)
 
     async def add_entries(
         self, ledger_id: int, entries: Sequence[tuple[int, bytes]], **options: Any

@@ -4,8 +4,9 @@
         async with await client.create_ledger(ensemble_size=3, ack_quorum=2) as ledger:
             await ledger.append(b"payload")
 
-The client holds the metadata store, one `NodePool` shared by all its ledgers, and a
-task group running each writer's tasks and each node connection's holder. It works
+The client holds the metadata store, one `NodePool` and one `NodeSenders` (a sender
+per node carrying every ledger's adds) shared by all its ledgers, and a task group
+running the node senders, each writer's tasks and each node connection's holder. It works
 under asyncio and trio (anyio).
 """
 
@@ -28,8 +29,10 @@ from pora.client.replication.config import ClientConfig
 from pora.client.replication.ensemble_change import WriterContext
 from pora.client.replication.ledger_records import check_password, new_ledger
 from pora.client.replication.node_pool import ChannelOpener, NodePool, tcp_channels
+from pora.client.replication.node_senders import NodeSenders
 from pora.client.replication.placement import choose_ensemble
 from pora.client.replication.reader import LedgerReader, open_ledger
+from pora.client.replication.waiters import event_factory
 from pora.client.replication.writer import LedgerWriter
 from pora.meta.errors import MetadataTimeout, MetadataVersionConflict, NoSuchLedgerMetadata
 from pora.meta.records import EnsembleMember, LedgerMetadata
@@ -56,8 +59,17 @@ class Client:
         self.config = config
         self._pool = pool
         self._task_group = task_group
+        new_event = event_factory()
+        senders = self._senders = NodeSenders(pool, config, new_event)
+        task_group.start_soon(senders.run)
         self._context = WriterContext(
-            store, pool, config, rng, Budget(config.pending_bytes_max, "the client's pending bytes")
+            store,
+            pool,
+            config,
+            rng,
+            Budget(config.pending_bytes_max, "the client's pending bytes"),
+            senders,
+            new_event,
         )
         #: the writers not closed yet (the client fails their pending appends on exit)
         self._writers: set[LedgerWriter] = set()
@@ -197,8 +209,10 @@ class Client:
             after = page[-1].value.ledger_id
 
     async def _abandon_writers(self) -> None:
+        """The client ends: every writer's pending appends fail, the node senders stop."""
         for writer in list(self._writers):
             await writer.abandon()
+        self._senders.stop()
 
 
 @asynccontextmanager

@@ -33,7 +33,8 @@ class ClientConfig:
     pending_appends_per_ledger_max: int = 10_000
     #: payload bytes of appends pending over all ledgers of one client, at most
     pending_bytes_max: int = 256 << 20
-    #: add calls in flight to one node for one ledger, at most
+    #: add calls in flight to one node, at most (each carries every ledger's adds for
+    #: that node of one turn: the node senders' workers per node)
     calls_in_flight_per_node_max: int = 8
     #: the largest payload an append takes: the nodes' default `entry_bytes_max` (4 MiB)
     #: less the replicated entry's 13-byte header; a larger one is refused before it

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 
@@ -28,8 +28,10 @@ from pora.client.replication.ledger_records import (
     writer_after_conflict,
 )
 from pora.client.replication.node_pool import NodePool
+from pora.client.replication.node_senders import NodeSenders
 from pora.client.replication.placement import choose_replacements
 from pora.client.replication.quorum import AckTracker
+from pora.client.replication.waiters import Event
 from pora.meta.errors import MetadataError, MetadataTimeout, MetadataVersionConflict
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore
@@ -51,6 +53,10 @@ class WriterContext:
     rng: random.Random
     #: payload bytes pending over every ledger of the client
     pending_bytes: Budget
+    #: one sender per node, carrying every ledger's adds
+    senders: NodeSenders
+    #: the event type appends wait on, the cheapest of the running loop (waiters.py)
+    new_event: Callable[[], Event] = field(default=anyio.Event)
 
 
 class EnsembleChanger:

@@ -26,6 +26,9 @@ HEADER: Final = struct.Struct(">BQI")
 HEADER_BYTES: Final = HEADER.size  # 13
 _CRC_PREFIX: Final = struct.Struct(">qqQ")
 LENGTH_MAX: Final = (1 << 64) - 1
+_CRC_PREFIX_PACK: Final = _CRC_PREFIX.pack
+_HEADER_PACK: Final = HEADER.pack
+_crc32c: Final = crc32c.crc32c
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,15 @@ def encode_entry(
             f"ledger {ledger_id}, entry {entry_id}: a payload of {len(payload)} bytes exceeds "
             f"the {payload_limit} bytes the nodes take (entry_bytes_max - {HEADER_BYTES})"
         )
-    crc = _crc(ledger_id, entry_id, length_after, payload)
-    return HEADER.pack(ENTRY_FORMAT, length_after, crc) + payload
+    return encode_checked_entry(ledger_id, entry_id, length_after, payload)
+
+
+def encode_checked_entry(ledger_id: int, entry_id: int, length_after: int, payload: bytes) -> bytes:
+    """`encode_entry` for a caller that keeps the arguments valid itself (the writer:
+    its ids count up from 0 and its lengths add payloads up): once per append, so
+    without the checks."""
+    crc = _crc32c(payload, _crc32c(_CRC_PREFIX_PACK(ledger_id, entry_id, length_after)))
+    return _HEADER_PACK(ENTRY_FORMAT, length_after, crc) + payload
 
 
 def decode_entry(ledger_id: int, entry_id: int, data: bytes | memoryview) -> ReplicatedEntry:

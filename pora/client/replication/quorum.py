@@ -102,7 +102,9 @@ class AckTracker:
         self._durable = True  # the ensemble a writer starts on is read from the metadata
         self._lac = last_add_confirmed
         self._next = last_add_confirmed + 1
-        self._acks: dict[int, set[int]] = {}  # pending entry id -> positions that acked
+        # pending entry id -> the positions that acked, as bits (1 << position): an int
+        # per entry is cheaper to make on every append than a set
+        self._acks: dict[int, int] = {}
         self._failed: set[EnsembleMember] = set()
         self._fenced = False
 
@@ -151,7 +153,7 @@ class AckTracker:
                 f"ledger {self.ledger_id}: entry {entry_id} added, expected {self._next} "
                 "(entries are added in order, each once: R5)"
             )
-        self._acks[entry_id] = set()
+        self._acks[entry_id] = 0
         self._next += 1
 
     def write_set(self, entry_id: int) -> tuple[EnsembleMember, ...]:
@@ -170,13 +172,14 @@ class AckTracker:
         position = self._positions.get(member)
         if position is None or self._fenced:
             return self._advance()
-        acks_of = self._acks.get
+        acks = self._acks
+        bit = 1 << position
         size, quorum = len(self._positions), self.write_quorum
         # one lookup of the member for the whole batch: `_count_ack` inlined
         for entry_id in entry_ids:
-            acks = acks_of(entry_id)
-            if acks is not None and (position - entry_id) % size < quorum:
-                acks.add(position)
+            held = acks.get(entry_id)
+            if held is not None and (position - entry_id) % size < quorum:
+                acks[entry_id] = held | bit
         return self._advance()
 
     def record_failure(self, member: EnsembleMember) -> bool:
@@ -207,10 +210,11 @@ class AckTracker:
         for position, new in positions.items():
             members[position] = new
         resend: dict[EnsembleMember, list[int]] = {new: [] for new in replacements.values()}
-        for entry_id, acks in self._acks.items():
+        acks = self._acks
+        for entry_id in acks:
             for position in write_set_positions(entry_id, len(members), self.write_quorum):
                 if position in positions:
-                    acks.discard(position)
+                    acks[entry_id] &= ~(1 << position)
                     resend[positions[position]].append(entry_id)
         self._ensemble = Ensemble(self._lac + 1, tuple(members))
         self._positions = {member: p for p, member in enumerate(members)}
@@ -237,19 +241,21 @@ class AckTracker:
         return failed
 
     def _count_ack(self, entry_id: int, member: EnsembleMember) -> None:
-        acks = self._acks.get(entry_id)
+        held = self._acks.get(entry_id)
         position = self._positions.get(member)
-        if acks is None or position is None or self._fenced:
+        if held is None or position is None or self._fenced:
             return
         # in the write set when the position is among the Qw after entry_id mod E
         if (position - entry_id) % len(self._positions) < self.write_quorum:
-            acks.add(position)
+            self._acks[entry_id] = held | 1 << position
 
     def _advance(self) -> range:
         if not self._durable:
             return range(0)
-        first = self._lac + 1
-        while len(self._acks.get(self._lac + 1, ())) >= self.ack_quorum:
-            del self._acks[self._lac + 1]
-            self._lac += 1
-        return range(first, self._lac + 1)
+        acks, quorum = self._acks, self.ack_quorum
+        first = lac = self._lac
+        while acks.get(lac + 1, 0).bit_count() >= quorum:
+            lac += 1
+            del acks[lac]
+        self._lac = lac
+        return range(first + 1, lac + 1)

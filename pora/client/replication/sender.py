@@ -1,9 +1,12 @@
-"""A ledger writer's sender (R3, R4, R8, R13): one task that wakes once per scheduler
-turn, takes every entry queued since the last turn and makes ONE `add_entries` call
-per member of the ensemble, without waiting for the previous turn's answers (up to
-`calls_in_flight_per_node_max` calls per node in flight). Answers are counted in
-bulk (`AckTracker.record_acks`); a failed call fails the member (the ensemble
-changer's business), a refusal of the ledger ends the writer.
+"""A ledger writer's sender (R3, R4, R8, R10, R13): the ledger's side of the
+client's node senders (`node_senders.py`). Each scheduler turn with work, the
+client's dispatch takes this ledger's turn: every entry queued since the last turn,
+striped into ONE batch per member of the ensemble (R3), plus the resends of a
+replacement (R10), handed to each member's node queue, which carries every ledger's
+batch for that node in one call. A turn never waits for the previous turn's
+answers. Answers come back as plain calls: counted in bulk
+(`AckTracker.record_acks`); a failed call fails the member (the ensemble changer's
+business), a refusal of the ledger ends the writer.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ import logging
 from collections.abc import Callable, Sequence
 
 import anyio
-import anyio.abc
 
 from journal.errors import PoraError
 from ledger.errors import (
@@ -23,6 +25,7 @@ from ledger.errors import (
     LedgerFenced,
     Unauthorized,
 )
+from pora.client.node_channel import AddAnswer
 from pora.client.replication.ensemble_change import EnsembleChanger, WriterContext
 from pora.client.replication.quorum import AckTracker
 from pora.meta.records import EnsembleMember
@@ -57,19 +60,33 @@ class Sender:
         #: ids added and not yet taken by a turn; the writer appends to it
         self.outbox: list[int] = []
         self._resends: list[tuple[EnsembleMember, Batch]] = []
-        self._wake = anyio.Event()
-        self._slots: dict[EnsembleMember, anyio.Semaphore] = {}
-        self._in_flight = 0  # add calls started and not finished
-        self._calls_done = anyio.Event()
+        self._senders = context.senders
+        self._scheduled = False  # a turn is due in the client's next dispatch
+        self._stopped = False
+        self._in_flight = 0  # batches submitted and not answered
+        self._calls_done: anyio.Event | None = None  # made only when a close waits
         #: add calls answered so far (the LAC flush's measure of idleness)
         self.answered = 0
         #: the highest LAC a node was sent, piggybacked or flushed (R4, R7)
         self.lac_sent = -1
 
+    @property
+    def ledger_id(self) -> int:
+        return self._ledger_id
+
+    @property
+    def master_key(self) -> bytes:
+        return self._master_key
+
     def wake(self) -> None:
-        """Run a turn soon (at most one per scheduler turn however often it is asked)."""
-        if not self._wake.is_set():
-            self._wake.set()
+        """Take a turn soon (at most one per scheduler turn however often it is asked)."""
+        if not self._scheduled:
+            self._scheduled = True
+            self._senders.schedule(self)
+
+    def stop(self) -> None:
+        """The writer stopped: no more turns, late answers are ignored."""
+        self._stopped = True
 
     def queue_resend(self, member: EnsembleMember, entry_ids: Sequence[int]) -> None:
         """R10: pending entries a replacement must be sent (those still in the outbox go
@@ -82,25 +99,53 @@ class Sender:
     async def calls_done(self) -> None:
         """Wait until no add call is in flight."""
         if self._in_flight:
+            if self._calls_done is None:
+                self._calls_done = anyio.Event()
             await self._calls_done.wait()
 
-    async def run(self, tasks: anyio.abc.TaskGroup) -> None:
-        """The turns, forever; the calls run in `tasks`."""
-        while True:
-            await self._wake.wait()
-            self._wake = anyio.Event()
-            batch, self.outbox = self.outbox, []
-            resends, self._resends = self._resends, []
-            self._end_turn()
-            if not self._tracker.fenced:
-                self._dispatch(batch, resends, tasks)
+    # -- the node senders' side (node_senders.LedgerTurns) ------------------------------
 
-    def _dispatch(
-        self,
-        batch: list[int],
-        resends: list[tuple[EnsembleMember, Batch]],
-        tasks: anyio.abc.TaskGroup,
-    ) -> None:
+    def take_turn(self) -> None:
+        """Hand everything queued since the last turn to the node senders."""
+        self._scheduled = False
+        if self._stopped:
+            return
+        batch, self.outbox = self.outbox, []
+        resends, self._resends = self._resends, []
+        self._end_turn()
+        if not self._tracker.fenced:
+            self._dispatch(batch, resends)
+
+    def sends_to(self, member: EnsembleMember) -> bool:
+        tracker = self._tracker
+        return not (self._stopped or tracker.fenced or member not in tracker.ensemble.members)
+
+    def issued_lac(self) -> int:
+        return self._tracker.last_add_confirmed
+
+    def answer(self, member: EnsembleMember, entries: Batch, lac: int, answer: AddAnswer) -> None:
+        if self._stopped:
+            return
+        if isinstance(answer, BaseException):
+            self._changer.member_failed(member, answer)  # R8
+            return
+        self.answered += 1
+        self.lac_sent = max(self.lac_sent, lac)
+        stored: list[int] = []
+        for (entry_id, _), outcome in zip(entries, answer, strict=True):
+            if outcome is not None:
+                self._refused(member, outcome)
+                return
+            stored.append(entry_id)
+        self._acknowledged(self._tracker.record_acks(member, stored))
+
+    def call_finished(self) -> None:
+        self._in_flight -= 1
+        if not self._in_flight and self._calls_done is not None:
+            self._calls_done.set()
+            self._calls_done = None
+
+    def _dispatch(self, batch: list[int], resends: list[tuple[EnsembleMember, Batch]]) -> None:
         tracker = self._tracker
         members = tracker.ensemble.members
         size, quorum = len(members), tracker.write_quorum
@@ -109,7 +154,7 @@ class Sender:
         everything = [(i, entries[i][0]) for i in batch]
         for member, resent in resends:
             if member in members and member not in failed:
-                self._start(tasks, member, resent)
+                self._submit(member, resent)
         if not everything:
             return
         for position, member in enumerate(members):
@@ -120,66 +165,11 @@ class Sender:
             else:  # R3: position p holds entry i when (p - i) mod E < Qw
                 mine = [item for item in everything if (position - item[0]) % size < quorum]
             if mine:
-                self._start(tasks, member, mine)
+                self._submit(member, mine)
 
-    def _start(self, tasks: anyio.abc.TaskGroup, member: EnsembleMember, entries: Batch) -> None:
-        if not self._in_flight:
-            self._calls_done = anyio.Event()
+    def _submit(self, member: EnsembleMember, entries: Batch) -> None:
         self._in_flight += 1
-        tasks.start_soon(self._send_counted, member, entries)
-
-    async def _send_counted(self, member: EnsembleMember, entries: Batch) -> None:
-        try:
-            await self._send(member, entries)
-        finally:
-            self._in_flight -= 1
-            if not self._in_flight:
-                self._calls_done.set()
-
-    async def _send(self, member: EnsembleMember, entries: Batch) -> None:
-        slots = self._slots.get(member)
-        if slots is None:
-            slots = self._slots[member] = anyio.Semaphore(
-                self._context.config.calls_in_flight_per_node_max
-            )
-        async with slots:
-            if self._tracker.fenced or member not in self._tracker.ensemble.members:
-                return  # replaced meanwhile: the replacement was sent these (R10)
-            lac = self._tracker.last_add_confirmed
-            outcomes = await self._call_add(member, entries, lac)
-        if outcomes is None:
-            return
-        self.answered += 1
-        self.lac_sent = max(self.lac_sent, lac)
-        stored: list[int] = []
-        for (entry_id, _), outcome in zip(entries, outcomes, strict=True):
-            if outcome is not None:
-                self._refused(member, outcome)
-                return
-            stored.append(entry_id)
-        self._acknowledged(self._tracker.record_acks(member, stored))
-
-    async def _call_add(
-        self, member: EnsembleMember, entries: Batch, lac: int
-    ) -> list[PoraError | None] | None:
-        """One add call, bounded by `node_timeout_s`; None when the member failed (R8)."""
-        timeout_s = self._context.config.node_timeout_s
-        failure: BaseException | None = None
-        with anyio.move_on_after(timeout_s):
-            try:
-                channel = await self._context.pool.channel(member.address)
-                return await channel.add_entries(
-                    self._ledger_id,
-                    entries,
-                    master_key=self._master_key,
-                    last_add_confirmed=lac,
-                    instance_id=member.instance_id,
-                    timeout_s=timeout_s,
-                )
-            except (PoraError, OSError) as error:
-                failure = error
-        self._changer.member_failed(member, failure or TimeoutError(f"no answer in {timeout_s} s"))
-        return None
+        self._senders.submit(self, member, entries)
 
     def _refused(self, member: EnsembleMember, error: PoraError) -> None:
         """R13: a refusal of the ledger ends the writer (FENCED and CLOSED fence it;

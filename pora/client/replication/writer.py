@@ -2,12 +2,13 @@
 
 Cheap per append: `append` takes the next id synchronously, encodes the entry,
 registers it with the `AckTracker` and queues it; the entries queued in one scheduler
-turn share one waiter, and the ledger's one sender task wakes once per turn, takes
-everything queued and makes ONE `add_entries` call per node of the ensemble (the
-channel coalesces further across ledgers). Answers are counted in bulk
-(`record_acks`), and the acknowledged range completes its waiters in one pass.
-Several calls per node may be in flight (`calls_in_flight_per_node_max`): a turn
-never waits for the previous turn's answers.
+turn share one waiter. The client's node senders (`node_senders.py`) take the
+ledger's turn once per scheduler turn: everything queued, striped into one batch
+per member (`sender.py`), and each node gets ONE call per turn carrying every
+ledger's batch for it. Answers are counted in bulk (`record_acks`), and the
+acknowledged range completes its waiters in one pass. Several calls per node may be
+in flight (`calls_in_flight_per_node_max`): a turn never waits for the previous
+turn's answers.
 
 Failures (R8) go to one ensemble-change task per ledger (R9..R12), one change at a
 time; refusals (R13) end the writer. The `AckTracker` decides every
@@ -33,10 +34,11 @@ from ledger.errors import (
 )
 from pora.client.replication.budget import Budget
 from pora.client.replication.ensemble_change import EnsembleChanger, WriterContext
-from pora.client.replication.entry_format import HEADER_BYTES, encode_entry
+from pora.client.replication.entry_format import HEADER_BYTES, LENGTH_MAX, encode_checked_entry
 from pora.client.replication.errors import ClientClosed
 from pora.client.replication.quorum import AckTracker
 from pora.client.replication.sender import Sender
+from pora.client.replication.waiters import Event
 from pora.meta.records import LedgerMetadata, Versioned
 
 _log = logging.getLogger("pora.client.writer")
@@ -47,7 +49,7 @@ class _TurnWaiter:
     """The entries added in one scheduler turn, up to `last`, wait on one event."""
 
     last: int
-    event: anyio.Event
+    event: Event
 
 
 class LedgerWriter:
@@ -65,6 +67,7 @@ class LedgerWriter:
             context, record, self._tracker, self._fail, self._acknowledged
         )
         config = context.config
+        self._payload_max = config.payload_bytes_max
         self._room = Budget(
             config.pending_appends_per_ledger_max, f"ledger {self.ledger_id}'s pending appends"
         )
@@ -115,10 +118,13 @@ class LedgerWriter:
         """Append one entry; returns its id once Qa nodes of its write set hold it and
         every earlier entry is acknowledged (R4). Waits for room when the ledger's or
         the client's pending bounds are reached."""
-        self._check_writable()
-        self._check_size(payload)
-        if not self._try_reserve(1, len(payload)):
-            await self._reserve(1, len(payload))
+        if self._error is not None or self._closing:
+            self._check_writable()
+        size = len(payload)
+        if size > self._payload_max:
+            self._check_size(payload)
+        if not self._try_reserve(1, size):
+            await self._reserve(1, size)
         entry_id, waiter = self._add(payload)
         await waiter.event.wait()
         if entry_id <= self._tracker.last_add_confirmed:
@@ -197,7 +203,8 @@ class LedgerWriter:
     async def start(
         self, task_group: anyio.abc.TaskGroup, on_closed: Callable[[LedgerWriter], None]
     ) -> None:
-        """Run the ledger's sender, ensemble changer and LAC flusher in `task_group`;
+        """Run the ledger's ensemble changer and LAC flusher in `task_group` (its adds go
+        through the client's node senders);
         `on_closed(self)` once closed."""
         self._on_closed = on_closed
         await task_group.start(self._run)
@@ -217,7 +224,6 @@ class LedgerWriter:
         try:
             async with anyio.create_task_group() as tasks:
                 self._scope = tasks.cancel_scope
-                tasks.start_soon(self._sender.run, tasks)
                 tasks.start_soon(self._changer.run, self._sender.wake, self._sender.queue_resend)
                 tasks.start_soon(self._lac_flush_loop)
                 task_status.started()
@@ -225,6 +231,7 @@ class LedgerWriter:
             self._stopped.set()
 
     async def _stop(self) -> None:
+        self._sender.stop()
         if self._scope is not None:
             self._scope.cancel()
             await self._stopped.wait()
@@ -266,7 +273,12 @@ class LedgerWriter:
         tracker = self._tracker
         entry_id = tracker.next_entry_id
         length_after = self._length + len(payload)
-        entry = encode_entry(self.ledger_id, entry_id, length_after, payload)
+        if length_after > LENGTH_MAX:
+            raise ValueError(
+                f"ledger {self.ledger_id}: {length_after} payload bytes in all would not fit "
+                "the entries' 64-bit length: start a new ledger"
+            )
+        entry = encode_checked_entry(self.ledger_id, entry_id, length_after, payload)
         tracker.add_pending(entry_id)
         self._length = length_after
         self._entries[entry_id] = (entry, length_after)
@@ -274,7 +286,7 @@ class LedgerWriter:
         sender.outbox.append(entry_id)
         turn = self._turn
         if turn is None:
-            turn = self._turn = _TurnWaiter(entry_id, anyio.Event())
+            turn = self._turn = _TurnWaiter(entry_id, self._context.new_event())
             self._waiters.append(turn)
         else:
             turn.last = entry_id
