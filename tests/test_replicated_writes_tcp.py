@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_cli_cluster import free_base_port, kill_leftover_nodes
 
 import pora
@@ -53,6 +54,7 @@ async def _write_and_check(url: str) -> None:
                 assert entry.payload == (b"y" if entry_id == 201 else b"entry %d" % entry_id)
 
 
+@pytest.mark.slow  # three `pora serve` processes to start: ~3.5 s
 def test_asyncio_writes_over_tcp_to_a_real_cluster(tmp_path: Path) -> None:
     folder = tmp_path / "cluster"
     command = [

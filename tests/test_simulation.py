@@ -27,7 +27,7 @@ def run(plan: Plan) -> RunResult:
         return run_plan(plan, Path(folder))
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(SEEDS)
 def test_random_runs_keep_the_invariants(seed: int) -> None:
     run(plan_from_seed(seed))
