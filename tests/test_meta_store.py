@@ -221,6 +221,12 @@ ALLOCATE = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize(
+    "store_url",
+    # four processes starting Python: ~2 s a store; ZooKeeper's in the full suite only
+    ["sqlite", pytest.param("zk", marks=pytest.mark.slow)],
+    indirect=True,
+)
 def test_ledger_ids_unique_across_processes(store_url: str) -> None:
     def allocate() -> subprocess.Popen[str]:
         command = [sys.executable, "-c", ALLOCATE, store_url, "200", "7"]
