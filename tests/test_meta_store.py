@@ -221,12 +221,7 @@ ALLOCATE = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(
-    "store_url",
-    # four processes starting Python: ~2 s a store; ZooKeeper's in the full suite only
-    ["sqlite", pytest.param("zk", marks=pytest.mark.slow)],
-    indirect=True,
-)
+@pytest.mark.slow  # four Python processes to start: 1.5-5 s a store
 def test_ledger_ids_unique_across_processes(store_url: str) -> None:
     def allocate() -> subprocess.Popen[str]:
         command = [sys.executable, "-c", ALLOCATE, store_url, "200", "7"]
