@@ -644,18 +644,22 @@ def _run_body(
     )
 
 
-@settings(max_examples=200, deadline=None)
-@given(add_runs, st.lists(st.integers(0, 10**6), max_size=8))
-def test_an_add_run_round_trips_however_its_frame_is_split(run: AddRun, cuts: list[int]) -> None:
-    frame = codec.encode_request(run)
-    assert len(frame) == 4 + struct.unpack_from(">I", frame)[0]
-    decoder = codec.RequestDecoder()
-    decoded: list[RequestMessage | Refused] = []
-    for piece in _split(frame, cuts):
-        decoder.receive_data(piece)
-        decoded.extend(decoder.next_requests(1000))
-    assert decoded == [run]
-    assert decoder.buffered_bytes == 0
+@two_depths(full=200)
+def test_an_add_run_round_trips_however_its_frame_is_split(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None)
+    @given(add_runs, st.lists(st.integers(0, 10**6), max_size=8))
+    def check(run: AddRun, cuts: list[int]) -> None:
+        frame = codec.encode_request(run)
+        assert len(frame) == 4 + struct.unpack_from(">I", frame)[0]
+        decoder = codec.RequestDecoder()
+        decoded: list[RequestMessage | Refused] = []
+        for piece in _split(frame, cuts):
+            decoder.receive_data(piece)
+            decoded.extend(decoder.next_requests(1000))
+        assert decoded == [run]
+        assert decoder.buffered_bytes == 0
+
+    check()
 
 
 @settings(max_examples=100, deadline=None)
@@ -683,33 +687,35 @@ def test_an_add_run_decodes_the_same_split_at_every_byte() -> None:
     assert decoder.next_requests(10) == [run]
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(
-        st.one_of(
-            st.builds(AddEntry, ids, i64, i64, i64, keys, payloads, st.booleans()),
-            add_runs,
-            requests,
+@two_depths(full=200)
+def test_mixed_streams_of_adds_runs_and_others_decode_in_order(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None)
+    @given(
+        st.lists(
+            st.one_of(
+                st.builds(AddEntry, ids, i64, i64, i64, keys, payloads, st.booleans()),
+                add_runs,
+                requests,
+            ),
+            min_size=1,
+            max_size=20,
         ),
-        min_size=1,
-        max_size=20,
-    ),
-    st.lists(st.integers(0, 10**6), max_size=8),
-    st.integers(1, 5),
-)
-def test_mixed_streams_of_adds_runs_and_others_decode_in_order(
-    messages: list[RequestMessage], cuts: list[int], count_max: int
-) -> None:
-    stream = b"".join(codec.encode_request(m) for m in messages)
-    decoder = codec.RequestDecoder()
-    decoded: list[RequestMessage | Refused] = []
-    for piece in [*_split(stream, cuts), b""]:
-        decoder.receive_data(piece)
-        while batch := decoder.next_requests_raw(count_max):
-            assert len(batch) <= count_max  # a run counts as one request
-            decoded += [AddEntry(*m) if isinstance(m, tuple) else m for m in batch]
-    assert decoded == messages
-    assert decoder.buffered_bytes == 0
+        st.lists(st.integers(0, 10**6), max_size=8),
+        st.integers(1, 5),
+    )
+    def check(messages: list[RequestMessage], cuts: list[int], count_max: int) -> None:
+        stream = b"".join(codec.encode_request(m) for m in messages)
+        decoder = codec.RequestDecoder()
+        decoded: list[RequestMessage | Refused] = []
+        for piece in [*_split(stream, cuts), b""]:
+            decoder.receive_data(piece)
+            while batch := decoder.next_requests_raw(count_max):
+                assert len(batch) <= count_max  # a run counts as one request
+                decoded += [AddEntry(*m) if isinstance(m, tuple) else m for m in batch]
+        assert decoded == messages
+        assert decoder.buffered_bytes == 0
+
+    check()
 
 
 def test_a_run_of_the_most_entries_round_trips_and_one_more_is_refused() -> None:
@@ -888,27 +894,31 @@ def test_an_oversized_add_run_is_too_large_on_its_header() -> None:
     assert decoder.buffered_bytes == 0
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    add_runs,
-    st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4),
-)
+@two_depths(full=300)
 def test_a_corrupted_add_run_gives_requests_or_a_protocol_error_and_nothing_else(
-    run: AddRun, corruptions: list[tuple[int, int]]
+    examples: int,
 ) -> None:
-    frame = bytearray(codec.encode_request(run))
-    for position, value in corruptions:
-        frame[4 + position % (len(frame) - 4)] = value  # the length prefix stays good
-    decoder = codec.RequestDecoder()
-    decoder.receive_data(bytes(frame))
-    try:
-        decoded = decoder.next_requests(10)
-    except ProtocolError as error:
-        assert error.status == f.Status.BAD_REQUEST
-        assert error.request_id is not None
-    else:
-        assert len(decoded) == 1
-        assert decoder.buffered_bytes == 0
+    @settings(max_examples=examples, deadline=None)
+    @given(
+        add_runs,
+        st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4),
+    )
+    def check(run: AddRun, corruptions: list[tuple[int, int]]) -> None:
+        frame = bytearray(codec.encode_request(run))
+        for position, value in corruptions:
+            frame[4 + position % (len(frame) - 4)] = value  # the length prefix stays good
+        decoder = codec.RequestDecoder()
+        decoder.receive_data(bytes(frame))
+        try:
+            decoded = decoder.next_requests(10)
+        except ProtocolError as error:
+            assert error.status == f.Status.BAD_REQUEST
+            assert error.request_id is not None
+        else:
+            assert len(decoded) == 1
+            assert decoder.buffered_bytes == 0
+
+    check()
 
 
 def test_an_add_run_response_decodes_the_same_split_at_every_byte() -> None:

@@ -55,25 +55,28 @@ def test_r17_with_e_equal_qw_equal_qa_one_fenced_node_covers() -> None:
     assert coverage.record_fenced("n1:3181")
 
 
-@settings(max_examples=300)
-@given(
-    e=st.integers(1, 7),
-    data=st.data(),
-)
-def test_r17_property_coverage_iff_no_write_set_has_qa_unfenced_members(
-    e: int, data: st.DataObject
-) -> None:
+@two_depths(full=300)
+def test_r17_property_coverage_iff_no_write_set_has_qa_unfenced_members(examples: int) -> None:
     """(e) coverage implies no write set has Qa unfenced members, and the converse."""
-    qw = data.draw(st.integers(1, e))
-    qa = data.draw(st.integers(1, qw))
-    fenced = data.draw(st.sets(st.integers(0, e - 1)))
-    coverage = FenceCoverage(Ensemble(0, members(e)), qw, qa)
-    for position in fenced:
-        coverage.record_fenced(m(position).address)
-    some_write_set_can_ack = any(
-        len(set(write_set_positions(start, e, qw)) - fenced) >= qa for start in range(e)
+
+    @settings(max_examples=examples)
+    @given(
+        e=st.integers(1, 7),
+        data=st.data(),
     )
-    assert coverage.covered is not some_write_set_can_ack
+    def check(e: int, data: st.DataObject) -> None:
+        qw = data.draw(st.integers(1, e))
+        qa = data.draw(st.integers(1, qw))
+        fenced = data.draw(st.sets(st.integers(0, e - 1)))
+        coverage = FenceCoverage(Ensemble(0, members(e)), qw, qa)
+        for position in fenced:
+            coverage.record_fenced(m(position).address)
+        some_write_set_can_ack = any(
+            len(set(write_set_positions(start, e, qw)) - fenced) >= qa for start in range(e)
+        )
+        assert coverage.covered is not some_write_set_can_ack
+
+    check()
 
 
 def test_r18_recovery_starts_after_the_highest_lac_reported() -> None:
