@@ -333,9 +333,7 @@ def test_random_bytes_give_requests_that_reencode_to_them_or_a_protocol_error(
 ) -> None:
     @settings(max_examples=examples, deadline=None)
     @given(request_bytes)
-    def check(
-        data: bytes,
-    ) -> None:
+    def check(data: bytes) -> None:
         decoder = codec.RequestDecoder(frame_bytes_max=4096, receive_bytes_max=1 << 16)
         decoder.receive_data(data)
         decoded, error = _decode_all(lambda: decoder.next_requests(1000))
@@ -372,9 +370,7 @@ def test_random_bytes_to_a_client_decoder_give_responses_that_round_trip_or_an_e
 ) -> None:
     @settings(max_examples=examples, deadline=None)
     @given(response_bytes)
-    def check(
-        data: bytes,
-    ) -> None:
+    def check(data: bytes) -> None:
         decoder = codec.ResponseDecoder(frame_bytes_max=4096, receive_bytes_max=1 << 16)
         decoder.receive_data(data)
         decoded, error = _decode_all(decoder.next_responses)
@@ -556,9 +552,7 @@ def test_add_outcomes_keep_the_frame_size_bound() -> None:
 def test_random_bytes_give_the_add_outcomes_next_responses_gives_or_an_error(examples: int) -> None:
     @settings(max_examples=examples, deadline=None)
     @given(response_bytes)
-    def check(
-        data: bytes,
-    ) -> None:
+    def check(data: bytes) -> None:
         decoder = bulk.AddOutcomeDecoder(frame_bytes_max=4096, receive_bytes_max=1 << 16)
         decoder.receive_data(data)
         reference = codec.ResponseDecoder(frame_bytes_max=4096, receive_bytes_max=1 << 16)
