@@ -9,7 +9,7 @@ rest normally."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from pora.client.replication.entry_format import encode_entry
 from pora.client.replication.ledger_records import new_ledger, with_ensemble_change
 from pora.client.replication.quorum import entry_write_set
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, Versioned
+from pora.node.node import Node
 
 PASSWORD = "pw"
 KEY = master_key_from_password(PASSWORD)
@@ -76,11 +77,23 @@ async def put(
 ) -> None:
     """Store each entry on its write set (only the members at `on`, if given), with
     `lac(entry_id)` piggybacked (by default: every earlier entry acknowledged)."""
+    await put_on_nodes(cluster.nodes, metadata, entry_ids, on=on, lac=lac)
+
+
+async def put_on_nodes(
+    nodes: Mapping[str, Node],
+    metadata: LedgerMetadata,
+    entry_ids: Iterable[int],
+    *,
+    on: Iterable[str] | None = None,
+    lac: Callable[[int], int] = lambda entry_id: entry_id - 1,
+) -> None:
+    """`put` on nodes by address (served ones, say, rather than a cluster's)."""
     only = None if on is None else set(on)
     for entry_id in entry_ids:
         for target in entry_write_set(metadata, entry_id):
             if only is None or target.address in only:
-                await cluster.nodes[target.address].add_entry(
+                await nodes[target.address].add_entry(
                     metadata.ledger_id,
                     entry_id,
                     stored_bytes(metadata.ledger_id, entry_id),

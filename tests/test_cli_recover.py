@@ -49,6 +49,7 @@ def _tree_digest(root: Path) -> dict[str, str]:
     return digests
 
 
+@pytest.mark.slow  # a writer process to start and SIGKILL: 2-3 s
 def test_recover_replays_what_a_sigkilled_writer_acknowledged(
     tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, capsys: Capsys
 ) -> None:

@@ -5,23 +5,15 @@ contract), under asyncio and under trio, over TCP to a real `pora cluster` of th
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Awaitable, Callable, Iterator
 
 import anyio
 import pytest
 import trio
-from test_cli_cluster import free_base_port, kill_leftover_nodes
+from cluster_process import pora_cluster_process
 from zookeeper_support import fresh_zk_url
 
 import pora
-from pora.meta.store import open_metadata
-
-START_TIMEOUT_S = 60.0
 
 
 @pytest.fixture(scope="module", params=["sqlite", "zk"])
@@ -30,36 +22,8 @@ def cluster_url(
 ) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("contract") / "cluster"
     url = fresh_zk_url(request) if request.param == "zk" else f"sqlite://{folder / 'meta.db'}"
-    command = [
-        sys.executable, "-m", "pora.cli", "cluster", "--nodes", "3",
-        "--dir", str(folder), "--base-port", str(free_base_port(3)), "--metadata", url,
-    ]  # fmt: skip
-    process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ
-    )
-
-    async def registered() -> int:
-        try:
-            async with open_metadata(url) as store:
-                return len(await store.list_nodes(writable_only=True))
-        except pora.MetadataError:  # the cluster is still creating the store
-            return 0
-
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while trio.run(registered) < 3:
-            assert process.poll() is None, "pora cluster exited"
-            assert time.monotonic() < deadline, "the nodes never registered"
-            time.sleep(0.05)
+    with pora_cluster_process(folder, nodes=3, metadata=url):
         yield url
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        kill_leftover_nodes(folder)
 
 
 async def the_contract(url: str) -> None:

@@ -221,6 +221,7 @@ ALLOCATE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # four Python processes to start: 1.5-5 s a store
 def test_ledger_ids_unique_across_processes(store_url: str) -> None:
     def allocate() -> subprocess.Popen[str]:
         command = [sys.executable, "-c", ALLOCATE, store_url, "200", "7"]
@@ -337,7 +338,7 @@ def test_unreachable_store_names_the_url(run: Runner, tmp_path: Path) -> None:
 
         started = time.monotonic()
         with pytest.raises(MetadataUnavailable) as error:
-            with_store(run, url, body, MetadataConfig(call_timeout_s=2))
+            with_store(run, url, body, MetadataConfig(call_timeout_s=0.5))
         assert error.value.url == url
         assert url in str(error.value)
         assert time.monotonic() - started < 5

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import pytest
+from depth import two_depths
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -139,33 +140,39 @@ def _split(data: bytes, cuts: list[int]) -> list[bytes]:
     return pieces
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(requests, min_size=1, max_size=20), st.lists(st.integers(0, 10**6), max_size=8))
-def test_requests_round_trip_however_the_stream_is_split(
-    messages: list[RequestMessage], cuts: list[int]
-) -> None:
-    stream = b"".join(codec.encode_request(m) for m in messages)
-    decoder = codec.RequestDecoder()
-    decoded: list[RequestMessage | Refused] = []
-    for piece in _split(stream, cuts):
-        decoder.receive_data(piece)
-        decoded.extend(decoder.next_requests(1000))
-    assert decoded == messages
-    assert decoder.buffered_bytes == 0
+@two_depths(full=300)
+def test_requests_round_trip_however_the_stream_is_split(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None)
+    @given(st.lists(requests, min_size=1, max_size=20), st.lists(st.integers(0, 10**6), max_size=8))
+    def check(messages: list[RequestMessage], cuts: list[int]) -> None:
+        stream = b"".join(codec.encode_request(m) for m in messages)
+        decoder = codec.RequestDecoder()
+        decoded: list[RequestMessage | Refused] = []
+        for piece in _split(stream, cuts):
+            decoder.receive_data(piece)
+            decoded.extend(decoder.next_requests(1000))
+        assert decoded == messages
+        assert decoder.buffered_bytes == 0
+
+    check()
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(responses, min_size=1, max_size=20), st.lists(st.integers(0, 10**6), max_size=8))
-def test_responses_round_trip_however_the_stream_is_split(
-    messages: list[ResponseMessage], cuts: list[int]
-) -> None:
-    stream = b"".join(codec.encode_response(m) for m in messages)
-    decoder = codec.ResponseDecoder()
-    decoded: list[ResponseMessage] = []
-    for piece in _split(stream, cuts):
-        decoder.receive_data(piece)
-        decoded.extend(decoder.next_responses())
-    assert decoded == messages
+@two_depths(full=300)
+def test_responses_round_trip_however_the_stream_is_split(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None)
+    @given(
+        st.lists(responses, min_size=1, max_size=20), st.lists(st.integers(0, 10**6), max_size=8)
+    )
+    def check(messages: list[ResponseMessage], cuts: list[int]) -> None:
+        stream = b"".join(codec.encode_response(m) for m in messages)
+        decoder = codec.ResponseDecoder()
+        decoded: list[ResponseMessage] = []
+        for piece in _split(stream, cuts):
+            decoder.receive_data(piece)
+            decoded.extend(decoder.next_responses())
+        assert decoded == messages
+
+    check()
 
 
 def test_batched_add_responses_decode_one_per_add() -> None:
@@ -320,60 +327,68 @@ def _decode_all(next_batch: Callable[[], Sequence[_T]]) -> tuple[list[_T], Proto
     return decoded, None
 
 
-@settings(max_examples=500, deadline=None)
-@given(request_bytes)
+@two_depths(full=500)
 def test_random_bytes_give_requests_that_reencode_to_them_or_a_protocol_error(
-    data: bytes,
+    examples: int,
 ) -> None:
-    decoder = codec.RequestDecoder(frame_bytes_max=4096, receive_bytes_max=1 << 16)
-    decoder.receive_data(data)
-    decoded, error = _decode_all(lambda: decoder.next_requests(1000))
-    if error is not None:
-        assert error.status in (f.Status.BAD_REQUEST, f.Status.TOO_LARGE)
-        with pytest.raises(ProtocolError):  # a failed decoder stays failed
-            decoder.next_requests(1000)
-    assert decoder.buffered_bytes <= min(len(data), 4096 + 4 + (1 << 16))
-    consumed = data[: len(data) - decoder.buffered_bytes] if error is None else None
-    frames = _frames_of(consumed) if consumed is not None else None
-    for index, message in enumerate(decoded):
-        frame = frames[index] if frames is not None else None
-        if isinstance(message, Refused):  # answered alone: a status, the frame's id
-            assert message.status in (f.Status.BAD_REQUEST, f.Status.INVALID_ARGUMENT)
+    @settings(max_examples=examples, deadline=None)
+    @given(request_bytes)
+    def check(data: bytes) -> None:
+        decoder = codec.RequestDecoder(frame_bytes_max=4096, receive_bytes_max=1 << 16)
+        decoder.receive_data(data)
+        decoded, error = _decode_all(lambda: decoder.next_requests(1000))
+        if error is not None:
+            assert error.status in (f.Status.BAD_REQUEST, f.Status.TOO_LARGE)
+            with pytest.raises(ProtocolError):  # a failed decoder stays failed
+                decoder.next_requests(1000)
+        assert decoder.buffered_bytes <= min(len(data), 4096 + 4 + (1 << 16))
+        consumed = data[: len(data) - decoder.buffered_bytes] if error is None else None
+        frames = _frames_of(consumed) if consumed is not None else None
+        for index, message in enumerate(decoded):
+            frame = frames[index] if frames is not None else None
+            if isinstance(message, Refused):  # answered alone: a status, the frame's id
+                assert message.status in (f.Status.BAD_REQUEST, f.Status.INVALID_ARGUMENT)
+                if frame is not None:
+                    assert struct.unpack_from(">Q", frame, 8)[0] == message.request_id
+                continue
+            if len(getattr(message, "master_key", b"")) > MASTER_KEY_BYTES_MAX:
+                continue  # an add's key the node refuses; the encoders refuse to make one
+            again = bytearray(codec.encode_request(message))
+            again[4] = decoder.version or f.PROTOCOL_VERSION  # the frame's own version
             if frame is not None:
-                assert struct.unpack_from(">Q", frame, 8)[0] == message.request_id
-            continue
-        if len(getattr(message, "master_key", b"")) > MASTER_KEY_BYTES_MAX:
-            continue  # an add's key the node refuses; the encoders refuse to make one
-        again = bytearray(codec.encode_request(message))
-        again[4] = decoder.version or f.PROTOCOL_VERSION  # the frame's own version
-        if frame is not None:
-            assert bytes(again) == frame
-        redecoder = codec.RequestDecoder(frame_bytes_max=4096)
-        redecoder.receive_data(bytes(again))
-        assert redecoder.next_requests(1) == [message]
+                assert bytes(again) == frame
+            redecoder = codec.RequestDecoder(frame_bytes_max=4096)
+            redecoder.receive_data(bytes(again))
+            assert redecoder.next_requests(1) == [message]
+
+    check()
 
 
-@settings(max_examples=300, deadline=None)
-@given(response_bytes)
+@two_depths(full=300)
 def test_random_bytes_to_a_client_decoder_give_responses_that_round_trip_or_an_error(
-    data: bytes,
+    examples: int,
 ) -> None:
-    decoder = codec.ResponseDecoder(frame_bytes_max=4096, receive_bytes_max=1 << 16)
-    decoder.receive_data(data)
-    decoded, error = _decode_all(decoder.next_responses)
-    if error is not None:
-        assert error.status in (f.Status.BAD_REQUEST, f.Status.TOO_LARGE)
-        with pytest.raises(ProtocolError):
-            decoder.next_responses()
-    assert decoder.buffered_bytes <= min(len(data), 4096 + 4 + (1 << 16))
-    for message in decoded:
-        # text fields were decoded with replacement: one round makes the fixed point
-        redecoder = codec.ResponseDecoder(frame_bytes_max=1 << 16)
-        redecoder.receive_data(codec.encode_response(message, decoder.version))
-        (again,) = redecoder.next_responses()
-        redecoder.receive_data(codec.encode_response(again, decoder.version))
-        assert redecoder.next_responses() == [again]
-        assert (again.request_id, type(again)) == (message.request_id, type(message))
+    @settings(max_examples=examples, deadline=None)
+    @given(response_bytes)
+    def check(data: bytes) -> None:
+        decoder = codec.ResponseDecoder(frame_bytes_max=4096, receive_bytes_max=1 << 16)
+        decoder.receive_data(data)
+        decoded, error = _decode_all(decoder.next_responses)
+        if error is not None:
+            assert error.status in (f.Status.BAD_REQUEST, f.Status.TOO_LARGE)
+            with pytest.raises(ProtocolError):
+                decoder.next_responses()
+        assert decoder.buffered_bytes <= min(len(data), 4096 + 4 + (1 << 16))
+        for message in decoded:
+            # text fields were decoded with replacement: one round makes the fixed point
+            redecoder = codec.ResponseDecoder(frame_bytes_max=1 << 16)
+            redecoder.receive_data(codec.encode_response(message, decoder.version))
+            (again,) = redecoder.next_responses()
+            redecoder.receive_data(codec.encode_response(again, decoder.version))
+            assert redecoder.next_responses() == [again]
+            assert (again.request_id, type(again)) == (message.request_id, type(message))
+
+    check()
 
 
 def test_the_buffer_refuses_to_grow_past_its_bound() -> None:
@@ -431,33 +446,35 @@ def test_a_batch_of_add_frames_is_the_same_as_one_frame_each(
 other_responses = responses.filter(lambda m: not isinstance(m, AddEntryResponse))
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(
-        st.one_of(
-            st.lists(ok_adds, min_size=1, max_size=80),  # runs, to exercise the bulk path
-            other_responses.map(lambda m: [m]),
+@two_depths(full=200)
+def test_add_outcomes_are_the_ok_ids_and_every_other_response_however_split(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None)
+    @given(
+        st.lists(
+            st.one_of(
+                st.lists(ok_adds, min_size=1, max_size=80),  # runs, to exercise the bulk path
+                other_responses.map(lambda m: [m]),
+            ),
+            max_size=12,
         ),
-        max_size=12,
-    ),
-    st.lists(st.integers(0, 10**6), max_size=8),
-)
-def test_add_outcomes_are_the_ok_ids_and_every_other_response_however_split(
-    groups: list[list[ResponseMessage]], cuts: list[int]
-) -> None:
-    messages = [m for group in groups for m in group]
-    stream = b"".join(codec.encode_response(m) for m in messages)
-    decoder = bulk.AddOutcomeDecoder()
-    ok_ids: list[int] = []
-    others: list[ResponseMessage] = []
-    for piece in _split(stream, cuts):
-        decoder.receive_data(piece)
-        outcomes = decoder.next_add_outcomes()
-        ok_ids += outcomes.ok_request_ids
-        others += outcomes.others
-    assert ok_ids == [m.request_id for m in messages if isinstance(m, AddEntryResponse)]
-    assert others == [m for m in messages if not isinstance(m, AddEntryResponse)]
-    assert decoder.buffered_bytes == 0
+        st.lists(st.integers(0, 10**6), max_size=8),
+    )
+    def check(groups: list[list[ResponseMessage]], cuts: list[int]) -> None:
+        messages = [m for group in groups for m in group]
+        stream = b"".join(codec.encode_response(m) for m in messages)
+        decoder = bulk.AddOutcomeDecoder()
+        ok_ids: list[int] = []
+        others: list[ResponseMessage] = []
+        for piece in _split(stream, cuts):
+            decoder.receive_data(piece)
+            outcomes = decoder.next_add_outcomes()
+            ok_ids += outcomes.ok_request_ids
+            others += outcomes.others
+        assert ok_ids == [m.request_id for m in messages if isinstance(m, AddEntryResponse)]
+        assert others == [m for m in messages if not isinstance(m, AddEntryResponse)]
+        assert decoder.buffered_bytes == 0
+
+    check()
 
 
 def test_add_outcomes_of_long_runs_broken_by_errors() -> None:
@@ -531,33 +548,35 @@ def test_add_outcomes_keep_the_frame_size_bound() -> None:
     assert caught.value.status == f.Status.TOO_LARGE
 
 
-@settings(max_examples=300, deadline=None)
-@given(response_bytes)
-def test_random_bytes_give_the_add_outcomes_next_responses_gives_or_an_error(
-    data: bytes,
-) -> None:
-    decoder = bulk.AddOutcomeDecoder(frame_bytes_max=4096, receive_bytes_max=1 << 16)
-    decoder.receive_data(data)
-    reference = codec.ResponseDecoder(frame_bytes_max=4096, receive_bytes_max=1 << 16)
-    reference.receive_data(data)
-    ok: list[int] = []
-    others: list[ResponseMessage] = []
-    failed = False
-    try:
-        while True:
-            outcomes = decoder.next_add_outcomes()
-            if not outcomes.ok_request_ids and not outcomes.others:
-                break
-            ok += outcomes.ok_request_ids
-            others += outcomes.others
-    except ProtocolError:
-        failed = True
-    assert decoder.buffered_bytes <= min(len(data), 4096 + 4 + (1 << 16))
-    # the bulk path agrees with the frame-by-frame one on every frame before a failure
-    expected, error = _decode_all(reference.next_responses)
-    assert failed == (error is not None)
-    assert ok == [r.request_id for r in expected if isinstance(r, AddEntryResponse)]
-    assert others == [r for r in expected if not isinstance(r, AddEntryResponse)]
+@two_depths(full=300)
+def test_random_bytes_give_the_add_outcomes_next_responses_gives_or_an_error(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None)
+    @given(response_bytes)
+    def check(data: bytes) -> None:
+        decoder = bulk.AddOutcomeDecoder(frame_bytes_max=4096, receive_bytes_max=1 << 16)
+        decoder.receive_data(data)
+        reference = codec.ResponseDecoder(frame_bytes_max=4096, receive_bytes_max=1 << 16)
+        reference.receive_data(data)
+        ok: list[int] = []
+        others: list[ResponseMessage] = []
+        failed = False
+        try:
+            while True:
+                outcomes = decoder.next_add_outcomes()
+                if not outcomes.ok_request_ids and not outcomes.others:
+                    break
+                ok += outcomes.ok_request_ids
+                others += outcomes.others
+        except ProtocolError:
+            failed = True
+        assert decoder.buffered_bytes <= min(len(data), 4096 + 4 + (1 << 16))
+        # the bulk path agrees with the frame-by-frame one on every frame before a failure
+        expected, error = _decode_all(reference.next_responses)
+        assert failed == (error is not None)
+        assert ok == [r.request_id for r in expected if isinstance(r, AddEntryResponse)]
+        assert others == [r for r in expected if not isinstance(r, AddEntryResponse)]
+
+    check()
 
 
 @settings(max_examples=100, deadline=None)
@@ -619,18 +638,22 @@ def _run_body(
     )
 
 
-@settings(max_examples=200, deadline=None)
-@given(add_runs, st.lists(st.integers(0, 10**6), max_size=8))
-def test_an_add_run_round_trips_however_its_frame_is_split(run: AddRun, cuts: list[int]) -> None:
-    frame = codec.encode_request(run)
-    assert len(frame) == 4 + struct.unpack_from(">I", frame)[0]
-    decoder = codec.RequestDecoder()
-    decoded: list[RequestMessage | Refused] = []
-    for piece in _split(frame, cuts):
-        decoder.receive_data(piece)
-        decoded.extend(decoder.next_requests(1000))
-    assert decoded == [run]
-    assert decoder.buffered_bytes == 0
+@two_depths(full=200)
+def test_an_add_run_round_trips_however_its_frame_is_split(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None)
+    @given(add_runs, st.lists(st.integers(0, 10**6), max_size=8))
+    def check(run: AddRun, cuts: list[int]) -> None:
+        frame = codec.encode_request(run)
+        assert len(frame) == 4 + struct.unpack_from(">I", frame)[0]
+        decoder = codec.RequestDecoder()
+        decoded: list[RequestMessage | Refused] = []
+        for piece in _split(frame, cuts):
+            decoder.receive_data(piece)
+            decoded.extend(decoder.next_requests(1000))
+        assert decoded == [run]
+        assert decoder.buffered_bytes == 0
+
+    check()
 
 
 @settings(max_examples=100, deadline=None)
@@ -658,33 +681,35 @@ def test_an_add_run_decodes_the_same_split_at_every_byte() -> None:
     assert decoder.next_requests(10) == [run]
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(
-        st.one_of(
-            st.builds(AddEntry, ids, i64, i64, i64, keys, payloads, st.booleans()),
-            add_runs,
-            requests,
+@two_depths(full=200)
+def test_mixed_streams_of_adds_runs_and_others_decode_in_order(examples: int) -> None:
+    @settings(max_examples=examples, deadline=None)
+    @given(
+        st.lists(
+            st.one_of(
+                st.builds(AddEntry, ids, i64, i64, i64, keys, payloads, st.booleans()),
+                add_runs,
+                requests,
+            ),
+            min_size=1,
+            max_size=20,
         ),
-        min_size=1,
-        max_size=20,
-    ),
-    st.lists(st.integers(0, 10**6), max_size=8),
-    st.integers(1, 5),
-)
-def test_mixed_streams_of_adds_runs_and_others_decode_in_order(
-    messages: list[RequestMessage], cuts: list[int], count_max: int
-) -> None:
-    stream = b"".join(codec.encode_request(m) for m in messages)
-    decoder = codec.RequestDecoder()
-    decoded: list[RequestMessage | Refused] = []
-    for piece in [*_split(stream, cuts), b""]:
-        decoder.receive_data(piece)
-        while batch := decoder.next_requests_raw(count_max):
-            assert len(batch) <= count_max  # a run counts as one request
-            decoded += [AddEntry(*m) if isinstance(m, tuple) else m for m in batch]
-    assert decoded == messages
-    assert decoder.buffered_bytes == 0
+        st.lists(st.integers(0, 10**6), max_size=8),
+        st.integers(1, 5),
+    )
+    def check(messages: list[RequestMessage], cuts: list[int], count_max: int) -> None:
+        stream = b"".join(codec.encode_request(m) for m in messages)
+        decoder = codec.RequestDecoder()
+        decoded: list[RequestMessage | Refused] = []
+        for piece in [*_split(stream, cuts), b""]:
+            decoder.receive_data(piece)
+            while batch := decoder.next_requests_raw(count_max):
+                assert len(batch) <= count_max  # a run counts as one request
+                decoded += [AddEntry(*m) if isinstance(m, tuple) else m for m in batch]
+        assert decoded == messages
+        assert decoder.buffered_bytes == 0
+
+    check()
 
 
 def test_a_run_of_the_most_entries_round_trips_and_one_more_is_refused() -> None:
@@ -863,27 +888,31 @@ def test_an_oversized_add_run_is_too_large_on_its_header() -> None:
     assert decoder.buffered_bytes == 0
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    add_runs,
-    st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4),
-)
+@two_depths(full=300)
 def test_a_corrupted_add_run_gives_requests_or_a_protocol_error_and_nothing_else(
-    run: AddRun, corruptions: list[tuple[int, int]]
+    examples: int,
 ) -> None:
-    frame = bytearray(codec.encode_request(run))
-    for position, value in corruptions:
-        frame[4 + position % (len(frame) - 4)] = value  # the length prefix stays good
-    decoder = codec.RequestDecoder()
-    decoder.receive_data(bytes(frame))
-    try:
-        decoded = decoder.next_requests(10)
-    except ProtocolError as error:
-        assert error.status == f.Status.BAD_REQUEST
-        assert error.request_id is not None
-    else:
-        assert len(decoded) == 1
-        assert decoder.buffered_bytes == 0
+    @settings(max_examples=examples, deadline=None)
+    @given(
+        add_runs,
+        st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4),
+    )
+    def check(run: AddRun, corruptions: list[tuple[int, int]]) -> None:
+        frame = bytearray(codec.encode_request(run))
+        for position, value in corruptions:
+            frame[4 + position % (len(frame) - 4)] = value  # the length prefix stays good
+        decoder = codec.RequestDecoder()
+        decoder.receive_data(bytes(frame))
+        try:
+            decoded = decoder.next_requests(10)
+        except ProtocolError as error:
+            assert error.status == f.Status.BAD_REQUEST
+            assert error.request_id is not None
+        else:
+            assert len(decoded) == 1
+            assert decoder.buffered_bytes == 0
+
+    check()
 
 
 def test_an_add_run_response_decodes_the_same_split_at_every_byte() -> None:

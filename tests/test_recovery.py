@@ -28,9 +28,21 @@ from pora.client.replication.errors import RecoveryFailed
 from pora.client.replication.quorum import entry_write_set
 from pora.client.replication.recovery import recover_ledger
 from pora.client.replication.replica_reads import read_from_write_set
-from pora.meta.records import LedgerMetadata, LedgerState
+from pora.meta.records import LedgerMetadata, LedgerState, Versioned
 
 CONFIG = ClientConfig(node_timeout_s=5.0, recovery_fence_timeout_s=20.0)
+
+
+async def recover(
+    cluster: LocalCluster,
+    ledger_id: int,
+    *,
+    through: Scripted | None = None,
+    config: ClientConfig = CONFIG,
+) -> Versioned[LedgerMetadata]:
+    """`recover_ledger` on the cluster's store, through its channels (or a script's)."""
+    channel_for = cluster.channel_for if through is None else through.channel_for
+    return await recover_ledger(cluster.store, channel_for, config, ledger_id, KEY)
 
 
 async def assert_on_every_replica(cluster: LocalCluster, metadata: LedgerMetadata) -> None:
@@ -49,9 +61,7 @@ async def test_recovery_keeps_every_entry_held_by_an_ack_quorum(tmp_path: Path) 
         await put(cluster, record.value, [10], on=[a, b])  # Qa=2 members: must survive
         # one member (sent while the writer's LAC was 9): may or may not survive
         await put(cluster, record.value, [11], on=[c], lac=lambda _: 9)
-        closed = await recover_ledger(
-            cluster.store, cluster.channel_for, CONFIG, record.value.ledger_id, KEY
-        )
+        closed = await recover(cluster, record.value.ledger_id)
         assert closed.value.state is LedgerState.CLOSED
         assert closed.value.last_entry_id in (10, 11)
         assert closed.value.length == length_after(closed.value.last_entry_id)
@@ -75,15 +85,13 @@ async def test_racing_recoveries_close_at_one_entry(tmp_path: Path) -> None:
         await put(cluster, record.value, [5], on=[a])
         results: list[LedgerMetadata] = []
 
-        async def recover() -> None:
-            closed = await recover_ledger(
-                cluster.store, cluster.channel_for, CONFIG, record.value.ledger_id, KEY
-            )
+        async def one_recovery() -> None:
+            closed = await recover(cluster, record.value.ledger_id)
             results.append(closed.value)
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(recover)
-            nursery.start_soon(recover)
+            nursery.start_soon(one_recovery)
+            nursery.start_soon(one_recovery)
         assert len(results) == 2
         assert results[0].last_entry_id == results[1].last_entry_id
         assert results[0].length == results[1].length
@@ -95,21 +103,15 @@ async def test_recovery_of_a_closed_ledger_changes_nothing(tmp_path: Path) -> No
     async with local_cluster(tmp_path, nodes=3) as cluster:
         record = await make_ledger(cluster)
         await put(cluster, record.value, range(3))
-        first = await recover_ledger(
-            cluster.store, cluster.channel_for, CONFIG, record.value.ledger_id, KEY
-        )
-        again = await recover_ledger(
-            cluster.store, cluster.channel_for, CONFIG, record.value.ledger_id, KEY
-        )
+        first = await recover(cluster, record.value.ledger_id)
+        again = await recover(cluster, record.value.ledger_id)
         assert again == first
 
 
 async def test_recovery_of_an_empty_open_ledger_closes_at_minus_one(tmp_path: Path) -> None:
     async with local_cluster(tmp_path, nodes=3) as cluster:
         record = await make_ledger(cluster)
-        closed = await recover_ledger(
-            cluster.store, cluster.channel_for, CONFIG, record.value.ledger_id, KEY
-        )
+        closed = await recover(cluster, record.value.ledger_id)
         assert (closed.value.state, closed.value.last_entry_id, closed.value.length) == (
             LedgerState.CLOSED,
             -1,
@@ -128,9 +130,7 @@ async def test_lesson_2614_recovery_reads_fence(tmp_path: Path) -> None:
         lost = ConnectionLost(f"{c}: lost (test)")
         script.faults[(c, "read_lac")] = lambda _: lost
         script.faults[(c, "close_ledger")] = lambda _: lost
-        closed = await recover_ledger(
-            cluster.store, script.channel_for, CONFIG, record.value.ledger_id, KEY
-        )
+        closed = await recover(cluster, record.value.ledger_id, through=script)
         assert closed.value.last_entry_id == 2
         old_writer = await cluster.channel_for(c)
         outcomes = await old_writer.add_entries(
@@ -154,9 +154,7 @@ async def test_lesson_2615_recovery_starts_at_the_last_ensembles_first_entry(
         await put(cluster, record.value, range(5), lac=lambda _: -1)
         cluster.set_fault(c, Fault.FAIL)  # the failure that made the writer change
         changed = await add_ensemble(cluster, record, 5, [a, b, d])
-        closed = await recover_ledger(
-            cluster.store, cluster.channel_for, CONFIG, changed.value.ledger_id, KEY
-        )
+        closed = await recover(cluster, changed.value.ledger_id)
         assert closed.value.last_entry_id == 4
         assert closed.value.length == length_after(4)
 
@@ -180,9 +178,7 @@ async def test_lesson_1591_an_ensemble_only_in_the_writers_memory_is_not_recover
                 last_add_confirmed=entry_id - 1,
             )
         cluster.set_fault(c, Fault.FAIL)
-        closed = await recover_ledger(
-            cluster.store, cluster.channel_for, CONFIG, record.value.ledger_id, KEY
-        )
+        closed = await recover(cluster, record.value.ledger_id)
         assert closed.value.last_entry_id == 4
         assert [e.members for e in closed.value.ensembles] == [record.value.ensembles[0].members]
 
@@ -200,16 +196,12 @@ async def test_lesson_2908_a_corrupt_copy_is_never_absent(tmp_path: Path) -> Non
         script.faults[(a, "read_entry")] = lambda entry_id: corrupt() if entry_id == 5 else None
         cluster.set_fault(b, Fault.FAIL)
         with pytest.raises(RecoveryFailed, match="entry 5"):
-            await recover_ledger(
-                cluster.store, script.channel_for, CONFIG, record.value.ledger_id, KEY
-            )
+            await recover(cluster, record.value.ledger_id, through=script)
         assert (await cluster.store.read_ledger(record.value.ledger_id)).value.state is (
             LedgerState.IN_RECOVERY
         )
         cluster.set_fault(b, Fault.NONE)
-        closed = await recover_ledger(
-            cluster.store, script.channel_for, CONFIG, record.value.ledger_id, KEY
-        )
+        closed = await recover(cluster, record.value.ledger_id, through=script)
         assert closed.value.last_entry_id == 5
 
 
@@ -226,13 +218,9 @@ async def test_lesson_2612_a_wiped_node_is_not_taken_for_one_that_never_had_it(
         await cluster.replace_data_dir(b)
         cluster.set_fault(a, Fault.FAIL)
         with pytest.raises(RecoveryFailed, match="instance"):
-            await recover_ledger(
-                cluster.store, cluster.channel_for, CONFIG, record.value.ledger_id, KEY
-            )
+            await recover(cluster, record.value.ledger_id)
         cluster.set_fault(a, Fault.NONE)
-        closed = await recover_ledger(
-            cluster.store, cluster.channel_for, CONFIG, record.value.ledger_id, KEY
-        )
+        closed = await recover(cluster, record.value.ledger_id)
         assert closed.value.last_entry_id == 5
 
 
@@ -249,9 +237,7 @@ async def test_lesson_1067_a_hung_node_does_not_block_recovery(
         cluster.set_fault(c, Fault.HANG)
         started = trio.current_time()
         config = ClientConfig(node_timeout_s=60.0, recovery_fence_timeout_s=120.0)
-        closed = await recover_ledger(
-            cluster.store, cluster.channel_for, config, record.value.ledger_id, KEY
-        )
+        closed = await recover(cluster, record.value.ledger_id, config=config)
         assert closed.value.last_entry_id == 4
         assert trio.current_time() - started < config.node_timeout_s
 
@@ -266,9 +252,7 @@ async def test_fencing_short_of_coverage_names_the_write_sets(tmp_path: Path) ->
         cluster.set_fault(b, Fault.FAIL)
         cluster.set_fault(c, Fault.HANG)
         with pytest.raises(RecoveryFailed, match="fewer than 2 fenced members") as failure:
-            await recover_ledger(
-                cluster.store, cluster.channel_for, config, record.value.ledger_id, KEY
-            )
+            await recover(cluster, record.value.ledger_id, config=config)
         assert b in str(failure.value)
 
 
@@ -282,9 +266,7 @@ async def test_a_member_failing_the_re_adds_is_replaced(tmp_path: Path) -> None:
         await put(cluster, record.value, range(5), lac=lambda _: 1)
         script = Scripted(cluster)
         script.faults[(c, "add_entries")] = lambda _: ConnectionLost(f"{c}: lost (test)")
-        closed = await recover_ledger(
-            cluster.store, script.channel_for, CONFIG, record.value.ledger_id, KEY
-        )
+        closed = await recover(cluster, record.value.ledger_id, through=script)
         assert closed.value.last_entry_id == 4
         ensembles = closed.value.ensembles
         assert [(e.first_entry_id, [m.address for m in e.members]) for e in ensembles] == [
@@ -302,9 +284,7 @@ async def test_no_replacement_for_a_failing_member_fails_the_recovery(tmp_path: 
         script = Scripted(cluster)
         script.faults[(c, "add_entries")] = lambda _: ConnectionLost(f"{c}: lost (test)")
         with pytest.raises(RecoveryFailed, match="placement needs 1 writable"):
-            await recover_ledger(
-                cluster.store, script.channel_for, CONFIG, record.value.ledger_id, KEY
-            )
+            await recover(cluster, record.value.ledger_id, through=script)
         current = await cluster.store.read_ledger(record.value.ledger_id)
         assert current.value.state is LedgerState.IN_RECOVERY
         assert current.value.ensembles == record.value.ensembles

@@ -22,6 +22,7 @@ from replicated_ledger_support import (
     make_ledger,
     payload,
     put,
+    put_on_nodes,
     stored_bytes,
 )
 from replication_support import Fault, LocalCluster, local_cluster
@@ -33,7 +34,6 @@ from pora.client.replication.config import ClientConfig
 from pora.client.replication.entry_format import encode_entry
 from pora.client.replication.errors import EntryLost
 from pora.client.replication.ledger_records import closed_at, new_ledger
-from pora.client.replication.quorum import entry_write_set
 from pora.client.replication.reader import LedgerReader, open_ledger
 from pora.meta.records import EnsembleMember, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import open_metadata
@@ -303,18 +303,7 @@ async def test_tail_under_asyncio_over_tcp(tmp_path: Path) -> None:
         record = await store.create_ledger(new_ledger(ledger_id, 3, 2, members, KEY, 0))
         nodes = {address: node for node, _, address in served}
 
-        async def put_over(entry_ids: range, lac: int | None = None) -> None:
-            for entry_id in entry_ids:
-                for member in entry_write_set(record.value, entry_id):
-                    await nodes[member.address].add_entry(
-                        ledger_id,
-                        entry_id,
-                        stored_bytes(ledger_id, entry_id),
-                        master_key=KEY,
-                        last_add_confirmed=entry_id - 1 if lac is None else lac,
-                    )
-
-        await put_over(range(4))  # LAC 2 piggybacked on entry 3
+        await put_on_nodes(nodes, record.value, range(4))  # LAC 2 piggybacked on entry 3
         first_seen = threading.Event()
         async with trio.open_nursery() as nursery:
             result: list[list[tuple[int, bytes]]] = []
@@ -329,8 +318,8 @@ async def test_tail_under_asyncio_over_tcp(tmp_path: Path) -> None:
             nursery.start_soon(tail)
             with trio.fail_after(20):
                 await trio.to_thread.run_sync(first_seen.wait)
-            await put_over(range(4, 8))  # the long polls see LAC 6
-            await put_over(range(8, 9), lac=7)
+            await put_on_nodes(nodes, record.value, range(4, 8))  # the long polls see LAC 6
+            await put_on_nodes(nodes, record.value, [8], lac=lambda _: 7)
             await store.update_ledger(closed_at(record.value, 8, length_after(8)), record.version)
         assert result == [[(k, payload(k)) for k in range(9)]]
 

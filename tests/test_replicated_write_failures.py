@@ -10,25 +10,18 @@ import pytest
 import trio
 import trio.testing
 from replication_support import Fault, LocalCluster, local_cluster
-from writer_support import client_on, holders
+from writer_support import (
+    append_all,
+    client_on,
+    failing_appends,
+    holders,
+    start_failing_appends,
+)
 
 from ledger.errors import LedgerFenced
 from netio.security import master_key_from_password
 from pora.client.replication.errors import ClientClosed, NotEnoughNodes
 from pora.client.replication.ledger_records import in_recovery
-from pora.client.replication.writer import LedgerWriter
-
-
-async def _append_all(ledger: LedgerWriter, count: int, first: int = 0) -> list[int]:
-    ids: list[int] = []
-
-    async def one(k: int) -> None:
-        ids.append(await ledger.append(b"entry %d" % k))
-
-    async with trio.open_nursery() as nursery:
-        for k in range(first, first + count):
-            nursery.start_soon(one, k)
-    return sorted(ids)
 
 
 async def _poll(condition: Callable[[], Awaitable[bool]], steps: int = 40) -> None:
@@ -60,13 +53,13 @@ async def test_a_failed_node_is_replaced_and_no_append_fails(
         client_on(cluster, node_timeout_s=5.0) as client,
     ):
         ledger = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
-        assert await _append_all(ledger, 10) == list(range(10))
+        assert await append_all(ledger, 10) == list(range(10))
         first_ensemble = ledger.metadata.ensembles[0]
         lost = first_ensemble.members[1].address
         (spare,) = set(cluster.addresses) - {m.address for m in first_ensemble.members}
         cluster.set_fault(lost, fault)
         started = trio.current_time()
-        assert await _append_all(ledger, 30, first=10) == list(range(10, 40))  # Qa < Qw
+        assert await append_all(ledger, 30, first=10) == list(range(10, 40))  # Qa < Qw
         if fault is Fault.HANG:
             assert trio.current_time() - started < 5.0 + 1.0  # no pause beyond the timeout
 
@@ -107,17 +100,7 @@ async def test_with_no_spare_node_appends_fail_with_not_enough_nodes(
         lost = cluster.addresses[2]
         cluster.set_fault(lost, Fault.FAIL)
         started = trio.current_time()
-        outcomes: list[BaseException] = []
-
-        async def append(k: int) -> None:
-            try:
-                await ledger.append(b"late %d" % k)
-            except NotEnoughNodes as error:
-                outcomes.append(error)
-
-        async with trio.open_nursery() as nursery:
-            for k in range(5):
-                nursery.start_soon(append, k)
+        outcomes = await failing_appends(ledger, 5, NotEnoughNodes, b"late")
         # R12: they waited for a node to register, then failed; R6: none acknowledged
         # with two copies of the three the ack quorum asks for
         assert len(outcomes) == 5
@@ -159,17 +142,7 @@ async def test_a_ledger_fenced_on_the_nodes_fails_pending_and_later_appends(
         key = master_key_from_password("pw")
         for node in cluster.nodes.values():  # what a recovery's fencing reads do (R17)
             await node.fence_ledger(ledger.ledger_id, master_key=key)
-        failures: list[BaseException] = []
-
-        async def append(k: int) -> None:
-            try:
-                await ledger.append(b"fenced %d" % k)
-            except LedgerFenced as error:
-                failures.append(error)
-
-        async with trio.open_nursery() as nursery:
-            for k in range(20):
-                nursery.start_soon(append, k)
+        failures = await failing_appends(ledger, 20, LedgerFenced, b"fenced")
         assert len(failures) == 20  # R13: every pending append
         assert ledger.last_add_confirmed == 2  # none acknowledged after the fence
         with pytest.raises(LedgerFenced):
@@ -234,19 +207,10 @@ async def test_a_writer_fenced_while_waiting_for_a_replacement_changes_nothing(
 
 async def test_leaving_the_client_fails_pending_appends_with_client_closed(tmp_path: Path) -> None:
     async with local_cluster(tmp_path, nodes=1) as cluster:
-        outcomes: list[BaseException] = []
-
-        async def append(ledger: LedgerWriter) -> None:
-            try:
-                await ledger.append(b"never answered")
-            except ClientClosed as error:
-                outcomes.append(error)
-
         async with trio.open_nursery() as nursery, client_on(cluster) as client:
             ledger = await client.create_ledger(ensemble_size=1)
             cluster.set_fault(cluster.addresses[0], Fault.HANG)
-            for _ in range(3):
-                nursery.start_soon(append, ledger)
+            outcomes = start_failing_appends(nursery, ledger, 3, ClientClosed, b"unanswered")
             await trio.testing.wait_all_tasks_blocked()
         assert len(outcomes) == 3  # the outcome is unknown: neither acknowledged nor lost
         with pytest.raises(ClientClosed):

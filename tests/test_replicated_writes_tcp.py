@@ -5,36 +5,18 @@ entry read back from its whole write set."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
-from test_cli_cluster import free_base_port, kill_leftover_nodes
+import pytest
+from cluster_process import pora_cluster_process
 
 import pora
 from pora.client.replication.entry_format import decode_entry
 from pora.client.replication.quorum import entry_write_set
 from pora.meta.records import LedgerState
-from pora.meta.store import open_metadata
-
-START_TIMEOUT_S = 60.0
-
-
-async def _three_nodes_registered(url: str) -> bool:
-    try:
-        async with open_metadata(url) as store:
-            return len(await store.list_nodes(writable_only=True)) == 3
-    except pora.MetadataError:  # the cluster process is still creating the store
-        return False
 
 
 async def _write_and_check(url: str) -> None:
-    deadline = asyncio.get_running_loop().time() + START_TIMEOUT_S
-    while not await _three_nodes_registered(url):
-        assert asyncio.get_running_loop().time() < deadline, "the nodes never registered"
-        await asyncio.sleep(0.05)
     async with pora.connect(url) as client:
         ledger = await client.create_ledger(
             ensemble_size=3, write_quorum=3, ack_quorum=2, password="pw"
@@ -53,22 +35,7 @@ async def _write_and_check(url: str) -> None:
                 assert entry.payload == (b"y" if entry_id == 201 else b"entry %d" % entry_id)
 
 
+@pytest.mark.slow  # three `pora serve` processes to start: ~3.5 s
 def test_asyncio_writes_over_tcp_to_a_real_cluster(tmp_path: Path) -> None:
-    folder = tmp_path / "cluster"
-    command = [
-        sys.executable, "-m", "pora.cli", "cluster", "--nodes", "3",
-        "--dir", str(folder), "--base-port", str(free_base_port(3)),
-    ]  # fmt: skip
-    process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ
-    )
-    try:
-        asyncio.run(_write_and_check(f"sqlite://{folder / 'meta.db'}"))
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        kill_leftover_nodes(folder)
+    with pora_cluster_process(tmp_path / "cluster", nodes=3) as url:
+        asyncio.run(_write_and_check(url))

@@ -4,6 +4,7 @@ entry's vote (R19), with the BookKeeper lessons each one answers."""
 from __future__ import annotations
 
 import pytest
+from depth import two_depths
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,25 +55,28 @@ def test_r17_with_e_equal_qw_equal_qa_one_fenced_node_covers() -> None:
     assert coverage.record_fenced("n1:3181")
 
 
-@settings(max_examples=300)
-@given(
-    e=st.integers(1, 7),
-    data=st.data(),
-)
-def test_r17_property_coverage_iff_no_write_set_has_qa_unfenced_members(
-    e: int, data: st.DataObject
-) -> None:
+@two_depths(full=300)
+def test_r17_property_coverage_iff_no_write_set_has_qa_unfenced_members(examples: int) -> None:
     """(e) coverage implies no write set has Qa unfenced members, and the converse."""
-    qw = data.draw(st.integers(1, e))
-    qa = data.draw(st.integers(1, qw))
-    fenced = data.draw(st.sets(st.integers(0, e - 1)))
-    coverage = FenceCoverage(Ensemble(0, members(e)), qw, qa)
-    for position in fenced:
-        coverage.record_fenced(m(position).address)
-    some_write_set_can_ack = any(
-        len(set(write_set_positions(start, e, qw)) - fenced) >= qa for start in range(e)
+
+    @settings(max_examples=examples)
+    @given(
+        e=st.integers(1, 7),
+        data=st.data(),
     )
-    assert coverage.covered is not some_write_set_can_ack
+    def check(e: int, data: st.DataObject) -> None:
+        qw = data.draw(st.integers(1, e))
+        qa = data.draw(st.integers(1, qw))
+        fenced = data.draw(st.sets(st.integers(0, e - 1)))
+        coverage = FenceCoverage(Ensemble(0, members(e)), qw, qa)
+        for position in fenced:
+            coverage.record_fenced(m(position).address)
+        some_write_set_can_ack = any(
+            len(set(write_set_positions(start, e, qw)) - fenced) >= qa for start in range(e)
+        )
+        assert coverage.covered is not some_write_set_can_ack
+
+    check()
 
 
 def test_r18_recovery_starts_after_the_highest_lac_reported() -> None:
@@ -157,42 +161,47 @@ def test_absence_quorum_bounds() -> None:
 ANSWERS = ["entry", "no_such_entry", "error", "wiped", "damaged", "silent"]
 
 
-@settings(max_examples=400)
-@given(data=st.data())
-def test_r19_property_an_absent_vote_never_has_qa_holders(data: st.DataObject) -> None:
+@two_depths(full=400)
+def test_r19_property_an_absent_vote_never_has_qa_holders(examples: int) -> None:
     """(d) an entry voted absent cannot have Qa members of its write set holding it:
     with fencing nodes, a holder answers the entry, an error, or nothing; a node that
     does not hold it answers no such entry, an error, or nothing; a wiped holder
     answers from a new instance."""
-    qw = data.draw(st.integers(1, 6))
-    qa = data.draw(st.integers(1, qw))
-    entry_id = data.draw(st.integers(0, 100))
-    ensemble = members(qw + 2)
-    ws = write_set(entry_id, ensemble, qw)
-    v = EntryRecoveryVote(4, entry_id, ws, qa)
-    holds = {member: data.draw(st.booleans()) for member in ws}
-    bytes_ = encode_entry(4, entry_id, 5, b"hello")
-    for member in data.draw(st.permutations(list(ws) * 2)):
-        answer = data.draw(st.sampled_from(ANSWERS))
-        if answer == "silent":
-            continue
-        if answer == "wiped":
-            v.record_no_such_entry(member.address, "new-" + member.instance_id)
-        elif answer == "error":
-            v.record_error(member.address, "error")
-        elif answer == "damaged":
-            v.record_entry(member.address, member.instance_id, bytes_[:-1] + b"?")
-        elif holds[member]:
-            v.record_entry(member.address, member.instance_id, bytes_)
-        else:
-            v.record_no_such_entry(member.address, member.instance_id)
-        if v.outcome is VoteOutcome.ABSENT:
-            assert sum(holds.values()) < qa
-            assert len(v.negatives) >= qw - qa + 1
-        if v.outcome is VoteOutcome.PRESENT:
-            assert v.entry is not None
-            assert v.entry.payload == b"hello"
-            assert any(holds.values())
+
+    @settings(max_examples=examples)
+    @given(data=st.data())
+    def check(data: st.DataObject) -> None:
+        qw = data.draw(st.integers(1, 6))
+        qa = data.draw(st.integers(1, qw))
+        entry_id = data.draw(st.integers(0, 100))
+        ensemble = members(qw + 2)
+        ws = write_set(entry_id, ensemble, qw)
+        v = EntryRecoveryVote(4, entry_id, ws, qa)
+        holds = {member: data.draw(st.booleans()) for member in ws}
+        bytes_ = encode_entry(4, entry_id, 5, b"hello")
+        for member in data.draw(st.permutations(list(ws) * 2)):
+            answer = data.draw(st.sampled_from(ANSWERS))
+            if answer == "silent":
+                continue
+            if answer == "wiped":
+                v.record_no_such_entry(member.address, "new-" + member.instance_id)
+            elif answer == "error":
+                v.record_error(member.address, "error")
+            elif answer == "damaged":
+                v.record_entry(member.address, member.instance_id, bytes_[:-1] + b"?")
+            elif holds[member]:
+                v.record_entry(member.address, member.instance_id, bytes_)
+            else:
+                v.record_no_such_entry(member.address, member.instance_id)
+            if v.outcome is VoteOutcome.ABSENT:
+                assert sum(holds.values()) < qa
+                assert len(v.negatives) >= qw - qa + 1
+            if v.outcome is VoteOutcome.PRESENT:
+                assert v.entry is not None
+                assert v.entry.payload == b"hello"
+                assert any(holds.values())
+
+    check()
 
 
 @st.composite

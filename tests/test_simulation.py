@@ -27,7 +27,7 @@ def run(plan: Plan) -> RunResult:
         return run_plan(plan, Path(folder))
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(SEEDS)
 def test_random_runs_keep_the_invariants(seed: int) -> None:
     run(plan_from_seed(seed))
@@ -49,24 +49,31 @@ def test_replay_a_seed_exactly() -> None:
     assert first.closed == second.closed
 
 
-def test_a_recovery_racing_an_ensemble_change() -> None:
+@pytest.mark.parametrize(
+    ("seed", "recovery_after_s"),
+    [
+        pytest.param(1000, 0.0, id="before", marks=pytest.mark.slow),
+        pytest.param(1001, 0.004, id="during"),
+        pytest.param(1002, 0.012, id="after", marks=pytest.mark.slow),
+    ],
+)
+def test_a_recovery_racing_an_ensemble_change(seed: int, recovery_after_s: float) -> None:
     """A member of the writer's ensemble crashes; the writer sees its connection
     lost and replaces it (R9) while recoveries start just before, during and after
     the change's compare-and-set (the analysis of BookKeeper's protocol found
-    acknowledged entries lost here)."""
+    acknowledged entries lost here). The fast suite runs the race "during"."""
     crash_at = 0.05
-    for k, recovery_at in enumerate([0.0, 0.004, 0.012]):
-        result = run(
-            Plan(
-                seed=1000 + k,
-                nodes=4,
-                appenders=6,
-                appends_each=12,
-                faults=(Fault(crash_at, "crash", 0, for_s=2.0),),
-                recoveries=(crash_at + recovery_at, crash_at + recovery_at + 0.01),
-            )
+    result = run(
+        Plan(
+            seed=seed,
+            nodes=4,
+            appenders=6,
+            appends_each=12,
+            faults=(Fault(crash_at, "crash", 0, for_s=2.0),),
+            recoveries=(crash_at + recovery_after_s, crash_at + recovery_after_s + 0.01),
         )
-        assert result.history.acked, "the writer acknowledged nothing: no race was run"
+    )
+    assert result.history.acked, "the writer acknowledged nothing: no race was run"
 
 
 def test_a_recovery_reading_an_entry_never_acknowledged() -> None:

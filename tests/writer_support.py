@@ -6,8 +6,9 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
+import trio
 from replication_support import LocalCluster
 
 from ledger.errors import NoSuchEntry, NoSuchLedger
@@ -15,6 +16,9 @@ from pora.client.channel import NodeChannel
 from pora.client.replication.client import Client, connect
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.entry_format import decode_entry
+from pora.client.replication.writer import LedgerWriter
+
+ErrorT = TypeVar("ErrorT", bound=BaseException)
 
 
 @asynccontextmanager
@@ -52,3 +56,54 @@ async def holders(cluster: LocalCluster, ledger_id: int, entry_id: int) -> set[s
         if await payload_on(cluster, address, ledger_id, entry_id) is not None:
             found.add(address)
     return found
+
+
+async def append_all(ledger: LedgerWriter, count: int, first: int = 0) -> list[int]:
+    """Append `first..first+count-1` (as b"entry <k>") from one task each; the ids
+    the writer gave them, sorted."""
+    ids: list[int] = []
+
+    async def one(k: int) -> None:
+        ids.append(await ledger.append(b"entry %d" % k))
+
+    async with trio.open_nursery() as nursery:
+        for k in range(first, first + count):
+            nursery.start_soon(one, k)
+    return sorted(ids)
+
+
+def start_failing_appends(
+    nursery: trio.Nursery,
+    ledger: LedgerWriter,
+    count: int,
+    error_type: type[ErrorT],
+    label: bytes = b"entry",
+) -> list[ErrorT]:
+    """Start `count` appends in `nursery`, each of which must fail with `error_type`;
+    the list their errors land in as they fail. An append acknowledged, or failing
+    otherwise, fails the nursery."""
+    errors: list[ErrorT] = []
+
+    async def one(k: int) -> None:
+        try:
+            entry_id = await ledger.append(b"%s %d" % (label, k))
+        except error_type as error:
+            errors.append(error)
+        else:
+            raise AssertionError(
+                f"append {k} of ledger {ledger.ledger_id} was acknowledged as entry "
+                f"{entry_id}; the test expected {error_type.__name__}"
+            )
+
+    for k in range(count):
+        nursery.start_soon(one, k)
+    return errors
+
+
+async def failing_appends(
+    ledger: LedgerWriter, count: int, error_type: type[ErrorT], label: bytes = b"entry"
+) -> list[ErrorT]:
+    """`start_failing_appends` in a nursery of its own: every error, once all failed."""
+    async with trio.open_nursery() as nursery:
+        errors = start_failing_appends(nursery, ledger, count, error_type, label)
+    return errors
