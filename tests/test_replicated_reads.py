@@ -26,6 +26,7 @@ from replicated_ledger_support import (
     stored_bytes,
 )
 from replication_support import Fault, LocalCluster, local_cluster
+from waiting import wait_until
 
 from ledger.errors import NoSuchEntry, Unauthorized
 from pora.client.channel import NodeChannel, TcpChannel
@@ -233,11 +234,13 @@ async def test_tail_follows_appends_an_ensemble_change_and_the_close(tmp_path: P
             await until_seen(5)
             # C fails; the writer moves to A, B, D from entry 5 on
             changed = await add_ensemble(cluster, record, 5, [a, b, d])
+            # the watch tells the waiting tail of the change (nothing else can: no
+            # node has anything new); A and B would serve entries 5.. from either
+            await wait_until(lambda: follower.metadata == changed.value, 10)
             await put(cluster, changed.value, range(5, 9))
             for address in (a, b, d):
                 await cluster.nodes[address].write_lac(ledger_id, 8, master_key=KEY)
             await until_seen(9)
-            assert follower.metadata == changed.value  # the watch told of the change
             await put(cluster, changed.value, [9], lac=lambda _: 8)
             await close_record(cluster, changed, 9)
             with trio.fail_after(10):
