@@ -73,6 +73,7 @@ from pora.bench.network import (
     run_pora_load,
 )
 from pora.bench.resp import ReplyCounter, encode_command
+from pora.bench.schedule import run_on_schedule
 from pora.client.replication.writer import LedgerWriter
 from pora.server.gc_tuning import GC_YOUNG_THRESHOLD_DEFAULT, freeze_and_tune
 
@@ -306,26 +307,23 @@ async def client_closed_loop(
 async def client_open_loop(
     url: str, quorums: tuple[int, int, int], config: LoadConfig, rate: float, system: str
 ) -> LoadResult:
-    """Appends started on a schedule at `rate`/s over LEDGERS ledgers, each in its own
-    task; latency runs from the scheduled start, so a late start counts against it."""
+    """Appends started on a schedule at `rate`/s over LEDGERS ledgers (a pool of
+    parked workers, woken at most once a millisecond: `pora.bench.schedule`); latency
+    runs from the scheduled start, so a late start counts against it."""
     payload = os.urandom(config.payload_bytes)
     async with pora.connect(url) as client:
         ledgers = await _ledgers(client, *quorums)
         window = Window(config)
+        count = 0
 
-        async def one(ledger: LedgerWriter, scheduled: float) -> None:
+        async def one(scheduled: float) -> None:
+            nonlocal count
+            ledger = ledgers[count % LEDGERS]
+            count += 1
             await ledger.append(payload)
             window.done(scheduled, time.perf_counter())
 
-        started = time.perf_counter()
-        count = 0
-        async with trio.open_nursery() as nursery:
-            while not window.finished:
-                due = int((time.perf_counter() - started) * rate)
-                while count < due:
-                    nursery.start_soon(one, ledgers[count % LEDGERS], started + count / rate)
-                    count += 1
-                await trio.sleep(0.0005)
+        await run_on_schedule(rate, one, until=lambda: window.finished)
         for ledger in ledgers:
             await ledger.close()
     return window.result(system)

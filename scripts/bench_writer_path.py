@@ -22,13 +22,14 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import trio
 
+from pora.bench.schedule import run_on_schedule
 from pora.client.channel import NodeChannel
 from pora.client.replication.client import connect
 from pora.client.replication.writer import LedgerWriter
@@ -100,32 +101,16 @@ async def cpu_per_append(quorums: tuple[int, int, int], appends: int) -> tuple[f
     return cpu / total * 1e6, wall / total * 1e6
 
 
-async def _on_schedule(
-    rate: float, total: int, start: Callable[[int, float], Awaitable[None]]
-) -> None:
-    """Start `total` tasks `start(index, due)`, `rate` per second, each at its due time
-    (those come due while the loop was busy start together)."""
-    begin = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        started = 0
-        while started < total:
-            due_count = min(total, int((trio.current_time() - begin) * rate) + 1)
-            while started < due_count:
-                nursery.start_soon(start, started, begin + started / rate)
-                started += 1
-            await trio.sleep_until(begin + started / rate)
-
-
 async def schedule_cpu(rate: float, duration_s: float) -> float:
     """CPU us per start of the schedule alone (tasks that only checkpoint): what the
     open loop's figure includes besides the writer (the loop waking per start)."""
 
-    async def nothing(index: int, due: float) -> None:
+    async def nothing(due: float) -> None:
         await trio.lowlevel.checkpoint()
 
     total = int(rate * duration_s)
     cpu = time.process_time()
-    await _on_schedule(rate, total, nothing)
+    await run_on_schedule(rate, nothing, total=total)
     return (time.process_time() - cpu) / total * 1e6
 
 
@@ -143,13 +128,18 @@ async def open_loop(rate: float, duration_s: float) -> tuple[float, float, float
         async with connect(url, open_channel=_open_channel, rng=random.Random(1)) as client:
             ledgers = [await client.create_ledger(3, 3, 2, password="") for _ in range(LEDGERS)]
 
-            async def append(index: int, due: float) -> None:
-                await ledgers[index % LEDGERS].append(payload)
-                latencies.append(trio.current_time() - due)
+            count = 0
+
+            async def append(due: float) -> None:
+                nonlocal count
+                ledger = ledgers[count % LEDGERS]
+                count += 1
+                await ledger.append(payload)
+                latencies.append(time.perf_counter() - due)
 
             total = int(rate * duration_s)
             cpu, wall = time.process_time(), time.perf_counter()
-            await _on_schedule(rate, total, append)
+            await run_on_schedule(rate, append, total=total)
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
             for ledger in ledgers:
                 await ledger.close()
