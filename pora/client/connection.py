@@ -31,9 +31,9 @@ from pora.client.session import (
     NodeInfo,
     Session,
     Waiter,
-    event_type,
     why_lost,
 )
+from pora.client.waiting import wakeup_factory
 
 DEFAULT_PORT: Final = 3181
 
@@ -98,7 +98,7 @@ class NodeConnection(DeadlineSweeper):
         self._add_bytes_in_flight = 0
         self._inflight_bytes_max = inflight_bytes_max
         self.reconnects = 0
-        self._new_event = event_type()
+        self._new_event = wakeup_factory()
         self._new_add_call = add_call_type()
 
     # --- connection --------------------------------------------------------------------------
