@@ -189,7 +189,7 @@ class AddFrame:
         """Settle every caller of the frame from its one response."""
         members = self.members
         if isinstance(response, ErrorResponse):
-            error = _error_of(response)
+            error = error_of(response)
             for position, (call, index) in enumerate(members):
                 call.settle(index, error if position == 0 else clone(error))
             return
@@ -213,7 +213,7 @@ class AddFrame:
             return
         failed: dict[int, PoraError] = {}
         for entry_id, status, message in response.failures:
-            failed[entry_id] = _error_of(
+            failed[entry_id] = error_of(
                 ErrorResponse(
                     response.request_id, self.opcode, status, self.ledger_id, entry_id, message
                 )
@@ -226,7 +226,8 @@ class AddFrame:
             call.fail(error)
 
 
-def _error_of(response: ErrorResponse) -> PoraError:
+def error_of(response: ErrorResponse) -> PoraError:
+    """An error response as the engine's exception."""
     # (the client's `error_from_response`, without importing the client)
     error_type = error_type_of(response.status)
     error = error_type.__new__(error_type)

@@ -22,7 +22,7 @@ from ledger.errors import InvalidArgument
 from netio.codec import encode_request
 from netio.errors import ConnectionLost, ProtocolError, RequestTimeout
 from netio.messages import ErrorResponse, Info, InfoResponse
-from pora.client.coalescer import AddFrame, add_call_type, frames_for
+from pora.client.coalescer import add_call_type, frames_for
 from pora.client.deadlines import DeadlineSweeper
 from pora.client.remote_errors import clone_error, error_from_response
 from pora.client.session import (
@@ -210,8 +210,8 @@ class NodeConnection(DeadlineSweeper):
             pending = session.pending
             session.pending = {}
             for waiter, _index in pending.values():
-                if isinstance(waiter, AddFrame):
-                    waiter.fail(lost)
+                if not isinstance(waiter, Waiter):
+                    waiter.fail(lost)  # coalesced adds, batches
                 elif waiter.error is None:
                     waiter.error = lost
                     waiter.event.set()
@@ -239,7 +239,7 @@ class NodeConnection(DeadlineSweeper):
                             session.error = error_from_response(response)
                         continue  # else its caller gave up (timeout): drop it
                     waiter, index = slot
-                    if isinstance(waiter, AddFrame):
+                    if not isinstance(waiter, Waiter):  # coalesced adds, batches
                         waiter.deliver(response, clone_error)
                         continue
                     waiter.responses[index] = response

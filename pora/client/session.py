@@ -14,6 +14,7 @@ from journal.errors import PoraError
 from netio.codec import ResponseDecoder
 from netio.messages import ResponseMessage
 from pora.client.coalescer import AddFrame, QueuedAdd
+from pora.client.ledger_frames import BatchFrame
 from pora.client.waiting import Event
 
 RECEIVE_BYTES: Final = 256 * 1024
@@ -53,7 +54,7 @@ class Session:
         self.stream = stream
         self.decoder = ResponseDecoder(frame_bytes_max, RECEIVE_BYTES)
         #: request id -> (waiter, index of the response in the waiter)
-        self.pending: dict[int, tuple[Waiter | AddFrame, int]] = {}
+        self.pending: dict[int, tuple[Waiter | AddFrame | BatchFrame, int]] = {}
         self.outbox: list[bytes] = []
         self.outbox_ready = anyio.Event()
         self.error: BaseException | None = None
