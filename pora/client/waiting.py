@@ -17,7 +17,7 @@ Call the factories in a task, once per client.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import anyio
@@ -28,7 +28,7 @@ import trio
 class Event(Protocol):
     def set(self) -> None: ...
     def is_set(self) -> bool: ...
-    async def wait(self) -> object: ...
+    def wait(self) -> Awaitable[object]: ...
 
 
 def trio_running() -> bool:
@@ -57,10 +57,11 @@ class TrioEvent:
     def is_set(self) -> bool:
         return self._flag
 
-    async def wait(self) -> None:
+    def wait(self) -> Awaitable[object]:
+        """What to await: trio's own trap, not a coroutine of this method's (a level
+        of coroutines more is resumed at every wake-up, once per append)."""
         if self._flag:
-            await trio.lowlevel.checkpoint()
-            return
+            return trio.lowlevel.checkpoint()  # noqa: ASYNC105 (awaited by the caller)
         task = trio.lowlevel.current_task()
         self._tasks.append(task)
 
@@ -68,7 +69,7 @@ class TrioEvent:
             self._tasks.remove(task)
             return trio.lowlevel.Abort.SUCCEEDED
 
-        await trio.lowlevel.wait_task_rescheduled(abort)
+        return trio.lowlevel.wait_task_rescheduled(abort)  # noqa: ASYNC105 (as above)
 
 
 class TrioWakeup:
@@ -94,19 +95,18 @@ class TrioWakeup:
     def is_set(self) -> bool:
         return self._flag
 
-    async def wait(self) -> None:
+    def wait(self) -> Awaitable[object]:
+        """What to await (trio's trap itself, as `TrioEvent.wait`)."""
         if self._flag:
-            await trio.lowlevel.checkpoint()
-            return
+            return trio.lowlevel.checkpoint()  # noqa: ASYNC105 (awaited by the caller)
         if self._task is not None:
             raise RuntimeError("a TrioWakeup has one waiter at most")
         self._task = trio.lowlevel.current_task()
+        return trio.lowlevel.wait_task_rescheduled(self._abort)  # noqa: ASYNC105 (as above)
 
-        def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
-            self._task = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
+    def _abort(self, _raise_cancel: object) -> trio.lowlevel.Abort:
+        self._task = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
 
 def event_factory() -> Callable[[], Event]:
