@@ -1,10 +1,11 @@
 """The add operations of the per-node client.
 
-`add_entry`, `add_coalesced` and `add_coalesced_many` (several ledgers' adds as one
-caller) queue their entries on the connection, to share frames with every other add
-of the same scheduler turn (see pora.client.coalescer); `add_run` sends one ADD_RUN
-frame; `add_entries` cuts its entries into runs that fit a frame (pora.client.runs)
-and sends them pipelined.
+`add_entry` and `add_coalesced` queue their entries on the connection, to share
+frames with every other add of the same scheduler turn (see pora.client.coalescer);
+`add_batches_many` (several ledgers' batches as one caller, the replicating
+writer's call per node) encodes its batches straight into frames (see
+pora.client.ledger_frames); `add_run` sends one ADD_RUN frame; `add_entries` cuts
+its entries into runs that fit a frame (pora.client.runs) and sends them pipelined.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from netio import frames as f
 from netio.codec import encode_add_run
 from netio.errors import RequestTimeout
 from pora.client.coalescer import AddCall, QueuedAdd
+from pora.client.ledger_frames import BatchCall, Outcomes, encode_batches
 from pora.client.node_channel import AddRequest
 from pora.client.remote_errors import clone_error
 from pora.client.requests import RequestClient
@@ -159,7 +161,7 @@ class AddClient(RequestClient):
             self._raise_failed(call, timeout)
         return call.outcomes
 
-    def _raise_failed(self, call: AddCall, timeout: float) -> NoReturn:
+    def _raise_failed(self, call: AddCall | BatchCall, timeout: float) -> NoReturn:
         """Raise why `call` ended without outcomes: its timeout, or the connection's
         loss (each caller its own copy of the error)."""
         if call.timed_out:
@@ -170,16 +172,19 @@ class AddClient(RequestClient):
         assert call.error is not None
         raise clone_error(call.error)
 
-    async def add_coalesced_many(
+    async def add_batches_many(
         self,
         requests: Sequence[AddRequest],
         *,
         timeout_s: float | None = None,
         instance_id: str | None = None,
-    ) -> list[list[PoraError | None]]:
-        """`add_coalesced` for several ledgers' entries at once, as one caller: one
-        wait (one event, one deadline) for all of them, one outcome list per request,
-        in order. Raises as `add_coalesced` (every request's outcomes unknown)."""
+    ) -> list[Outcomes]:
+        """Several ledgers' batches as one caller, each batch one ledger's entries in
+        increasing id order, encoded straight into frames (one per batch when it
+        fits: see pora.client.ledger_frames): one wait (one event, one deadline) for
+        all of them. One answer per request, in order: None when every entry of it
+        was stored, else an outcome per entry as `add_coalesced` gives. Raises as
+        `add_coalesced` (every request's outcomes unknown)."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         left_s = timeout
         session = self._session
@@ -188,23 +193,40 @@ class AddClient(RequestClient):
         if self._room_waiters or self._busy(session):
             left_s = await self._wait_for_room(timeout)
             session = await self._connected()
-        if instance_id is not None:
+        if instance_id is None:
+            await self._await_identity(session, left_s)  # frames fit the node's limits
+        else:
             await self._check_instance(session, instance_id, left_s)
-        count = sum(len(request.entries) for request in requests)
-        if not count:
-            return [[] for _ in requests]
-        call = self._new_add_call(count, self._now() + left_s)
-        queue = session.add_queue
-        size = 0
-        index = 0
-        for request in requests:
-            ledger_id, key, lac = request.ledger_id, request.master_key, request.last_add_confirmed
-            for entry_id, payload in request.entries:
-                size += len(payload)
-                queue.append(QueuedAdd(ledger_id, key, False, entry_id, payload, lac, call, index))
-                index += 1
-        outcomes = await self._wait_for_adds(session, call, count, size, timeout)
-        return _split_outcomes(outcomes, requests)
+        call = BatchCall(requests, self._now() + left_s, self._new_event())
+        limit = min(self._frame_bytes_max, session.node_frame_bytes_max or self._frame_bytes_max)
+        frames = encode_batches(call, self._new_id, limit, session.node_entry_bytes_max)
+        if not frames:
+            return call.answers
+        pending = session.pending
+        outbox = session.outbox
+        for request_id, frame, batch_frame in frames:
+            pending[request_id] = (batch_frame, 0)
+            outbox.append(frame)
+        call.remaining = len(frames)
+        count = sum([len(request.entries) for request in requests])
+        size = sum([len(frame) for _, frame, _ in frames])
+        self._adds_in_flight += count
+        self._add_bytes_in_flight += size
+        if self._sweeper_idle:
+            self._wake_sweeper()
+        ready = session.outbox_ready
+        if not ready.is_set():
+            ready.set()
+        try:
+            await call.event.wait()
+        finally:
+            self._adds_in_flight -= count
+            self._add_bytes_in_flight -= size
+            if self._room_waiters:
+                self._grant_room(len(session.pending))
+        if call.timed_out or call.error is not None:
+            self._raise_failed(call, timeout)
+        return call.answers
 
     async def add_run(
         self,
@@ -312,19 +334,6 @@ class AddClient(RequestClient):
         session = await self._connected()
         await self._await_identity(session, self.timeout_s if timeout_s is None else timeout_s)
         return min(self._frame_bytes_max, session.node_frame_bytes_max or self._frame_bytes_max)
-
-
-def _split_outcomes(
-    outcomes: list[PoraError | None], requests: Sequence[AddRequest]
-) -> list[list[PoraError | None]]:
-    """One call's outcomes, cut back into its requests' (in order)."""
-    answers: list[list[PoraError | None]] = []
-    start = 0
-    for request in requests:
-        stop = start + len(request.entries)
-        answers.append(outcomes[start:stop])
-        start = stop
-    return answers
 
 
 __all__ = ["AddClient"]

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Awaitable, Callable
-from typing import Final, NamedTuple, Protocol
+from typing import Final, NamedTuple
 
 import anyio
-import sniffio
 import trio
 
 from journal.errors import PoraError
@@ -34,18 +33,13 @@ from netio.messages import (
     ResponseMessage,
 )
 from netio.status import error_type_of
+from pora.client.waiting import Event, trio_running
 
 #: What an ADD_BATCH frame costs besides its key and entries, and per entry besides
 #: its payload (its id and size); an ADD_RUN costs less, so this bounds both.
 _FRAME_BASE: Final = f.LENGTH_MIN + f.ADD_BATCH_REQUEST_FIXED.size
 _BYTES_PER_ENTRY: Final = f.BATCH_ITEM.size
 _ID_MAX: Final = 2**63 - 1
-
-
-class Event(Protocol):
-    def set(self) -> None: ...
-    def is_set(self) -> bool: ...
-    async def wait(self) -> None: ...
 
 
 class AddCall:
@@ -84,7 +78,7 @@ class AddCall:
             self.timed_out = True
             self.event.set()
 
-    def wait(self) -> Awaitable[None]:
+    def wait(self) -> Awaitable[object]:
         """What to await for the outcomes: an awaitable, not a coroutine of its own
         (each level of coroutines is resumed again at every wake-up)."""
         return self.event.wait()
@@ -131,7 +125,7 @@ class ParkedAddCall(AddCall):
             self._task = None
             trio.lowlevel.reschedule(task)
 
-    def wait(self) -> Awaitable[None]:
+    def wait(self) -> Awaitable[object]:
         if self._woken:
             return trio.lowlevel.checkpoint()  # noqa: ASYNC105 (awaited by the caller)
         self._task = trio.lowlevel.current_task()
@@ -145,7 +139,7 @@ class ParkedAddCall(AddCall):
 def add_call_type() -> Callable[[int, float], AddCall]:
     """How this event loop's callers wait for their adds, chosen once per client:
     parked tasks under trio, an event each elsewhere (asyncio, through anyio)."""
-    if sniffio.current_async_library() == "trio":
+    if trio_running():
         return ParkedAddCall
 
     def evented(count: int, deadline: float) -> AddCall:
@@ -195,7 +189,7 @@ class AddFrame:
         """Settle every caller of the frame from its one response."""
         members = self.members
         if isinstance(response, ErrorResponse):
-            error = _error_of(response)
+            error = error_of(response)
             for position, (call, index) in enumerate(members):
                 call.settle(index, error if position == 0 else clone(error))
             return
@@ -219,7 +213,7 @@ class AddFrame:
             return
         failed: dict[int, PoraError] = {}
         for entry_id, status, message in response.failures:
-            failed[entry_id] = _error_of(
+            failed[entry_id] = error_of(
                 ErrorResponse(
                     response.request_id, self.opcode, status, self.ledger_id, entry_id, message
                 )
@@ -232,7 +226,8 @@ class AddFrame:
             call.fail(error)
 
 
-def _error_of(response: ErrorResponse) -> PoraError:
+def error_of(response: ErrorResponse) -> PoraError:
+    """An error response as the engine's exception."""
     # (the client's `error_from_response`, without importing the client)
     error_type = error_type_of(response.status)
     error = error_type.__new__(error_type)

@@ -22,7 +22,7 @@ from ledger.errors import InvalidArgument
 from netio.codec import encode_request
 from netio.errors import ConnectionLost, ProtocolError, RequestTimeout
 from netio.messages import ErrorResponse, Info, InfoResponse
-from pora.client.coalescer import AddFrame, add_call_type, frames_for
+from pora.client.coalescer import add_call_type, frames_for
 from pora.client.deadlines import DeadlineSweeper
 from pora.client.remote_errors import clone_error, error_from_response
 from pora.client.session import (
@@ -31,9 +31,9 @@ from pora.client.session import (
     NodeInfo,
     Session,
     Waiter,
-    event_type,
     why_lost,
 )
+from pora.client.waiting import wakeup_factory
 
 DEFAULT_PORT: Final = 3181
 
@@ -98,7 +98,7 @@ class NodeConnection(DeadlineSweeper):
         self._add_bytes_in_flight = 0
         self._inflight_bytes_max = inflight_bytes_max
         self.reconnects = 0
-        self._new_event = event_type()
+        self._new_event = wakeup_factory()
         self._new_add_call = add_call_type()
 
     # --- connection --------------------------------------------------------------------------
@@ -210,8 +210,8 @@ class NodeConnection(DeadlineSweeper):
             pending = session.pending
             session.pending = {}
             for waiter, _index in pending.values():
-                if isinstance(waiter, AddFrame):
-                    waiter.fail(lost)
+                if not isinstance(waiter, Waiter):
+                    waiter.fail(lost)  # coalesced adds, batches
                 elif waiter.error is None:
                     waiter.error = lost
                     waiter.event.set()
@@ -239,7 +239,7 @@ class NodeConnection(DeadlineSweeper):
                             session.error = error_from_response(response)
                         continue  # else its caller gave up (timeout): drop it
                     waiter, index = slot
-                    if isinstance(waiter, AddFrame):
+                    if not isinstance(waiter, Waiter):  # coalesced adds, batches
                         waiter.deliver(response, clone_error)
                         continue
                     waiter.responses[index] = response

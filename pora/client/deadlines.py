@@ -9,7 +9,7 @@ request times out at most one tick late.
 - A coalesced add (`AddCall`) only carries its deadline: the sweep looks at the
   connection's frames of adds in flight (a handful per turn, each knowing its
   callers' earliest deadline) and at the adds not framed yet, so an add costs no
-  bucket bookkeeping.
+  bucket bookkeeping. A call of batches (`BatchCall`) likewise, through its frames.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import anyio
 import trio
 
 from pora.client.coalescer import AddFrame
+from pora.client.ledger_frames import BatchFrame
 from pora.client.session import Session, Waiter
 
 #: Granularity of request timeouts: a request times out at most this much late.
@@ -86,8 +87,11 @@ class DeadlineSweeper:
 def _sweep_adds(session: Session, now: float) -> None:
     """Time out the connection's coalesced adds whose deadline has passed."""
     for waiter, _index in session.pending.values():
-        if type(waiter) is AddFrame and waiter.deadline <= now:
-            waiter.time_out(now)
+        if type(waiter) is AddFrame:
+            if waiter.deadline <= now:
+                waiter.time_out(now)
+        elif type(waiter) is BatchFrame and waiter.call.deadline <= now:
+            waiter.call.time_out()
     for add in session.add_queue:
         if add.call.deadline <= now:
             add.call.time_out()

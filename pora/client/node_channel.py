@@ -54,9 +54,10 @@ class AddRequest:
     last_add_confirmed: int
 
 
-#: one request's answer: an outcome per entry (None: stored), or the error that left
-#: every outcome of that request unknown (a lost connection, a timeout)
-AddAnswer = list[PoraError | None] | PoraError | OSError
+#: one request's answer: None when every entry of it was stored, else an outcome per
+#: entry (None: stored), or the error that left every outcome of that request
+#: unknown (a lost connection, a timeout)
+AddAnswer = list[PoraError | None] | None | PoraError | OSError
 
 
 class NodeChannel(Protocol):
@@ -101,7 +102,8 @@ class NodeChannel(Protocol):
         timeout_s: float | None = None,
     ) -> list[AddAnswer]:
         """`add_entries` for several ledgers at once (a writer's adds of one turn to
-        this node, every ledger of the client): one answer per request, in order.
+        this node, every ledger of the client): one answer per request, in order
+        (None when every entry of it was stored, else one outcome per entry).
         Raises what leaves every request's outcomes unknown (timeout, lost
         connection, InstanceMismatch); a channel may also answer one request with
         such an error (`add_entries_each`)."""

@@ -1,21 +1,21 @@
 """One connection of the per-node client and what waits on it: the node's identity
-(`NodeInfo`), the one-waiter events a caller parks on, a caller's `Waiter` for its
-responses, and the `Session` (stream, requests in flight, frames to send)."""
+(`NodeInfo`), a caller's `Waiter` for its responses, and the `Session` (stream,
+requests in flight, frames to send). Callers park on `pora.client.waiting`'s events."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
 import anyio
 import anyio.abc
-import trio
 
 from journal.errors import PoraError
 from netio.codec import ResponseDecoder
 from netio.messages import ResponseMessage
 from pora.client.coalescer import AddFrame, QueuedAdd
+from pora.client.ledger_frames import BatchFrame
+from pora.client.waiting import Event
 
 RECEIVE_BYTES: Final = 256 * 1024
 
@@ -31,59 +31,6 @@ class NodeInfo:
     ledger_count: int
     #: the node's data-dir instance id (a wiped data dir has a new one)
     instance_id: str = ""
-
-
-class Event(Protocol):
-    def set(self) -> None: ...
-    def is_set(self) -> bool: ...
-    async def wait(self) -> None: ...
-
-
-class TrioWakeup:
-    """An event with one waiter, under trio: the waiting task parked and rescheduled
-    directly, without the parking lot of a `trio.Event` (each caller of the client
-    waits on its own, once per request: this is part of the per-add cost)."""
-
-    __slots__ = ("_flag", "_task")
-
-    def __init__(self) -> None:
-        self._flag = False
-        self._task: trio.lowlevel.Task | None = None
-
-    def set(self) -> None:
-        if self._flag:
-            return
-        self._flag = True
-        task = self._task
-        if task is not None:
-            self._task = None
-            trio.lowlevel.reschedule(task)
-
-    def is_set(self) -> bool:
-        return self._flag
-
-    async def wait(self) -> None:
-        if self._flag:
-            await trio.lowlevel.checkpoint()
-            return
-        if self._task is not None:
-            raise RuntimeError("a TrioWakeup has one waiter at most")
-        self._task = trio.lowlevel.current_task()
-
-        def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
-            self._task = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
-
-
-def event_type() -> Callable[[], Event]:
-    """The cheapest one-waiter event of the running event loop: under trio, a task
-    parked and rescheduled directly (anyio's wrapper of trio.Event costs ten times
-    as much, once per request)."""
-    if trio.lowlevel.in_trio_task():
-        return TrioWakeup
-    return anyio.Event
 
 
 class Waiter:
@@ -107,7 +54,7 @@ class Session:
         self.stream = stream
         self.decoder = ResponseDecoder(frame_bytes_max, RECEIVE_BYTES)
         #: request id -> (waiter, index of the response in the waiter)
-        self.pending: dict[int, tuple[Waiter | AddFrame, int]] = {}
+        self.pending: dict[int, tuple[Waiter | AddFrame | BatchFrame, int]] = {}
         self.outbox: list[bytes] = []
         self.outbox_ready = anyio.Event()
         self.error: BaseException | None = None
@@ -142,8 +89,6 @@ __all__ = [
     "Event",
     "NodeInfo",
     "Session",
-    "TrioWakeup",
     "Waiter",
-    "event_type",
     "why_lost",
 ]

@@ -1,7 +1,7 @@
 """`TcpChannel`: a `NodeChannel` over a `NodeClient` (`connect_node`).
 
-Adds are coalesced with every other add to that node in the same scheduler turn
-(`add_entries_many`: several ledgers' adds as one caller, one wait for all),
+A writer's adds to the node in one scheduler turn are one call (`add_entries_many`:
+several ledgers' batches as one caller, encoded straight into frames, one wait),
 and the node's instance id is learnt from the INFO asked first on every
 connection.
 """
@@ -63,7 +63,7 @@ class TcpChannel:
         instance_id: str | None = None,
         timeout_s: float | None = None,
     ) -> list[AddAnswer]:
-        answers = await self.client.add_coalesced_many(
+        answers = await self.client.add_batches_many(
             requests, timeout_s=timeout_s, instance_id=instance_id
         )
         return list(answers)

@@ -32,8 +32,8 @@ from pora.client.replication.node_pool import ChannelOpener, NodePool, tcp_chann
 from pora.client.replication.node_senders import NodeSenders
 from pora.client.replication.placement import choose_ensemble
 from pora.client.replication.reader import LedgerReader, open_ledger
-from pora.client.replication.waiters import event_factory
 from pora.client.replication.writer import LedgerWriter
+from pora.client.waiting import event_factory
 from pora.meta.errors import MetadataTimeout, MetadataVersionConflict, NoSuchLedgerMetadata
 from pora.meta.records import EnsembleMember, LedgerMetadata
 from pora.meta.store import MetadataStore, open_metadata

@@ -31,7 +31,7 @@ from pora.client.replication.node_pool import NodePool
 from pora.client.replication.node_senders import NodeSenders
 from pora.client.replication.placement import choose_replacements
 from pora.client.replication.quorum import AckTracker
-from pora.client.replication.waiters import Event
+from pora.client.waiting import Event
 from pora.meta.errors import MetadataError, MetadataTimeout, MetadataVersionConflict
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore

@@ -28,7 +28,7 @@ from journal.errors import PoraError
 from pora.client.node_channel import AddAnswer, AddRequest
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.node_pool import NodePool
-from pora.client.replication.waiters import Event
+from pora.client.waiting import Event
 from pora.meta.records import EnsembleMember
 
 Batch = list[tuple[int, bytes]]

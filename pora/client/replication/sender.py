@@ -12,7 +12,7 @@ business), a refusal of the ledger ends the writer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import anyio
 
@@ -131,12 +131,17 @@ class Sender:
             return
         self.answered += 1
         self.lac_sent = max(self.lac_sent, lac)
-        stored: list[int] = []
-        for (entry_id, _), outcome in zip(entries, answer, strict=True):
-            if outcome is not None:
-                self._refused(member, outcome)
-                return
-            stored.append(entry_id)
+        if answer is not None:  # an outcome per entry: some entry failed
+            for outcome in answer:
+                if outcome is not None:
+                    self._refused(member, outcome)
+                    return
+        # every entry stored: a run of ids is acknowledged as a range
+        first, last = entries[0][0], entries[-1][0]
+        if last - first == len(entries) - 1:
+            stored: Iterable[int] = range(first, last + 1)
+        else:
+            stored = [entry_id for entry_id, _ in entries]
         self._acknowledged(self._tracker.record_acks(member, stored))
 
     def call_finished(self) -> None:

@@ -38,7 +38,7 @@ from pora.client.replication.entry_format import HEADER_BYTES, LENGTH_MAX, encod
 from pora.client.replication.errors import ClientClosed
 from pora.client.replication.quorum import AckTracker
 from pora.client.replication.sender import Sender
-from pora.client.replication.waiters import Event
+from pora.client.waiting import Event
 from pora.meta.records import LedgerMetadata, Versioned
 
 _log = logging.getLogger("pora.client.writer")

@@ -1,0 +1,252 @@
+"""Adds already grouped per ledger (the replicating writer's batches), encoded
+straight into frames.
+
+A writer's batch for a node is one ledger's entries in increasing id order:
+consecutive ids (E=1, or Qw=E) or strided ones (Qw<E). So a batch needs no queue
+of single adds, no sort and no regrouping (`coalescer.frames_for` does that for
+`add_entry` callers): it becomes one ADD_RUN or ADD_BATCH frame when it fits (cut
+into several when not), and its answer is one fact per frame: a frame stored
+whole leaves its request's answer at None ("every entry stored"); only a refusal
+or an entry failing alone makes a list of outcomes for that request.
+
+`BatchCall` is one caller's call (several ledgers' batches, one wait); each frame
+in flight is a `BatchFrame` in the connection's pending requests, answered by
+`deliver` or failed with the connection by `fail`, like `coalescer.AddFrame`.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from itertools import islice
+from typing import Final
+
+from journal.errors import PoraError
+from netio import frames as f
+from netio.codec import encode_add_batch, encode_add_entry, encode_add_run
+from netio.errors import ProtocolError
+from netio.frames import Status
+from netio.messages import (
+    AddBatchResponse,
+    AddEntryResponse,
+    AddRunResponse,
+    ErrorResponse,
+    ResponseMessage,
+)
+from pora.client.coalescer import error_of
+from pora.client.node_channel import AddRequest
+from pora.client.waiting import Event
+
+#: What an ADD_BATCH frame costs besides its key and entries, and per entry besides
+#: its payload (its id and size); an ADD_RUN costs less, so this bounds both.
+_FRAME_BASE: Final = f.LENGTH_MIN + f.ADD_BATCH_REQUEST_FIXED.size
+_BYTES_PER_ENTRY: Final = f.BATCH_ITEM.size
+_ID_MAX: Final = 2**63 - 1
+
+#: one request's outcomes: None when every entry of it was stored, else one each
+Outcomes = list[PoraError | None] | None
+
+
+class BatchCall:
+    """One caller's batches, woken once every frame is answered, or by the
+    connection's loss (`fail`) or the deadline sweep (`time_out`), as the
+    client's other waiters."""
+
+    __slots__ = ("answers", "deadline", "error", "event", "remaining", "requests", "timed_out")
+
+    def __init__(self, requests: Sequence[AddRequest], deadline: float, event: Event) -> None:
+        self.requests = requests
+        self.deadline = deadline
+        self.event = event
+        self.answers: list[Outcomes] = [None] * len(requests)
+        self.remaining = 0  # frames not answered
+        self.error: PoraError | None = None
+        self.timed_out = False
+
+    def frame_answered(self) -> None:
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.event.set()
+
+    def fail(self, error: PoraError) -> None:
+        if self.error is None and self.remaining:
+            self.error = error
+            self.event.set()
+
+    def time_out(self) -> None:
+        if self.error is None and self.remaining and not self.timed_out:
+            self.timed_out = True
+            self.event.set()
+
+    def outcomes_of(self, index: int) -> list[PoraError | None]:
+        """Request `index`'s outcomes, one per entry (made at its first failure)."""
+        outcomes = self.answers[index]
+        if outcomes is None:
+            outcomes = self.answers[index] = [None] * len(self.requests[index].entries)
+        return outcomes
+
+
+class BatchFrame:
+    """One frame in flight of a `BatchCall`: entries [start, stop) of request `index`."""
+
+    __slots__ = ("call", "index", "ledger_id", "opcode", "start", "stop")
+
+    def __init__(
+        self, call: BatchCall, index: int, ledger_id: int, opcode: int, start: int, stop: int
+    ) -> None:
+        self.call = call
+        self.index = index
+        self.ledger_id = ledger_id
+        self.opcode = opcode
+        self.start = start
+        self.stop = stop
+
+    def deliver(self, response: ResponseMessage, clone: Callable[[PoraError], PoraError]) -> None:
+        kind = type(response)
+        if kind is AddRunResponse or kind is AddBatchResponse:
+            assert isinstance(response, AddRunResponse | AddBatchResponse)
+            if response.ledger_id != self.ledger_id or response.count != self.stop - self.start:
+                self._mismatch(response)
+                return
+            if response.failures:
+                self._entries_failed(response.request_id, response.failures)
+        elif kind is ErrorResponse:
+            assert isinstance(response, ErrorResponse)
+            error = error_of(response)
+            outcomes = self.call.outcomes_of(self.index)
+            for position in range(self.start, self.stop):
+                outcomes[position] = error if position == self.start else clone(error)
+        elif kind is not AddEntryResponse or self.stop - self.start != 1:
+            self._mismatch(response)
+            return
+        self.call.frame_answered()
+
+    def fail(self, error: PoraError) -> None:
+        self.call.fail(error)
+
+    def _entries_failed(self, request_id: int, failures: list[tuple[int, int, str]]) -> None:
+        entries = self.call.requests[self.index].entries
+        where = {entries[p][0]: p for p in range(self.start, self.stop)}
+        outcomes = self.call.outcomes_of(self.index)
+        for entry_id, status, message in failures:
+            position = where.get(entry_id)
+            if position is not None:
+                outcomes[position] = error_of(
+                    ErrorResponse(
+                        request_id, self.opcode, status, self.ledger_id, entry_id, message
+                    )
+                )
+
+    def _mismatch(self, response: ResponseMessage) -> None:
+        self.call.fail(
+            ProtocolError(
+                f"response {response.request_id} does not answer its frame of "
+                f"{self.stop - self.start} adds to ledger {self.ledger_id}: {response!r}"[:300],
+                status=Status.BAD_REQUEST,
+                request_id=response.request_id,
+            )
+        )
+
+
+def encode_batches(
+    call: BatchCall,
+    new_id: Callable[[], int],
+    frame_bytes_max: int,
+    entry_bytes_max: int,
+) -> list[tuple[int, bytes, BatchFrame]]:
+    """The frames of every request of `call`, as `(request_id, frame, BatchFrame)`."""
+    out: list[tuple[int, bytes, BatchFrame]] = []
+    for index, request in enumerate(call.requests):
+        entries = request.entries
+        if not entries:
+            continue
+        ids = [entry[0] for entry in entries]
+        payloads = [entry[1] for entry in entries]
+        count = len(ids)
+        budget = frame_bytes_max - _FRAME_BASE - len(request.master_key)
+        if (
+            count <= f.RUN_ENTRIES_MAX
+            and ids[0] >= 0
+            and ids[-1] <= _ID_MAX
+            and max(map(len, payloads)) <= entry_bytes_max
+            and sum(map(len, payloads)) + count * _BYTES_PER_ENTRY <= budget
+            and all(map(operator.lt, ids, islice(ids, 1, None)))
+        ):  # the common case: the whole batch is one frame
+            chunks = [(0, count)]
+        else:
+            chunks = _cut(ids, payloads, budget, entry_bytes_max)
+        for start, stop in chunks:
+            out.append(_frame(call, index, request, ids, payloads, start, stop, new_id()))
+    return out
+
+
+def _cut(
+    ids: list[int], payloads: list[bytes], budget: int, entry_bytes_max: int
+) -> list[tuple[int, int]]:
+    """Where to cut a batch that is not one frame: at RUN_ENTRIES_MAX entries, at the
+    frame budget, where ids stop increasing; an entry the node refuses by itself
+    (over `entry_bytes_max`, or a bad id) goes alone."""
+    chunks: list[tuple[int, int]] = []
+    start = 0
+    used = 0
+    last = -1
+    for position, (entry_id, payload) in enumerate(zip(ids, payloads, strict=True)):
+        cost = _BYTES_PER_ENTRY + len(payload)
+        unfit = not (0 <= entry_id <= _ID_MAX and len(payload) <= entry_bytes_max)
+        if position > start and (
+            unfit
+            or entry_id <= last
+            or position - start == f.RUN_ENTRIES_MAX
+            or used + cost > budget
+        ):
+            chunks.append((start, position))
+            start, used = position, 0
+        if unfit:
+            chunks.append((position, position + 1))
+            start, used, last = position + 1, 0, -1
+            continue
+        used += cost
+        last = entry_id
+    if start < len(ids):
+        chunks.append((start, len(ids)))
+    return chunks
+
+
+def _frame(
+    call: BatchCall,
+    index: int,
+    request: AddRequest,
+    ids: list[int],
+    payloads: list[bytes],
+    start: int,
+    stop: int,
+    request_id: int,
+) -> tuple[int, bytes, BatchFrame]:
+    ledger_id, key, lac = request.ledger_id, request.master_key, request.last_add_confirmed
+    first = ids[start]
+    if stop - start == 1:
+        opcode: int = f.Opcode.ADD_ENTRY
+        frame = encode_add_entry(
+            request_id, ledger_id, first, payloads[start], master_key=key, last_add_confirmed=lac
+        )
+    else:
+        chunk = payloads if start == 0 and stop == len(payloads) else payloads[start:stop]
+        if ids[stop - 1] - first == stop - start - 1:  # increasing ids: consecutive
+            opcode = f.Opcode.ADD_RUN
+            frame = encode_add_run(
+                request_id, ledger_id, first, chunk, master_key=key, last_add_confirmed=lac
+            )
+        else:
+            opcode = f.Opcode.ADD_BATCH
+            frame = encode_add_batch(
+                request_id,
+                ledger_id,
+                ids[start:stop],
+                chunk,
+                master_key=key,
+                last_add_confirmed=lac,
+            )
+    return request_id, frame, BatchFrame(call, index, ledger_id, opcode, start, stop)
+
+
+__all__ = ["BatchCall", "BatchFrame", "Outcomes", "encode_batches"]

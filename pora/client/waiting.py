@@ -1,0 +1,131 @@
+"""How the client's callers wait, the cheapest way of the running event loop.
+
+Every append, add and request parks its caller once, so the waiter is part of the
+per-call cost: anyio's `Event` over trio costs several times what a task parked and
+rescheduled directly does. This module is the one place that looks at which event
+loop runs (`trio_running`, through sniffio) and picks the waiter:
+
+- `event_factory`: an event any number of tasks wait on (a writer's appends):
+  `TrioEvent` under trio, `asyncio.Event` under asyncio, else anyio's.
+- `wakeup_factory`: an event with one waiter (a request's caller): `TrioWakeup`
+  under trio, else anyio's.
+- `trio_running`: for waiters that park on themselves (`coalescer.ParkedAddCall`).
+
+Call the factories in a task, once per client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import anyio
+import sniffio
+import trio
+
+
+class Event(Protocol):
+    def set(self) -> None: ...
+    def is_set(self) -> bool: ...
+    def wait(self) -> Awaitable[object]: ...
+
+
+def trio_running() -> bool:
+    """Whether the task calling this runs under trio."""
+    return sniffio.current_async_library() == "trio"
+
+
+class TrioEvent:
+    """A one-shot event under trio, for any number of waiters: each parks itself and
+    `set` reschedules them all (no parking lot, no anyio wrapper)."""
+
+    __slots__ = ("_flag", "_tasks")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._tasks: list[trio.lowlevel.Task] = []
+
+    def set(self) -> None:
+        if self._flag:
+            return
+        self._flag = True
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            trio.lowlevel.reschedule(task)
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def wait(self) -> Awaitable[object]:
+        """What to await: trio's own trap, not a coroutine of this method's (a level
+        of coroutines more is resumed at every wake-up, once per append)."""
+        if self._flag:
+            return trio.lowlevel.checkpoint()  # noqa: ASYNC105 (awaited by the caller)
+        task = trio.lowlevel.current_task()
+        self._tasks.append(task)
+
+        def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
+            self._tasks.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        return trio.lowlevel.wait_task_rescheduled(abort)  # noqa: ASYNC105 (as above)
+
+
+class TrioWakeup:
+    """An event with one waiter, under trio: the waiting task parked and rescheduled
+    directly, without the parking lot of a `trio.Event` (each caller of the client
+    waits on its own, once per request: this is part of the per-add cost)."""
+
+    __slots__ = ("_flag", "_task")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._task: trio.lowlevel.Task | None = None
+
+    def set(self) -> None:
+        if self._flag:
+            return
+        self._flag = True
+        task = self._task
+        if task is not None:
+            self._task = None
+            trio.lowlevel.reschedule(task)
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def wait(self) -> Awaitable[object]:
+        """What to await (trio's trap itself, as `TrioEvent.wait`)."""
+        if self._flag:
+            return trio.lowlevel.checkpoint()  # noqa: ASYNC105 (awaited by the caller)
+        if self._task is not None:
+            raise RuntimeError("a TrioWakeup has one waiter at most")
+        self._task = trio.lowlevel.current_task()
+        return trio.lowlevel.wait_task_rescheduled(self._abort)  # noqa: ASYNC105 (as above)
+
+    def _abort(self, _raise_cancel: object) -> trio.lowlevel.Abort:
+        self._task = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
+def event_factory() -> Callable[[], Event]:
+    """The event type for any number of waiters, for the event loop running now."""
+    library = sniffio.current_async_library()
+    if library == "trio":
+        return TrioEvent
+    if library == "asyncio":
+        return asyncio.Event
+    return anyio.Event
+
+
+def wakeup_factory() -> Callable[[], Event]:
+    """The cheapest one-waiter event of the running event loop: under trio, a task
+    parked and rescheduled directly (anyio's wrapper of trio.Event costs ten times
+    as much, once per request)."""
+    if trio_running():
+        return TrioWakeup
+    return anyio.Event
+
+
+__all__ = ["Event", "TrioEvent", "TrioWakeup", "event_factory", "trio_running", "wakeup_factory"]
