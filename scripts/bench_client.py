@@ -27,10 +27,11 @@ Rounds alternate (`--rounds`): each round runs every load once, in this order, a
 each figure is the median round. `--profile DIR` then runs (1) and (2) once more
 under cProfile (the client process only; the nodes are subprocesses) and writes
 `client-e1.pstats`, `client-e3.pstats` and a summary of each there. `--only 4` (or
-`--only 1 4`, ...) runs just those points.
+`--only 1 4`, ...) runs just those points; `--open-rates 1000 2000` adds open loops at
+those rates to (2), for the latency at each.
 
     python scripts/bench_client.py [--rounds 3] [--duration-s 5] [--json] [--profile DIR]
-                                   [--only N ...]
+                                   [--only N ...] [--open-rates RATE ...]
 """
 
 from __future__ import annotations
@@ -412,6 +413,9 @@ async def engine_load(
 
 # --- the run ----------------------------------------------------------------------------------
 
+#: the rounds' key of (2)'s open loop at a rate given by --open-rates
+OPEN_AT: Final = "client_e3_at_"
+
 E1: Final = (1, 1, 1)
 E3: Final = (3, 3, 2)
 
@@ -425,12 +429,13 @@ class Rounds:
 
 
 async def one_round(parent: Path, config: LoadConfig, rounds: Rounds, say: Callable[[str], None],
-                    redis_path: str | None, points: frozenset[int]) -> None:  # fmt: skip
+                    redis_path: str | None, points: frozenset[int],
+                    open_rates: Sequence[float] = ()) -> None:  # fmt: skip
     lean = replace(config, connections=TASKS // 64, depth=64)
     if 1 in points:
         await _point_1(parent, config, lean, rounds, say)
     if 2 in points:
-        await _point_2(parent, config, rounds, say)
+        await _point_2(parent, config, rounds, say, open_rates)
     if 3 in points and redis_path is not None:
         say("(3) Redis primary + 2 replicas, XADD + WAIT 1")
         with replicated_redis(redis_path, parent) as port:
@@ -447,8 +452,8 @@ async def _point_1(parent: Path, config: LoadConfig, lean: LoadConfig, rounds: R
         rounds.add("client_e1", await client_closed_loop(url, E1, config, "client E1, 1 node"))
 
 
-async def _point_2(parent: Path, config: LoadConfig, rounds: Rounds,
-                   say: Callable[[str], None]) -> None:  # fmt: skip
+async def _point_2(parent: Path, config: LoadConfig, rounds: Rounds, say: Callable[[str], None],
+                   open_rates: Sequence[float]) -> None:  # fmt: skip
     say("(2) 3-node cluster: the client E=3 Qw=3 Qa=2, closed then open loop at half")
     async with local_cluster(parent, 3) as url:
         closed = await client_closed_loop(url, E3, config, "client E3 Qw3 Qa2, 3 nodes")
@@ -456,6 +461,9 @@ async def _point_2(parent: Path, config: LoadConfig, rounds: Rounds,
         rate = max(closed.ops_per_s / 2, 100.0)
         rounds.add("client_e3_half", await client_open_loop(
             url, E3, config, rate, f"client E3, open loop at {rate:,.0f}/s"))  # fmt: skip
+        for rate in open_rates:
+            rounds.add(f"{OPEN_AT}{rate:g}", await client_open_loop(
+                url, E3, config, rate, f"client E3, open loop at {rate:,.0f}/s"))  # fmt: skip
 
 
 async def _point_4(parent: Path, config: LoadConfig, lean: LoadConfig, rounds: Rounds,
@@ -505,6 +513,10 @@ def compare(rounds: Rounds) -> list[Comparison]:
     half = rows[2]
     if half is not None:
         rows[2] = replace(half, target="p99 <= 10 ms", met=half.measured.p99_ms <= 10.0)
+    for key in rounds.results:
+        if key.startswith(OPEN_AT):
+            rate = float(key.removeprefix(OPEN_AT))
+            rows.append(row(f"(2) open loop at {rate:,.0f}/s", key, None, None))
     return [r for r in rows if r is not None]
 
 
@@ -570,7 +582,8 @@ async def run(args: argparse.Namespace) -> None:
     rounds = Rounds({})
     for index in range(args.rounds):
         say(f"round {index + 1}/{args.rounds}")
-        await one_round(base, config, rounds, say, redis_path, frozenset(args.only))
+        await one_round(base, config, rounds, say, redis_path, frozenset(args.only),
+                        args.open_rates)  # fmt: skip
     load = os.getloadavg()
     note = "; ".join(filter(None, [note, f"load average at the end {load[0]:.2f} {load[1]:.2f}"]))
     comparisons = compare(rounds)
@@ -595,6 +608,8 @@ def main() -> None:
                         help="then profile the client of (1) and (2) into DIR")  # fmt: skip
     parser.add_argument("--only", type=int, nargs="+", choices=[1, 2, 3, 4], default=[1, 2, 3, 4],
                         metavar="N", help="run only these points (default: all)")  # fmt: skip
+    parser.add_argument("--open-rates", type=float, nargs="+", default=[], metavar="RATE",
+                        help="(2) also: open loops at these appends/s (p99 by rate)")  # fmt: skip
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
