@@ -37,9 +37,10 @@ from pora.client.waiting import Event, trio_running
 
 #: What an ADD_BATCH frame costs besides its key and entries, and per entry besides
 #: its payload (its id and size); an ADD_RUN costs less, so this bounds both.
-_FRAME_BASE: Final = f.LENGTH_MIN + f.ADD_BATCH_REQUEST_FIXED.size
-_BYTES_PER_ENTRY: Final = f.BATCH_ITEM.size
-_ID_MAX: Final = 2**63 - 1
+FRAME_BASE: Final = f.LENGTH_MIN + f.ADD_BATCH_REQUEST_FIXED.size
+BYTES_PER_ENTRY: Final = f.BATCH_ITEM.size
+#: the highest entry id a frame carries (the wire's i64)
+ID_MAX: Final = 2**63 - 1
 
 
 class AddCall:
@@ -255,7 +256,7 @@ def frames_for(
     groups: dict[tuple[int, bytes, bool], list[QueuedAdd]] = {}
     out: list[tuple[int, bytes, AddFrame]] = []
     for add in queued:
-        if not (0 <= add.entry_id <= _ID_MAX and len(add.payload) <= entry_bytes_max):
+        if not (0 <= add.entry_id <= ID_MAX and len(add.payload) <= entry_bytes_max):
             out.append(_frame(new_id(), add.ledger_id, add.master_key, add.recovery, [add]))
             continue
         key = (add.ledger_id, add.master_key, add.recovery)
@@ -265,7 +266,7 @@ def frames_for(
         else:
             group.append(add)
     for (ledger_id, master_key, recovery), group in groups.items():
-        budget = frame_bytes_max - _FRAME_BASE - len(master_key)
+        budget = frame_bytes_max - FRAME_BASE - len(master_key)
         rest = sorted(group, key=_entry_id_of) if len(group) > 1 else group
         while rest:
             leftover: list[QueuedAdd] = []
@@ -276,7 +277,7 @@ def frames_for(
                 if add.entry_id == last:
                     leftover.append(add)
                     continue
-                cost = _BYTES_PER_ENTRY + len(add.payload)
+                cost = BYTES_PER_ENTRY + len(add.payload)
                 if chunk and (len(chunk) == f.RUN_ENTRIES_MAX or used + cost > budget):
                     out.append(_frame(new_id(), ledger_id, master_key, recovery, chunk))
                     chunk = []

@@ -19,7 +19,6 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Sequence
 from itertools import islice
-from typing import Final
 
 from journal.errors import PoraError
 from netio import frames as f
@@ -33,15 +32,9 @@ from netio.messages import (
     ErrorResponse,
     ResponseMessage,
 )
-from pora.client.coalescer import error_of
+from pora.client.coalescer import BYTES_PER_ENTRY, FRAME_BASE, ID_MAX, error_of
 from pora.client.node_channel import AddRequest
 from pora.client.waiting import Event
-
-#: What an ADD_BATCH frame costs besides its key and entries, and per entry besides
-#: its payload (its id and size); an ADD_RUN costs less, so this bounds both.
-_FRAME_BASE: Final = f.LENGTH_MIN + f.ADD_BATCH_REQUEST_FIXED.size
-_BYTES_PER_ENTRY: Final = f.BATCH_ITEM.size
-_ID_MAX: Final = 2**63 - 1
 
 #: one request's outcomes: None when every entry of it was stored, else one each
 Outcomes = list[PoraError | None] | None
@@ -163,13 +156,13 @@ def encode_batches(
         ids = [entry[0] for entry in entries]
         payloads = [entry[1] for entry in entries]
         count = len(ids)
-        budget = frame_bytes_max - _FRAME_BASE - len(request.master_key)
+        budget = frame_bytes_max - FRAME_BASE - len(request.master_key)
         if (
             count <= f.RUN_ENTRIES_MAX
             and ids[0] >= 0
-            and ids[-1] <= _ID_MAX
+            and ids[-1] <= ID_MAX
             and max(map(len, payloads)) <= entry_bytes_max
-            and sum(map(len, payloads)) + count * _BYTES_PER_ENTRY <= budget
+            and sum(map(len, payloads)) + count * BYTES_PER_ENTRY <= budget
             and all(map(operator.lt, ids, islice(ids, 1, None)))
         ):  # the common case: the whole batch is one frame
             chunks = [(0, count)]
@@ -191,8 +184,8 @@ def _cut(
     used = 0
     last = -1
     for position, (entry_id, payload) in enumerate(zip(ids, payloads, strict=True)):
-        cost = _BYTES_PER_ENTRY + len(payload)
-        unfit = not (0 <= entry_id <= _ID_MAX and len(payload) <= entry_bytes_max)
+        cost = BYTES_PER_ENTRY + len(payload)
+        unfit = not (0 <= entry_id <= ID_MAX and len(payload) <= entry_bytes_max)
         if position > start and (
             unfit
             or entry_id <= last

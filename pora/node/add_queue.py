@@ -71,6 +71,42 @@ class _Turn:
             self.settle(tag, run.error_of(index))
 
 
+class Completion:
+    """Parks one task until every request given completed: the last completion
+    reschedules it (cheaper than an Event per request: this is part of the per-add
+    cost of in-process writers). Requests refused at submission complete before
+    the task parks, and it then does not park."""
+
+    __slots__ = ("_parked", "_pending", "_task")
+
+    def __init__(self, requests: list[Request]) -> None:
+        self._task = trio.lowlevel.current_task()
+        self._pending = len(requests)
+        self._parked = False
+        for request in requests:
+            request.on_done = self._one_done
+
+    def _one_done(self, _request: Request) -> None:
+        self._pending -= 1
+        if self._pending == 0 and self._parked:
+            trio.lowlevel.reschedule(self._task)
+
+    async def wait(self) -> None:
+        """Until every request completed. Cancelling the wait does not cancel the
+        requests: like a timeout on any database, the caller then does not know
+        whether they were performed."""
+        if not self._pending:
+            # a schedule point all the same, as every call that submits has
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        self._parked = True
+        await trio.lowlevel.wait_task_rescheduled(self._abort)
+
+    def _abort(self, _raise_cancel: object) -> trio.lowlevel.Abort:
+        self._parked = False
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
 class AddQueue:
     """The current turn's adds, and who submits them.
 
@@ -166,31 +202,12 @@ class AddQueue:
         has completed; cancellation as for `add`."""
         await trio.lowlevel.checkpoint_if_cancelled()
         turn = await self._current_turn()
-        task = trio.lowlevel.current_task()
-        pending = len(requests)
-        parked = False  # requests refused at submission complete before we park
-
-        def on_done(_request: Request) -> None:
-            nonlocal pending
-            pending -= 1
-            if pending == 0 and parked:
-                trio.lowlevel.reschedule(task)
-
-        for request in requests:
-            request.on_done = on_done
+        completion = Completion(requests)
         leader = not turn.tasks and not turn.requests
         turn.requests += requests
         if leader:
             await self._submit_turn(turn)
-        if pending:
-
-            def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
-                nonlocal parked
-                parked = False
-                return trio.lowlevel.Abort.SUCCEEDED
-
-            parked = True
-            await trio.lowlevel.wait_task_rescheduled(abort)
+        await completion.wait()
 
     async def _current_turn(self) -> _Turn:
         turn = self._turn

@@ -43,7 +43,7 @@ from ledger.errors import (
 )
 from ledger.registry import LedgerRegistry, RegistryStatistics
 from ledger.state import LedgerInfo, LedgerState
-from pora.node.add_queue import AddQueue
+from pora.node.add_queue import AddQueue, Completion
 from pora.node.config import NodeConfig
 from pora.node.datadir import (
     DataDir,
@@ -150,36 +150,13 @@ class Node:
     async def _perform(self, requests: list[Request]) -> None:
         """Submit `requests` and wait until every one of them has completed.
 
-        Parks the task and is woken by the last completion (cheaper than an Event
-        per request: this is the per-add cost of in-process writers). Cancelling
-        the wait does not cancel the requests: like a timeout on any database,
-        the caller then does not know whether they were stored.
+        Cancelling the wait does not cancel the requests (`Completion`): the caller
+        then does not know whether they were stored.
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        task = trio.lowlevel.current_task()
-        pending = len(requests)
-        parked = False  # requests refused at submission complete before we park
-
-        def on_done(_request: Request) -> None:
-            nonlocal pending
-            pending -= 1
-            if pending == 0 and parked:
-                trio.lowlevel.reschedule(task)
-
-        for request in requests:
-            request.on_done = on_done
+        completion = Completion(requests)
         await self.submit(requests)
-        if pending:
-
-            def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
-                nonlocal parked
-                parked = False
-                return trio.lowlevel.Abort.SUCCEEDED
-
-            parked = True
-            await trio.lowlevel.wait_task_rescheduled(abort)
-        else:
-            await trio.lowlevel.cancel_shielded_checkpoint()
+        await completion.wait()
 
     async def _perform_one(self, request: Request) -> int | None:
         await self._perform([request])
