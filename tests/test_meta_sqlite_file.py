@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import trio
 from cli_support import run_cli
+from replication_support import Fault, local_cluster
 from test_meta_store import ledger
+from writer_support import client_on
 
 import pora
 from pora.meta import (
@@ -27,6 +29,7 @@ from pora.meta import (
     NodeRegistration,
     open_metadata,
 )
+from pora.server.registration import NodeRegistrar, NodeState
 
 Capsys = pytest.CaptureFixture[str]
 
@@ -41,15 +44,15 @@ time.sleep(600)
 """
 
 
-def set_up(url: str) -> None:
+async def set_up_store(url: str) -> None:
     """A store set up as a node sets it up, with one ledger and one live node."""
+    async with open_metadata(url, create=True) as store:
+        await store.create_ledger(ledger(await store.allocate_ledger_id()))
+        await store.register_node(NodeRegistration("127.0.0.1:3181", "inst-a"), 600)
 
-    async def main() -> None:
-        async with open_metadata(url, create=True) as store:
-            await store.create_ledger(ledger(await store.allocate_ledger_id()))
-            await store.register_node(NodeRegistration("127.0.0.1:3181", "inst-a"), 600)
 
-    trio.run(main)
+def set_up(url: str) -> None:
+    trio.run(set_up_store, url)
 
 
 @pytest.fixture
@@ -208,3 +211,104 @@ def test_a_read_notices_a_removed_file(tmp_path: Path) -> None:
 
     trio.run(opened)
     assert not path.exists()  # nothing re-created it
+
+
+# --- a writer's record changes on a store that stops taking writes --------------------
+
+
+def freeze_a_writer(path: Path) -> subprocess.Popen[str]:
+    """Another process takes the file's write lock and is frozen (SIGSTOP)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None
+    assert holder.stdout.readline() == "held\n"
+    os.kill(holder.pid, signal.SIGSTOP)
+    return holder
+
+
+async def test_an_ensemble_change_gives_up_when_the_write_lock_stays_held(tmp_path: Path) -> None:
+    async with (
+        local_cluster(tmp_path, nodes=4) as cluster,
+        client_on(
+            cluster,
+            metadata=MetadataConfig(call_timeout_s=0.5),
+            ensemble_change_timeout_s=2.0,
+        ) as client,
+    ):
+        ledger = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
+        await ledger.append_many([b"before"] * 10)
+        holder = freeze_a_writer(tmp_path / "meta.db")
+        try:
+            cluster.set_fault(ledger.metadata.ensembles[-1].members[0].address, Fault.FAIL)
+            started = time.monotonic()
+            # R10: entries from the change's first wait for it, and it cannot be written
+            with trio.fail_after(30), pytest.raises(MetadataTimeout):
+                for _ in range(10_000):
+                    await ledger.append(b"after")
+            assert time.monotonic() - started < 10
+        finally:
+            holder.kill()
+            holder.wait()
+
+
+async def test_a_close_gives_up_within_the_call_timeout_when_the_write_lock_stays_held(
+    tmp_path: Path,
+) -> None:
+    async with (
+        local_cluster(tmp_path, nodes=3) as cluster,
+        client_on(cluster, metadata=MetadataConfig(call_timeout_s=0.5)) as client,
+    ):
+        ledger = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
+        await ledger.append_many([b"entry"] * 10)
+        holder = freeze_a_writer(tmp_path / "meta.db")
+        try:
+            started = time.monotonic()
+            with trio.fail_after(30), pytest.raises(MetadataTimeout):
+                await ledger.close()
+            assert time.monotonic() - started < 3
+        finally:
+            holder.kill()
+            holder.wait()
+        await ledger.close()  # the lock released: the close is retried and takes
+        assert (await cluster.store.read_ledger(ledger.ledger_id)).value.last_entry_id == 9
+
+
+@pytest.mark.parametrize("fault", [_remove, _replace], ids=["removed", "replaced"])
+async def test_a_writer_fails_rather_than_record_in_a_removed_or_replaced_file(
+    tmp_path: Path, fault: Callable[[Path], None]
+) -> None:
+    await set_up_store(f"sqlite://{tmp_path / 'other.db'}")
+    async with local_cluster(tmp_path, nodes=4) as cluster, client_on(cluster) as client:
+        changing = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
+        closing = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
+        await changing.append_many([b"entry"] * 10)
+        await closing.append_many([b"entry"] * 10)
+        fault(tmp_path / "meta.db")
+        # an ensemble change: the writer stops instead of recording the change unseen
+        cluster.set_fault(changing.metadata.ensembles[-1].members[0].address, Fault.FAIL)
+        with trio.fail_after(30), pytest.raises(MetadataStoreGone, match=r"meta\.db was"):
+            for _ in range(10_000):  # entries before the change's first are acknowledged
+                await changing.append(b"after")
+        with trio.fail_after(30), pytest.raises(MetadataStoreGone, match=r"meta\.db was"):
+            await closing.close()
+
+
+async def test_a_node_stops_renewing_in_a_removed_file_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "meta.db"
+    async with open_metadata(f"sqlite://{path}") as store:
+        state = NodeState(read_only=False, free_bytes=1 << 30)
+        registrar = NodeRegistrar(store, "127.0.0.1:4000", "instance-a", None, 0.3, lambda: state)
+        await registrar.register()
+        await registrar.tick()
+        _remove(path)
+        with trio.fail_after(10):
+            await registrar.run()  # renews every 0.1 s until it finds the file gone
+        assert not registrar.status.registered
+        (stopped,) = [r for r in caplog.records if "stops renewing" in r.getMessage()]
+        assert stopped.levelname == "ERROR"
+        assert f"the file {path} was removed" in stopped.getMessage()
+        await registrar.unregister()
+    assert not path.exists()
