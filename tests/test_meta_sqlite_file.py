@@ -312,3 +312,69 @@ async def test_a_node_stops_renewing_in_a_removed_file_and_says_so(
         assert f"the file {path} was removed" in stopped.getMessage()
         await registrar.unregister()
     assert not path.exists()
+
+
+# --- clocks: every process judges leases by its own wall clock ------------------------
+
+HOUR_S = 3600
+#: a process whose wall clock is off by argv[2] seconds (as under faketime) registers a
+#: node (argv[3]) with a 5 s lease, renews it, and prints the addresses it sees live
+SKEWED = """
+import sys, time
+real = time.time
+time.time = lambda: real() + float(sys.argv[2])
+import trio
+from pora.meta import NodeRegistration, open_metadata
+
+async def main():
+    async with open_metadata(sys.argv[1], create=False) as store:
+        if sys.argv[3]:
+            await store.register_node(NodeRegistration(sys.argv[3], "skewed"), 5.0)
+            await store.renew_node(sys.argv[3], "skewed", 5.0)
+        print(" ".join(n.address for n in await store.list_nodes()))
+
+trio.run(main)
+"""
+
+
+def skewed_process(url: str, skew_s: float, register: str = "") -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", SKEWED, url, str(skew_s), register],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.split()
+
+
+def distrusted(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.message for r in caplog.records if "ahead of this process's clock" in r.message]
+
+
+async def test_a_registration_renewed_from_a_clock_an_hour_ahead_is_not_taken_as_live(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"sqlite://{tmp_path / 'meta.db'}"
+    async with open_metadata(url) as store:
+        # a node a little ahead, within its lease, is trusted
+        assert await trio.to_thread.run_sync(skewed_process, url, 2, "127.0.0.1:3182")
+        # a node an hour ahead (then killed): not "writable, 0 s ago" for an hour
+        assert await trio.to_thread.run_sync(skewed_process, url, HOUR_S, "127.0.0.1:3181")
+        assert [n.address for n in await store.list_nodes()] == ["127.0.0.1:3182"]
+        (warning,) = distrusted(caplog)
+        assert "127.0.0.1:3181 (instance skewed)" in warning
+        assert "ahead of this process's clock" in warning
+        # and it holds its address for no one: another instance may register there
+        await store.register_node(NodeRegistration("127.0.0.1:3181", "honest"), 5.0)
+        assert [n.instance_id for n in await store.list_nodes()] == ["honest", "skewed"]
+
+
+async def test_a_reader_whose_clock_lags_by_more_than_a_lease_trusts_no_renewal(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite://{tmp_path / 'meta.db'}"
+    async with open_metadata(url) as node:
+        await node.register_node(NodeRegistration("127.0.0.1:3181", "inst-a"), 5.0)
+        # rather than seeing a killed node live for an hour
+        assert await trio.to_thread.run_sync(skewed_process, url, -HOUR_S) == []
