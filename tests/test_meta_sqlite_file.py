@@ -18,6 +18,7 @@ from cli_support import run_cli
 from replication_support import Fault, local_cluster
 from test_meta_store import ledger
 from writer_support import client_on
+from zookeeper_support import fresh_zk_url
 
 import pora
 from pora.meta import (
@@ -154,6 +155,26 @@ def test_a_client_never_creates_a_store(tmp_path: Path) -> None:
     trio.run(main)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db"]
     assert empty.stat().st_size == 0
+
+
+def test_zookeeper_clients_and_inspection_never_set_up_a_chroot(
+    request: pytest.FixtureRequest, capsys: Capsys
+) -> None:
+    url = fresh_zk_url(request)
+    result = run_cli(capsys, "nodes", "--metadata", url)
+    assert result.status == 2
+    assert "no store under the chroot" in result.err
+
+    async def main() -> None:
+        with pytest.raises(MetadataUnavailable, match="is missing"):
+            async with pora.connect(url):
+                raise AssertionError("connected")
+        async with open_metadata(url, create=True) as store:  # the nodes' path
+            assert await store.list_nodes() == []
+        async with pora.connect(url) as client:  # now set up: it opens
+            assert [m async for m in client.list_ledgers()] == []
+
+    trio.run(main)
 
 
 # --- the file removed or replaced under a running process -----------------------------
