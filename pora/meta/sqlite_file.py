@@ -113,9 +113,10 @@ class SqliteFile:
 
     def __init__(self, url: str, path: Path, config: MetadataConfig) -> None:
         self._url = url
-        self._path = path
+        # fixed at the opening: a later chdir does not move the store
+        self._absolute = path.absolute()
         # a URI, so that a connection can be told never to create the file (mode=rw)
-        self._uri = path.absolute().as_uri()
+        self._uri = self._absolute.as_uri()
         self._config = config
         #: (st_dev, st_ino) of the file this store opened; the path must keep naming it
         self._identity: tuple[int, int] | None = None
@@ -173,7 +174,7 @@ class SqliteFile:
         if self._identity is None:
             return  # still opening
         try:
-            stat = os.stat(self._path)
+            stat = os.stat(self._absolute)
         except FileNotFoundError:
             what = "removed"
         else:
@@ -182,7 +183,7 @@ class SqliteFile:
             what = "replaced by another file"
         self._gone = MetadataStoreGone(
             self._url,
-            f"the file {self._path} was {what} since this process opened it; this "
+            f"the file {self._absolute} was {what} since this process opened it; this "
             "process writes nothing more to it",
             "stop this process; restore the store's file from where it was moved, or "
             "set up the cluster again, and restart the processes on it",
@@ -192,12 +193,12 @@ class SqliteFile:
     def _open_file(self, create: bool) -> None:
         """Open the file and check its schema with a read; create what is missing only
         when asked to (the node's path). Runs in a worker thread."""
-        if not create and not self._path.exists():
-            raise MetadataUnavailable(self._url, f"no store at {self._path}", SET_UP_HINT)
+        if not create and not self._absolute.exists():
+            raise MetadataUnavailable(self._url, f"no store at {self._absolute}", SET_UP_HINT)
         conn = self._connect(create=create)
         try:
             self._ensure_schema(conn, create)
-            stat = os.stat(self._path)
+            stat = os.stat(self._absolute)
             self._identity = (stat.st_dev, stat.st_ino)
         except BaseException:
             conn.close()
@@ -343,7 +344,7 @@ class SqliteFile:
             return
         if not create:
             raise MetadataUnavailable(
-                self._url, f"{self._path} holds no Pora metadata schema", SET_UP_HINT
+                self._url, f"{self._absolute} holds no Pora metadata schema", SET_UP_HINT
             )
         self._create_schema(conn)
 
