@@ -16,7 +16,10 @@ import pytest
 import trio
 from cli_support import run_cli
 from replication_support import Fault, local_cluster
+from serve_helpers import http_get, samples
 from test_meta_store import ledger
+from test_node_registration import LEASE_S, serve, stop
+from waiting import wait_until_true
 from writer_support import client_on
 from zookeeper_support import fresh_zk_url
 
@@ -399,3 +402,26 @@ async def test_a_reader_whose_clock_lags_by_more_than_a_lease_trusts_no_renewal(
         await node.register_node(NodeRegistration("127.0.0.1:3181", "inst-a"), 5.0)
         # rather than seeing a killed node live for an hour
         assert await trio.to_thread.run_sync(skewed_process, url, -HOUR_S) == []
+
+
+@pytest.mark.slow
+async def test_a_served_node_stops_renewing_when_its_store_file_is_deleted(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "meta.db"
+    url = f"sqlite://{path}"
+    async with serve(data_dir, tmp_path, url) as node:
+        _remove(path)
+
+        async def said_so() -> bool:
+            return "stops renewing its registration" in node.log_path.read_text()
+
+        await wait_until_true(said_so, 30)
+        log = node.log_path.read_text()
+        assert f"the file {path} was removed since this process opened it" in log
+        values = samples((await http_get(node.metrics_port, "/metrics"))[1])
+        assert values[f"pora_registered{{metadata={url}}}"] == 0
+        assert node.process.poll() is None  # it keeps serving
+        await trio.sleep(LEASE_S)  # renewals would have come by now
+        assert not path.exists()  # and nothing made a new, empty store there
+        assert await stop(node) == 0
