@@ -27,11 +27,12 @@ def add_metadata_argument(parser: argparse.ArgumentParser, *, required: bool) ->
 
 
 def query_metadata(url: str, query: Callable[[MetadataStore], Awaitable[T]]) -> T:
-    """Open the store at `url`, run `query` on it, close it. An unreachable store ends
-    the command with exit status 2 and the store's message."""
+    """Open the store at `url` (never creating it: an inspection of a wrong URL must
+    not leave an empty store there), run `query` on it, close it. An unreachable or
+    missing store ends the command with exit status 2 and the store's message."""
 
     async def main() -> T:
-        async with open_metadata(url) as store:
+        async with open_metadata(url, create=False) as store:
             return await query(store)
 
     # kazoo logs each failed connection attempt; the command's own error says it once

@@ -22,6 +22,12 @@ class MetadataTimeout(MetadataUnavailable):
     so a caller reads the record again before retrying it."""
 
 
+class MetadataStoreGone(MetadataUnavailable):
+    """The store's file was removed or replaced since this process opened it: the
+    process stops using it (whatever it wrote there no other process would see), and
+    every later call on the store raises this."""
+
+
 class MetadataVersionConflict(MetadataError):
     """A compare-and-set named a version that is no longer the record's."""
 

@@ -2,23 +2,35 @@
 and its schema. Reads run in worker threads on pooled connections (WAL readers never
 wait for the writer); writes go to one writer thread that commits whatever is queued
 in one `BEGIN IMMEDIATE` transaction (pora/meta/sqlite_writer.py, which says what a
-caller that timed out knows). docs/metadata.md gives the schema."""
+caller that timed out knows). Opening a store whose schema is in place only reads, so
+a process holding the write lock delays no one's opening; only the node's path
+(`create=True`) creates a missing file or schema. Every read and every commit first
+checks that the path still names the file this store opened: a process never goes on
+writing to a file that was deleted or replaced under it. docs/metadata.md gives the
+schema."""
 
 from __future__ import annotations
 
+import os
 import queue
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
 import anyio
 import anyio.to_thread
 
-from pora.meta.errors import MetadataError, MetadataTimeout, MetadataUnavailable
+from pora.meta.errors import (
+    MetadataError,
+    MetadataStoreGone,
+    MetadataTimeout,
+    MetadataUnavailable,
+)
 from pora.meta.sqlite_writer import BatchWriter, Write
 from pora.meta.store import MetadataConfig
 
@@ -44,6 +56,10 @@ WAL_RETRY_S = 0.005
 UNAVAILABLE_HINT = (
     "check that the folder exists and is writable and that the file is a Pora SQLite "
     "metadata database"
+)
+SET_UP_HINT = (
+    "a store is set up by the nodes: `pora cluster` or `pora serve --metadata URL`; "
+    "check the URL's path"
 )
 
 
@@ -75,7 +91,11 @@ def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
 def _enable_wal(conn: sqlite3.Connection, deadline: float) -> None:
     """Switch the file to WAL (kept in the file once set). While another process creates
     or converts the same file, SQLite refuses at once with "locked" instead of waiting
-    on the busy timeout, so the switch is retried until the deadline."""
+    on the busy timeout, so the switch is retried until the deadline. A file already in
+    WAL is left as it is: reading the mode takes no lock."""
+    (mode,) = conn.execute("PRAGMA journal_mode").fetchone()
+    if str(mode).lower() == "wal":
+        return
     while True:
         try:
             conn.execute("PRAGMA journal_mode = WAL")
@@ -93,8 +113,15 @@ class SqliteFile:
 
     def __init__(self, url: str, path: Path, config: MetadataConfig) -> None:
         self._url = url
-        self._path = path
+        # fixed at the opening: a later chdir does not move the store
+        self._absolute = path.absolute()
+        # a URI, so that a connection can be told never to create the file (mode=rw)
+        self._uri = self._absolute.as_uri()
         self._config = config
+        #: (st_dev, st_ino) of the file this store opened; the path must keep naming it
+        self._identity: tuple[int, int] | None = None
+        #: set once the file is found removed or replaced: every later call fails so
+        self._gone: MetadataStoreGone | None = None
         # the writer thread holds one of the store's threads_max connections
         self._limiter = anyio.CapacityLimiter(max(1, config.threads_max - 1))
         self._write_room = anyio.Semaphore(config.write_queue_max)
@@ -109,24 +136,74 @@ class SqliteFile:
 
     # --- threads and connections
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, *, create: bool = False) -> sqlite3.Connection:
+        """A connection to the store's file. Only the opening of a store asked to create
+        may create the file: every later connection (pool, writer) opens it `mode=rw`,
+        so a file deleted meanwhile is an error, never a fresh empty store."""
+        if not create:
+            self._check_file()
         # a wait for another process's write lock gives up before the call's timeout,
         # so a write refused for a held lock is known not to have happened
         busy_timeout_s = self._config.call_timeout_s * BUSY_SHARE_OF_TIMEOUT
         conn = sqlite3.connect(
-            self._path,
+            f"{self._uri}?mode={'rwc' if create else 'rw'}",
+            uri=True,
             timeout=busy_timeout_s,
             isolation_level=None,  # transactions are explicit
             check_same_thread=False,  # one thread at a time, through the pool
         )
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            _enable_wal(conn, time.monotonic() + busy_timeout_s)
+            if create:
+                _enable_wal(conn, time.monotonic() + busy_timeout_s)
             conn.execute("PRAGMA synchronous = FULL")  # a committed close survives power loss
         except BaseException:
             conn.close()
             raise
         return conn
+
+    # --- the file under the path
+
+    def _check_file(self) -> None:
+        """Raise MetadataStoreGone if the path no longer names the file this store
+        opened (deleted, or another file put in its place): what this process would
+        write there, no process opening the path would see. One stat: cheap enough
+        for every read and every commit."""
+        if self._gone is not None:
+            raise self._gone
+        if self._identity is None:
+            return  # still opening
+        try:
+            stat = os.stat(self._absolute)
+        except FileNotFoundError:
+            what = "removed"
+        else:
+            if (stat.st_dev, stat.st_ino) == self._identity:
+                return
+            what = "replaced by another file"
+        self._gone = MetadataStoreGone(
+            self._url,
+            f"the file {self._absolute} was {what} since this process opened it; this "
+            "process writes nothing more to it",
+            "stop this process; restore the store's file from where it was moved, or "
+            "set up the cluster again, and restart the processes on it",
+        )
+        raise self._gone
+
+    def _open_file(self, create: bool) -> None:
+        """Open the file and check its schema with a read; create what is missing only
+        when asked to (the node's path). Runs in a worker thread."""
+        if not create and not self._absolute.exists():
+            raise MetadataUnavailable(self._url, f"no store at {self._absolute}", SET_UP_HINT)
+        conn = self._connect(create=create)
+        try:
+            self._ensure_schema(conn, create)
+            stat = os.stat(self._absolute)
+            self._identity = (stat.st_dev, stat.st_ino)
+        except BaseException:
+            conn.close()
+            raise
+        self._give_back(conn, reusable=True)
 
     def _in_thread(self, operation: Callable[[sqlite3.Connection], R]) -> R:
         try:
@@ -136,6 +213,10 @@ class SqliteFile:
         reusable = False
         try:
             result = operation(conn)
+            # what a removed file answers is what no other process sees any more
+            self._check_file()
+        except MetadataStoreGone:
+            raise
         except MetadataError:
             reusable = True  # a refusal (conflict, exists): the transaction rolled back
             raise
@@ -146,6 +227,15 @@ class SqliteFile:
             return result
         finally:
             self._give_back(conn, reusable)
+
+    async def _open(self, create: bool) -> None:
+        def open_file() -> None:
+            try:
+                self._open_file(create)
+            except sqlite3.Error as error:
+                raise self._sqlite_failure(error) from error
+
+        await self._in_worker(open_file)
 
     def _connect_or_raise(self) -> sqlite3.Connection:
         try:
@@ -172,13 +262,18 @@ class SqliteFile:
     async def _call(self, operation: Callable[[sqlite3.Connection], R]) -> R:
         if self._closed:
             raise MetadataError(f"metadata store {self._url} is closed")
+        if self._gone is not None:
+            raise self._gone
+        return await self._in_worker(partial(self._in_thread, operation))
+
+    async def _in_worker(self, work: Callable[[], R]) -> R:
         timeout = self._config.call_timeout_s
         try:
             with anyio.fail_after(timeout):
                 # abandoned on timeout: the thread finishes on its own, bounded by the
                 # busy timeout; the caller learns the outcome is unknown
                 return await anyio.to_thread.run_sync(
-                    self._in_thread, operation, limiter=self._limiter, abandon_on_cancel=True
+                    work, limiter=self._limiter, abandon_on_cancel=True
                 )
         except TimeoutError:
             raise MetadataTimeout(
@@ -190,6 +285,8 @@ class SqliteFile:
         writer = self._writer
         if self._closed or writer is None:
             raise MetadataError(f"metadata store {self._url} is closed")
+        if self._gone is not None:
+            raise self._gone
         timeout = self._config.call_timeout_s
         write = Write(operation)
         with anyio.move_on_after(timeout) as waiting:
@@ -241,6 +338,34 @@ class SqliteFile:
                 return
 
     # --- schema
+
+    def _ensure_schema(self, conn: sqlite3.Connection, create: bool) -> None:
+        if self._schema_in_place(conn):
+            return
+        if not create:
+            raise MetadataUnavailable(
+                self._url, f"{self._absolute} holds no Pora metadata schema", SET_UP_HINT
+            )
+        self._create_schema(conn)
+
+    def _schema_in_place(self, conn: sqlite3.Connection) -> bool:
+        """Whether the schema is there (a read: no write lock); MetadataUnavailable if
+        it is another version's."""
+        try:
+            row = conn.execute("SELECT version FROM schema_version").fetchone()
+        except sqlite3.OperationalError as error:
+            if "no such table" in str(error):
+                return False
+            raise
+        if row is None:
+            return False  # a file being set up by another process: finish it
+        if row[0] != SCHEMA_VERSION:
+            raise MetadataUnavailable(
+                self._url,
+                f"schema version {row[0]} is not {SCHEMA_VERSION}",
+                "use the Pora version that wrote it",
+            )
+        return True
 
     def _create_schema(self, conn: sqlite3.Connection) -> None:
         with _immediate(conn):

@@ -1,23 +1,64 @@
 """The node registry in the SQLite metadata store: one row per node address, held
-by one node instance while its lease lasts."""
+by one node instance while its lease lasts.
+
+Leases are wall-clock times: the renewing process writes `last_seen_ms` and
+`lease_expires_ms` from its clock, and a reader compares them with its own. Every
+process sharing the file runs on one machine (WAL needs shared memory), so they share
+its clock unless one is faked or set apart (faketime, a container's own clock). A
+reader does not trust a renewal stamped further in its future than the lease it
+grants: such a row (a node whose clock runs ahead, alive or long dead) is neither
+listed nor allowed to hold its address, and the reader logs it."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
+from pathlib import Path
 
 from pora.meta.errors import MetadataError, NodeAddressTaken, RegistrationLost
 from pora.meta.records import NodeRegistration
 from pora.meta.sqlite_file import SqliteFile
-from pora.meta.store import DEFAULT_LEASE_S
+from pora.meta.store import DEFAULT_LEASE_S, MetadataConfig
+
+_log = logging.getLogger("pora.meta")
+
+#: how often a store says again that it distrusts registrations from the future
+DISTRUST_LOG_INTERVAL_S = 30.0
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _from_the_future(now_ms: int, last_seen_ms: int, lease_expires_ms: int) -> bool:
+    """A renewal stamped further ahead of `now_ms` than the lease it grants: written
+    by a clock ahead of this one by more than a lease, so its expiry says nothing."""
+    return last_seen_ms - now_ms > lease_expires_ms - last_seen_ms
+
+
 class SqliteNodeRegistry(SqliteFile):
     """The node registrations of a `SqliteMetadataStore`."""
+
+    def __init__(self, url: str, path: Path, config: MetadataConfig) -> None:
+        super().__init__(url, path, config)
+        self._distrust_logged_at = float("-inf")
+
+    def _distrust(self, address: str, instance_id: str, ahead_ms: int) -> None:
+        now = time.monotonic()
+        if now - self._distrust_logged_at < DISTRUST_LOG_INTERVAL_S:
+            return
+        self._distrust_logged_at = now
+        _log.warning(
+            "metadata store %s: the registration of %s (instance %s) was renewed %.1f s "
+            "ahead of this process's clock; it is not taken as live. The processes "
+            "sharing this SQLite file must read the same clock: check for faketime or "
+            "a container clock on that node or on this process",
+            self._url,
+            address,
+            instance_id,
+            ahead_ms / 1000,
+        )
 
     # --- node registry
 
@@ -31,11 +72,14 @@ class SqliteNodeRegistry(SqliteFile):
         def register(conn: sqlite3.Connection) -> None:
             now = _now_ms()
             held = conn.execute(
-                "SELECT instance_id, lease_expires_ms, version FROM nodes WHERE address = ?",
+                "SELECT instance_id, lease_expires_ms, version, last_seen_ms FROM nodes"
+                " WHERE address = ?",
                 (registration.address,),
             ).fetchone()
             if held is not None and held[0] != registration.instance_id and held[1] > now:
-                raise NodeAddressTaken(registration.address, held[0], (held[1] - now) / 1000)
+                if not _from_the_future(now, held[3], held[1]):
+                    raise NodeAddressTaken(registration.address, held[0], (held[1] - now) / 1000)
+                self._distrust(registration.address, held[0], held[3] - now)
             conn.execute(
                 "INSERT OR REPLACE INTO nodes (address, instance_id, read_only, free_bytes,"
                 " rack, last_seen_ms, lease_expires_ms, version)"
@@ -97,18 +141,23 @@ class SqliteNodeRegistry(SqliteFile):
         await self._write(delete)
 
     async def list_nodes(self, writable_only: bool = False) -> list[NodeRegistration]:
-        def live(conn: sqlite3.Connection) -> list[tuple[str, str, int, int, str | None, int]]:
+        now = _now_ms()
+
+        def live(conn: sqlite3.Connection) -> list[tuple[str, str, int, int, str | None, int, int]]:
             return conn.execute(
-                "SELECT address, instance_id, read_only, free_bytes, rack, last_seen_ms"
-                " FROM nodes WHERE lease_expires_ms > ? AND (read_only = 0 OR ?)"
+                "SELECT address, instance_id, read_only, free_bytes, rack, last_seen_ms,"
+                " lease_expires_ms FROM nodes WHERE lease_expires_ms > ? AND (read_only = 0 OR ?)"
                 " ORDER BY address",
-                (_now_ms(), int(not writable_only)),
+                (now, int(not writable_only)),
             ).fetchall()
 
-        return [
-            NodeRegistration(address, instance, bool(read_only), free, rack, seen)
-            for address, instance, read_only, free, rack, seen in await self._call(live)
-        ]
+        nodes = []
+        for address, instance, read_only, free, rack, seen, expires in await self._call(live):
+            if _from_the_future(now, seen, expires):
+                self._distrust(address, instance, seen - now)
+                continue
+            nodes.append(NodeRegistration(address, instance, bool(read_only), free, rack, seen))
+        return nodes
 
 
 __all__ = ["SqliteNodeRegistry"]

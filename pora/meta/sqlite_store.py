@@ -23,11 +23,13 @@ class SqliteMetadataStore(SqliteLedgerRecords, SqliteNodeRegistry):
     (pora.meta.sqlite_nodes). Make one with `open`."""
 
     @classmethod
-    async def open(cls, url: str, path: Path, config: MetadataConfig) -> SqliteMetadataStore:
+    async def open(
+        cls, url: str, path: Path, config: MetadataConfig, *, create: bool
+    ) -> SqliteMetadataStore:
         store = cls(url, path, config)
-        await store._call(store._create_schema)
+        await store._open(create)
         store._writer = BatchWriter(
-            f"pora-meta-writer {url}", store._connect, store._sqlite_failure
+            f"pora-meta-writer {url}", store._connect, store._sqlite_failure, store._check_file
         )
         return store
 

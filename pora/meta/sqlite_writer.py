@@ -12,6 +12,10 @@ A write's outcome is always known to its caller:
 - a write that started (its batch holds the write lock) is waited for until its batch
   commits or rolls back, and its caller gets that outcome even past the call timeout:
   no lock wait is left, only the statements and the commit's fsync.
+
+Before it commits, the writer checks (`check`) that the store's path still names the
+file it writes: a batch bound for a deleted or replaced file rolls back, and every
+write in it fails with the check's error.
 """
 
 from __future__ import annotations
@@ -112,9 +116,11 @@ class BatchWriter:
         name: str,
         connect: Callable[[], sqlite3.Connection],
         failure: Callable[[sqlite3.Error], MetadataError],
+        check: Callable[[], None],
     ) -> None:
         self._connect = connect
         self._failure = failure
+        self._check = check
         self._queue: queue.SimpleQueue[Write[object] | _Stop] = queue.SimpleQueue()
         self._conn: sqlite3.Connection | None = None
         self._stop_lock = threading.Lock()
@@ -177,9 +183,9 @@ class BatchWriter:
     def _commit(self, batch: list[Write[object]]) -> None:
         try:
             conn = self._begin()
-        except sqlite3.Error as error:
+        except (sqlite3.Error, MetadataError) as error:
             # refused for a held lock (or no file): nothing of the batch happened
-            failure = self._failure(error)
+            failure = error if isinstance(error, MetadataError) else self._failure(error)
             for write in batch:
                 write.resolve(None, failure)
             return
@@ -187,11 +193,12 @@ class BatchWriter:
         outcomes: list[tuple[object, BaseException | None]] = []
         try:
             outcomes = [self._run_one(conn, write) for write in started]
+            self._check()  # under the write lock: the file others open is this one
             conn.execute("COMMIT")
-        except sqlite3.Error as error:
+        except (sqlite3.Error, MetadataError) as error:
             # the transaction as a whole failed: none of it is in the file
             self._abandon(conn)
-            failure = self._failure(error)
+            failure = error if isinstance(error, MetadataError) else self._failure(error)
             for write in started:
                 write.resolve(None, failure)
             return

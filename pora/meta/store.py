@@ -115,19 +115,29 @@ class MetadataStore(Protocol):
 
 @asynccontextmanager
 async def open_metadata(
-    url: str, config: MetadataConfig | None = None
+    url: str, config: MetadataConfig | None = None, *, create: bool = True
 ) -> AsyncIterator[MetadataStore]:
     """Open the store `url` names: `sqlite:///abs/path.db`, `sqlite:relative/path.db`
-    or ZooKeeper's `zk://host:port,.../chroot`."""
+    or ZooKeeper's `zk://host:port,.../chroot`.
+
+    `create`: set up a missing store (the SQLite file and schema, ZooKeeper's layout
+    under the chroot). False opens only a store already set up and raises
+    `MetadataUnavailable`, naming the path, for one that is not: clients
+    (`pora.connect`) and the inspection commands pass False, so a mistyped URL never
+    leaves a fresh empty store behind for the nodes to find. The default stays True
+    because this call is the low-level one the node's path and tools set up stores
+    with. Opening a store already set up reads only (no write lock) either way."""
     config = config or MetadataConfig()
     if url.startswith("sqlite:"):
         from pora.meta.sqlite_store import SqliteMetadataStore, sqlite_path  # noqa: PLC0415
 
-        store: MetadataStore = await SqliteMetadataStore.open(url, sqlite_path(url), config)
+        store: MetadataStore = await SqliteMetadataStore.open(
+            url, sqlite_path(url), config, create=create
+        )
     elif url.startswith("zk://"):
         from pora.meta.zk_store import ZooKeeperMetadataStore  # noqa: PLC0415
 
-        store = await ZooKeeperMetadataStore.open(url, config)
+        store = await ZooKeeperMetadataStore.open(url, config, create=create)
     else:
         raise MetadataUnavailable(
             url,

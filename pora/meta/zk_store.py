@@ -105,11 +105,13 @@ class ZooKeeperMetadataStore:
         return self._url
 
     @classmethod
-    async def open(cls, url: str, config: MetadataConfig) -> ZooKeeperMetadataStore:
+    async def open(
+        cls, url: str, config: MetadataConfig, *, create: bool
+    ) -> ZooKeeperMetadataStore:
         store = cls(url, config)
         try:
             await store._call(store._connect, checked=False)
-            await store._call(store._create_layout)
+            await store._call(store._create_layout if create else store._check_layout)
         except BaseException:
             await store.aclose()
             raise
@@ -139,14 +141,27 @@ class ZooKeeperMetadataStore:
         try:
             self._wait(self.client.create_async(self.paths.layout, layout))
         except NodeExistsError:
+            self._check_layout()
+
+    def _check_layout(self) -> None:
+        """The chroot holds a store of this layout version (written last when a store
+        is set up, so the rest is in place); MetadataUnavailable if it holds none."""
+        try:
             data, _ = self._wait(self.client.get_async(self.paths.layout))
-            found = json.loads(data).get("layout_version")
-            if found != LAYOUT_VERSION:
-                raise MetadataUnavailable(
-                    self._url,
-                    f"layout version {found} at {self.paths.layout} is not {LAYOUT_VERSION}",
-                    "use the Pora version that wrote it, or another chroot",
-                ) from None
+        except NoNodeError:
+            raise MetadataUnavailable(
+                self._url,
+                f"no store under the chroot {self.paths.root} ({self.paths.layout} is missing)",
+                "a store is set up by the nodes: `pora cluster` or `pora serve --metadata "
+                "URL`; check the URL's chroot",
+            ) from None
+        found = json.loads(data).get("layout_version")
+        if found != LAYOUT_VERSION:
+            raise MetadataUnavailable(
+                self._url,
+                f"layout version {found} at {self.paths.layout} is not {LAYOUT_VERSION}",
+                "use the Pora version that wrote it, or another chroot",
+            )
 
     def _wait(self, result: Any) -> Any:  # kazoo has no type hints
         """Wait (in a worker thread) for one of kazoo's async results."""

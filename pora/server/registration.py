@@ -7,7 +7,9 @@ registration on a clean stop (`unregister`). It only ever talks to the
 `MetadataStore` interface, so it behaves the same on SQLite and ZooKeeper.
 
 A store outage must not stop a node serving: a failed renew is logged and tried
-again at the next tick; a registration found gone (`RegistrationLost`: the lease ran
+again at the next tick (but a store whose file was removed or replaced,
+`MetadataStoreGone`, ends the renewals, logged as an error: nothing written there is
+seen by any other process); a registration found gone (`RegistrationLost`: the lease ran
 out during the outage) is registered again; if meanwhile another live instance took
 the address (`NodeAddressTaken`), the node keeps serving, counts it, logs an error
 every `TAKEN_LOG_INTERVAL_S`, and keeps trying.
@@ -26,6 +28,7 @@ import trio
 
 from pora.meta.errors import (
     MetadataError,
+    MetadataStoreGone,
     MetadataUnavailable,
     NodeAddressTaken,
     RegistrationLost,
@@ -129,7 +132,14 @@ class NodeRegistrar:
                     with trio.move_on_after(interval_s):
                         await self._changed.wait()
                     self._changed = trio.Event()
-                    await self.tick()
+                    try:
+                        await self.tick()
+                    except MetadataStoreGone as error:
+                        # renewing in a file no other process opens would keep this
+                        # node listed nowhere anyone looks: stop, and say why
+                        self.status.registered = False
+                        _log.error("%s stops renewing its registration: %s", self.address, error)
+                        return
         finally:
             self._run_done.set()
 
@@ -157,7 +167,7 @@ class NodeRegistrar:
                 await self.store.update_registration(self._registration(state))
                 self._registered_state = state
             await self.store.renew_node(self.address, self.instance_id, self.lease_s)
-        except RegistrationLost:
+        except (RegistrationLost, MetadataStoreGone):
             raise
         except MetadataError as error:
             self.status.renew_failures += 1
@@ -186,6 +196,8 @@ class NodeRegistrar:
                     self.lease_s / 3,
                     extra={"fields": {"error": "NodeAddressTaken"}},
                 )
+        except MetadataStoreGone:
+            raise
         except MetadataError as error:
             self.status.renew_failures += 1
             _log.warning(

@@ -227,7 +227,11 @@ async def connect(
     for the block. `open_channel` replaces the TCP connections to the nodes (tests:
     in-process nodes); `rng` seeds placement's choices (a simulation replays them)."""
     config = config or ClientConfig()
-    async with open_metadata(url, config.metadata) as store, anyio.create_task_group() as tasks:
+    # a client never sets up a store: a wrong URL is an error, not a new empty cluster
+    async with (
+        open_metadata(url, config.metadata, create=False) as store,
+        anyio.create_task_group() as tasks,
+    ):
         pool = NodePool(tasks, open_channel or tcp_channels(config))
         client = Client(store, pool, tasks, config, rng or random.Random())
         try:

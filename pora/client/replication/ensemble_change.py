@@ -32,7 +32,12 @@ from pora.client.replication.node_senders import NodeSenders
 from pora.client.replication.placement import choose_replacements
 from pora.client.replication.quorum import AckTracker
 from pora.client.waiting import Event
-from pora.meta.errors import MetadataError, MetadataTimeout, MetadataVersionConflict
+from pora.meta.errors import (
+    MetadataError,
+    MetadataStoreGone,
+    MetadataTimeout,
+    MetadataVersionConflict,
+)
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore
 
@@ -145,6 +150,8 @@ class EnsembleChanger:
                     self._context.rng,
                     excluded=self._failed_members,
                 )
+            except MetadataStoreGone:
+                raise  # for good: no wait brings the store's file back
             except (NotEnoughNodes, MetadataError) as error:
                 last_error: PoraError = error
             with contextlib.suppress(MetadataError):  # the wait goes on; R12 decides
@@ -176,6 +183,9 @@ class EnsembleChanger:
         timeout), re-read: OPEN retries (or finds the write took), anything else fences
         the writer. True once the ensemble is durable."""
         store = self._context.store
+        # timed-out writes are retried until this deadline: on SQLite, a process frozen
+        # while it holds the write lock times every write out while reads still answer
+        deadline = anyio.current_time() + self._context.config.ensemble_change_timeout_s
         async with self._record_lock:
             while not self._tracker.fenced:
                 try:
@@ -185,8 +195,12 @@ class EnsembleChanger:
                     return False
                 try:
                     self.record = await store.update_ledger(changed, self.record.version)
-                except (MetadataVersionConflict, MetadataTimeout):
+                except MetadataVersionConflict:
                     pass
+                except MetadataTimeout as error:
+                    if anyio.current_time() >= deadline:
+                        self._fail(error)
+                        break
                 else:
                     return True
                 reread = await self._reread()
