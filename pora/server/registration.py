@@ -234,12 +234,15 @@ class NodeRegistrar:
         )
 
     async def unregister(self) -> None:
-        """Remove the registration (the node has stopped taking work); a failure is
-        logged, and the lease then runs out by itself. Stops `run` first, so no renew
-        or re-registration can follow the removal."""
+        """Raise the mark a last time and remove the registration (the node has stopped
+        taking work); a failure is logged, and the lease then runs out by itself.
+        Stops `run` first, so no renew or re-registration can follow the removal."""
         self._run_scope.cancel()
         if self._run_started:
             await self._run_done.wait()
+        # the requests have drained: this mark covers every acknowledgement the node
+        # sent, so a copy of the data dir taken before now is caught when put back
+        await self._advance_mark()
         if not self.status.registered:
             return
         try:
