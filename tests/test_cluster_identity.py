@@ -21,6 +21,7 @@ from pora.meta.errors import InvalidMetadata
 from pora.meta.store import MetadataStore, open_metadata
 from pora.node.datadir import CLUSTER_NAME, open_data_dir, read_cluster_id
 from pora.server.membership import ForeignMetadataStore, check_mark, join_cluster
+from pora.server.registration import NodeRegistrar, NodeState
 
 SERVE_TIMEOUT_S = 60.0
 __all__ = ["metadata_url"]  # the fixture: each test on SQLite and on ZooKeeper
@@ -209,3 +210,29 @@ async def test_serve_refuses_another_clusters_store_and_an_empty_one(
     assert f"belongs to cluster {cluster_id}, but the metadata store" in error
     assert f"belongs to cluster {other_id}" in error
     assert "Point --metadata at the store of cluster" in error
+
+
+async def test_the_registrar_raises_the_mark_as_the_journal_moves_and_at_the_stop(
+    metadata_url: str,
+) -> None:
+    position = [5]
+    async with open_metadata(metadata_url) as store:
+        registrar = NodeRegistrar(
+            store,
+            "127.0.0.1:4000",
+            "instance1",
+            None,
+            30.0,
+            lambda: NodeState(read_only=False, free_bytes=1 << 30),
+            lambda: position[0],
+        )
+        await registrar.register()
+        await registrar.tick()
+        assert await store.node_mark("instance1") == 5
+        position[0] = 9
+        await registrar.tick()
+        assert await store.node_mark("instance1") == registrar.status.mark == 9
+        position[0] = 12  # written after the drain: a copy taken before it is caught
+        await registrar.unregister()
+        assert await store.node_mark("instance1") == 12
+        assert registrar.status.mark_failures == 0
