@@ -23,6 +23,7 @@ from zookeeper_support import fresh_zk_url
 import pora
 from pora.cli import main
 from pora.meta.store import open_metadata
+from pora.node.datadir import read_cluster_id
 
 START_TIMEOUT_S = 60.0
 
@@ -145,6 +146,17 @@ async def registered(url: str) -> set[str]:
         return {n.address for n in await store.list_nodes()}
 
 
+async def one_cluster(url: str, folder: Path, nodes: int) -> str:
+    """The store's cluster id, which every node's data dir joined (nodes set up a
+    new store together: one id, whichever node made it)."""
+    async with open_metadata(url) as store:
+        cluster_id = await store.cluster_id()
+    assert cluster_id is not None
+    joined = {read_cluster_id(folder / f"node-{k}") for k in range(1, nodes + 1)}
+    assert joined == {cluster_id}
+    return cluster_id
+
+
 @pytest.mark.slow
 async def test_a_cluster_registers_every_node_and_sigterm_stops_them_all(tmp_path: Path) -> None:
     async with cluster(tmp_path, 3) as running:
@@ -165,8 +177,13 @@ async def test_a_cluster_registers_every_node_and_sigterm_stops_them_all(tmp_pat
             assert await running.process.wait() == 0, "\n".join(running.lines)
         assert node_pids(running.folder) == {}  # no stragglers
         assert await registered(url) == set()
+        cluster_id = await one_cluster(url, running.folder, 3)
     for k in (1, 2, 3):
         assert "stopped cleanly" in (running.folder / f"node-{k}.log").read_text()
+    # the quick start again on the same folder: the same cluster, nodes accepted
+    async with cluster(tmp_path, 3) as again:
+        await again.wait_for_line("ready: 3 nodes")
+        assert await one_cluster(url, again.folder, 3) == cluster_id
 
 
 @pytest.mark.slow
@@ -179,6 +196,7 @@ async def test_a_cluster_on_zookeeper_registers_there_and_stops_cleanly(
         await running.wait_for_line("ready: 2 nodes")
         assert len(await registered(url)) == 2
         assert not (running.folder / "meta.db").exists()
+        await one_cluster(url, running.folder, 2)
         running.process.send_signal(signal.SIGTERM)
         with trio.fail_after(START_TIMEOUT_S):
             assert await running.process.wait() == 0, "\n".join(running.lines)

@@ -153,3 +153,41 @@ def test_racing_recoveries_each_see_the_one_close(seed: int) -> None:
         )
     )
     assert "RecoveryFailed" not in result.history.failures, result.history.log[-30:]
+
+
+def test_a_node_put_back_from_an_old_copy_counts_as_a_new_instance() -> None:
+    """Issue 26's scenario in simulated time (R26): E=3 Qw=3 Qa=2 on three nodes;
+    node 1's data dir copied as the writes begin; node 2 cut off from the writer, so
+    the later entries are acknowledged by nodes 0 and 1 alone; node 1 put back from
+    the copy; a recovery that cannot reach node 0 must not take node 1's "no such
+    entry" for its old instance's: it fails, and the auditor's recovery, with every
+    node back, closes the ledger with every acknowledged entry (the invariants)."""
+    result = run(
+        Plan(
+            seed=26,
+            nodes=3,
+            ensemble=3,
+            write_quorum=3,
+            ack_quorum=2,
+            appenders=4,
+            appends_each=30,
+            append_pause_s=0.01,
+            readers=0,
+            tail=False,
+            faults=(
+                Fault(0.0, "rollback", 1, for_s=0.4),
+                Fault(0.05, "partition", 2, for_s=5.0),
+                Fault(0.45, "partition", 0, for_s=5.0, client="recovery-0"),
+            ),
+            recoveries=(0.5,),
+            close_writer=False,
+        )
+    )
+    history = result.history
+    acked_after_cut = [entry_id for (_, entry_id) in history.acked if entry_id > 10]
+    assert acked_after_cut, "no entry was acknowledged by nodes 0 and 1 alone"
+    assert any("undo roll_back 10.0.0.2:3181" in line for line in history.log)
+    assert not [line for line in history.log if "recovery-0 sees" in line], (
+        "a recovery closed the ledger without node 0"
+    )
+    assert [line for line in history.log if "recovery-0 failed: RecoveryFailed" in line]

@@ -11,16 +11,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from pora.meta.sqlite_file import sqlite_path
+from pora.meta.sqlite_identity import SqliteClusterIdentity
 from pora.meta.sqlite_ledgers import SqliteLedgerRecords
 from pora.meta.sqlite_nodes import SqliteNodeRegistry
 from pora.meta.sqlite_writer import BatchWriter
 from pora.meta.store import MetadataConfig
 
 
-class SqliteMetadataStore(SqliteLedgerRecords, SqliteNodeRegistry):
+class SqliteMetadataStore(SqliteLedgerRecords, SqliteNodeRegistry, SqliteClusterIdentity):
     """The `MetadataStore` on one SQLite file: the file (pora.meta.sqlite_file),
     ledger records (pora.meta.sqlite_ledgers), node registrations
-    (pora.meta.sqlite_nodes). Make one with `open`."""
+    (pora.meta.sqlite_nodes), the cluster id and node marks
+    (pora.meta.sqlite_identity). Make one with `open`."""
 
     @classmethod
     async def open(

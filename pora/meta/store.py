@@ -110,6 +110,27 @@ class MetadataStore(Protocol):
         """Live registrations by address (an expired lease counts as gone)."""
         ...
 
+    # --- the cluster's identity and the nodes' marks (docs/metadata.md)
+
+    async def cluster_id(self) -> str | None:
+        """The cluster id made when the store was set up; None if it never was (a
+        store that is new, or older than cluster ids)."""
+        ...
+
+    async def initialize_cluster(self) -> str:
+        """Give the store a new random cluster id unless it has one; returns the id
+        it holds then. Safe to race: every caller gets the one id stored."""
+        ...
+
+    async def node_mark(self, instance_id: str) -> int | None:
+        """The mark `advance_node_mark` left for this node instance (None if none)."""
+        ...
+
+    async def advance_node_mark(self, instance_id: str, mark: int) -> None:
+        """Raise this node instance's mark to `mark`; a lower one leaves it as it is
+        (a mark never goes back)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

@@ -57,6 +57,19 @@ class ZkPaths:
         return self._under("streams")
 
     @property
+    def cluster(self) -> str:
+        """The cluster id, made when the store is set up (not at open: a store opened
+        by a client is not set up by that)."""
+        return self._under("cluster")
+
+    @property
+    def marks(self) -> str:
+        return self._under("marks")
+
+    def mark(self, instance_id: str) -> str:
+        return f"{self.marks}/{instance_id}"
+
+    @property
     def id_counter(self) -> str:
         return self._under("idgen/ledger")
 

@@ -45,6 +45,7 @@ from pora.meta.errors import (
     MetadataVersionConflict,
     NoSuchLedgerMetadata,
 )
+from pora.meta.identity import check_node_mark, new_cluster_id
 from pora.meta.records import LedgerMetadata, NodeRegistration, Versioned
 from pora.meta.store import DEFAULT_LEASE_S, MetadataConfig
 from pora.meta.zk_layout import (
@@ -475,3 +476,86 @@ class ZooKeeperMetadataStore:
     async def list_nodes(self, writable_only: bool = False) -> list[NodeRegistration]:
         nodes = await self._call(self._registry.list_all, retry_reads=True)
         return [n for n in nodes if not (writable_only and n.read_only)]
+
+    # --- the cluster's identity and the nodes' marks
+
+    async def cluster_id(self) -> str | None:
+        try:
+            data, _ = await self._request(
+                partial(self.client.get_async, self.paths.cluster), read=True
+            )
+        except NoNodeError:
+            return None
+        return self._decode_cluster(bytes(data))
+
+    def _decode_cluster(self, data: bytes) -> str:
+        try:
+            found = json.loads(data)["cluster_id"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise MetadataUnavailable(
+                self._url,
+                f"{self.paths.cluster} is damaged ({error!r}): it holds {data[:80]!r}",
+                'it should be JSON {"cluster_id": ...}; restore it, or use another chroot',
+            ) from None
+        return str(found)
+
+    async def initialize_cluster(self) -> str:
+        record = json.dumps(
+            {"cluster_id": new_cluster_id(), "created_ms": time.time_ns() // 1_000_000}
+        ).encode()
+        try:
+            await self._request(
+                partial(self.client.create_async, self.paths.cluster, record), read=False
+            )
+        except NodeExistsError:
+            pass  # set up by another process first: its id is the cluster's
+        except MetadataTimeout:
+            # the create may have happened: whichever id is stored is the answer
+            found = await self.cluster_id()
+            if found is None:
+                raise
+            return found
+        found = await self.cluster_id()
+        if found is None:
+            raise MetadataUnavailable(
+                self._url,
+                f"{self.paths.cluster} disappeared right after it was created",
+                "something else deletes znodes under this chroot",
+            )
+        return found
+
+    async def node_mark(self, instance_id: str) -> int | None:
+        check_node_mark(instance_id, 0)
+        try:
+            data, _ = await self._request(
+                partial(self.client.get_async, self.paths.mark(instance_id)), read=True
+            )
+        except NoNodeError:
+            return None
+        return int(json.loads(data)["mark"])
+
+    async def advance_node_mark(self, instance_id: str, mark: int) -> None:
+        check_node_mark(instance_id, mark)
+        await self._call(partial(self._advance_mark, instance_id, mark))
+
+    def _advance_mark(self, instance_id: str, mark: int) -> None:
+        path = self.paths.mark(instance_id)
+        record = json.dumps({"mark": mark}).encode()
+        # compare-and-set on the znode's version: a mark never goes back, even with
+        # two processes of one instance writing (a node and its stale twin)
+        while True:
+            try:
+                data, stat = self._wait(self.client.get_async(path))
+            except NoNodeError:
+                try:
+                    self._wait(self.client.create_async(path, record, makepath=True))
+                except NodeExistsError:
+                    continue
+                return
+            if int(json.loads(data)["mark"]) >= mark:
+                return
+            try:
+                self._wait(self.client.set_async(path, record, stat.version))
+            except BadVersionError:
+                continue
+            return

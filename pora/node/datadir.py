@@ -1,6 +1,8 @@
 """A node's data directory: its layout, its format marker, and its lock.
 
 <data-dir>/PORA       marker: JSON {"format": "pora-data", "version": 1, ...}
+<data-dir>/CLUSTER    the cluster the node joined: JSON {"cluster_id": ..., ...}; none
+                      until the node first registers in a metadata store
 <data-dir>/LOCK       held (flock) by the one process using the dir; holds its pid
 <data-dir>/journal/   journal segments and the journal watermark (WATERMARK, version 6 on)
 <data-dir>/ledgers/   entry logs, <ledger_id & 0xff as 2 hex>/<ledger_id as 16 hex>.log
@@ -49,6 +51,7 @@ READABLE_VERSIONS: Final = (4, 5, 6)
 #: the first version whose journal keeps a watermark
 WATERMARK_VERSION_MIN: Final = 6
 MARKER_NAME: Final = "PORA"
+CLUSTER_NAME: Final = "CLUSTER"
 LOCK_NAME: Final = "LOCK"
 
 
@@ -225,14 +228,67 @@ def _only_initialisation_leftovers(root: Path) -> bool:
 
 def _write_marker(root: Path, info: dict[str, object]) -> None:
     """Replace the marker atomically and durably."""
-    tmp = root / (MARKER_NAME + ".tmp")
+    _write_json(root, MARKER_NAME, info)
+
+
+def _write_json(root: Path, name: str, info: dict[str, object]) -> None:
+    """Replace `root/name` by `info` as JSON, atomically and durably."""
+    tmp = root / (name + ".tmp")
     with open(tmp, "w") as f:
         json.dump(info, f)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, root / MARKER_NAME)
+    os.replace(tmp, root / name)
     fsync_directory(root)
+
+
+def new_instance(directory: DataDir) -> DataDir:
+    """Give the data dir a fresh instance id (with its lock held, before the node
+    serves): for a dir found behind what its instance once acknowledged, whose old
+    answers must count as another node's from now on. The marker keeps the id it
+    replaces, for the operator."""
+    marker = directory.root / MARKER_NAME
+    info = json.loads(marker.read_text())
+    info["instance_id"] = uuid.uuid4().hex
+    info["replaced_instance_id"] = directory.instance_id
+    info["replaced_ms"] = time.time_ns() // 1_000_000
+    _write_marker(directory.root, info)
+    return DataDir(directory.root, str(info["instance_id"]), directory.version)
+
+
+def read_cluster_id(root: Path) -> str | None:
+    """The cluster id the data dir at `root` joined (CLUSTER), or None if it never
+    joined one (or does not exist yet)."""
+    path = root / CLUSTER_NAME
+    try:
+        text = path.read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        cluster_id = json.loads(text)["cluster_id"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataDirError(
+            f"{path} is damaged ({exc}); it should be a JSON object with the id of the "
+            "cluster this data dir belongs to. Restore it, or write "
+            '{"cluster_id": "<id from `pora nodes` or the metadata store>"} into it'
+        ) from exc
+    if not isinstance(cluster_id, str) or not cluster_id:
+        raise DataDirError(f"{path} names no cluster id ({cluster_id!r})")
+    return cluster_id
+
+
+def record_cluster_id(directory: DataDir, cluster_id: str, metadata_url: str) -> None:
+    """Say durably that the data dir belongs to `cluster_id` (joined via `metadata_url`)."""
+    _write_json(
+        directory.root,
+        CLUSTER_NAME,
+        {
+            "cluster_id": cluster_id,
+            "metadata": metadata_url,
+            "joined_ms": time.time_ns() // 1_000_000,
+        },
+    )
 
 
 class DataDirLock:

@@ -6,7 +6,10 @@ Lifecycle:
    recovery stops the process cleanly too.
 2. `open_node` locks the data dir and runs recovery (progress in the log).
 3. The network server starts on `listen`; metrics/health on `metrics_listen` if
-   set; the free-space monitor starts. With `metadata` set, the node then registers
+   set; the free-space monitor starts. With `metadata` set, before it listens the
+   node checks the store's cluster id against its data dir's and its data dir
+   against its instance's mark (membership.py): another cluster's store refuses the
+   start (exit 2), a data dir behind its mark starts as a new instance. It then registers
    its advertised address in that store (registration.py) and keeps the lease alive;
    an address another live instance holds refuses the start (exit 2).
 4. On the first signal: stop accepting, let in-flight requests finish (up to
@@ -35,6 +38,7 @@ import pora
 from journal.errors import PoraError
 from pora.server.diskwatch import DiskMonitor, DiskThresholds
 from pora.server.gc_tuning import freeze_and_tune
+from pora.server.membership import check_mark, join_cluster, refuse_missing_store
 from pora.server.metrics import NodeMetrics, serve_metrics
 from pora.server.registration import (
     NodeRegistrar,
@@ -188,12 +192,18 @@ async def _run_node(
         extra={"fields": _settings_fields(settings)},
     )
     check_advertisable(settings)
+    refuse_missing_store(settings)
     registrar: NodeRegistrar | None = None
     with stopper.startup_scope:
         async with (
             open_registration_store(settings) as store,
             pora.open_node(settings.data_dir, **settings.node_options) as node,
         ):
+            if store is not None:
+                # before any client can reach the node: the instance id it serves
+                # under is settled here
+                await join_cluster(store, node.data_dir)
+                node.data_dir = await check_mark(store, node.data_dir, _journal_position(node))
             server = _make_server(node, settings)
             read_only_switch = ReadOnlyNotifier(node)
             monitor = DiskMonitor(
@@ -243,6 +253,7 @@ async def _run_node(
                         node.data_dir.instance_id,
                         advertised_address(settings, (host, port)),
                         lambda: _node_state(node, monitor),
+                        lambda: _journal_position(node),
                     )
                     read_only_switch.listener = registrar.node_changed
                     nursery.start_soon(registrar.run)
@@ -278,6 +289,12 @@ def _node_state(node: pora.Node, monitor: DiskMonitor) -> NodeState:
     of the fullest filesystem it writes to."""
     spaces = [space.free_bytes for space in monitor.last_by_folder.values()]
     return NodeState(read_only=node.read_only is not None, free_bytes=min(spaces, default=0))
+
+
+def _journal_position(node: pora.Node) -> int:
+    """Every journal record below this seq is durable; it only grows, across restarts
+    and trims (the node's mark, membership.py)."""
+    return node.statistics().journal.dispatched_seq
 
 
 def _is_loopback(host: str) -> bool:

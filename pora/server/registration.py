@@ -3,8 +3,10 @@
 `NodeRegistrar` registers the node once it serves (`register`), keeps the lease alive
 while it runs (`run`: a renew every third of the lease, an update when the node's
 read-only state or free space changes, and nothing more), and removes the
-registration on a clean stop (`unregister`). It only ever talks to the
-`MetadataStore` interface, so it behaves the same on SQLite and ZooKeeper.
+registration on a clean stop (`unregister`). With each renewal it also raises the
+instance's mark to the journal's durable position, when that moved (membership.py
+says what the mark is for). It only ever talks to the `MetadataStore` interface, so
+it behaves the same on SQLite and ZooKeeper.
 
 A store outage must not stop a node serving: a failed renew is logged and tried
 again at the next tick (but a store whose file was removed or replaced,
@@ -66,6 +68,9 @@ class RegistrationStatus:
     renew_failures: int = 0
     address_taken: int = 0
     reregistrations: int = 0
+    mark_failures: int = 0
+    #: the last mark the store acknowledged for this instance
+    mark: int | None = None
 
 
 class NodeRegistrar:
@@ -77,8 +82,11 @@ class NodeRegistrar:
         rack: str | None,
         lease_s: float,
         node_state: Callable[[], NodeState],
+        journal_position: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
+        #: the journal's durable position (every record below it is durable)
+        self.journal_position = journal_position
         self.address = address
         self.instance_id = instance_id
         self.rack = rack
@@ -158,6 +166,23 @@ class NodeRegistrar:
                 self.store.url,
             )
             await self._register_again()
+        await self._advance_mark()
+
+    async def _advance_mark(self) -> None:
+        """Raise the instance's mark to where the journal is durable now: a copy of the
+        data dir taken before this write is found behind the mark when it is put back."""
+        if self.journal_position is None:
+            return
+        position = self.journal_position()
+        if self.status.mark is not None and position <= self.status.mark:
+            return
+        try:
+            await self.store.advance_node_mark(self.instance_id, position)
+        except MetadataError as error:
+            self.status.mark_failures += 1
+            self._warn_retrying(f"cannot raise the mark of {self.instance_id} to {position}", error)
+        else:
+            self.status.mark = position
 
     async def _renew_or_update(self) -> None:
         try:
@@ -171,14 +196,16 @@ class NodeRegistrar:
             raise
         except MetadataError as error:
             self.status.renew_failures += 1
-            _log.warning(
-                "cannot renew the registration of %s: %s (trying again in %.1fs; the node "
-                "keeps serving)",
-                self.address,
-                error,
-                self.lease_s / 3,
-                extra={"fields": {"error": type(error).__name__}},
-            )
+            self._warn_retrying(f"cannot renew the registration of {self.address}", error)
+
+    def _warn_retrying(self, what: str, error: MetadataError) -> None:
+        _log.warning(
+            "%s: %s (trying again in %.1fs; the node keeps serving)",
+            what,
+            error,
+            self.lease_s / 3,
+            extra={"fields": {"error": type(error).__name__}},
+        )
 
     async def _register_again(self) -> None:
         try:
@@ -219,12 +246,15 @@ class NodeRegistrar:
         )
 
     async def unregister(self) -> None:
-        """Remove the registration (the node has stopped taking work); a failure is
-        logged, and the lease then runs out by itself. Stops `run` first, so no renew
-        or re-registration can follow the removal."""
+        """Raise the mark a last time and remove the registration (the node has stopped
+        taking work); a failure is logged, and the lease then runs out by itself.
+        Stops `run` first, so no renew or re-registration can follow the removal."""
         self._run_scope.cancel()
         if self._run_started:
             await self._run_done.wait()
+        # the requests have drained: this mark covers every acknowledgement the node
+        # sent, so a copy of the data dir taken before now is caught when put back
+        await self._advance_mark()
         if not self.status.registered:
             return
         try:
@@ -314,11 +344,18 @@ async def register_node(
     instance_id: str,
     address: str,
     node_state: Callable[[], NodeState],
+    journal_position: Callable[[], int] | None = None,
 ) -> NodeRegistrar:
     """Register the node, which serves already; the refusals the operator must act on
     are raised as RegistrationRefused."""
     registrar = NodeRegistrar(
-        store, address, instance_id, settings.rack, settings.registration_lease_s, node_state
+        store,
+        address,
+        instance_id,
+        settings.rack,
+        settings.registration_lease_s,
+        node_state,
+        journal_position,
     )
     try:
         await registrar.register()

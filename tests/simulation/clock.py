@@ -51,6 +51,12 @@ class SimTime:
         if self._working == 0:
             self._idle.set()
 
+    async def quiet(self) -> None:
+        """Return once no thread is at work: until the caller's next checkpoint, no
+        disk write is under way (what a consistent copy of a data dir needs)."""
+        while self._working:
+            await self._idle.wait()
+
     async def drive(self) -> None:
         """Jump the clock to the next deadline whenever nothing else can run; run in
         the simulation's nursery, cancelled at its end."""

@@ -1,7 +1,14 @@
 """The simulation's nodes: in-process `pora.open_node`s on real data dirs, registered
 in a real SQLite metadata store, which the fault schedule crashes, restarts (on the
-same data dir: same instance, same entries), and wipes (a new data dir at the same
-address: a new instance id, nothing stored).
+same data dir: same instance, same entries), wipes (a new data dir at the same
+address: a new instance id, nothing stored), copies and rolls back (the data dir put
+back from a copy taken earlier, as an operator restoring a backup would).
+
+Every node checks its data dir against its instance's mark in the store when it
+starts, and raises the mark when it stops, as `pora serve` does (R26): a data dir put
+back from an older copy starts as a new instance. The simulation's nodes raise their
+mark at every stop, so it does not draw the window R26 leaves open (a copy taken
+within the last mark interval before a node was killed).
 
 A crash is the node's orderly stop after every request it is serving was cut off:
 entries a node acknowledged are durable on its disk, so a stop loses nothing a
@@ -10,7 +17,8 @@ sees `ConnectionLost`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +30,7 @@ import pora
 from pora.meta.records import NodeRegistration
 from pora.meta.store import MetadataStore
 from pora.node.node import Node
+from pora.server.membership import check_mark
 
 #: registrations outlive any simulation: nothing renews them
 LEASE_S = 3600.0
@@ -34,13 +43,18 @@ class SimCluster:
     addresses: list[str]
     nursery: trio.Nursery
     node_options: dict[str, Any] = field(default_factory=dict)
+    #: returns once no disk thread is at work (SimTime.quiet)
+    quiet: Callable[[], Awaitable[None]] = trio.lowlevel.checkpoint
     nodes: dict[str, Node] = field(default_factory=dict)
     #: the data dir each address runs on (a wipe moves it to a new one)
     paths: dict[str, Path] = field(default_factory=dict)
     wipes: dict[str, int] = field(default_factory=dict)
+    #: a copy of each address's data dir, taken by `copy` for a later `roll_back`
+    copies: dict[str, Path] = field(default_factory=dict)
     #: the instance registered at each address (a crashed node's stays registered)
     registered: dict[str, str] = field(default_factory=dict)
     _stops: dict[str, tuple[trio.Event, trio.Event]] = field(default_factory=dict)
+    _locks: dict[str, trio.Lock] = field(default_factory=dict)
     _serving: dict[str, set[trio.CancelScope]] = field(default_factory=dict)
 
     @contextmanager
@@ -58,16 +72,33 @@ class SimCluster:
     def instance_id(self, address: str) -> str:
         return self.nodes[address].data_dir.instance_id
 
+    def _lock(self, address: str) -> trio.Lock:
+        """One change of a node at a time: a restart that is still checking its mark
+        must not meet a second start on the same data dir (DataDirLocked)."""
+        return self._locks.setdefault(address, trio.Lock())
+
     async def start(self, address: str) -> None:
+        async with self._lock(address):
+            await self._start(address)
+
+    async def _start(self, address: str) -> None:
         path = self.paths.setdefault(address, self.folder / address.replace(":", "_"))
         stop, stopped = trio.Event(), trio.Event()
         node: Node = await self.nursery.start(self._hold, path, stop, stopped)
-        self._stops[address] = (stop, stopped)
-        self.nodes[address] = node
-        self.registered[address] = node.data_dir.instance_id
-        await self.store.register_node(
-            NodeRegistration(address, node.data_dir.instance_id), LEASE_S
-        )
+        # a node open is a node known: a cancelled start must not leave it running,
+        # its data dir locked, out of `nodes`
+        with trio.CancelScope(shield=True):
+            # before anything reaches it: a data dir behind its mark serves as a new
+            # instance
+            node.data_dir = await check_mark(
+                self.store, node.data_dir, node.statistics().journal.dispatched_seq
+            )
+            self._stops[address] = (stop, stopped)
+            self.nodes[address] = node
+            self.registered[address] = node.data_dir.instance_id
+            await self.store.register_node(
+                NodeRegistration(address, node.data_dir.instance_id), LEASE_S
+            )
 
     async def _hold(
         self,
@@ -87,6 +118,10 @@ class SimCluster:
     async def crash(self, address: str) -> None:
         """Stop the node at once: its requests in flight are cut off; its data dir and
         its registration stay (a crashed node's lease has not run out)."""
+        async with self._lock(address):
+            await self._crash(address)
+
+    async def _crash(self, address: str) -> None:
         node = self.nodes.pop(address, None)
         if node is None:
             return
@@ -95,20 +130,50 @@ class SimCluster:
         stop, stopped = self._stops.pop(address)
         stop.set()
         await stopped.wait()
+        await self.store.advance_node_mark(
+            node.data_dir.instance_id, node.statistics().journal.dispatched_seq
+        )
 
     async def restart(self, address: str) -> None:
-        if address not in self.nodes:
-            await self.start(address)
+        async with self._lock(address):
+            if address not in self.nodes:
+                await self._start(address)
 
     async def wipe(self, address: str) -> None:
         """The node comes back on a new, empty data dir: a new instance id."""
-        await self.crash(address)
-        await self.store.unregister_node(address, self.registered[address])
-        self.wipes[address] = self.wipes.get(address, 0) + 1
-        self.paths[address] = (
-            self.folder / f"{address.replace(':', '_')}-wiped-{self.wipes[address]}"
-        )
-        await self.start(address)
+        async with self._lock(address):
+            await self._crash(address)
+            await self.store.unregister_node(address, self.registered[address])
+            self.wipes[address] = self.wipes.get(address, 0) + 1
+            self.paths[address] = (
+                self.folder / f"{address.replace(':', '_')}-wiped-{self.wipes[address]}"
+            )
+            await self._start(address)
+
+    async def copy(self, address: str) -> None:
+        """Copy the node's data dir as it is now, while it serves: taken when no disk
+        write is under way, the copy is what a crash at that moment would leave."""
+        async with self._lock(address):
+            path = self.paths.setdefault(address, self.folder / address.replace(":", "_"))
+            copy = path.with_name(path.name + "-copy")
+            await self.quiet()
+            # no checkpoint from here to the end of the copy: no write can start meanwhile
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(path, copy)
+            self.copies[address] = copy
+
+    async def roll_back(self, address: str) -> None:
+        """The node comes back on its data dir put back from the last `copy`: the same
+        instance id on disk, behind what that instance acknowledged since the copy."""
+        copy = self.copies.get(address)
+        if copy is None:
+            return
+        async with self._lock(address):
+            await self._crash(address)
+            await self.store.unregister_node(address, self.registered[address])
+            shutil.rmtree(self.paths[address])
+            shutil.copytree(copy, self.paths[address])
+            await self._start(address)
 
     async def aclose(self) -> None:
         for address in list(self.nodes):
@@ -117,12 +182,16 @@ class SimCluster:
 
 @asynccontextmanager
 async def sim_cluster(
-    store: MetadataStore, folder: Path, nodes: int, **node_options: Any
+    store: MetadataStore,
+    folder: Path,
+    nodes: int,
+    quiet: Callable[[], Awaitable[None]] = trio.lowlevel.checkpoint,
+    **node_options: Any,
 ) -> AsyncIterator[SimCluster]:
     """`nodes` nodes at `10.0.0.1:3181`, ... (names only: nothing listens)."""
     async with trio.open_nursery() as nursery:
         addresses = [f"10.0.0.{k}:3181" for k in range(1, nodes + 1)]
-        cluster = SimCluster(store, folder, addresses, nursery, node_options)
+        cluster = SimCluster(store, folder, addresses, nursery, node_options, quiet)
         try:
             for address in addresses:
                 await cluster.start(address)

@@ -54,7 +54,8 @@ class Fault:
     """At `at_s`, `kind` hits node `node` (an index into the addresses) for `for_s`:
     crash (restarted after, same data dir), partition (from `client`), slow (its
     messages take `factor` times longer), wipe (back at once on an empty data dir),
-    pause (`client`'s messages are held, as a process stopped by SIGSTOP)."""
+    pause (`client`'s messages are held, as a process stopped by SIGSTOP), rollback
+    (its data dir copied now, and put back from that copy after `for_s`: R26)."""
 
     at_s: float
     kind: str
@@ -108,7 +109,8 @@ def run_plan(plan: Plan, folder: Path) -> RunResult:
                 outer.start_soon(sim.drive)
                 async with open_metadata(f"sqlite:///{folder}/meta.db") as raw:
                     store = counting_store(raw, sim, plan.seed)
-                    async with sim_cluster(store, folder / "nodes", plan.nodes) as cluster:
+                    nodes = folder / "nodes"
+                    async with sim_cluster(store, nodes, plan.nodes, sim.quiet) as cluster:
                         run = Simulation(plan, store, cluster)
                         results.append(await run.run())
                 outer.cancel_scope.cancel()
@@ -276,6 +278,9 @@ class Simulation:
             undo.start_soon(self._later, fault.for_s, cluster.restart, address)
         elif fault.kind == "wipe":
             await cluster.wipe(address)
+        elif fault.kind == "rollback":
+            await cluster.copy(address)
+            undo.start_soon(self._later, fault.for_s, cluster.roll_back, address)
         elif fault.kind == "partition":
             network.partition(fault.client, address)
 
@@ -376,9 +381,10 @@ class Simulation:
 
 def plan_from_seed(seed: int) -> Plan:
     """The whole plan drawn from the seed alone, so a seed names a run: quorums, node
-    count, load, racing recoveries, and up to three faults (at most one wipe, and
-    only with Qa >= 2: a wiped node loses its copies, and an entry acknowledged on Qa
-    nodes survives the loss of Qa - 1)."""
+    count, load, racing recoveries, and up to three faults (at most one wipe or
+    rollback, and only with Qa >= 2: a wiped node loses its copies, a rolled-back one
+    those it took since the copy, and an entry acknowledged on Qa nodes survives the
+    loss of Qa - 1)."""
     rng = random.Random(seed)
     ensemble = rng.randint(2, 4)
     write_quorum = rng.randint(max(1, ensemble - 1), ensemble)
@@ -387,10 +393,10 @@ def plan_from_seed(seed: int) -> Plan:
     faults: list[Fault] = []
     wiped = False
     for _ in range(rng.randint(0, 3)):
-        kind = rng.choice(["crash", "partition", "slow", "pause", "wipe"])
-        if kind == "wipe" and (wiped or ack_quorum < 2):
+        kind = rng.choice(["crash", "partition", "slow", "pause", "wipe", "rollback"])
+        if kind in ("wipe", "rollback") and (wiped or ack_quorum < 2):
             kind = "crash"
-        wiped = wiped or kind == "wipe"
+        wiped = wiped or kind in ("wipe", "rollback")
         faults.append(
             Fault(
                 at_s=round(rng.uniform(0.0, 0.3), 4),
@@ -402,8 +408,8 @@ def plan_from_seed(seed: int) -> Plan:
             )
         )
     if wiped:
-        # a recovery re-adds to a wiped member's replacement: never the wiped node
-        # itself (R9 excludes an address that failed for the ledger)
+        # a recovery re-adds to a wiped (or rolled-back) member's replacement: never
+        # the node itself (R9 excludes an address that failed for the ledger)
         nodes = max(nodes, ensemble + 1)
     recoveries = tuple(round(rng.uniform(0.0, 0.4), 4) for _ in range(rng.randint(0, 2)))
     return Plan(
