@@ -9,6 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pora.client.replication.entry_format import encode_entry
+from pora.client.replication.ledger_records import (
+    in_recovery,
+    new_ledger,
+    recovery_ensemble,
+    with_ensemble_change,
+)
 from pora.client.replication.quorum import AckTracker, write_set, write_set_positions
 from pora.client.replication.recovery_votes import (
     EntryRecoveryVote,
@@ -16,6 +22,7 @@ from pora.client.replication.recovery_votes import (
     VoteOutcome,
     absence_quorum,
     recovery_start,
+    recovery_vote,
 )
 from pora.meta.records import Ensemble, EnsembleMember
 
@@ -149,6 +156,25 @@ def test_r19_a_wiped_node_answering_no_such_entry_is_unknown_not_absent() -> Non
     assert "data dir replaced" in v.undecided["n1:3181"]
     v.record_entry("n1:3181", "fresh-instance", encode_entry(4, 7, 1, b"x"))
     assert v.entry is None
+
+
+def test_r19_a_member_that_joined_in_a_recovery_proves_presence_never_absence() -> None:
+    """A record where a recovery replaced n0 by n9 (E = Qw = Qa = 3): the writer's
+    members decide; n9 is asked too, and only its copy counts."""
+    writers = Ensemble(0, members(3))
+    record = new_ledger(4, 3, 3, writers.members, b"k" * 32, 0)
+    record = with_ensemble_change(in_recovery(record), recovery_ensemble(writers, 0, {m(0): m(9)}))
+    v = recovery_vote(record, 7)
+    assert set(v.write_set) == set(members(3))
+    assert v.joined == (m(9),)
+    v.record_no_such_entry("n9:3181", "inst-9")
+    assert outcome_of(v) is VoteOutcome.WAITING
+    assert m(9) not in v.members_to_ask()
+    v.record_no_such_entry("n1:3181", "inst-1")
+    assert outcome_of(v) is VoteOutcome.ABSENT
+    present = recovery_vote(record, 7)
+    present.record_entry("n9:3181", "inst-9", encode_entry(4, 7, 1, b"x"))
+    assert outcome_of(present) is VoteOutcome.PRESENT
 
 
 def test_absence_quorum_bounds() -> None:
