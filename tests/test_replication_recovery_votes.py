@@ -98,6 +98,14 @@ def test_r18_a_just_added_ensemble_is_read_from_its_first_entry_not_from_0() -> 
     assert recovery_start([-1, 45], Ensemble(40, members(3))) == 46
 
 
+def test_r18_an_ensemble_a_recovery_wrote_is_read_from_its_first_entry() -> None:
+    """Its joined member holds only what that recovery re-added: every entry from the
+    ensemble's first on is re-added again, whatever LAC the writer's members report."""
+    replaced = recovery_ensemble(Ensemble(0, members(3)), 5, {m(0): m(9)})
+    assert recovery_start([40, 12], replaced) == 5
+    assert recovery_start([40, 12], Ensemble(5, members(3))) == 41
+
+
 def test_r19_present_from_any_member_with_a_valid_crc() -> None:
     v = vote()
     v.record_no_such_entry("n0:3181", "inst-0")

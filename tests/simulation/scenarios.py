@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import anyio
 import trio
@@ -26,7 +27,7 @@ from pora.client.channel import LocalChannel
 from pora.client.replication.entry_format import decode_entry
 from pora.client.replication.node_pool import NodePool
 from pora.client.replication.quorum import entry_write_set
-from pora.meta.records import LedgerMetadata, LedgerState
+from pora.meta.records import Ensemble, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore, open_metadata
 from simulation import invariants
 from simulation.clock import SimTime, counted_threads, counting_store, tasks_in_order
@@ -54,7 +55,13 @@ class Fault:
     """At `at_s`, `kind` hits node `node` (an index into the addresses) for `for_s`:
     crash (restarted after, same data dir), partition (from `client`), slow (its
     messages take `factor` times longer), wipe (back at once on an empty data dir),
-    pause (`client`'s messages are held, as a process stopped by SIGSTOP)."""
+    pause (`client`'s messages are held, as a process stopped by SIGSTOP).
+
+    kill-recovery: the recovery `client` is cut from member `node` of the ledger's last
+    ensemble (an index into its members) for `for_s`, so that its re-adds there fail
+    and it replaces that member (R20); it is killed right after it wrote the record
+    naming the replacement, before it closes, and a later recovery (another planned
+    one, or the auditor's) must find every acknowledged entry all the same."""
 
     at_s: float
     kind: str
@@ -133,6 +140,48 @@ async def sim_client(store: MetadataStore, network: SimNetwork, name: str) -> As
                 await pool.aclose()
 
 
+class _DiesAfterReplacing:
+    """The metadata store as one recovery sees it: once `armed()`, the recovery's
+    scope `killed` is cancelled as soon as it wrote a record whose last ensemble
+    names a member that joined in a recovery (R20), so the recovery ends at its next
+    step, before it closes: as a process killed right after that write."""
+
+    def __init__(
+        self, inner: MetadataStore, armed: Callable[[], bool], killed: trio.CancelScope
+    ) -> None:
+        self._inner = inner
+        self._armed = armed
+        self._killed = killed
+
+        #: the ensembles of the record as this recovery last read or wrote it
+        self._ensembles: tuple[Ensemble, ...] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def read_ledger(self, ledger_id: int) -> Versioned[LedgerMetadata]:
+        current: Versioned[LedgerMetadata] = await self._inner.read_ledger(ledger_id)
+        self._ensembles = current.value.ensembles
+        return current
+
+    async def update_ledger(
+        self, metadata: LedgerMetadata, version: int
+    ) -> Versioned[LedgerMetadata]:
+        written: Versioned[LedgerMetadata] = await self._inner.update_ledger(metadata, version)
+        # an IN_RECOVERY record with other ensembles than read: a member replaced
+        changed = self._ensembles is not None and metadata.ensembles != self._ensembles
+        self._ensembles = metadata.ensembles
+        if self._armed() and metadata.state is LedgerState.IN_RECOVERY and changed:
+            self._killed.cancel()
+        return written
+
+
+def dies_after_replacing(
+    inner: MetadataStore, armed: Callable[[], bool], killed: trio.CancelScope
+) -> MetadataStore:
+    return cast(MetadataStore, _DiesAfterReplacing(inner, armed, killed))
+
+
 def payload_for(appender: int, k: int) -> bytes:
     return f"a{appender}-k{k}|".encode() * (1 + (appender + k) % 4)
 
@@ -147,6 +196,8 @@ class Simulation:
         self.network = SimNetwork(cluster, plan.seed, faults, self.history)
         self.rng = random.Random(f"{plan.seed}/plan")
         self.ledger_id = -1
+        #: recoveries to kill right after they replaced a member (kill-recovery)
+        self.killing: set[str] = set()
 
     async def run(self) -> RunResult:
         plan, history = self.plan, self.history
@@ -208,11 +259,17 @@ class Simulation:
         await trio.sleep(at_s)
         history = self.history
         history.note(f"{name} starts")
-        async with sim_client(self.store, self.network, name) as client:
-            try:
-                reader = await client.open_ledger(self.ledger_id, PASSWORD)
-            except PoraError as error:
-                history.failed(name, error)
+        killed = trio.CancelScope()
+        store = dies_after_replacing(self.store, lambda: name in self.killing, killed)
+        async with sim_client(store, self.network, name) as client:
+            with killed:
+                try:
+                    reader = await client.open_ledger(self.ledger_id, PASSWORD)
+                except PoraError as error:
+                    history.failed(name, error)
+                    return
+            if killed.cancelled_caught:
+                history.note(f"{name} killed right after it replaced a member, before closing")
                 return
             history.closed_at(name, self.ledger_id, reader.last_entry_id, reader.metadata.length)
             try:
@@ -290,6 +347,20 @@ class Simulation:
                 network.resume(fault.client)
 
             undo.start_soon(self._later, fault.for_s, resume, address)
+        elif fault.kind == "kill-recovery":
+            record = await self.store.read_ledger(self.ledger_id)
+            members = record.value.ensembles[-1].members
+            address = members[fault.node % len(members)].address
+            self.history.note(
+                f"{fault.client} cut from member {address}, killed once it replaced one"
+            )
+            self.killing.add(fault.client)
+            network.partition(fault.client, address)
+
+            async def mend(address: str) -> None:
+                network.heal(fault.client, address)
+
+            undo.start_soon(self._later, fault.for_s, mend, address)
         elif fault.kind == "slow":
             network.faults.slowdown[address] = fault.factor
 
@@ -378,7 +449,8 @@ def plan_from_seed(seed: int) -> Plan:
     """The whole plan drawn from the seed alone, so a seed names a run: quorums, node
     count, load, racing recoveries, and up to three faults (at most one wipe, and
     only with Qa >= 2: a wiped node loses its copies, and an entry acknowledged on Qa
-    nodes survives the loss of Qa - 1)."""
+    nodes survives the loss of Qa - 1; a kill-recovery plans recovery-0 for it to
+    kill, and a spare node for it to replace a member by)."""
     rng = random.Random(seed)
     ensemble = rng.randint(2, 4)
     write_quorum = rng.randint(max(1, ensemble - 1), ensemble)
@@ -386,26 +458,29 @@ def plan_from_seed(seed: int) -> Plan:
     nodes = ensemble + rng.randint(0, 2)
     faults: list[Fault] = []
     wiped = False
+    kills = False
     for _ in range(rng.randint(0, 3)):
-        kind = rng.choice(["crash", "partition", "slow", "pause", "wipe"])
+        kind = rng.choice(["crash", "partition", "slow", "pause", "wipe", "kill-recovery"])
         if kind == "wipe" and (wiped or ack_quorum < 2):
             kind = "crash"
         wiped = wiped or kind == "wipe"
+        kills = kills or kind == "kill-recovery"
+        client = rng.choice([WRITER, WRITER, "recovery-0", "reader-0"])
         faults.append(
             Fault(
                 at_s=round(rng.uniform(0.0, 0.3), 4),
                 kind=kind,
                 node=rng.randrange(nodes),
                 for_s=round(rng.uniform(0.05, 1.0), 3),
-                client=rng.choice([WRITER, WRITER, "recovery-0", "reader-0"]),
+                client="recovery-0" if kind == "kill-recovery" else client,
                 factor=rng.choice([10.0, 100.0, 300.0]),
             )
         )
-    if wiped:
-        # a recovery re-adds to a wiped member's replacement: never the wiped node
+    if wiped or kills:
+        # a recovery re-adds to a wiped or cut member's replacement: never that node
         # itself (R9 excludes an address that failed for the ledger)
         nodes = max(nodes, ensemble + 1)
-    recoveries = tuple(round(rng.uniform(0.0, 0.4), 4) for _ in range(rng.randint(0, 2)))
+    recoveries = tuple(round(rng.uniform(0.0, 0.4), 4) for _ in range(rng.randint(int(kills), 2)))
     return Plan(
         seed=seed,
         nodes=nodes,

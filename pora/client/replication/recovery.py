@@ -136,7 +136,7 @@ class _Recovery:
         """R17..R21: `(last entry id, length)` of the recovered ledger, every recovered
         entry on its whole write set (at least Qa members of it)."""
         lacs = await self.fence()
-        start = recovery_start(lacs, self.metadata.writer_view().ensembles[-1])  # R18 (#2615)
+        start = recovery_start(lacs, self.last_ensemble)  # R18 (#2615)
         last_entry_id, length = start - 1, None
         next_id = start
         while True:

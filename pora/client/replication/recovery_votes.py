@@ -73,7 +73,15 @@ def recovery_start(reported_lacs: Iterable[int], last_ensemble: Ensemble) -> int
     """R18: the first entry a recovery reads: after the highest LAC the fenced nodes
     reported, and never before the last ensemble's first entry (every entry before it
     was acknowledged before the ensemble change that created it, while the new
-    ensemble's members report LAC -1)."""
+    ensemble's members report LAC -1).
+
+    A last ensemble written by a recovery (members that joined in it, R20) is read
+    from its first entry whatever the LACs: its joined members hold only the entries
+    that recovery re-added before it died, and every entry from there on must be
+    added to them again. Entries before it were re-added by that recovery (it went
+    through them in order before it replaced a member)."""
+    if last_ensemble.stands_for:
+        return last_ensemble.first_entry_id
     highest = max(reported_lacs, default=-1)
     return max(highest, last_ensemble.first_entry_id - 1) + 1
 
