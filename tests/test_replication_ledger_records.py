@@ -21,6 +21,7 @@ from pora.client.replication.ledger_records import (
     recovery_ensemble,
     with_ensemble_change,
     writer_after_conflict,
+    writer_ensemble_change,
 )
 from pora.meta.errors import InvalidMetadata
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState, Versioned
@@ -84,6 +85,17 @@ def test_r9_an_ensemble_change_adds_an_ensemble_or_replaces_one_at_the_same_entr
     assert recovering.writer_view().ensembles == record.ensembles
     with pytest.raises(ValueError, match="would drop the writer's members"):
         with_ensemble_change(in_recovery(record), Ensemble(0, (m(9), m(1), m(2))))
+
+
+def test_r11_a_writer_never_writes_its_ensemble_into_a_record_in_recovery() -> None:
+    """A record the writer re-read (its close's compare-and-set conflicted) may be a
+    recovery's: its next ensemble change fences it instead of landing in that record."""
+    record = ledger()
+    change = Ensemble(4, (m(0), m(7), m(2)))
+    assert writer_ensemble_change(record, change).ensembles[-1] == change
+    for taken in (in_recovery(record), closed_at(in_recovery(record), 2, 30)):
+        with pytest.raises(LedgerFenced):
+            writer_ensemble_change(taken, change)
 
 
 def test_r20_a_position_keeps_standing_for_the_writers_member_through_recoveries() -> None:

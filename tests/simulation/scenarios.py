@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -57,11 +57,12 @@ class Fault:
     messages take `factor` times longer), wipe (back at once on an empty data dir),
     pause (`client`'s messages are held, as a process stopped by SIGSTOP).
 
-    kill-recovery: the recovery `client` is cut from member `node` of the ledger's last
-    ensemble (an index into its members) for `for_s`, so that its re-adds there fail
-    and it replaces that member (R20); it is killed right after it wrote the record
-    naming the replacement, before it closes, and a later recovery (another planned
-    one, or the auditor's) must find every acknowledged entry all the same."""
+    kill-recovery: the adds of the recovery `client` to Qw - Qa + 1 members of the
+    ledger's last ensemble, from member `node` on (an index into its members), fail
+    for `for_s` (fencing and reads pass), so its re-adds fall short of Qa and it
+    replaces them (R20); it is killed right after it wrote the record naming the
+    replacements, before it closes, and a later recovery (another planned one, or the
+    auditor's) must find every acknowledged entry all the same."""
 
     at_s: float
     kind: str
@@ -348,19 +349,20 @@ class Simulation:
 
             undo.start_soon(self._later, fault.for_s, resume, address)
         elif fault.kind == "kill-recovery":
-            record = await self.store.read_ledger(self.ledger_id)
-            members = record.value.ensembles[-1].members
-            address = members[fault.node % len(members)].address
-            self.history.note(
-                f"{fault.client} cut from member {address}, killed once it replaced one"
-            )
+            record = (await self.store.read_ledger(self.ledger_id)).value
+            members = record.ensembles[-1].members
+            short = record.write_quorum - record.ack_quorum + 1
+            cut = [members[(fault.node + k) % len(members)].address for k in range(short)]
+            self.history.note(f"{fault.client}'s adds to {cut} fail; killed once it replaced")
             self.killing.add(fault.client)
-            network.partition(fault.client, address)
+            for member in cut:
+                network.cut_adds(fault.client, member)
 
             async def mend(address: str) -> None:
-                network.heal(fault.client, address)
+                network.mend_adds(fault.client, address)
 
-            undo.start_soon(self._later, fault.for_s, mend, address)
+            for member in cut:
+                undo.start_soon(self._later, fault.for_s, mend, member)
         elif fault.kind == "slow":
             network.faults.slowdown[address] = fault.factor
 
@@ -476,11 +478,20 @@ def plan_from_seed(seed: int) -> Plan:
                 factor=rng.choice([10.0, 100.0, 300.0]),
             )
         )
-    if wiped or kills:
-        # a recovery re-adds to a wiped or cut member's replacement: never that node
+    if wiped:
+        # a recovery re-adds to a wiped member's replacement: never the wiped node
         # itself (R9 excludes an address that failed for the ledger)
         nodes = max(nodes, ensemble + 1)
+    if kills:
+        # a spare for each member whose recovery adds fail
+        nodes = max(nodes, ensemble + write_quorum - ack_quorum + 1)
     recoveries = tuple(round(rng.uniform(0.0, 0.4), 4) for _ in range(rng.randint(int(kills), 2)))
+    if kills:
+        # the adds fail from recovery-0's start at the latest
+        faults = [
+            replace(f, at_s=min(f.at_s, recoveries[0])) if f.kind == "kill-recovery" else f
+            for f in faults
+        ]
     return Plan(
         seed=seed,
         nodes=nodes,

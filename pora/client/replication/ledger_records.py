@@ -103,6 +103,15 @@ def with_ensemble_change(metadata: LedgerMetadata, ensemble: Ensemble) -> Ledger
     return changed
 
 
+def writer_ensemble_change(metadata: LedgerMetadata, ensemble: Ensemble) -> LedgerMetadata:
+    """R9/R11: a writer's ensemble change, made to an OPEN record only: a record in
+    recovery or closed belongs to the recovery (or the close), and the writer is
+    fenced (LedgerFenced) rather than writing its ensemble into it."""
+    if metadata.state is not LedgerState.OPEN:
+        raise LedgerFenced(metadata.ledger_id)
+    return with_ensemble_change(metadata, ensemble)
+
+
 def recovery_ensemble(
     last: Ensemble, first: int, replacements: Mapping[EnsembleMember, EnsembleMember]
 ) -> Ensemble:
