@@ -113,12 +113,15 @@ async def test_a_second_recovery_keeps_what_a_replaced_member_held(
         await assert_on_every_replica(cluster, closed.value)
 
 
-async def test_a_second_recovery_fences_the_writers_members(tmp_path: Path) -> None:
+async def test_a_second_recovery_with_qa_below_qw_fences_and_votes_on_the_writers_members(
+    tmp_path: Path,
+) -> None:
     """E=3 Qw=3 Qa=2 on X, S1, S2 (R1, R2 spare). Recovery 1 cannot add to X or S1,
-    replaces both, and dies. Recovery 2 cannot reach S2: fencing R1 and R2 would
-    "cover" the record's last ensemble while X and S1, which the old writer still
-    writes to, stay unfenced and could acknowledge its next entry (Qa = 2). It must
-    fence X and S1, and recover all 20 entries."""
+    replaces both, and dies. Recovery 2 cannot reach S2: R1 and R2 (two "no such
+    entry" answers, Qw - Qa + 1) must not end the ledger; it fences and votes on X and
+    S1, the old writer's, and recovers all 20 entries. The old writer's next entry is
+    acknowledged by fewer than Qa of its members (recovery 1's fence already stopped
+    it; recovery 2's, on the writer's members, keeps it so)."""
     async with local_cluster(tmp_path, nodes=5) as cluster:
         x, s1, s2, r1, r2 = cluster.addresses
         record = await make_ledger(cluster, [x, s1, s2], write_quorum=3, ack_quorum=2)

@@ -26,6 +26,7 @@ from test_replication_processes import (
     writer_process,
 )
 from waiting import wait_until
+from zookeeper_support import fresh_zk_url
 
 from pora.meta.records import LedgerState
 from pora.meta.store import open_metadata
@@ -49,11 +50,8 @@ async def stop(pid: int) -> None:
     await wait_until(lambda: process_state(pid) == "T", WAIT_S)
 
 
-@pytest.mark.slow
-async def test_a_recovery_killed_after_it_replaced_a_member_loses_nothing(
-    tmp_path: Path,
-) -> None:
-    async with cluster(tmp_path, NODES) as running:
+async def recovery_killed_after_it_replaced_a_member(tmp_path: Path, metadata: str | None) -> None:
+    async with cluster(tmp_path, NODES, metadata) as running:
         url = (await running.wait_for_line("metadata URL: ")).split(": ", 1)[1]
         await running.wait_for_line(f"ready: {NODES} nodes")
         log_path = tmp_path / "writer.log"
@@ -103,3 +101,15 @@ async def test_a_recovery_killed_after_it_replaced_a_member_loses_nothing(
             await check_replicas(record, recovered, written.acks, dead={x})
         finally:
             os.kill(pids[x], signal.SIGCONT)
+
+
+@pytest.mark.slow
+async def test_a_recovery_killed_after_it_replaced_a_member_loses_nothing(tmp_path: Path) -> None:
+    await recovery_killed_after_it_replaced_a_member(tmp_path, None)
+
+
+@pytest.mark.slow
+async def test_a_recovery_killed_after_it_replaced_a_member_on_zookeeper_metadata(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    await recovery_killed_after_it_replaced_a_member(tmp_path, fresh_zk_url(request))
