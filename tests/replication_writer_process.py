@@ -1,11 +1,14 @@
 """A writer process for tests/test_replication_processes.py, run with sys.executable:
 
-    python replication_writer_process.py METADATA_URL LOG_FILE [TASKS]
+    python replication_writer_process.py METADATA_URL LOG_FILE [TASKS [E,QW,QA [APPENDS]]]
 
-Creates one ledger (E=3 Qw=3 Qa=2, password "pw") and appends from TASKS asyncio
-tasks until it is killed or fenced. Every line of LOG_FILE is written whole and
-flushed before the task goes on, so a test that SIGKILLs or SIGSTOPs this process
-reads exactly what it logged:
+Creates one ledger (by default E=3 Qw=3 Qa=2; password "pw") and appends from TASKS
+asyncio tasks until it is killed or fenced; with APPENDS, the tasks stop after that
+many appends in all and the writer idles, never telling the nodes its last LAC (a
+writer killed then leaves every entry sent after the last LAC the nodes saw
+acknowledged). Every line of LOG_FILE is written whole and flushed before the task
+goes on, so a test that SIGKILLs or SIGSTOPs this process reads exactly what it
+logged:
 
     ledger ID                  once, before the first append
     ack ENTRY_ID SHA256        an append acknowledged, with its payload's digest
@@ -13,6 +16,7 @@ reads exactly what it logged:
     fenced later TASK          the task's next append failed with LedgerFenced too
     error TASK TYPE MESSAGE    any other failure (a test fails on it)
     done                       every task ended (fenced or failed)
+    idle                       APPENDS appends made; nothing more is sent
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import sys
 from typing import TextIO
 
 import pora
+from pora.client.replication.config import ClientConfig
 
 #: quorums the processes tests write with
 ENSEMBLE, WRITE_QUORUM, ACK_QUORUM = 3, 3, 2
@@ -35,9 +40,15 @@ def log(out: TextIO, line: str) -> None:
     out.flush()
 
 
-async def append_until_fenced(ledger: pora.LedgerWriter, task: int, out: TextIO) -> None:
+async def append_until_fenced(
+    ledger: pora.LedgerWriter, task: int, out: TextIO, budget: list[int] | None = None
+) -> None:
     sequence = 0
     while True:
+        if budget is not None:
+            if budget[0] == 0:
+                return
+            budget[0] -= 1
         # payloads of varied sizes, unique per task and sequence
         payload = b"%d-%d-" % (task, sequence) + os.urandom(64 + (task * 37 + sequence) % 900)
         sequence += 1
@@ -60,19 +71,38 @@ async def append_until_fenced(ledger: pora.LedgerWriter, task: int, out: TextIO)
         log(out, f"ack {entry_id} {hashlib.sha256(b'after the fence').hexdigest()}")
 
 
-async def main(url: str, out: TextIO, tasks: int) -> None:
-    async with pora.connect(url) as client:
+async def main(
+    url: str,
+    out: TextIO,
+    tasks: int,
+    quorums: tuple[int, int, int] = (ENSEMBLE, WRITE_QUORUM, ACK_QUORUM),
+    appends: int | None = None,
+) -> None:
+    ensemble, write_quorum, ack_quorum = quorums
+    # with a budget of appends, the idle writer never sends its LAC (R7)
+    config = ClientConfig(lac_flush_interval_s=3600.0) if appends is not None else None
+    budget = None if appends is None else [appends]
+    async with pora.connect(url, config) as client:
         ledger = await client.create_ledger(
-            ensemble_size=ENSEMBLE,
-            write_quorum=WRITE_QUORUM,
-            ack_quorum=ACK_QUORUM,
+            ensemble_size=ensemble,
+            write_quorum=write_quorum,
+            ack_quorum=ack_quorum,
             password=PASSWORD,
         )
         log(out, f"ledger {ledger.ledger_id}")
-        await asyncio.gather(*(append_until_fenced(ledger, k, out) for k in range(tasks)))
+        await asyncio.gather(*(append_until_fenced(ledger, k, out, budget) for k in range(tasks)))
+        if budget is not None:
+            log(out, "idle")
+            await asyncio.Event().wait()  # until killed
     log(out, "done")
 
 
 if __name__ == "__main__":
     with open(sys.argv[2], "a", encoding="ascii") as log_file:
-        asyncio.run(main(sys.argv[1], log_file, int(sys.argv[3]) if len(sys.argv) > 3 else 64))
+        tasks = int(sys.argv[3]) if len(sys.argv) > 3 else 64
+        if len(sys.argv) > 4:
+            e, qw, qa = (int(q) for q in sys.argv[4].split(","))
+            appends = int(sys.argv[5]) if len(sys.argv) > 5 else None
+            asyncio.run(main(sys.argv[1], log_file, tasks, (e, qw, qa), appends))
+        else:
+            asyncio.run(main(sys.argv[1], log_file, tasks))

@@ -3,6 +3,8 @@ after a failed compare-and-set (R2, R9, R11, R14, R15, R16, R22)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ledger.errors import LedgerClosed, LedgerFenced, Unauthorized
@@ -16,8 +18,10 @@ from pora.client.replication.ledger_records import (
     new_ledger,
     password_digest,
     recovery_after_conflict,
+    recovery_ensemble,
     with_ensemble_change,
     writer_after_conflict,
+    writer_ensemble_change,
 )
 from pora.meta.errors import InvalidMetadata
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState, Versioned
@@ -71,9 +75,66 @@ def test_r9_an_ensemble_change_adds_an_ensemble_or_replaces_one_at_the_same_entr
         with_ensemble_change(changed, Ensemble(6, (m(0), m(0), m(8))))
     with pytest.raises(LedgerClosed):
         with_ensemble_change(closed_at(record, -1, 0), Ensemble(0, (m(0), m(7), m(8))))
-    # a recovery replacing a member while re-adding (R20) keeps the record IN_RECOVERY
-    recovering = with_ensemble_change(in_recovery(record), Ensemble(0, (m(9), m(1), m(2))))
+    # a recovery replacing a member while re-adding (R20) keeps the record IN_RECOVERY,
+    # and the replaced position still names the writer's member, even at the same entry
+    recovering = with_ensemble_change(
+        in_recovery(record), recovery_ensemble(record.ensembles[-1], 0, {m(0): m(9)})
+    )
     assert recovering.state is LedgerState.IN_RECOVERY
+    assert recovering.ensembles == (Ensemble(0, (m(9), m(1), m(2)), ((0, m(0)),)),)
+    assert recovering.writer_view().ensembles == record.ensembles
+    with pytest.raises(ValueError, match="would drop the writer's members"):
+        with_ensemble_change(in_recovery(record), Ensemble(0, (m(9), m(1), m(2))))
+
+
+def test_r11_a_writer_never_writes_its_ensemble_into_a_record_in_recovery() -> None:
+    """A record the writer re-read (its close's compare-and-set conflicted) may be a
+    recovery's: its next ensemble change fences it instead of landing in that record."""
+    record = ledger()
+    change = Ensemble(4, (m(0), m(7), m(2)))
+    assert writer_ensemble_change(record, change).ensembles[-1] == change
+    for taken in (in_recovery(record), closed_at(in_recovery(record), 2, 30)):
+        with pytest.raises(LedgerFenced):
+            writer_ensemble_change(taken, change)
+
+
+def test_r20_a_position_keeps_standing_for_the_writers_member_through_recoveries() -> None:
+    writers = Ensemble(4, (m(0), m(1), m(2)))
+    first = recovery_ensemble(writers, 6, {m(0): m(9)})
+    assert first.joined_in_recovery() == (m(9),)
+    # a later recovery replaces the joined member, and a writer's member
+    second = recovery_ensemble(first, 8, {m(9): m(10), m(2): m(11)})
+    assert second.members == (m(10), m(1), m(11))
+    assert second.stands_for == ((0, m(0)), (2, m(2)))
+    assert second.writer_members() == writers.members
+    # the writer's own member back at its position stands for no one
+    back = recovery_ensemble(second, 8, {m(10): m(0)})
+    assert back.stands_for == ((2, m(2)),)
+    assert back.writer_members() == writers.members
+
+
+def test_stands_for_is_encoded_and_records_without_it_read_as_before() -> None:
+    record = ledger()
+    old_encoding = record.encode()
+    assert b"stands" not in old_encoding
+    assert old_encoding.count(b"inst-") == 3  # two items per ensemble, as always
+    recovering = with_ensemble_change(
+        in_recovery(record), recovery_ensemble(record.ensembles[-1], 3, {m(1): m(9)})
+    )
+    assert LedgerMetadata.decode(recovering.encode()) == recovering
+    assert b'[[1,"n1:3181","inst-1"]]' in recovering.encode()
+    bad = [
+        (((3, m(4)),), "below E=3"),
+        (((1, m(4)), (0, m(5))), "distinct, increasing"),
+        (((0, m(0)),), "stands for its own member"),
+        (((0, m(1)),), "the writer's members name a node twice"),
+    ]
+    for stands_for, error in bad:
+        broken = Ensemble(0, (m(0), m(1), m(2)), stands_for)
+        with pytest.raises(InvalidMetadata, match=error):
+            replace(record, ensembles=(broken,)).validate()
+    with pytest.raises(InvalidMetadata, match="an ensemble is"):
+        LedgerMetadata.decode(old_encoding.replace(b'[[0,[["n0', b'[[0,4,4,[["n0'))
 
 
 def test_r11_a_writer_retries_on_an_open_record_and_is_fenced_otherwise() -> None:

@@ -48,6 +48,7 @@ class WriterLog:
     fenced_later: int = 0
     errors: list[str] = field(default_factory=list)
     done: bool = False
+    idle: bool = False
 
 
 def read_log(path: Path) -> WriterLog:
@@ -68,14 +69,19 @@ def read_log(path: Path) -> WriterLog:
             parsed.fenced_later += 1
         elif words[0] == "done":
             parsed.done = True
+        elif words[0] == "idle":
+            parsed.idle = True
         else:
             parsed.errors.append(line)
     return parsed
 
 
 @asynccontextmanager
-async def writer_process(url: str, log_path: Path) -> AsyncIterator[trio.Process]:
-    command = [sys.executable, str(WRITER_SCRIPT), url, str(log_path), str(WRITER_TASKS)]
+async def writer_process(
+    url: str, log_path: Path, command: list[str] | None = None
+) -> AsyncIterator[trio.Process]:
+    """The writer process (`command`, by default WRITER_TASKS tasks at E=3 Qw=3 Qa=2)."""
+    command = command or [sys.executable, str(WRITER_SCRIPT), url, str(log_path), str(WRITER_TASKS)]
     process = await trio.lowlevel.open_process(command, env=os.environ)
     try:
         yield process

@@ -9,6 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pora.client.replication.entry_format import encode_entry
+from pora.client.replication.ledger_records import (
+    in_recovery,
+    new_ledger,
+    recovery_ensemble,
+    with_ensemble_change,
+)
 from pora.client.replication.quorum import AckTracker, write_set, write_set_positions
 from pora.client.replication.recovery_votes import (
     EntryRecoveryVote,
@@ -16,6 +22,7 @@ from pora.client.replication.recovery_votes import (
     VoteOutcome,
     absence_quorum,
     recovery_start,
+    recovery_vote,
 )
 from pora.meta.records import Ensemble, EnsembleMember
 
@@ -91,6 +98,14 @@ def test_r18_a_just_added_ensemble_is_read_from_its_first_entry_not_from_0() -> 
     assert recovery_start([-1, 45], Ensemble(40, members(3))) == 46
 
 
+def test_r18_an_ensemble_a_recovery_wrote_is_read_from_its_first_entry() -> None:
+    """Its joined member holds only what that recovery re-added: every entry from the
+    ensemble's first on is re-added again, whatever LAC the writer's members report."""
+    replaced = recovery_ensemble(Ensemble(0, members(3)), 5, {m(0): m(9)})
+    assert recovery_start([40, 12], replaced) == 5
+    assert recovery_start([40, 12], Ensemble(5, members(3))) == 41
+
+
 def test_r19_present_from_any_member_with_a_valid_crc() -> None:
     v = vote()
     v.record_no_such_entry("n0:3181", "inst-0")
@@ -149,6 +164,25 @@ def test_r19_a_wiped_node_answering_no_such_entry_is_unknown_not_absent() -> Non
     assert "data dir replaced" in v.undecided["n1:3181"]
     v.record_entry("n1:3181", "fresh-instance", encode_entry(4, 7, 1, b"x"))
     assert v.entry is None
+
+
+def test_r19_a_member_that_joined_in_a_recovery_proves_presence_never_absence() -> None:
+    """A record where a recovery replaced n0 by n9 (E = Qw = Qa = 3): the writer's
+    members decide; n9 is asked too, and only its copy counts."""
+    writers = Ensemble(0, members(3))
+    record = new_ledger(4, 3, 3, writers.members, b"k" * 32, 0)
+    record = with_ensemble_change(in_recovery(record), recovery_ensemble(writers, 0, {m(0): m(9)}))
+    v = recovery_vote(record, 7)
+    assert set(v.write_set) == set(members(3))
+    assert v.joined == (m(9),)
+    v.record_no_such_entry("n9:3181", "inst-9")
+    assert outcome_of(v) is VoteOutcome.WAITING
+    assert m(9) not in v.members_to_ask()
+    v.record_no_such_entry("n1:3181", "inst-1")
+    assert outcome_of(v) is VoteOutcome.ABSENT
+    present = recovery_vote(record, 7)
+    present.record_entry("n9:3181", "inst-9", encode_entry(4, 7, 1, b"x"))
+    assert outcome_of(present) is VoteOutcome.PRESENT
 
 
 def test_absence_quorum_bounds() -> None:

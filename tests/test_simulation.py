@@ -191,3 +191,47 @@ def test_a_node_put_back_from_an_old_copy_counts_as_a_new_instance() -> None:
         "a recovery closed the ledger without node 0"
     )
     assert [line for line in history.log if "recovery-0 failed: RecoveryFailed" in line]
+
+
+@pytest.mark.parametrize(
+    "seed", [32, pytest.param(35, marks=pytest.mark.slow), pytest.param(36, marks=pytest.mark.slow)]
+)
+def test_a_recovery_killed_after_it_replaced_a_member(seed: int) -> None:
+    """E = Qw = Qa = 3 on four nodes: recovery-0's adds to one member fail, so its
+    re-adds fall short and it replaces that member by the spare (R20); it is
+    killed right after it wrote that ensemble to the record, before closing. The
+    auditor's recovery then meets a record whose last ensemble names a member holding
+    only what recovery-0 gave it: it must still find every acknowledged entry, and
+    re-add to the replacement every entry from the ensemble's first on (R18), so that
+    each has Qa copies on the write set the record names. Forty appenders leave more
+    acknowledged entries past the nodes' LAC than recovery-0 re-adds before it dies."""
+    result = run(
+        Plan(
+            seed=seed,
+            nodes=4,
+            ensemble=3,
+            write_quorum=3,
+            ack_quorum=3,
+            appenders=40,
+            appends_each=12,
+            append_pause_s=0.005,
+            faults=(Fault(0.05, "kill-recovery", seed, for_s=5.0, client="recovery-0"),),
+            recoveries=(0.06,),
+            close_writer=False,
+        )
+    )
+    history = result.history
+    assert any("recovery-0 killed right after" in line for line in history.log), history.log[-30:]
+    assert history.acked, "the writer acknowledged nothing"
+
+
+def test_the_planner_draws_a_recovery_killed_after_it_replaced_a_member() -> None:
+    """Seeded runs meet the fault by themselves: some plans kill recovery-0 after it
+    replaced a member, each with recovery-0 planned and a spare node to replace by."""
+    plans = [plan_from_seed(seed) for seed in range(200)]
+    killing = [p for p in plans if any(f.kind == "kill-recovery" for f in p.faults)]
+    assert len(killing) >= 10
+    for plan in killing:
+        spares = plan.write_quorum - plan.ack_quorum + 1
+        assert plan.recoveries and plan.nodes >= plan.ensemble + spares
+        assert all(f.client == "recovery-0" for f in plan.faults if f.kind == "kill-recovery")

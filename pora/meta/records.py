@@ -50,10 +50,30 @@ class EnsembleMember:
 
 @dataclass(frozen=True)
 class Ensemble:
-    """The nodes that hold the entries from `first_entry_id` until the next ensemble's."""
+    """The nodes that hold the entries from `first_entry_id` until the next ensemble's.
+
+    `stands_for` is written by a recovery that replaced members while re-adding
+    (R20): for each position whose member joined in a recovery, the member the
+    ledger's writer had there. A member that joined in a recovery holds only what
+    recoveries gave it, so a later recovery fences and votes on the writer's members
+    (`writer_members`) and never takes a joined member's "no such entry" for absence.
+    """
 
     first_entry_id: int
     members: tuple[EnsembleMember, ...]
+    #: (position, the writer's member there), positions increasing; empty for an
+    #: ensemble the writer made
+    stands_for: tuple[tuple[int, EnsembleMember], ...] = ()
+
+    def writer_members(self) -> tuple[EnsembleMember, ...]:
+        """The members the ledger's writer wrote to at these positions."""
+        standing = dict(self.stands_for)
+        return tuple(standing.get(p, member) for p, member in enumerate(self.members))
+
+    def joined_in_recovery(self) -> tuple[EnsembleMember, ...]:
+        """The members that joined in a recovery (they can vouch for what a recovery
+        gave them, never for the writer's entries)."""
+        return tuple(self.members[p] for p, _ in self.stands_for if p < len(self.members))
 
 
 @dataclass(frozen=True)
@@ -115,6 +135,34 @@ class LedgerMetadata:
                     f"ledger {self.ledger_id}: ensemble at entry {ensemble.first_entry_id} "
                     "names a node twice"
                 )
+            self._validate_stands_for(ensemble)
+
+    def _validate_stands_for(self, ensemble: Ensemble) -> None:
+        where = f"ledger {self.ledger_id}: ensemble at entry {ensemble.first_entry_id}"
+        positions = [position for position, _ in ensemble.stands_for]
+        if positions != sorted(set(positions)) or not all(
+            0 <= p < self.ensemble_size for p in positions
+        ):
+            raise InvalidMetadata(
+                f"{where}: the positions of members that joined in a recovery must be "
+                f"distinct, increasing and below E={self.ensemble_size}, not {positions}"
+            )
+        for position, writers in ensemble.stands_for:
+            if writers == ensemble.members[position]:
+                raise InvalidMetadata(
+                    f"{where}: position {position} stands for its own member {writers.address}"
+                )
+        if len({m.address for m in ensemble.writer_members()}) != self.ensemble_size:
+            raise InvalidMetadata(f"{where}: the writer's members name a node twice")
+
+    def writer_view(self) -> LedgerMetadata:
+        """This record with each ensemble's members as the ledger's writer wrote to them
+        (every member that joined in a recovery put back to the one it stands for):
+        what fencing (R17), the recovery start (R18) and the votes (R19) go by."""
+        return replace(
+            self,
+            ensembles=tuple(Ensemble(e.first_entry_id, e.writer_members()) for e in self.ensembles),
+        )
 
     def closed(self, last_entry_id: int, length: int) -> LedgerMetadata:
         return replace(self, state=LedgerState.CLOSED, last_entry_id=last_entry_id, length=length)
@@ -136,10 +184,7 @@ class LedgerMetadata:
             "state": self.state.value,
             "last_entry_id": self.last_entry_id,
             "length": self.length,
-            "ensembles": [
-                [e.first_entry_id, [[m.address, m.instance_id] for m in e.members]]
-                for e in self.ensembles
-            ],
+            "ensembles": [_encode_ensemble(e) for e in self.ensembles],
             "password_digest": _b64(self.password_digest),
             "created_ms": self.created_ms,
             "custom": {key: _b64(value) for key, value in sorted(self.custom.items())},
@@ -158,10 +203,7 @@ class LedgerMetadata:
                 ensemble_size=int(doc["ensemble_size"]),
                 write_quorum=int(doc["write_quorum"]),
                 ack_quorum=int(doc["ack_quorum"]),
-                ensembles=tuple(
-                    Ensemble(int(first), tuple(EnsembleMember(str(a), str(i)) for a, i in nodes))
-                    for first, nodes in doc["ensembles"]
-                ),
+                ensembles=tuple(_decode_ensemble(e) for e in doc["ensembles"]),
                 password_digest=_unb64(doc["password_digest"]),
                 created_ms=int(doc["created_ms"]),
                 state=LedgerState(doc["state"]),
@@ -222,6 +264,31 @@ class NodeRegistration:
             )
         except (ValueError, KeyError, TypeError) as error:
             raise InvalidMetadata(f"undecodable node registration: {error!r}") from error
+
+
+def _encode_ensemble(ensemble: Ensemble) -> list[object]:
+    """`[first, [[address, instance], ...]]`, with a third item
+    `[[position, address, instance], ...]` (the writer's members that joined members
+    stand for) only when a recovery replaced some: records without one read as before."""
+    encoded: list[object] = [
+        ensemble.first_entry_id,
+        [[m.address, m.instance_id] for m in ensemble.members],
+    ]
+    if ensemble.stands_for:
+        encoded.append([[p, m.address, m.instance_id] for p, m in ensemble.stands_for])
+    return encoded
+
+
+def _decode_ensemble(encoded: object) -> Ensemble:
+    if not isinstance(encoded, list) or len(encoded) not in (2, 3):
+        raise ValueError(
+            f"an ensemble is [first, members] or [first, members, stands_for], not {encoded!r}"
+        )
+    first, nodes, *rest = encoded
+    stands_for = tuple(
+        (int(p), EnsembleMember(str(a), str(i))) for p, a, i in (rest[0] if rest else ())
+    )
+    return Ensemble(int(first), tuple(EnsembleMember(str(a), str(i)) for a, i in nodes), stands_for)
 
 
 def _b64(data: bytes) -> str:

@@ -66,6 +66,8 @@ class SimNetwork:
         self.faults = faults or LinkFaults()
         #: (client, node address) pairs that cannot talk
         self.cut: set[tuple[str, str]] = set()
+        #: links whose adds fail (the node takes reads, fencing, everything else)
+        self.adds_cut: set[tuple[str, str]] = set()
         self._links: dict[tuple[str, str], random.Random] = {}
         #: clients whose messages wait (a stopped process: SIGSTOP), and the event
         #: that lets them go
@@ -79,6 +81,14 @@ class SimNetwork:
 
     def heal(self, client: str, address: str) -> None:
         self.cut.discard((client, address))
+
+    def cut_adds(self, client: str, address: str) -> None:
+        """`client`'s adds to `address` are lost on the way; its other requests pass
+        (a member a recovery can fence and read but not re-add to, R20)."""
+        self.adds_cut.add((client, address))
+
+    def mend_adds(self, client: str, address: str) -> None:
+        self.adds_cut.discard((client, address))
 
     def pause(self, client: str) -> None:
         """Hold every message to and from `client` until `resume` (as a process
@@ -94,6 +104,7 @@ class SimNetwork:
         for client in list(self._paused):
             self.resume(client)
         self.cut.clear()
+        self.adds_cut.clear()
         self.faults.drop_rate = 0.0
         self.faults.slowdown.clear()
 
@@ -136,6 +147,9 @@ class SimNetwork:
 
     async def call(self, client: str, address: str, method: str, *args: Any, **options: Any) -> Any:
         await self._travel(client, address)
+        if method == "add_entries" and (client, address) in self.adds_cut:
+            self.dropped += 1
+            raise ConnectionLost(f"adds from {client} to node {address} lost (simulated)")
         answer = await self._deliver(address, method, args, options)
         if method == "add_entries" and options.get("recovery") and self.history is not None:
             self._note_recovery_add(address, args, answer)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, cast
 
 import anyio
 import trio
@@ -26,7 +27,7 @@ from pora.client.channel import LocalChannel
 from pora.client.replication.entry_format import decode_entry
 from pora.client.replication.node_pool import NodePool
 from pora.client.replication.quorum import entry_write_set
-from pora.meta.records import LedgerMetadata, LedgerState
+from pora.meta.records import Ensemble, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore, open_metadata
 from simulation import invariants
 from simulation.clock import SimTime, counted_threads, counting_store, tasks_in_order
@@ -55,7 +56,14 @@ class Fault:
     crash (restarted after, same data dir), partition (from `client`), slow (its
     messages take `factor` times longer), wipe (back at once on an empty data dir),
     pause (`client`'s messages are held, as a process stopped by SIGSTOP), rollback
-    (its data dir copied now, and put back from that copy after `for_s`: R26)."""
+    (its data dir copied now, and put back from that copy after `for_s`: R26).
+
+    kill-recovery: the adds of the recovery `client` to Qw - Qa + 1 members of the
+    ledger's last ensemble, from member `node` on (an index into its members), fail
+    for `for_s` (fencing and reads pass), so its re-adds fall short of Qa and it
+    replaces them (R20); it is killed right after it wrote the record naming the
+    replacements, before it closes, and a later recovery (another planned one, or the
+    auditor's) must find every acknowledged entry all the same."""
 
     at_s: float
     kind: str
@@ -135,6 +143,48 @@ async def sim_client(store: MetadataStore, network: SimNetwork, name: str) -> As
                 await pool.aclose()
 
 
+class _DiesAfterReplacing:
+    """The metadata store as one recovery sees it: once `armed()`, the recovery's
+    scope `killed` is cancelled as soon as it wrote a record whose last ensemble
+    names a member that joined in a recovery (R20), so the recovery ends at its next
+    step, before it closes: as a process killed right after that write."""
+
+    def __init__(
+        self, inner: MetadataStore, armed: Callable[[], bool], killed: trio.CancelScope
+    ) -> None:
+        self._inner = inner
+        self._armed = armed
+        self._killed = killed
+
+        #: the ensembles of the record as this recovery last read or wrote it
+        self._ensembles: tuple[Ensemble, ...] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def read_ledger(self, ledger_id: int) -> Versioned[LedgerMetadata]:
+        current: Versioned[LedgerMetadata] = await self._inner.read_ledger(ledger_id)
+        self._ensembles = current.value.ensembles
+        return current
+
+    async def update_ledger(
+        self, metadata: LedgerMetadata, version: int
+    ) -> Versioned[LedgerMetadata]:
+        written: Versioned[LedgerMetadata] = await self._inner.update_ledger(metadata, version)
+        # an IN_RECOVERY record with other ensembles than read: a member replaced
+        changed = self._ensembles is not None and metadata.ensembles != self._ensembles
+        self._ensembles = metadata.ensembles
+        if self._armed() and metadata.state is LedgerState.IN_RECOVERY and changed:
+            self._killed.cancel()
+        return written
+
+
+def dies_after_replacing(
+    inner: MetadataStore, armed: Callable[[], bool], killed: trio.CancelScope
+) -> MetadataStore:
+    return cast(MetadataStore, _DiesAfterReplacing(inner, armed, killed))
+
+
 def payload_for(appender: int, k: int) -> bytes:
     return f"a{appender}-k{k}|".encode() * (1 + (appender + k) % 4)
 
@@ -149,6 +199,8 @@ class Simulation:
         self.network = SimNetwork(cluster, plan.seed, faults, self.history)
         self.rng = random.Random(f"{plan.seed}/plan")
         self.ledger_id = -1
+        #: recoveries to kill right after they replaced a member (kill-recovery)
+        self.killing: set[str] = set()
 
     async def run(self) -> RunResult:
         plan, history = self.plan, self.history
@@ -210,11 +262,17 @@ class Simulation:
         await trio.sleep(at_s)
         history = self.history
         history.note(f"{name} starts")
-        async with sim_client(self.store, self.network, name) as client:
-            try:
-                reader = await client.open_ledger(self.ledger_id, PASSWORD)
-            except PoraError as error:
-                history.failed(name, error)
+        killed = trio.CancelScope()
+        store = dies_after_replacing(self.store, lambda: name in self.killing, killed)
+        async with sim_client(store, self.network, name) as client:
+            with killed:
+                try:
+                    reader = await client.open_ledger(self.ledger_id, PASSWORD)
+                except PoraError as error:
+                    history.failed(name, error)
+                    return
+            if killed.cancelled_caught:
+                history.note(f"{name} killed right after it replaced a member, before closing")
                 return
             history.closed_at(name, self.ledger_id, reader.last_entry_id, reader.metadata.length)
             try:
@@ -295,6 +353,21 @@ class Simulation:
                 network.resume(fault.client)
 
             undo.start_soon(self._later, fault.for_s, resume, address)
+        elif fault.kind == "kill-recovery":
+            record = (await self.store.read_ledger(self.ledger_id)).value
+            members = record.ensembles[-1].members
+            short = record.write_quorum - record.ack_quorum + 1
+            cut = [members[(fault.node + k) % len(members)].address for k in range(short)]
+            self.history.note(f"{fault.client}'s adds to {cut} fail; killed once it replaced")
+            self.killing.add(fault.client)
+            for member in cut:
+                network.cut_adds(fault.client, member)
+
+            async def mend(address: str) -> None:
+                network.mend_adds(fault.client, address)
+
+            for member in cut:
+                undo.start_soon(self._later, fault.for_s, mend, member)
         elif fault.kind == "slow":
             network.faults.slowdown[address] = fault.factor
 
@@ -384,7 +457,8 @@ def plan_from_seed(seed: int) -> Plan:
     count, load, racing recoveries, and up to three faults (at most one wipe or
     rollback, and only with Qa >= 2: a wiped node loses its copies, a rolled-back one
     those it took since the copy, and an entry acknowledged on Qa nodes survives the
-    loss of Qa - 1)."""
+    loss of Qa - 1; a kill-recovery plans recovery-0 for it to kill, and a spare node
+    for it to replace a member by)."""
     rng = random.Random(seed)
     ensemble = rng.randint(2, 4)
     write_quorum = rng.randint(max(1, ensemble - 1), ensemble)
@@ -392,18 +466,23 @@ def plan_from_seed(seed: int) -> Plan:
     nodes = ensemble + rng.randint(0, 2)
     faults: list[Fault] = []
     wiped = False
+    kills = False
     for _ in range(rng.randint(0, 3)):
-        kind = rng.choice(["crash", "partition", "slow", "pause", "wipe", "rollback"])
+        kind = rng.choice(
+            ["crash", "partition", "slow", "pause", "wipe", "rollback", "kill-recovery"]
+        )
         if kind in ("wipe", "rollback") and (wiped or ack_quorum < 2):
             kind = "crash"
         wiped = wiped or kind in ("wipe", "rollback")
+        kills = kills or kind == "kill-recovery"
+        client = rng.choice([WRITER, WRITER, "recovery-0", "reader-0"])
         faults.append(
             Fault(
                 at_s=round(rng.uniform(0.0, 0.3), 4),
                 kind=kind,
                 node=rng.randrange(nodes),
                 for_s=round(rng.uniform(0.05, 1.0), 3),
-                client=rng.choice([WRITER, WRITER, "recovery-0", "reader-0"]),
+                client="recovery-0" if kind == "kill-recovery" else client,
                 factor=rng.choice([10.0, 100.0, 300.0]),
             )
         )
@@ -411,7 +490,16 @@ def plan_from_seed(seed: int) -> Plan:
         # a recovery re-adds to a wiped (or rolled-back) member's replacement: never
         # the node itself (R9 excludes an address that failed for the ledger)
         nodes = max(nodes, ensemble + 1)
-    recoveries = tuple(round(rng.uniform(0.0, 0.4), 4) for _ in range(rng.randint(0, 2)))
+    if kills:
+        # a spare for each member whose recovery adds fail
+        nodes = max(nodes, ensemble + write_quorum - ack_quorum + 1)
+    recoveries = tuple(round(rng.uniform(0.0, 0.4), 4) for _ in range(rng.randint(int(kills), 2)))
+    if kills:
+        # the adds fail from recovery-0's start at the latest
+        faults = [
+            replace(f, at_s=min(f.at_s, recoveries[0])) if f.kind == "kill-recovery" else f
+            for f in faults
+        ]
     return Plan(
         seed=seed,
         nodes=nodes,

@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 import anyio
 
 from journal.errors import PoraError
-from ledger.errors import LedgerClosed, LedgerFenced, NoSuchLedger
+from ledger.errors import LedgerFenced, NoSuchLedger
 from pora.client.replication.budget import Budget
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.errors import NotEnoughNodes
 from pora.client.replication.ledger_records import (
     WriterRetry,
     closed_at,
-    with_ensemble_change,
     writer_after_conflict,
+    writer_ensemble_change,
 )
 from pora.client.replication.node_pool import NodePool
 from pora.client.replication.node_senders import NodeSenders
@@ -189,9 +189,10 @@ class EnsembleChanger:
         async with self._record_lock:
             while not self._tracker.fenced:
                 try:
-                    changed = with_ensemble_change(self.record.value, ensemble)
-                except LedgerClosed:
-                    self._fail(LedgerFenced(self._ledger_id))
+                    # the record may be one the close re-read, in recovery or closed
+                    changed = writer_ensemble_change(self.record.value, ensemble)
+                except LedgerFenced as fenced:
+                    self._fail(fenced)
                     return False
                 try:
                     self.record = await store.update_ledger(changed, self.record.version)

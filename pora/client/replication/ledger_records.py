@@ -86,9 +86,49 @@ def with_ensemble_change(metadata: LedgerMetadata, ensemble: Ensemble) -> Ledger
             f"ledger {metadata.ledger_id}: a new ensemble at entry {ensemble.first_entry_id} "
             f"would start before the last one's first entry {last.first_entry_id}"
         )
+    if (
+        metadata.state is LedgerState.IN_RECOVERY
+        and ensemble.writer_members() != last.writer_members()
+    ):
+        # a recovery only replaces members (R20); the positions keep standing for the
+        # writer's members, which later recoveries fence and vote on (R17..R19), even
+        # when this ensemble replaces the last one (same first entry)
+        raise ValueError(
+            f"ledger {metadata.ledger_id}: a recovery ensemble at entry "
+            f"{ensemble.first_entry_id} would drop the writer's members "
+            f"{[m.address for m in last.writer_members()]}"
+        )
     changed = metadata.with_ensemble(ensemble)
     changed.validate()
     return changed
+
+
+def writer_ensemble_change(metadata: LedgerMetadata, ensemble: Ensemble) -> LedgerMetadata:
+    """R9/R11: a writer's ensemble change, made to an OPEN record only: a record in
+    recovery or closed belongs to the recovery (or the close), and the writer is
+    fenced (LedgerFenced) rather than writing its ensemble into it."""
+    if metadata.state is not LedgerState.OPEN:
+        raise LedgerFenced(metadata.ledger_id)
+    return with_ensemble_change(metadata, ensemble)
+
+
+def recovery_ensemble(
+    last: Ensemble, first: int, replacements: Mapping[EnsembleMember, EnsembleMember]
+) -> Ensemble:
+    """R20: the ensemble a recovery writes from entry `first` on, `last`'s failed
+    members replaced. Each replaced position records the writer's member it stands
+    for (carried over when a member that joined in an earlier recovery is replaced
+    again; dropped when the writer's own member comes back to its position)."""
+    standing = dict(last.stands_for)
+    members = []
+    for position, member in enumerate(last.members):
+        new = replacements.get(member, member)
+        if new != member:
+            standing.setdefault(position, member)
+            if standing[position] == new:
+                del standing[position]
+        members.append(new)
+    return Ensemble(first, tuple(members), tuple(sorted(standing.items(), key=lambda s: s[0])))
 
 
 def in_recovery(metadata: LedgerMetadata) -> LedgerMetadata:

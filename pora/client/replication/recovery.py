@@ -26,16 +26,17 @@ from pora.client.replication.ledger_records import (
     closed_at,
     in_recovery,
     recovery_after_conflict,
+    recovery_ensemble,
     with_ensemble_change,
 )
 from pora.client.replication.placement import choose_replacements
-from pora.client.replication.quorum import entry_write_set
 from pora.client.replication.recovery_adds import STRAGGLER_GRACE_S, add_recovered
 from pora.client.replication.recovery_votes import (
     EntryRecoveryVote,
     FenceCoverage,
     VoteOutcome,
     recovery_start,
+    recovery_vote,
 )
 from pora.client.replication.replica_reads import (
     AllAnsweredNoSuchEntry,
@@ -119,11 +120,11 @@ class _Recovery:
         self.channel_for = channel_for
         self.config = config
         self.record = record
-        #: the record the adds follow (a member replaced while re-adding moves it)
+        #: the record the adds follow (a member replaced while re-adding moves it);
+        #: fencing and the votes follow its writer's view (`writer_view`): the
+        #: members the old writer wrote to, never one that joined in a recovery and
+        #: holds only what recoveries gave it (its "no such entry" proves nothing)
         self.metadata = record.value
-        #: the record the votes follow: the ensembles the old writer wrote to, never
-        #: one with a replacement that holds nothing (its "no such entry" proves nothing)
-        self.vote_metadata = record.value
         self.ledger_id = record.value.ledger_id
         self.master_key = master_key
         self.store = store
@@ -156,12 +157,13 @@ class _Recovery:
         return last_entry_id, length
 
     async def fence(self) -> list[int]:
-        """R17: fencing LAC reads to every member of the last ensemble in parallel,
-        until they cover it; returns the LACs the fenced members reported. A member
-        that never answers does not hold this up once the others cover."""
-        coverage = FenceCoverage(
-            self.last_ensemble, self.metadata.write_quorum, self.metadata.ack_quorum
-        )
+        """R17: fencing LAC reads to every member of the last ensemble the old writer
+        wrote to (the writer's view: a member that joined in an earlier recovery never
+        heard from the writer, so fencing it stops nothing) in parallel, until they
+        cover it; returns the LACs the fenced members reported. A member that never
+        answers does not hold this up once the others cover."""
+        writers = self.metadata.writer_view().ensembles[-1]
+        coverage = FenceCoverage(writers, self.metadata.write_quorum, self.metadata.ack_quorum)
         lacs: list[int] = []
         failures: dict[str, str] = {}
 
@@ -191,7 +193,7 @@ class _Recovery:
 
         with anyio.move_on_after(self.config.recovery_fence_timeout_s):
             async with anyio.create_task_group() as group:
-                for member in self.last_ensemble.members:
+                for member in writers.members:
                     group.start_soon(fence_member, member)
         if not coverage.covered:
             short = "; ".join(
@@ -234,8 +236,7 @@ class _Recovery:
     async def vote(self, entry_id: int) -> EntryRecoveryVote:
         """R19: fencing reads of one entry to its write set until it is present or
         absent; asks the undecided members again (bounded), then RecoveryFailed."""
-        write_set = entry_write_set(self.vote_metadata, entry_id)
-        vote = EntryRecoveryVote(self.ledger_id, entry_id, write_set, self.metadata.ack_quorum)
+        vote = recovery_vote(self.metadata, entry_id)
         members = vote.members_to_ask()
         undecided: dict[str, str] = {}
         for _ in range(self.config.recovery_attempts_max):
@@ -345,8 +346,7 @@ class _Recovery:
             first,
             why,
         )
-        members = tuple(replacements.get(m, m) for m in last.members)
-        return with_ensemble_change(metadata, Ensemble(first, members))
+        return with_ensemble_change(metadata, recovery_ensemble(last, first, replacements))
 
     async def _commit(self, metadata: LedgerMetadata) -> None:
         assert self.store is not None
@@ -362,7 +362,9 @@ class _Recovery:
         entry before the first one read (acknowledged, so readable), or 0."""
         if last_entry_id < 0:
             return 0
-        write_set = entry_write_set(self.vote_metadata, last_entry_id)
+        # the writer's members, then those that joined in a recovery (any copy will do)
+        vote = recovery_vote(self.metadata, last_entry_id)
+        write_set = vote.write_set + vote.joined
         try:
             answer = await read_from_write_set(
                 self.channel_for, self.config, self.ledger_id, last_entry_id, write_set

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 
 from pora.client.replication.entry_format import ReplicatedEntry, decode_entry
 from pora.client.replication.errors import EntryDamaged
-from pora.client.replication.quorum import write_set_positions
-from pora.meta.records import Ensemble, EnsembleMember
+from pora.client.replication.quorum import entry_write_set, write_set_positions
+from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata
 
 
 def absence_quorum(write_quorum: int, ack_quorum: int) -> int:
@@ -73,9 +73,28 @@ def recovery_start(reported_lacs: Iterable[int], last_ensemble: Ensemble) -> int
     """R18: the first entry a recovery reads: after the highest LAC the fenced nodes
     reported, and never before the last ensemble's first entry (every entry before it
     was acknowledged before the ensemble change that created it, while the new
-    ensemble's members report LAC -1)."""
+    ensemble's members report LAC -1).
+
+    A last ensemble written by a recovery (members that joined in it, R20) is read
+    from its first entry whatever the LACs: its joined members hold only the entries
+    that recovery re-added before it died, and every entry from there on must be
+    added to them again. Entries before it were re-added by that recovery (it went
+    through them in order before it replaced a member)."""
+    if last_ensemble.stands_for:
+        return last_ensemble.first_entry_id
     highest = max(reported_lacs, default=-1)
     return max(highest, last_ensemble.first_entry_id - 1) + 1
+
+
+def recovery_vote(metadata: LedgerMetadata, entry_id: int) -> EntryRecoveryVote:
+    """R19 for one entry of an IN_RECOVERY record: the writer's members of its write
+    set decide (the writer's view: members that joined in an earlier recovery put back
+    to the ones they stand for); the members that joined are asked as well, for
+    presence only."""
+    writers = entry_write_set(metadata.writer_view(), entry_id)
+    current = entry_write_set(metadata, entry_id)
+    joined = [member for member in current if member not in writers]
+    return EntryRecoveryVote(metadata.ledger_id, entry_id, writers, metadata.ack_quorum, joined)
 
 
 class VoteOutcome(enum.Enum):
@@ -102,12 +121,22 @@ class EntryRecoveryVote:
         entry_id: int,
         write_set: Sequence[EnsembleMember],
         ack_quorum: int,
+        joined: Sequence[EnsembleMember] = (),
     ) -> None:
         self.ledger_id = ledger_id
         self.entry_id = entry_id
+        #: the members the writer wrote this entry to: they decide absence
         self.write_set = tuple(write_set)
         self.needed = absence_quorum(len(self.write_set), ack_quorum)
         self._instances = {member.address: member.instance_id for member in self.write_set}
+        #: members that joined in a recovery (R20), asked too: one may hold the entry
+        #: (a recovery gave it), but its "no such entry" proves nothing. One at an
+        #: address of the write set (a new instance of a writer's member) is left out:
+        #: the writer's member there decides.
+        self.joined = tuple(m for m in joined if m.address not in self._instances)
+        self._instances.update({member.address: member.instance_id for member in self.joined})
+        self._joined = {member.address for member in self.joined}
+        self._joined_lacking: set[str] = set()
         self._negative: set[str] = set()
         self._undecided: dict[str, str] = {}  # address -> why its answer did not count
         self._entry: ReplicatedEntry | None = None
@@ -143,11 +172,14 @@ class EntryRecoveryVote:
         """`address` answered NO_SUCH_ENTRY to the fencing read."""
         if self._ours(address, instance_id):
             self._undecided.pop(address, None)
-            self._negative.add(address)
+            if address in self._joined:
+                self._joined_lacking.add(address)  # answered, and counts for nothing
+            else:
+                self._negative.add(address)
 
     def record_error(self, address: str, reason: str) -> None:
         """Any other answer (an error, CORRUPT, a timeout, a lost connection)."""
-        if address in self._instances and address not in self._negative:
+        if address in self._instances and address not in self._negative | self._joined_lacking:
             self._undecided[address] = reason
 
     def ask_again(self) -> tuple[EnsembleMember, ...]:
@@ -156,8 +188,8 @@ class EntryRecoveryVote:
         return self.members_to_ask()
 
     def members_to_ask(self) -> tuple[EnsembleMember, ...]:
-        decided = self._negative | set(self._undecided)
-        return tuple(m for m in self.write_set if m.address not in decided)
+        decided = self._negative | self._joined_lacking | set(self._undecided)
+        return tuple(m for m in self.write_set + self.joined if m.address not in decided)
 
     @property
     def entry(self) -> ReplicatedEntry | None:
