@@ -22,6 +22,7 @@ from ledger.errors import (
     FlushFailed,
     InvalidArgument,
     LedgerClosed,
+    LedgerDeleted,
     LedgerError,
     LedgerFenced,
     NodeClosed,
@@ -42,6 +43,7 @@ from netio.errors import (
 )
 from pora.client.replication.errors import (
     ClientClosed,
+    DeleteFailed,
     EntryDamaged,
     EntryLost,
     EntryUnreadable,
@@ -67,6 +69,7 @@ __all__ = [
     "ConnectionLost",
     "DataDirError",
     "DataDirLocked",
+    "DeleteFailed",
     "EntryConflict",
     "EntryDamaged",
     "EntryLost",
@@ -83,6 +86,7 @@ __all__ = [
     "JournalGap",
     "JournalNoSpace",
     "LedgerClosed",
+    "LedgerDeleted",
     "LedgerError",
     "LedgerExists",
     "LedgerFenced",

@@ -24,6 +24,7 @@ from pora.client.replication.errors import NotEnoughNodes
 from pora.client.replication.ledger_records import (
     WriterRetry,
     closed_at,
+    why_fenced,
     with_ensemble_change,
     writer_after_conflict,
 )
@@ -32,7 +33,12 @@ from pora.client.replication.node_senders import NodeSenders
 from pora.client.replication.placement import choose_replacements
 from pora.client.replication.quorum import AckTracker
 from pora.client.waiting import Event
-from pora.meta.errors import MetadataError, MetadataTimeout, MetadataVersionConflict
+from pora.meta.errors import (
+    MetadataError,
+    MetadataTimeout,
+    MetadataVersionConflict,
+    NoSuchLedgerMetadata,
+)
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore
 
@@ -223,6 +229,12 @@ class EnsembleChanger:
                 raise
 
     async def _close_record(self, last_entry_id: int, length: int) -> None:
+        try:
+            await self._close_record_once(last_entry_id, length)
+        except NoSuchLedgerMetadata:  # R26: deleted under its writer
+            raise why_fenced(self._ledger_id, None) from None
+
+    async def _close_record_once(self, last_entry_id: int, length: int) -> None:
         store = self._context.store
         if self._record_unsure:
             self.record = await store.read_ledger(self._ledger_id)
@@ -235,7 +247,7 @@ class EnsembleChanger:
             ) == (last_entry_id, length):
                 return
             if current.state is not LedgerState.OPEN:
-                raise LedgerFenced(self._ledger_id)
+                raise why_fenced(self._ledger_id, current)  # R11, R26
             closed = closed_at(current, last_entry_id, length)
             try:
                 self.record = await store.update_ledger(closed, self.record.version)

@@ -78,7 +78,7 @@ async def recover_ledger(
                 continue  # R16: start again from the read
         # R16: IN_RECOVERY (ours, or another recovery's, perhaps dead): go on; only the
         # final compare-and-set decides (R22)
-        run = _Recovery(channel_for, config, current, master_key, store, rng or random.Random())
+        run = Recovery(channel_for, config, current, master_key, store, rng or random.Random())
         try:
             last_entry_id, length = await run.find_and_copy_tail()
             closed = await store.update_ledger(
@@ -104,8 +104,8 @@ class _RecordMoved(Exception):
     """Another process changed the record while this recovery replaced a member."""
 
 
-class _Recovery:
-    """One pass over one version of an IN_RECOVERY record."""
+class Recovery:
+    """One pass over one version of an IN_RECOVERY record (a delete uses its fence)."""
 
     def __init__(
         self,
