@@ -358,7 +358,7 @@ class Simulation:
                             "a recovery (or should have)",
                         )
                     continue
-                decoded = decode_entry(self.ledger_id, entry_id, stored)
+                decoded = decode_entry(self.ledger_id, entry_id, stored, token=meta.token)
                 if bytes(decoded.payload) != entries[entry_id]:
                     invariants.fail(
                         history,

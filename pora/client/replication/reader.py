@@ -195,6 +195,7 @@ class LedgerReader:
             entry_id,
             entry_write_set(self.metadata, entry_id),
             on_damaged=self._report_damage,
+            token=self.metadata.token,
         )
 
     def _report_damage(self, address: str, damage: EntryDamaged) -> None:
@@ -273,7 +274,8 @@ class LedgerReader:
         complete.append(answer.complete_through)
         for entry_id, data in answer.entries:
             try:
-                found.setdefault(entry_id, decode_entry(self.ledger_id, entry_id, data).payload)
+                entry = decode_entry(self.ledger_id, entry_id, data, token=self.metadata.token)
+                found.setdefault(entry_id, entry.payload)
             except EntryDamaged as damage:
                 log.warning("replica %s: %s", member.address, damage)
                 self._report_damage(member.address, damage)

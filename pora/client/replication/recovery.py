@@ -235,7 +235,13 @@ class Recovery:
         """R19: fencing reads of one entry to its write set until it is present or
         absent; asks the undecided members again (bounded), then RecoveryFailed."""
         write_set = entry_write_set(self.vote_metadata, entry_id)
-        vote = EntryRecoveryVote(self.ledger_id, entry_id, write_set, self.metadata.ack_quorum)
+        vote = EntryRecoveryVote(
+            self.ledger_id,
+            entry_id,
+            write_set,
+            self.metadata.ack_quorum,
+            token=self.metadata.token,
+        )
         members = vote.members_to_ask()
         undecided: dict[str, str] = {}
         for _ in range(self.config.recovery_attempts_max):
@@ -365,7 +371,12 @@ class Recovery:
         write_set = entry_write_set(self.vote_metadata, last_entry_id)
         try:
             answer = await read_from_write_set(
-                self.channel_for, self.config, self.ledger_id, last_entry_id, write_set
+                self.channel_for,
+                self.config,
+                self.ledger_id,
+                last_entry_id,
+                write_set,
+                token=self.metadata.token,
             )
         except AllAnsweredNoSuchEntry as error:
             raise RecoveryFailed(

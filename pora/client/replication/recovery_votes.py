@@ -102,8 +102,13 @@ class EntryRecoveryVote:
         entry_id: int,
         write_set: Sequence[EnsembleMember],
         ack_quorum: int,
+        *,
+        token: int = 0,
     ) -> None:
         self.ledger_id = ledger_id
+        #: the record's incarnation token: an entry of an earlier ledger of this id
+        #: fails its crc, a damaged copy that never counts as present
+        self.token = token
         self.entry_id = entry_id
         self.write_set = tuple(write_set)
         self.needed = absence_quorum(len(self.write_set), ack_quorum)
@@ -130,7 +135,7 @@ class EntryRecoveryVote:
         if not self._ours(address, instance_id):
             return
         try:
-            entry = decode_entry(self.ledger_id, self.entry_id, data)
+            entry = decode_entry(self.ledger_id, self.entry_id, data, token=self.token)
         except EntryDamaged as damage:
             self.damaged.append((address, damage))
             self._undecided[address] = damage.what

@@ -96,7 +96,9 @@ async def _wait_for_progress(reader: LedgerReader, next_id: int, polled: dict[in
             return
         if data is not None and lac >= next_id:  # R23: only a confirmed entry
             try:
-                polled[next_id] = decode_entry(reader.ledger_id, next_id, data).payload
+                polled[next_id] = decode_entry(
+                    reader.ledger_id, next_id, data, token=reader.metadata.token
+                ).payload
             except EntryDamaged as damage:  # read again from the write set (R24)
                 reader.damaged.append((member.address, damage))
         reader.learn_lac(lac)

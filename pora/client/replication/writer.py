@@ -60,6 +60,8 @@ class LedgerWriter:
     ) -> None:
         metadata = record.value
         self.ledger_id = metadata.ledger_id
+        #: the record's incarnation token, covered by every entry's crc
+        self._token = metadata.token
         self._context = context
         self._master_key = master_key
         self._tracker = AckTracker(
@@ -289,7 +291,7 @@ class LedgerWriter:
                 f"ledger {self.ledger_id}: {length_after} payload bytes in all would not fit "
                 "the entries' 64-bit length: start a new ledger"
             )
-        entry = encode_checked_entry(self.ledger_id, entry_id, length_after, payload)
+        entry = encode_checked_entry(self.ledger_id, entry_id, length_after, payload, self._token)
         tracker.add_pending(entry_id)
         self._length = length_after
         self._entries[entry_id] = (entry, length_after)
