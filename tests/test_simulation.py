@@ -153,3 +153,40 @@ def test_racing_recoveries_each_see_the_one_close(seed: int) -> None:
         )
     )
     assert "RecoveryFailed" not in result.history.failures, result.history.log[-30:]
+
+
+@pytest.mark.parametrize(
+    ("seed", "delete_at_s", "recoveries"),
+    [(31, 0.15, ()), (32, 0.02, ()), (33, 0.15, (0.149,))],
+    ids=["mid-write", "early", "racing-a-recovery"],
+)
+def test_a_delete_racing_a_writer(
+    seed: int, delete_at_s: float, recoveries: tuple[float, ...]
+) -> None:
+    """R26: the ledger is deleted while its writer appends from many tasks (a tail
+    and a reader follow it, a recovery may race the delete): no acknowledgement after
+    the delete returned, every append failing after it fails with LedgerDeleted, and
+    the auditor finds the ledger gone."""
+    result = run(
+        Plan(
+            seed=seed,
+            nodes=4,
+            appenders=6,
+            appends_each=30,
+            append_pause_s=0.02,
+            recoveries=recoveries,
+            delete_at_s=delete_at_s,
+            readers=1,
+            tail=True,
+        )
+    )
+    history = result.history
+    assert history.deleted_ledgers == {result.ledger_id}, history.failures
+    if not recoveries:
+        assert history.writer_first_failure is not None
+        assert history.writer_first_failure[1] == "LedgerDeleted", history.failures
+
+
+def test_the_planner_draws_deletes_by_itself() -> None:
+    drawn = [plan_from_seed(seed).delete_at_s for seed in range(40)]
+    assert any(at is not None for at in drawn) and any(at is None for at in drawn)

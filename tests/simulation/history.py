@@ -25,6 +25,15 @@ class History:
     #: (ledger, entry) -> addresses that took a recovery add of it
     recovery_adds: dict[tuple[int, int], set[str]] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
+    #: writer -> (its LAC when the delete of its ledger returned, the step of that)
+    deleted_at: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: ledgers deleted, and the nodes that held nothing of them once the delete returned
+    deleted_ledgers: set[int] = field(default_factory=set)
+    deleted_on: set[str] = field(default_factory=set)
+    #: the step a delete started at (None: none did)
+    delete_started_at: int | None = None
+    #: the step of the writer's first failed append, and its error's type name
+    writer_first_failure: tuple[int, str] | None = None
     log: list[str] = field(default_factory=list)
     step: int = 0
 
@@ -45,6 +54,23 @@ class History:
         if writer not in self.fenced_at:
             self.fenced_at[writer] = (lac, self.step)
         invariants.check_fence(self, writer, lac)
+
+    def delete_started(self) -> None:
+        self.delete_started_at = self.note("deleter starts")
+
+    def deleted(self, writer: str, ledger_id: int, lac: int, gone: set[str]) -> None:
+        """The delete of `writer`'s ledger returned, the writer's LAC being `lac`."""
+        step = self.note(f"deleter deleted {ledger_id}; {writer}'s LAC is {lac}")
+        self.deleted_at.setdefault(writer, (lac, step))
+        self.deleted_ledgers.add(ledger_id)
+        self.deleted_on |= gone
+        invariants.check_fence(self, writer, lac)
+
+    def writer_failed(self, error: BaseException) -> None:
+        step = self.note(f"writer append failed: {type(error).__name__}")
+        if self.writer_first_failure is None:
+            self.writer_first_failure = (step, type(error).__name__)
+        invariants.check_deleted_writer(self, error)
 
     def failed(self, who: str, error: BaseException) -> None:
         name = type(error).__name__

@@ -171,10 +171,14 @@ class EnsembleChanger:
             delay = min(delay * 2, _RELIST_MAX_S)
 
     async def _taken_by_recovery(self) -> bool:
-        """The record re-read shows the ledger in recovery or closed (R11)."""
+        """The record re-read shows the ledger in recovery or closed (R11), or gone
+        (deleted, R26: the fence's cause, re-read by the writer, says so)."""
         if self.record.value.state is not LedgerState.OPEN:
             return True
-        reread = await self._context.store.read_ledger(self._ledger_id)
+        try:
+            reread = await self._context.store.read_ledger(self._ledger_id)
+        except NoSuchLedgerMetadata:
+            return True
         return reread.value.state is not LedgerState.OPEN
 
     async def _write_ensemble(self, ensemble: Ensemble) -> bool:
