@@ -187,6 +187,34 @@ def test_a_delete_racing_a_writer(
         assert history.writer_first_failure[1] == "LedgerDeleted", history.failures
 
 
+def test_a_delete_that_cannot_reach_a_member_fences_or_fails() -> None:
+    """R26 with Qa = 1 and a member the delete cannot reach but the writer can: the
+    fence cannot cover that member's write sets, so the delete fails (DeleteFailed)
+    rather than leave a writer acknowledged there after it returned; the record
+    stays marked and the auditor's recovery closes it with every acknowledged entry."""
+    result = run(
+        Plan(
+            seed=34,
+            nodes=2,
+            ensemble=2,
+            write_quorum=2,
+            ack_quorum=1,
+            appenders=4,
+            appends_each=40,
+            append_pause_s=0.02,
+            recoveries=(),
+            delete_at_s=0.15,
+            faults=(Fault(0.1, "partition", 0, for_s=5.0, client="deleter"),),
+            readers=0,
+            tail=False,
+        )
+    )
+    history = result.history
+    assert history.deleted_ledgers == set()
+    assert history.failures.get("DeleteFailed") == 1, history.failures
+    assert history.acked and WRITER in history.fenced_at
+
+
 def test_the_planner_draws_deletes_by_itself() -> None:
     drawn = [plan_from_seed(seed).delete_at_s for seed in range(40)]
     assert any(at is not None for at in drawn) and any(at is None for at in drawn)

@@ -27,15 +27,18 @@ class History:
     failures: dict[str, int] = field(default_factory=dict)
     #: writer -> (its LAC when the delete of its ledger returned, the step of that)
     deleted_at: dict[str, tuple[int, int]] = field(default_factory=dict)
-    #: ledgers deleted, and the nodes that held nothing of them once the delete returned
+    #: ledgers deleted, and the nodes (address, instance id) that deleted them
     deleted_ledgers: set[int] = field(default_factory=set)
-    deleted_on: set[str] = field(default_factory=set)
+    deleted_on: set[tuple[str, str]] = field(default_factory=set)
     #: the step a delete started at (None: none did)
     delete_started_at: int | None = None
     #: the step of the writer's first failed append, and its error's type name
     writer_first_failure: tuple[int, str] | None = None
     log: list[str] = field(default_factory=list)
     step: int = 0
+    #: the store's URL (a temporary folder's): left out of the log, so that a seed's
+    #: replay in another folder logs the same text
+    store_url: str = ""
 
     def note(self, text: str) -> int:
         self.step += 1
@@ -58,7 +61,7 @@ class History:
     def delete_started(self) -> None:
         self.delete_started_at = self.note("deleter starts")
 
-    def deleted(self, writer: str, ledger_id: int, lac: int, gone: set[str]) -> None:
+    def deleted(self, writer: str, ledger_id: int, lac: int, gone: set[tuple[str, str]]) -> None:
         """The delete of `writer`'s ledger returned, the writer's LAC being `lac`."""
         step = self.note(f"deleter deleted {ledger_id}; {writer}'s LAC is {lac}")
         self.deleted_at.setdefault(writer, (lac, step))
@@ -75,7 +78,8 @@ class History:
     def failed(self, who: str, error: BaseException) -> None:
         name = type(error).__name__
         self.failures[name] = self.failures.get(name, 0) + 1
-        self.note(f"{who} failed: {name}: {str(error)[:120]}")
+        text = str(error).replace(self.store_url, "<store>") if self.store_url else str(error)
+        self.note(f"{who} failed: {name}: {text[:120]}")
 
     def read(self, reader: str, ledger_id: int, entry_id: int, data: bytes) -> None:
         self.note(f"{reader} read {ledger_id}/{entry_id}")

@@ -145,7 +145,7 @@ class Simulation:
         self.plan = plan
         self.store = store
         self.cluster = cluster
-        self.history = History(plan.seed)
+        self.history = History(plan.seed, store_url=store.url)
         faults = LinkFaults(drop_rate=plan.drop_rate)
         self.network = SimNetwork(cluster, plan.seed, faults, self.history)
         self.rng = random.Random(f"{plan.seed}/plan")
@@ -237,6 +237,7 @@ class Simulation:
         await trio.sleep(at_s)
         history = self.history
         history.delete_started()
+        held = self._holders()
         async with sim_client(self.store, self.network, "deleter") as client:
             try:
                 await client.delete_ledger(self.ledger_id, PASSWORD)
@@ -244,14 +245,31 @@ class Simulation:
                 history.failed("deleter", error)
                 return
         assert self.writer is not None
-        # the nodes that hold nothing of the ledger now must never hold it again
-        gone = set()
+        # a node (the same data dir) that held the ledger when the delete began and
+        # holds nothing of it now deleted it: it must never hold it again
+        now = self._holders()
+        gone = {
+            (address, instance)
+            for address, instance in held.items()
+            if address not in now and self._instance(address) == instance
+        }
+        history.deleted(WRITER, self.ledger_id, self.writer.last_add_confirmed, gone)
+
+    def _instance(self, address: str) -> str | None:
+        if address not in self.cluster.nodes:
+            return None  # crashed: not running now
+        return self.cluster.instance_id(address)
+
+    def _holders(self) -> dict[str, str]:
+        """The running nodes that hold the ledger, with their data dirs' instance ids."""
+        holding = {}
         for address, node in self.cluster.nodes.items():
             try:
                 node.ledger_info(self.ledger_id)
             except NoSuchLedger:
-                gone.add(address)
-        history.deleted(WRITER, self.ledger_id, self.writer.last_add_confirmed, gone)
+                continue
+            holding[address] = self.cluster.instance_id(address)
+        return holding
 
     async def _reader(self, name: str) -> None:
         """Reads ids at or below the LAC it learns, of the open ledger (R23)."""
@@ -387,7 +405,7 @@ class Simulation:
                 await channel.read_entry(self.ledger_id, 0)
             except (NoSuchEntry, NoSuchLedger):
                 continue
-            if address in history.deleted_on:
+            if (address, self.cluster.instance_id(address)) in history.deleted_on:
                 invariants.fail(
                     history,
                     f"node {address} deleted ledger {self.ledger_id} and holds it again",
@@ -477,6 +495,18 @@ def plan_from_seed(seed: int) -> Plan:
     # drawn apart from the rest, so that a seed's other choices stay what they were
     deleting = random.Random(f"{seed}/delete")
     delete_at_s = round(deleting.uniform(0.0, 0.4), 4) if deleting.random() < 0.25 else None
+    if delete_at_s is not None and deleting.random() < 0.5:
+        # a node the writer reaches and the delete does not: only the fence keeps
+        # the writer from being acknowledged there after the delete returned
+        faults.append(
+            Fault(
+                at_s=round(max(0.0, delete_at_s - deleting.uniform(0.0, 0.05)), 4),
+                kind="partition",
+                node=deleting.randrange(nodes),
+                for_s=round(deleting.uniform(0.05, 1.0), 3),
+                client="deleter",
+            )
+        )
     return Plan(
         seed=seed,
         nodes=nodes,
