@@ -30,6 +30,7 @@ from journal.errors import PoraError
 from ledger.errors import (
     EntryTooLarge,
     LedgerClosed,
+    LedgerDeleted,
     LedgerFenced,
 )
 from pora.client.replication.budget import Budget
@@ -374,6 +375,9 @@ class LedgerWriter:
             self._error = why_fenced(self.ledger_id, None)
         except MetadataError as error:
             _log.info("ledger %d: fenced; the record could not be read: %s", self.ledger_id, error)
+        else:
+            if isinstance(self._error, LedgerDeleted):
+                _log.warning("ledger %d: %s", self.ledger_id, self._error)
         finally:
             self._wake_all()
             if self._cause_known is not None:
