@@ -232,7 +232,8 @@ class Simulation:
 
     async def _delete(self, at_s: float) -> None:
         """R26: the ledger deleted (with its password) while its writer appends. Once
-        the delete returned its fence completed: the writer's LAC is what it stays,
+        the delete returned its fence had covered the ensemble: no append started
+        later succeeds, no entry the writer had not issued by then is acknowledged,
         and every append failing from then on fails with LedgerDeleted."""
         await trio.sleep(at_s)
         history = self.history
@@ -253,7 +254,8 @@ class Simulation:
             for address, instance in held.items()
             if address not in now and self._instance(address) == instance
         }
-        history.deleted(WRITER, self.ledger_id, self.writer.last_add_confirmed, gone)
+        issued = self.writer._tracker.next_entry_id - 1
+        history.deleted(WRITER, self.ledger_id, issued, gone)
 
     def _instance(self, address: str) -> str | None:
         if address not in self.cluster.nodes:
