@@ -43,6 +43,21 @@ class LedgerFenced(LedgerError):
         )
 
 
+class LedgerDeleted(LedgerFenced, NoSuchLedger):
+    """The ledger was deleted: its writer is shut out for good. A `LedgerFenced` (a
+    writer catching that stops the same way, and a node answers FENCED on the wire,
+    which every client version takes as the end of its writer) and a `NoSuchLedger`
+    (there is nothing left to read)."""
+
+    def __init__(self, ledger_id: int, where: str = "") -> None:
+        LedgerError.__init__(
+            self,
+            ledger_id,
+            f"ledger {ledger_id} was deleted{where}: its writer is shut out and its "
+            "entries are gone (ledger ids are never reused: write to a new ledger)",
+        )
+
+
 class EntryConflict(LedgerError):
     """The same (ledger, entry) was added before with different bytes."""
 

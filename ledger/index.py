@@ -49,10 +49,13 @@ __all__ = ["Index", "IndexDamaged", "IndexOpenError", "IndexWritesStopped"]
 RUN_PREFIX: Final = b"r"
 META_PREFIX: Final = b"m"
 NODE_PREFIX: Final = b"n"
+#: a deleted ledger's tombstone: ledger ids are never reused, so a node refuses to
+#: create a ledger again once it deleted one of that id (late adds of its writer)
+DELETED_PREFIX: Final = b"d"
 
 _ID_LIMIT: Final = 2**63  # ledger and entry ids are non-negative i64
 _RUN_KEY: Final = struct.Struct(">1sQQ")  # b"r", ledger_id, the run's last entry id
-_LEDGER_KEY: Final = struct.Struct(">1sQ")  # b"r" or b"m", ledger_id
+_LEDGER_KEY: Final = struct.Struct(">1sQ")  # b"r", b"m" or b"d", ledger_id
 _RUN_OFFSET: Final = struct.Struct(">Q")  # a run value starts with its first offset
 _RUN_END: Final = struct.Struct("<I")  # then each record's end, relative to that offset
 _RUN_ENDS_AT: Final = _RUN_OFFSET.size
@@ -394,7 +397,8 @@ class Index:
         return metas
 
     def delete_ledger(self, ledger_id: int, *, sync: bool = False) -> None:
-        """Removes every position of the ledger and its metadata, in one batch."""
+        """Removes every position of the ledger and its metadata and leaves its
+        tombstone (`is_deleted`), in one batch."""
         _check_id("ledger id", ledger_id)
         prefix = _LEDGER_KEY.pack(RUN_PREFIX, ledger_id)
         # the iterator reads a snapshot, so deleting while walking it is safe
@@ -404,8 +408,16 @@ class Index:
             ):
                 batch.delete(key)
             batch.delete(_LEDGER_KEY.pack(META_PREFIX, ledger_id))
+            batch.put(_LEDGER_KEY.pack(DELETED_PREFIX, ledger_id), b"")
         if sync:
             self._fsync_log_files()
+
+    def is_deleted(self, ledger_id: int) -> bool:
+        """Whether this node deleted a ledger of this id (its tombstone): one lookup,
+        made when a request would create the ledger, never per entry."""
+        _check_id("ledger id", ledger_id)
+        key = _LEDGER_KEY.pack(DELETED_PREFIX, ledger_id)
+        return self._db.get(key, verify_checksums=self._verify_checksums) is not None
 
     # --- node values ----------------------------------------------------------------
 

@@ -76,7 +76,7 @@ class LedgerStorage:
         self.slot_held = trio.CapacityLimiter(math.inf)
         #: every ledger's master key, checked when requests are submitted (before they
         #: are journalled); a worker forgets a deleted ledger's
-        self.keys = LedgerKeys()
+        self.keys = LedgerKeys(index.is_deleted)
         #: long-poll readers wait here; a worker signals after applying to its ledger
         self.arrivals = arrivals
 

@@ -42,6 +42,7 @@ from ledger.entrylog_format import (
 from ledger.errors import (
     EntryConflict,
     LedgerClosed,
+    LedgerDeleted,
     LedgerFenced,
     NoSuchLedger,
     describe_os_error,
@@ -310,6 +311,9 @@ class LedgerWorker:
                 self._apply_entries(request)
             elif kind is RecordKind.FENCE:
                 fenced = self._meta_or_create()
+                if fenced is None:
+                    request.fail(LedgerDeleted(self.ledger_id, " on this node"))
+                    continue
                 fenced.fenced = True
                 request.complete(_last_visible(fenced))
             elif kind is RecordKind.CLOSE:
@@ -318,15 +322,22 @@ class LedgerWorker:
                 self._apply_delete(request)
             elif kind is RecordKind.KEY:
                 keyed = self._meta_or_create()
-                if keyed.master_key is None:
+                if keyed is None:
+                    request.fail(LedgerDeleted(self.ledger_id, " on this node"))
+                elif keyed.master_key is None:
                     keyed.master_key = bytes(request.payload)
                 request.complete()
             else:  # the journal reader rejects unknown kinds; this is a bug
                 raise AssertionError(f"unknown record kind {kind!r}")
 
-    def _meta_or_create(self) -> LedgerMeta:
+    def _meta_or_create(self) -> LedgerMeta | None:
+        """The ledger's metadata, created if the ledger is new here; None when this
+        node deleted it (a request journalled before the delete was applied, or
+        replayed from an older journal, must not bring it back)."""
         meta = self._metas.get(self.ledger_id)
         if meta is None:
+            if self._storage.keys.deleted(self.ledger_id):
+                return None
             meta = LedgerMeta(self.ledger_id, created_ms=time.time_ns() // 1_000_000)
             self._metas[self.ledger_id] = meta
         return meta
@@ -335,6 +346,9 @@ class LedgerWorker:
         """An ENTRY request (one entry or a run) the fast path did not take: a
         closed or fenced ledger, or entries that may be stored already (retries)."""
         meta = self._meta_or_create()
+        if meta is None:
+            request.fail(LedgerDeleted(self.ledger_id, " on this node"))
+            return
         if meta.state is LedgerState.CLOSED:
             request.fail(LedgerClosed(self.ledger_id))
             return
@@ -404,6 +418,9 @@ class LedgerWorker:
 
     def _apply_close(self, request: Request) -> None:
         meta = self._meta_or_create()
+        if meta is None:
+            request.fail(LedgerDeleted(self.ledger_id, " on this node"))
+            return
         seal = meta.last_entry_id if request.entry_id == CLOSE_KEEP_ALL else request.entry_id
         if meta.state is LedgerState.CLOSED:
             # closing again is harmless when it agrees with the first close
@@ -588,6 +605,7 @@ class LedgerWorker:
             storage.index.delete_ledger(ledger_id)
 
         await trio.to_thread.run_sync(delete, limiter=storage.flush_limiter)
+        storage.keys.tombstone_written(ledger_id)
         self.delete_pending = False
 
 

@@ -22,6 +22,7 @@ from ledger.errors import (
     FlushFailed,
     InvalidArgument,
     LedgerClosed,
+    LedgerDeleted,
     LedgerError,
     LedgerFenced,
     NodeClosed,
@@ -42,6 +43,7 @@ from netio.errors import (
 )
 from pora.client.replication.errors import (
     ClientClosed,
+    DeleteFailed,
     EntryDamaged,
     EntryLost,
     EntryUnreadable,
@@ -68,6 +70,7 @@ __all__ = [
     "ConnectionLost",
     "DataDirError",
     "DataDirLocked",
+    "DeleteFailed",
     "EntryConflict",
     "EntryDamaged",
     "EntryLost",
@@ -84,6 +87,7 @@ __all__ = [
     "JournalGap",
     "JournalNoSpace",
     "LedgerClosed",
+    "LedgerDeleted",
     "LedgerError",
     "LedgerExists",
     "LedgerFenced",

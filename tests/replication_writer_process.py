@@ -12,8 +12,9 @@ logged:
 
     ledger ID                  once, before the first append
     ack ENTRY_ID SHA256        an append acknowledged, with its payload's digest
-    fenced pending TASK        an append in flight failed with LedgerFenced
-    fenced later TASK          the task's next append failed with LedgerFenced too
+    fenced pending TASK TYPE   an append in flight failed with LedgerFenced (TYPE: the
+                               error's type, LedgerDeleted after a delete)
+    fenced later TASK TYPE     the task's next append failed with LedgerFenced too
     error TASK TYPE MESSAGE    any other failure (a test fails on it)
     done                       every task ended (fenced or failed)
     idle                       APPENDS appends made; nothing more is sent
@@ -54,8 +55,8 @@ async def append_until_fenced(
         sequence += 1
         try:
             entry_id = await ledger.append(payload)
-        except pora.LedgerFenced:
-            log(out, f"fenced pending {task}")
+        except pora.LedgerFenced as fenced:
+            log(out, f"fenced pending {task} {type(fenced).__name__}")
             break
         except Exception as error:  # the test fails on it, reading the log
             log(out, f"error {task} {type(error).__name__} {error}")
@@ -63,8 +64,8 @@ async def append_until_fenced(
         log(out, f"ack {entry_id} {hashlib.sha256(payload).hexdigest()}")
     try:
         entry_id = await ledger.append(b"after the fence")
-    except pora.LedgerFenced:
-        log(out, f"fenced later {task}")
+    except pora.LedgerFenced as fenced:
+        log(out, f"fenced later {task} {type(fenced).__name__}")
     except Exception as error:  # the test fails on it, reading the log
         log(out, f"error {task} {type(error).__name__} {error}")
     else:

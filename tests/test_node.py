@@ -147,15 +147,41 @@ async def test_delete_removes_entries_and_files(data_dir: Path) -> None:
             await node.delete_ledger(8)
         await node._registry.flush_all()
         assert not log_path.exists()
-        # the id can be used again, starting empty
-        await node.add_entry(8, 3, b"reborn")
-        with pytest.raises(pora.NoSuchEntry):
-            await node.read_entry(8, 0)
+
+
+async def test_a_deleted_ledger_is_never_created_again_even_after_a_restart(
+    data_dir: Path,
+) -> None:
+    # R26: ledger ids are never reused, so whatever arrives for a deleted ledger is
+    # its old writer's (or recovery's) and must not bring it back
     async with pora.open_node(data_dir) as node:
-        assert await node.read_entry(8, 3) == b"reborn"
-        assert node.ledger_info(8).entry_count == 1
-        with pytest.raises(pora.NoSuchEntry):
-            await node.read_entry(8, 0)
+        for i in range(10):
+            await node.add_entry(8, i, b"doomed", master_key=b"k")
+        await node.delete_ledger(8, master_key=b"k")
+        # before the delete's index batch (the tombstone in memory) ...
+        with pytest.raises(pora.LedgerDeleted):
+            await node.add_entry(8, 10, b"late", master_key=b"k")
+        await node._registry.flush_all()
+        # ... and after it (the tombstone in the index), whatever the key
+        for key in (b"k", b"other"):
+            with pytest.raises(pora.LedgerDeleted) as refused:
+                await node.add_entry(8, 11, b"late", master_key=key)
+            assert isinstance(refused.value, pora.LedgerFenced)  # FENCED on the wire
+            assert isinstance(refused.value, pora.NoSuchLedger)
+        with pytest.raises(pora.LedgerDeleted):
+            await node.fence_ledger(8, master_key=b"k")
+        with pytest.raises(pora.LedgerDeleted):
+            await node.close_ledger(8, master_key=b"k")
+        with pytest.raises(pora.NoSuchLedger):
+            await node.read_entry(8, 10)
+        assert [info.ledger_id for info in node.ledgers()] == []
+        await node.add_entry(9, 0, b"another ledger", master_key=b"k")
+    async with pora.open_node(data_dir) as node:
+        with pytest.raises(pora.LedgerDeleted):
+            await node.add_entry(8, 0, b"after a restart", master_key=b"k")
+        with pytest.raises(pora.LedgerDeleted):
+            await node.fence_ledger(8, master_key=b"k")
+        assert [info.ledger_id for info in node.ledgers()] == [9]
 
 
 async def test_bad_arguments_get_clear_errors(data_dir: Path) -> None:

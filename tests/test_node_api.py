@@ -37,12 +37,16 @@ async def test_the_first_key_fixes_the_ledger_key_and_survives_restart(data_dir:
         assert node.ledger_info(1).last_entry_id == 1
 
 
-async def test_a_deleted_ledger_forgets_its_key(data_dir: Path) -> None:
+async def test_a_deleted_ledger_is_refused_under_any_key(data_dir: Path) -> None:
+    # R26: its key is gone, and so is the ledger: ids are never reused
     async with pora.open_node(data_dir) as node:
         await node.add_entry(5, 0, b"a", master_key=b"old")
         await node.delete_ledger(5, master_key=b"old")
-        await node.add_entry(5, 0, b"new", master_key=b"new")
-        assert await node.read_entry(5, 0) == b"new"
+        for key in (b"old", b"new"):
+            with pytest.raises(pora.LedgerDeleted):
+                await node.add_entry(5, 0, b"new", master_key=key)
+        with pytest.raises(pora.NoSuchLedger):
+            await node.read_entry(5, 0)
 
 
 async def test_last_add_confirmed_is_the_highest_piggybacked(data_dir: Path) -> None:

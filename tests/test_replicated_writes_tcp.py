@@ -31,7 +31,7 @@ async def _write_and_check(url: str) -> None:
         for member in entry_write_set(record, entry_id):
             async with pora.connect_node(member.address) as node:
                 data = await node.read_entry(ledger.ledger_id, entry_id)
-                entry = decode_entry(ledger.ledger_id, entry_id, data)
+                entry = decode_entry(ledger.ledger_id, entry_id, data, token=record.token)
                 assert entry.payload == (b"y" if entry_id == 201 else b"entry %d" % entry_id)
 
 

@@ -134,7 +134,9 @@ async def recover(url: str, ledger_id: int) -> tuple[LedgerMetadata, dict[int, b
     return record, entries
 
 
-async def stored_on(address: str, ledger_id: int, last_entry_id: int) -> dict[int, bytes]:
+async def stored_on(
+    address: str, ledger_id: int, last_entry_id: int, token: int = 0
+) -> dict[int, bytes]:
     """Every entry of the ledger one node stores up to `last_entry_id`, read directly
     from that node (range reads), as the payloads the replicated entries carry."""
     found: dict[int, bytes] = {}
@@ -145,7 +147,7 @@ async def stored_on(address: str, ledger_id: int, last_entry_id: int) -> dict[in
             if not page:
                 break
             for entry_id, data in page:
-                found[entry_id] = decode_entry(ledger_id, entry_id, data).payload
+                found[entry_id] = decode_entry(ledger_id, entry_id, data, token=token).payload
             first = page[-1][0] + 1
     return found
 
@@ -164,7 +166,7 @@ async def check_replicas(
     members = {m.address for ensemble in record.ensembles for m in ensemble.members}
     replicas: dict[str, dict[int, bytes]] = {}
     for address in sorted(members - dead):
-        replicas[address] = await stored_on(address, ledger_id, record.last_entry_id)
+        replicas[address] = await stored_on(address, ledger_id, record.last_entry_id, record.token)
     for entry_id, payload in recovered.items():
         write_set = {m.address for m in entry_write_set(record, entry_id)}
         holders = [a for a in write_set - dead if entry_id in replicas[a]]

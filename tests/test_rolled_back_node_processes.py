@@ -1,5 +1,5 @@
 """A node put back from an older copy of its data dir, with real `pora serve`
-processes (R26): E=3 Qw=3 Qa=2 on A, B, C; B's data dir copied before the ledger
+processes (R27): E=3 Qw=3 Qa=2 on A, B, C; B's data dir copied before the ledger
 exists; C stopped after about 100 acknowledgements, so the later ones are A's and B's;
 the writer SIGKILLed; B stopped, put back from the copy and restarted. B finds itself behind
 its instance's mark and starts as a new instance, so a recovery with A stopped cannot
@@ -76,7 +76,7 @@ async def test_a_node_put_back_from_an_old_copy_never_makes_a_recovery_lose_entr
 
         # B is stopped and put back from the copy (same instance id on disk). A node
         # SIGKILLed within a mark interval of its last acknowledgement would not be
-        # caught (R26): B stops as an operator restoring a backup stops it
+        # caught (R27): B stops as an operator restoring a backup stops it
         assert await stop(b) == 0
         shutil.rmtree(tmp_path / "b")
         shutil.move(copy, tmp_path / "b")

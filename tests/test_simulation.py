@@ -156,7 +156,7 @@ def test_racing_recoveries_each_see_the_one_close(seed: int) -> None:
 
 
 def test_a_node_put_back_from_an_old_copy_counts_as_a_new_instance() -> None:
-    """Issue 26's scenario in simulated time (R26): E=3 Qw=3 Qa=2 on three nodes;
+    """Issue 26's scenario in simulated time (R27): E=3 Qw=3 Qa=2 on three nodes;
     node 1's data dir copied as the writes begin; node 2 cut off from the writer, so
     the later entries are acknowledged by nodes 0 and 1 alone; node 1 put back from
     the copy; a recovery that cannot reach node 0 must not take node 1's "no such
@@ -235,3 +235,68 @@ def test_the_planner_draws_a_recovery_killed_after_it_replaced_a_member() -> Non
         spares = plan.write_quorum - plan.ack_quorum + 1
         assert plan.recoveries and plan.nodes >= plan.ensemble + spares
         assert all(f.client == "recovery-0" for f in plan.faults if f.kind == "kill-recovery")
+
+
+@pytest.mark.parametrize(
+    ("seed", "delete_at_s", "recoveries"),
+    [(31, 0.15, ()), (32, 0.02, ()), (33, 0.15, (0.149,))],
+    ids=["mid-write", "early", "racing-a-recovery"],
+)
+def test_a_delete_racing_a_writer(
+    seed: int, delete_at_s: float, recoveries: tuple[float, ...]
+) -> None:
+    """R26: the ledger is deleted while its writer appends from many tasks (a tail
+    and a reader follow it, a recovery may race the delete): no acknowledgement after
+    the delete returned, every append failing after it fails with LedgerDeleted, and
+    the auditor finds the ledger gone."""
+    result = run(
+        Plan(
+            seed=seed,
+            nodes=4,
+            appenders=6,
+            appends_each=30,
+            append_pause_s=0.02,
+            recoveries=recoveries,
+            delete_at_s=delete_at_s,
+            readers=1,
+            tail=True,
+        )
+    )
+    history = result.history
+    assert history.deleted_ledgers == {result.ledger_id}, history.failures
+    if not recoveries:
+        assert history.writer_first_failure is not None
+        assert history.writer_first_failure[1] == "LedgerDeleted", history.failures
+
+
+def test_a_delete_that_cannot_reach_a_member_fences_or_fails() -> None:
+    """R26 with Qa = 1 and a member the delete cannot reach but the writer can: the
+    fence cannot cover that member's write sets, so the delete fails (DeleteFailed)
+    rather than leave a writer acknowledged there after it returned; the record
+    stays marked and the auditor's recovery closes it with every acknowledged entry."""
+    result = run(
+        Plan(
+            seed=34,
+            nodes=2,
+            ensemble=2,
+            write_quorum=2,
+            ack_quorum=1,
+            appenders=4,
+            appends_each=40,
+            append_pause_s=0.02,
+            recoveries=(),
+            delete_at_s=0.15,
+            faults=(Fault(0.1, "partition", 0, for_s=5.0, client="deleter"),),
+            readers=0,
+            tail=False,
+        )
+    )
+    history = result.history
+    assert history.deleted_ledgers == set()
+    assert history.failures.get("DeleteFailed") == 1, history.failures
+    assert history.acked and WRITER in history.fenced_at
+
+
+def test_the_planner_draws_deletes_by_itself() -> None:
+    drawn = [plan_from_seed(seed).delete_at_s for seed in range(40)]
+    assert any(at is not None for at in drawn) and any(at is None for at in drawn)

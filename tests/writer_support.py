@@ -15,8 +15,9 @@ from ledger.errors import NoSuchEntry, NoSuchLedger
 from pora.client.channel import NodeChannel
 from pora.client.replication.client import Client, connect
 from pora.client.replication.config import ClientConfig
-from pora.client.replication.entry_format import decode_entry
+from pora.client.replication.entry_format import HEADER_BYTES, decode_entry
 from pora.client.replication.writer import LedgerWriter
+from pora.meta.errors import NoSuchLedgerMetadata
 
 ErrorT = TypeVar("ErrorT", bound=BaseException)
 
@@ -46,7 +47,11 @@ async def payload_on(
         data = await cluster.nodes[address].read_entry(ledger_id, entry_id)
     except (NoSuchEntry, NoSuchLedger):
         return None
-    return decode_entry(ledger_id, entry_id, data).payload
+    try:
+        token = (await cluster.store.read_ledger(ledger_id)).value.token
+    except NoSuchLedgerMetadata:  # deleted: what the node keeps, unchecked
+        return bytes(data[HEADER_BYTES:])
+    return decode_entry(ledger_id, entry_id, data, token=token).payload
 
 
 async def holders(cluster: LocalCluster, ledger_id: int, entry_id: int) -> set[str]:

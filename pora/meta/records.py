@@ -22,6 +22,9 @@ RECORD_BYTES_MAX = 1024 * 1024
 ENSEMBLE_SIZE_MAX = 64
 CUSTOM_KEYS_MAX = 256
 PASSWORD_DIGEST_BYTES_MAX = 64
+#: a ledger's incarnation token is an unsigned 64-bit value; 0 stands for none (a
+#: record written before tokens existed)
+TOKEN_MAX = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,13 @@ class LedgerMetadata:
     length: int = 0  # bytes of payload, meaningful once CLOSED
     custom: Mapping[str, bytes] = field(default_factory=dict)
     format_version: int = LEDGER_FORMAT_VERSION
+    #: this incarnation of the ledger id: random, made by create_ledger, covered by
+    #: every entry's crc so entries of an earlier ledger of the same id (a metadata
+    #: store lost and ids handed out again) never pass as this one's (0: none)
+    token: int = 0
+    #: IN_RECOVERY for a delete (R26): the writer fenced by it learns the ledger is
+    #: being deleted, not recovered
+    deleting: bool = False
 
     def validate(self) -> None:
         """Raise InvalidMetadata for a record no backend may store."""
@@ -114,6 +124,12 @@ class LedgerMetadata:
             raise InvalidMetadata(f"ledger {self.ledger_id}: password digest is too long")
         if len(self.custom) > CUSTOM_KEYS_MAX:
             raise InvalidMetadata(f"ledger {self.ledger_id}: over {CUSTOM_KEYS_MAX} custom keys")
+        if not 0 <= self.token <= TOKEN_MAX:
+            raise InvalidMetadata(f"ledger {self.ledger_id}: token {self.token} is not a u64")
+        if self.deleting and self.state is not LedgerState.IN_RECOVERY:
+            raise InvalidMetadata(
+                f"ledger {self.ledger_id}: only an IN_RECOVERY record is marked deleting"
+            )
 
     def _validate_ensembles(self) -> None:
         if not self.ensembles or self.ensembles[0].first_entry_id != 0:
@@ -165,7 +181,13 @@ class LedgerMetadata:
         )
 
     def closed(self, last_entry_id: int, length: int) -> LedgerMetadata:
-        return replace(self, state=LedgerState.CLOSED, last_entry_id=last_entry_id, length=length)
+        return replace(
+            self,
+            state=LedgerState.CLOSED,
+            last_entry_id=last_entry_id,
+            length=length,
+            deleting=False,
+        )
 
     def with_ensemble(self, ensemble: Ensemble) -> LedgerMetadata:
         """This record with one more ensemble (an ensemble change); an ensemble starting
@@ -189,6 +211,12 @@ class LedgerMetadata:
             "created_ms": self.created_ms,
             "custom": {key: _b64(value) for key, value in sorted(self.custom.items())},
         }
+        # both optional: a record without them reads as token 0 and not deleting,
+        # and a reader that predates them ignores them
+        if self.token:
+            document["token"] = self.token
+        if self.deleting:
+            document["deleting"] = True
         data = json.dumps(document, separators=(",", ":")).encode()
         if len(data) > limit:
             raise MetadataRecordTooLarge(f"ledger {self.ledger_id}", len(data), limit)
@@ -211,6 +239,8 @@ class LedgerMetadata:
                 length=int(doc["length"]),
                 custom={str(k): _unb64(v) for k, v in doc["custom"].items()},
                 format_version=int(doc["format_version"]),
+                token=int(doc.get("token", 0)),
+                deleting=_flag(doc.get("deleting", False)),
             )
         except (ValueError, KeyError, TypeError, binascii.Error) as error:
             raise InvalidMetadata(f"undecodable ledger metadata: {error!r}") from error
@@ -289,6 +319,12 @@ def _decode_ensemble(encoded: object) -> Ensemble:
         (int(p), EnsembleMember(str(a), str(i))) for p, a, i in (rest[0] if rest else ())
     )
     return Ensemble(int(first), tuple(EnsembleMember(str(a), str(i)) for a, i in nodes), stands_for)
+
+
+def _flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {value!r}")
+    return value
 
 
 def _b64(data: bytes) -> str:

@@ -11,7 +11,7 @@
   trims). A data dir found behind its instance's mark was restored from an older copy:
   it no longer holds entries its instance acknowledged, so it starts as a new instance
   (a fresh instance id), and everything that names the old instance counts its answers
-  as another node's (docs/replication.md, R26).
+  as another node's (docs/replication.md, R27).
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ address: a new instance id, nothing stored), copies and rolls back (the data dir
 back from a copy taken earlier, as an operator restoring a backup would).
 
 Every node checks its data dir against its instance's mark in the store when it
-starts, and raises the mark when it stops, as `pora serve` does (R26): a data dir put
+starts, and raises the mark when it stops, as `pora serve` does (R27): a data dir put
 back from an older copy starts as a new instance. The simulation's nodes raise their
-mark at every stop, so it does not draw the window R26 leaves open (a copy taken
+mark at every stop, so it does not draw the window R27 leaves open (a copy taken
 within the last mark interval before a node was killed).
 
 A crash is the node's orderly stop after every request it is serving was cut off:

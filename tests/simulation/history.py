@@ -25,8 +25,21 @@ class History:
     #: (ledger, entry) -> addresses that took a recovery add of it
     recovery_adds: dict[tuple[int, int], set[str]] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
+    #: writer -> (the last entry id it had issued when the delete of its ledger
+    #: returned, the step of that)
+    deleted_at: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: ledgers deleted, and the nodes (address, instance id) that deleted them
+    deleted_ledgers: set[int] = field(default_factory=set)
+    deleted_on: set[tuple[str, str]] = field(default_factory=set)
+    #: the step a delete started at (None: none did)
+    delete_started_at: int | None = None
+    #: the step of the writer's first failed append, and its error's type name
+    writer_first_failure: tuple[int, str] | None = None
     log: list[str] = field(default_factory=list)
     step: int = 0
+    #: the store's URL (a temporary folder's): left out of the log, so that a seed's
+    #: replay in another folder logs the same text
+    store_url: str = ""
 
     def note(self, text: str) -> int:
         self.step += 1
@@ -46,10 +59,28 @@ class History:
             self.fenced_at[writer] = (lac, self.step)
         invariants.check_fence(self, writer, lac)
 
+    def delete_started(self) -> None:
+        self.delete_started_at = self.note("deleter starts")
+
+    def deleted(self, writer: str, ledger_id: int, issued: int, gone: set[tuple[str, str]]) -> None:
+        """The delete of `writer`'s ledger returned, the writer having issued entries
+        up to `issued`."""
+        step = self.note(f"deleter deleted {ledger_id}; {writer} issued up to {issued}")
+        self.deleted_at.setdefault(writer, (issued, step))
+        self.deleted_ledgers.add(ledger_id)
+        self.deleted_on |= gone
+
+    def writer_failed(self, error: BaseException) -> None:
+        step = self.note(f"writer append failed: {type(error).__name__}")
+        if self.writer_first_failure is None:
+            self.writer_first_failure = (step, type(error).__name__)
+        invariants.check_deleted_writer(self, error)
+
     def failed(self, who: str, error: BaseException) -> None:
         name = type(error).__name__
         self.failures[name] = self.failures.get(name, 0) + 1
-        self.note(f"{who} failed: {name}: {str(error)[:120]}")
+        text = str(error).replace(self.store_url, "<store>") if self.store_url else str(error)
+        self.note(f"{who} failed: {name}: {text[:120]}")
 
     def read(self, reader: str, ledger_id: int, entry_id: int, data: bytes) -> None:
         self.note(f"{reader} read {ledger_id}/{entry_id}")

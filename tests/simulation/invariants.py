@@ -10,6 +10,13 @@ checks run once the network is healed and the ledger read back.
   with LedgerFenced, no entry above the writer's LAC of that moment is acknowledged,
   and no append started later succeeds;
 - a closed ledger's last entry never moves;
+- R26: once a delete returned, its fence had covered the ensemble: no append started
+  later succeeds, nor any entry the writer had not issued by then (one pending may
+  still complete when a fenced member took its entry before its fence and a slow,
+  unfenced one answers late: as after a recovery's fence, R17); a writer that had not
+  failed before the delete fails every append from then on with LedgerDeleted; and
+  the auditor finds no ledger to open, nor a node that took the delete holding it
+  again;
 - R20: a recovered entry is held, with its bytes, by every member of its write set
   that took the recovery's add, and by at least Qa members (less those wiped).
 """
@@ -58,6 +65,14 @@ def check_ack(
                 f"writer {writer}: an append started after LedgerFenced was acknowledged "
                 f"(entry {entry_id} of ledger {ledger_id})",
             )
+    deleted = history.deleted_at.get(writer)
+    if deleted is not None and (entry_id > deleted[0] or started > deleted[1]):
+        fail(
+            history,
+            f"writer {writer} acknowledged entry {entry_id} of ledger {ledger_id}, appended "
+            f"after the delete returned (it had issued entries up to {deleted[0]} then): "
+            "the delete's fence did not stop it",
+        )
     closed = history.closed.get(ledger_id)
     if closed is not None and entry_id > closed[0]:
         fail(
@@ -87,6 +102,24 @@ def check_fence(history: History, writer: str, lac: int) -> None:
     fence = history.fenced_at.get(writer)
     if fence is not None and lac > fence[0]:
         fail(history, f"writer {writer}'s LAC grew from {fence[0]} to {lac} after its fence")
+
+
+def check_deleted_writer(history: History, error: BaseException) -> None:
+    """R26: an append failing after the delete returned fails with LedgerDeleted,
+    unless the writer had already failed before (its first error sticks: a recovery
+    racing the delete may have fenced it first)."""
+    deleted = next(iter(history.deleted_at.values()), None)
+    if deleted is None:
+        return
+    first = history.writer_first_failure
+    if first is not None and first[0] < deleted[1]:
+        return  # it failed before the delete returned: that error sticks, whichever
+    if type(error).__name__ != "LedgerDeleted":
+        fail(
+            history,
+            f"the writer's append failed with {type(error).__name__} after its ledger "
+            "was deleted: expected LedgerDeleted",
+        )
 
 
 def check_close(

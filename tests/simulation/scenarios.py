@@ -3,10 +3,11 @@ racing recoveries, readers, a fault schedule) run by `run_plan` under `SimTime`,
 every client event recorded in a `History` that checks the invariants as it goes.
 
 A run: one writer appends from many tasks; recoveries start at planned times and
-race it and each other; readers read below the LAC and a follower tails; faults
-come and go on schedule. Then the network heals, every crashed node restarts, and
-an auditor recovers the ledger, reads it back whole, and checks each entry on every
-replica of its write set (R20)."""
+race it and each other; a delete may too (R26); readers read below the LAC and a
+follower tails; faults come and go on schedule. Then the network heals, every crashed
+node restarts, and an auditor recovers the ledger, reads it back whole, and checks
+each entry on every replica of its write set (R20); or, when the delete went
+through, checks that the ledger is gone (NoSuchLedger)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ class Fault:
     crash (restarted after, same data dir), partition (from `client`), slow (its
     messages take `factor` times longer), wipe (back at once on an empty data dir),
     pause (`client`'s messages are held, as a process stopped by SIGSTOP), rollback
-    (its data dir copied now, and put back from that copy after `for_s`: R26).
+    (its data dir copied now, and put back from that copy after `for_s`: R27).
 
     kill-recovery: the adds of the recovery `client` to Qw - Qa + 1 members of the
     ledger's last ensemble, from member `node` on (an index into its members), fail
@@ -95,6 +96,8 @@ class Plan:
     strict_recovery_copies: bool = False
     #: the writer's pause between two appends of one task, at most (simulated s)
     append_pause_s: float = 0.05
+    #: when a delete of the ledger (client "deleter") starts, racing the writer (R26)
+    delete_at_s: float | None = None
 
 
 @dataclass
@@ -194,13 +197,14 @@ class Simulation:
         self.plan = plan
         self.store = store
         self.cluster = cluster
-        self.history = History(plan.seed)
+        self.history = History(plan.seed, store_url=store.url)
         faults = LinkFaults(drop_rate=plan.drop_rate)
         self.network = SimNetwork(cluster, plan.seed, faults, self.history)
         self.rng = random.Random(f"{plan.seed}/plan")
         self.ledger_id = -1
         #: recoveries to kill right after they replaced a member (kill-recovery)
         self.killing: set[str] = set()
+        self.writer: LedgerWriter | None = None
 
     async def run(self) -> RunResult:
         plan, history = self.plan, self.history
@@ -209,6 +213,7 @@ class Simulation:
                 plan.ensemble, plan.write_quorum, plan.ack_quorum, password=PASSWORD
             )
             self.ledger_id = writer.ledger_id
+            self.writer = writer
             members = [m.address for m in writer.metadata.ensembles[0].members]
             history.note(f"created ledger {self.ledger_id} on {members}")
             async with trio.open_nursery() as background:
@@ -220,6 +225,8 @@ class Simulation:
                 async with trio.open_nursery() as racing:
                     for k, at_s in enumerate(plan.recoveries):
                         racing.start_soon(self._recovery, f"recovery-{k}", at_s)
+                    if plan.delete_at_s is not None:
+                        racing.start_soon(self._delete, plan.delete_at_s)
                     await self._write(writer)
                 background.cancel_scope.cancel()
         return await self._audit()
@@ -248,10 +255,12 @@ class Simulation:
             started = history.note(f"{WRITER} append a{appender}-k{k}")
             try:
                 entry_id = await writer.append(payload)
-            except LedgerFenced:
+            except LedgerFenced as fenced:
+                history.writer_failed(fenced)
                 history.fenced(WRITER, writer.last_add_confirmed)
                 return
             except PoraError as error:
+                history.writer_failed(error)
                 history.failed(f"{WRITER} a{appender}-k{k}", error)
                 return
             history.acknowledged(WRITER, self.ledger_id, entry_id, payload, started)
@@ -280,6 +289,49 @@ class Simulation:
                     history.read(name, self.ledger_id, entry_id, data)
             except PoraError as error:
                 history.failed(f"{name} read", error)
+
+    async def _delete(self, at_s: float) -> None:
+        """R26: the ledger deleted (with its password) while its writer appends. Once
+        the delete returned its fence had covered the ensemble: no append started
+        later succeeds, no entry the writer had not issued by then is acknowledged,
+        and every append failing from then on fails with LedgerDeleted."""
+        await trio.sleep(at_s)
+        history = self.history
+        history.delete_started()
+        held = self._holders()
+        async with sim_client(self.store, self.network, "deleter") as client:
+            try:
+                await client.delete_ledger(self.ledger_id, PASSWORD)
+            except PoraError as error:
+                history.failed("deleter", error)
+                return
+        assert self.writer is not None
+        # a node (the same data dir) that held the ledger when the delete began and
+        # holds nothing of it now deleted it: it must never hold it again
+        now = self._holders()
+        gone = {
+            (address, instance)
+            for address, instance in held.items()
+            if address not in now and self._instance(address) == instance
+        }
+        issued = self.writer._tracker.next_entry_id - 1
+        history.deleted(WRITER, self.ledger_id, issued, gone)
+
+    def _instance(self, address: str) -> str | None:
+        if address not in self.cluster.nodes:
+            return None  # crashed: not running now
+        return self.cluster.instance_id(address)
+
+    def _holders(self) -> dict[str, str]:
+        """The running nodes that hold the ledger, with their data dirs' instance ids."""
+        holding = {}
+        for address, node in self.cluster.nodes.items():
+            try:
+                node.ledger_info(self.ledger_id)
+            except NoSuchLedger:
+                continue
+            holding[address] = self.cluster.instance_id(address)
+        return holding
 
     async def _reader(self, name: str) -> None:
         """Reads ids at or below the LAC it learns, of the open ledger (R23)."""
@@ -392,6 +444,8 @@ class Simulation:
         for address in self.cluster.addresses:
             await self.cluster.restart(address)
         history.note("healed: every node up, every link mended")
+        if self.ledger_id in history.deleted_ledgers:
+            return await self._audit_deleted()
         async with sim_client(self.store, network, "auditor") as client:
             reader = await client.open_ledger(self.ledger_id, PASSWORD)
             meta = reader.metadata
@@ -408,6 +462,40 @@ class Simulation:
             (meta.last_entry_id, meta.length),
             dict(network.delivered),
             network.dropped,
+        )
+
+    async def _audit_deleted(self) -> RunResult:
+        """R26: a deleted ledger is gone for every client: no record to open, and no
+        node that took the delete creates it again from a late request."""
+        history = self.history
+        async with sim_client(self.store, self.network, "auditor") as client:
+            try:
+                reader = await client.open_ledger(self.ledger_id, PASSWORD)
+            except NoSuchLedger:
+                history.note(f"auditor: ledger {self.ledger_id} is gone")
+            else:
+                invariants.fail(
+                    history,
+                    f"ledger {self.ledger_id} was deleted, yet the auditor opened it "
+                    f"(closed at {reader.last_entry_id})",
+                )
+        for address, node in self.cluster.nodes.items():
+            channel = LocalChannel(node, address)
+            try:
+                await channel.read_entry(self.ledger_id, 0)
+            except (NoSuchEntry, NoSuchLedger):
+                continue
+            if (address, self.cluster.instance_id(address)) in history.deleted_on:
+                invariants.fail(
+                    history,
+                    f"node {address} deleted ledger {self.ledger_id} and holds it again",
+                )
+        return RunResult(
+            history,
+            self.ledger_id,
+            (-1, 0),
+            dict(self.network.delivered),
+            self.network.dropped,
         )
 
     async def _check_replicas(self, meta: LedgerMetadata, entries: dict[int, bytes]) -> None:
@@ -436,7 +524,7 @@ class Simulation:
                             "a recovery (or should have)",
                         )
                     continue
-                decoded = decode_entry(self.ledger_id, entry_id, stored)
+                decoded = decode_entry(self.ledger_id, entry_id, stored, token=meta.token)
                 if bytes(decoded.payload) != entries[entry_id]:
                     invariants.fail(
                         history,
@@ -500,6 +588,21 @@ def plan_from_seed(seed: int) -> Plan:
             replace(f, at_s=min(f.at_s, recoveries[0])) if f.kind == "kill-recovery" else f
             for f in faults
         ]
+    # drawn apart from the rest, so that a seed's other choices stay what they were
+    deleting = random.Random(f"{seed}/delete")
+    delete_at_s = round(deleting.uniform(0.0, 0.4), 4) if deleting.random() < 0.25 else None
+    if delete_at_s is not None and deleting.random() < 0.5:
+        # a node the writer reaches and the delete does not: only the fence keeps
+        # the writer from being acknowledged there after the delete returned
+        faults.append(
+            Fault(
+                at_s=round(max(0.0, delete_at_s - deleting.uniform(0.0, 0.05)), 4),
+                kind="partition",
+                node=deleting.randrange(nodes),
+                for_s=round(deleting.uniform(0.05, 1.0), 3),
+                client="deleter",
+            )
+        )
     return Plan(
         seed=seed,
         nodes=nodes,
@@ -514,4 +617,5 @@ def plan_from_seed(seed: int) -> Plan:
         faults=tuple(faults),
         drop_rate=rng.choice([0.0, 0.0, 0.005, 0.02]),
         close_writer=rng.random() < 0.7,
+        delete_at_s=delete_at_s,
     )

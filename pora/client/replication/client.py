@@ -27,15 +27,17 @@ from netio.security import master_key_from_password
 from pora.client.replication.budget import Budget
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.ensemble_change import WriterContext
-from pora.client.replication.ledger_records import check_password, new_ledger
+from pora.client.replication.errors import DeleteFailed, RecoveryFailed
+from pora.client.replication.ledger_records import check_password, marked_deleting, new_ledger
 from pora.client.replication.node_pool import ChannelOpener, NodePool, tcp_channels
 from pora.client.replication.node_senders import NodeSenders
 from pora.client.replication.placement import choose_ensemble
 from pora.client.replication.reader import LedgerReader, open_ledger
+from pora.client.replication.recovery import Recovery
 from pora.client.replication.writer import LedgerWriter
 from pora.client.waiting import event_factory
 from pora.meta.errors import MetadataTimeout, MetadataVersionConflict, NoSuchLedgerMetadata
-from pora.meta.records import EnsembleMember, LedgerMetadata
+from pora.meta.records import EnsembleMember, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore, open_metadata
 
 _log = logging.getLogger("pora.client")
@@ -106,6 +108,8 @@ class Client:
                 master_key,
                 int(time.time() * 1000),
                 custom_metadata,
+                # the ledger's incarnation (never 0: 0 is "no token")
+                self._context.rng.getrandbits(64) or 1,
             )
         )
         writer = LedgerWriter(self._context, record, master_key)
@@ -140,10 +144,15 @@ class Client:
             raise NoSuchLedger(ledger_id, f"in the metadata store {self.store.url}") from error
 
     async def delete_ledger(self, ledger_id: int, password: str | bytes = "") -> None:
-        """Check the password (Unauthorized), delete the record (compare-and-set), then
-        delete the ledger on every node of every ensemble, best effort: a node that
-        cannot be reached keeps the entries as garbage for the cluster tools.
-        NoSuchLedger when the ledger has no record."""
+        """R26: check the password (Unauthorized); mark an open record deleting and
+        in recovery (compare-and-set: the writer's ensemble changes are refused, R11),
+        fence the last ensemble until the fence covers it (R17: the writer gets no
+        acknowledgement after that, and its appends fail with LedgerDeleted), delete
+        the record (compare-and-set), then delete the ledger on every node of every
+        ensemble, best effort: a node keeps a tombstone and refuses the ledger for
+        good; one that cannot be reached keeps the entries as garbage for the cluster
+        tools. NoSuchLedger when the ledger has no record; DeleteFailed (the record
+        left marked, a retry finishes) when too few members can be fenced."""
         master_key = master_key_from_password(password)
         attempt = 0
         while True:
@@ -151,13 +160,34 @@ class Client:
                 record = await self.store.read_ledger(ledger_id)
             check_password(record.value, master_key)
             try:
+                record = await self._fence_for_delete(record, master_key)
                 await self.store.delete_ledger(ledger_id, record.version)
                 break
+            except NoSuchLedgerMetadata as gone:  # another delete finished first
+                raise NoSuchLedger(ledger_id, f"in the metadata store {self.store.url}") from gone
             except (MetadataVersionConflict, MetadataTimeout):
+                # a recovery, the writer's last ensemble change or close, or a write of
+                # ours that timed out: read again (the fence is repeated on the record)
                 attempt += 1
-                if attempt >= _DELETE_ATTEMPTS:  # a writer or a recovery keeps changing it
+                if attempt >= _DELETE_ATTEMPTS:
                     raise
         await self._delete_on_nodes(record.value, master_key)
+
+    async def _fence_for_delete(
+        self, record: Versioned[LedgerMetadata], master_key: bytes
+    ) -> Versioned[LedgerMetadata]:
+        """R26: the record marked deleting (unless closed) with its last ensemble
+        fenced; the version the delete's compare-and-set must name."""
+        marked = marked_deleting(record.value)
+        if marked is not None:
+            record = await self.store.update_ledger(marked, record.version)
+        if record.value.state is not LedgerState.CLOSED:
+            fencing = Recovery(self._pool.channel, self.config, record, master_key)
+            try:
+                await fencing.fence()
+            except RecoveryFailed as failed:
+                raise DeleteFailed(record.value.ledger_id, failed.what) from failed
+        return record
 
     async def _delete_on_nodes(self, metadata: LedgerMetadata, master_key: bytes) -> None:
         members: dict[str, EnsembleMember] = {}

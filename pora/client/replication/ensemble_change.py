@@ -24,6 +24,7 @@ from pora.client.replication.errors import NotEnoughNodes
 from pora.client.replication.ledger_records import (
     WriterRetry,
     closed_at,
+    why_fenced,
     writer_after_conflict,
     writer_ensemble_change,
 )
@@ -37,6 +38,7 @@ from pora.meta.errors import (
     MetadataStoreGone,
     MetadataTimeout,
     MetadataVersionConflict,
+    NoSuchLedgerMetadata,
 )
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore
@@ -172,10 +174,14 @@ class EnsembleChanger:
             delay = min(delay * 2, _RELIST_MAX_S)
 
     async def _taken_by_recovery(self) -> bool:
-        """The record re-read shows the ledger in recovery or closed (R11)."""
+        """The record re-read shows the ledger in recovery or closed (R11), or gone
+        (deleted, R26: the fence's cause, re-read by the writer, says so)."""
         if self.record.value.state is not LedgerState.OPEN:
             return True
-        reread = await self._context.store.read_ledger(self._ledger_id)
+        try:
+            reread = await self._context.store.read_ledger(self._ledger_id)
+        except NoSuchLedgerMetadata:
+            return True
         return reread.value.state is not LedgerState.OPEN
 
     async def _write_ensemble(self, ensemble: Ensemble) -> bool:
@@ -238,6 +244,12 @@ class EnsembleChanger:
                 raise
 
     async def _close_record(self, last_entry_id: int, length: int) -> None:
+        try:
+            await self._close_record_once(last_entry_id, length)
+        except NoSuchLedgerMetadata:  # R26: deleted under its writer
+            raise why_fenced(self._ledger_id, None) from None
+
+    async def _close_record_once(self, last_entry_id: int, length: int) -> None:
         store = self._context.store
         if self._record_unsure:
             self.record = await store.read_ledger(self._ledger_id)
@@ -250,7 +262,7 @@ class EnsembleChanger:
             ) == (last_entry_id, length):
                 return
             if current.state is not LedgerState.OPEN:
-                raise LedgerFenced(self._ledger_id)
+                raise why_fenced(self._ledger_id, current)  # R11, R26
             closed = closed_at(current, last_entry_id, length)
             try:
                 self.record = await store.update_ledger(closed, self.record.version)

@@ -80,6 +80,21 @@ class RecoveryFailed(PoraError):
         )
 
 
+class DeleteFailed(PoraError):
+    """R26: a delete could not fence the ledger's last ensemble; the record stays
+    marked deleting (its writer is refused any ensemble change) and a retry of the
+    delete finishes it."""
+
+    def __init__(self, ledger_id: int, what: str) -> None:
+        self.ledger_id = ledger_id
+        self.what = what
+        super().__init__(
+            f"delete of ledger {ledger_id} could not fence its writer: {what}; the record "
+            "is kept, marked deleting: bring those nodes back (or wait for them) and call "
+            "delete_ledger again"
+        )
+
+
 class ClientClosed(PoraError):
     """The client a ledger writer belongs to ended with appends still pending."""
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Final
 
-from ledger.errors import LedgerClosed, LedgerFenced, Unauthorized
+from ledger.errors import LedgerClosed, LedgerDeleted, LedgerFenced, Unauthorized
 from pora.meta.records import (
     Ensemble,
     EnsembleMember,
@@ -57,9 +57,12 @@ def new_ledger(
     master_key: bytes,
     created_ms: int,
     custom: Mapping[str, bytes] | None = None,
+    token: int = 0,
 ) -> LedgerMetadata:
-    """R2: an OPEN ledger on one ensemble (placement's choice) starting at entry 0.
-    Raises InvalidMetadata for quorums or custom metadata no store accepts."""
+    """R2: an OPEN ledger on one ensemble (placement's choice) starting at entry 0,
+    with its incarnation `token` (the caller draws it at random: every entry's crc
+    covers it). Raises InvalidMetadata for quorums or custom metadata no store
+    accepts."""
     metadata = LedgerMetadata(
         ledger_id=ledger_id,
         ensemble_size=len(members),
@@ -69,6 +72,7 @@ def new_ledger(
         password_digest=password_digest(ledger_id, master_key),
         created_ms=created_ms,
         custom=dict(custom or {}),
+        token=token,
     )
     metadata.validate()
     return metadata
@@ -136,6 +140,29 @@ def in_recovery(metadata: LedgerMetadata) -> LedgerMetadata:
     if metadata.state is LedgerState.CLOSED:
         raise LedgerClosed(metadata.ledger_id)
     return _with_state(metadata, LedgerState.IN_RECOVERY)
+
+
+def marked_deleting(metadata: LedgerMetadata) -> LedgerMetadata | None:
+    """R26: the record a delete compare-and-sets an OPEN or IN_RECOVERY ledger to
+    before it fences: IN_RECOVERY (the writer's ensemble changes are refused, R11)
+    and marked deleting (the writer fenced learns why). None when there is nothing
+    to write: the ledger is closed (no writer to stop) or already so marked."""
+    if metadata.state is LedgerState.CLOSED or metadata.deleting:
+        return None
+    changed = replace(metadata, state=LedgerState.IN_RECOVERY, deleting=True)
+    changed.validate()
+    return changed
+
+
+def why_fenced(ledger_id: int, record: LedgerMetadata | None) -> LedgerFenced:
+    """R26: what a fenced writer's appends fail with, from the record re-read after
+    the fence (None: the record is gone). A delete's mark or a deleted record:
+    LedgerDeleted; anything else (a recovery, a close): LedgerFenced."""
+    if record is None:
+        return LedgerDeleted(ledger_id, ": its record is gone from the metadata store")
+    if record.deleting:
+        return LedgerDeleted(ledger_id, " (a delete fenced its writer)")
+    return LedgerFenced(ledger_id)
 
 
 def closed_at(metadata: LedgerMetadata, last_entry_id: int, length: int) -> LedgerMetadata:

@@ -16,8 +16,8 @@ from ledger.errors import NoSuchEntry
 from netio.security import master_key_from_password
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.entry_format import decode_entry
-from pora.client.replication.errors import EntryDamaged, EntryLost
-from pora.client.replication.ledger_records import check_password
+from pora.client.replication.errors import EntryDamaged, EntryLost, EntryUnreadable
+from pora.client.replication.ledger_records import check_password, why_fenced
 from pora.client.replication.quorum import ensemble_of, entry_write_set
 from pora.client.replication.recovery import recover_ledger
 from pora.client.replication.replica_reads import (
@@ -26,6 +26,7 @@ from pora.client.replication.replica_reads import (
     ReplicaAnswer,
     read_from_write_set,
 )
+from pora.meta.errors import NoSuchLedgerMetadata
 from pora.meta.records import EnsembleMember, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore
 
@@ -101,6 +102,14 @@ class LedgerReader:
         if record.version > self.record.version:
             self.record = record
 
+    async def reread(self) -> Versioned[LedgerMetadata]:
+        """The record as the store has it now; LedgerDeleted (a NoSuchLedger) when it
+        is gone: the ledger was deleted under this reader (R26)."""
+        try:
+            return await self.store.read_ledger(self.ledger_id)
+        except NoSuchLedgerMetadata as gone:
+            raise why_fenced(self.ledger_id, None) from gone
+
     def learn_lac(self, last_add_confirmed: int) -> None:
         self._lac = max(self._lac, last_add_confirmed)
 
@@ -142,7 +151,7 @@ class LedgerReader:
         await self.refresh_last_add_confirmed(entry_id)
         if entry_id > self._lac:
             seen = self.record.version
-            self.learn(await self.store.read_ledger(self.ledger_id))
+            self.learn(await self.reread())
             if self.record.version != seen and not self.closed:
                 # a new ensemble: its members know the newer LAC
                 await self.refresh_last_add_confirmed(entry_id)
@@ -157,11 +166,14 @@ class LedgerReader:
             raise NoSuchEntry(self.ledger_id, entry_id)
         try:
             answer = await self._read_replicas(entry_id)
+        except EntryUnreadable:
+            await self.reread()  # deleted meanwhile (its nodes refuse it): LedgerDeleted
+            raise
         except AllAnsweredNoSuchEntry:
             # an open ledger's writer may have moved the entry to a new ensemble this
             # reader has not seen yet: re-read the record once before calling it lost
             seen = self.record.version
-            self.learn(await self.store.read_ledger(self.ledger_id))
+            self.learn(await self.reread())
             if self.record.version == seen:
                 raise EntryLost(
                     self.ledger_id,
@@ -183,6 +195,7 @@ class LedgerReader:
             entry_id,
             entry_write_set(self.metadata, entry_id),
             on_damaged=self._report_damage,
+            token=self.metadata.token,
         )
 
     def _report_damage(self, address: str, damage: EntryDamaged) -> None:
@@ -261,7 +274,8 @@ class LedgerReader:
         complete.append(answer.complete_through)
         for entry_id, data in answer.entries:
             try:
-                found.setdefault(entry_id, decode_entry(self.ledger_id, entry_id, data).payload)
+                entry = decode_entry(self.ledger_id, entry_id, data, token=self.metadata.token)
+                found.setdefault(entry_id, entry.payload)
             except EntryDamaged as damage:
                 log.warning("replica %s: %s", member.address, damage)
                 self._report_damage(member.address, damage)

@@ -79,7 +79,7 @@ async def recover_ledger(
                 continue  # R16: start again from the read
         # R16: IN_RECOVERY (ours, or another recovery's, perhaps dead): go on; only the
         # final compare-and-set decides (R22)
-        run = _Recovery(channel_for, config, current, master_key, store, rng or random.Random())
+        run = Recovery(channel_for, config, current, master_key, store, rng or random.Random())
         try:
             last_entry_id, length = await run.find_and_copy_tail()
             closed = await store.update_ledger(
@@ -105,8 +105,8 @@ class _RecordMoved(Exception):
     """Another process changed the record while this recovery replaced a member."""
 
 
-class _Recovery:
-    """One pass over one version of an IN_RECOVERY record."""
+class Recovery:
+    """One pass over one version of an IN_RECOVERY record (a delete uses its fence)."""
 
     def __init__(
         self,
@@ -367,7 +367,12 @@ class _Recovery:
         write_set = vote.write_set + vote.joined
         try:
             answer = await read_from_write_set(
-                self.channel_for, self.config, self.ledger_id, last_entry_id, write_set
+                self.channel_for,
+                self.config,
+                self.ledger_id,
+                last_entry_id,
+                write_set,
+                token=self.metadata.token,
             )
         except AllAnsweredNoSuchEntry as error:
             raise RecoveryFailed(

@@ -46,7 +46,9 @@ async def add_recovered(
     ledger_id = metadata.ledger_id
     by_member: dict[EnsembleMember, list[tuple[int, bytes]]] = {}
     for entry in entries:
-        data = encode_entry(ledger_id, entry.entry_id, entry.length_after, entry.payload)
+        data = encode_entry(
+            ledger_id, entry.entry_id, entry.length_after, entry.payload, token=metadata.token
+        )
         for member in entry_write_set(metadata, entry.entry_id):
             by_member.setdefault(member, []).append((entry.entry_id, data))
     stored: dict[int, int] = {entry.entry_id: 0 for entry in entries}

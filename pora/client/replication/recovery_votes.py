@@ -94,7 +94,14 @@ def recovery_vote(metadata: LedgerMetadata, entry_id: int) -> EntryRecoveryVote:
     writers = entry_write_set(metadata.writer_view(), entry_id)
     current = entry_write_set(metadata, entry_id)
     joined = [member for member in current if member not in writers]
-    return EntryRecoveryVote(metadata.ledger_id, entry_id, writers, metadata.ack_quorum, joined)
+    return EntryRecoveryVote(
+        metadata.ledger_id,
+        entry_id,
+        writers,
+        metadata.ack_quorum,
+        joined,
+        token=metadata.token,
+    )
 
 
 class VoteOutcome(enum.Enum):
@@ -122,8 +129,13 @@ class EntryRecoveryVote:
         write_set: Sequence[EnsembleMember],
         ack_quorum: int,
         joined: Sequence[EnsembleMember] = (),
+        *,
+        token: int = 0,
     ) -> None:
         self.ledger_id = ledger_id
+        #: the record's incarnation token: an entry of an earlier ledger of this id
+        #: fails its crc, a damaged copy that never counts as present
+        self.token = token
         self.entry_id = entry_id
         #: the members the writer wrote this entry to: they decide absence
         self.write_set = tuple(write_set)
@@ -159,7 +171,7 @@ class EntryRecoveryVote:
         if not self._ours(address, instance_id):
             return
         try:
-            entry = decode_entry(self.ledger_id, self.entry_id, data)
+            entry = decode_entry(self.ledger_id, self.entry_id, data, token=self.token)
         except EntryDamaged as damage:
             self.damaged.append((address, damage))
             self._undecided[address] = damage.what

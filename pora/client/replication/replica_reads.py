@@ -58,9 +58,13 @@ async def read_from_write_set(
     entry_id: int,
     write_set: Sequence[EnsembleMember],
     on_damaged: Callable[[str, EntryDamaged], None] | None = None,
+    *,
+    token: int = 0,
 ) -> ReplicaAnswer:
-    """R24. Raises AllAnsweredNoSuchEntry when every member said "no such entry", and
-    EntryUnreadable (naming each member's answer) when none gave a valid copy."""
+    """R24, the copies checked against the record's `token` (an entry of another
+    incarnation of the ledger id is a damaged copy). Raises AllAnsweredNoSuchEntry
+    when every member said "no such entry", and EntryUnreadable (naming each member's
+    answer) when none gave a valid copy."""
     members = tuple(write_set)
     send, receive = anyio.create_memory_object_stream[tuple[int, ReplicaAnswer | _Failure]](
         len(members)
@@ -69,7 +73,9 @@ async def read_from_write_set(
 
     async def ask(index: int) -> None:
         member = members[index]
-        outcome = await _read_one(channel_for, config, ledger_id, entry_id, member, on_damaged)
+        outcome = await _read_one(
+            channel_for, config, ledger_id, entry_id, member, on_damaged, token
+        )
         await send.send((index, outcome))
 
     async with send, receive, anyio.create_task_group() as group:
@@ -106,6 +112,7 @@ async def _read_one(
     entry_id: int,
     member: EnsembleMember,
     on_damaged: Callable[[str, EntryDamaged], None] | None,
+    token: int,
 ) -> ReplicaAnswer | _Failure:
     try:
         with anyio.fail_after(config.node_timeout_s):
@@ -120,7 +127,7 @@ async def _read_one(
     except PoraError as error:
         return (f"{type(error).__name__}: {error}", False)
     try:
-        entry = decode_entry(ledger_id, entry_id, data)
+        entry = decode_entry(ledger_id, entry_id, data, token=token)
     except EntryDamaged as damage:
         log.warning("replica %s: %s", member.address, damage)
         if on_damaged is not None:

@@ -22,6 +22,7 @@ import anyio
 from journal.errors import PoraError
 from pora.client.replication.entry_format import decode_entry
 from pora.client.replication.errors import EntryDamaged
+from pora.client.replication.ledger_records import why_fenced
 from pora.client.replication.quorum import entry_write_set
 from pora.meta.errors import NoSuchLedgerMetadata
 from pora.meta.records import EnsembleMember
@@ -95,7 +96,9 @@ async def _wait_for_progress(reader: LedgerReader, next_id: int, polled: dict[in
             return
         if data is not None and lac >= next_id:  # R23: only a confirmed entry
             try:
-                polled[next_id] = decode_entry(reader.ledger_id, next_id, data).payload
+                polled[next_id] = decode_entry(
+                    reader.ledger_id, next_id, data, token=reader.metadata.token
+                ).payload
             except EntryDamaged as damage:  # read again from the write set (R24)
                 reader.damaged.append((member.address, damage))
         reader.learn_lac(lac)
@@ -111,6 +114,9 @@ async def _wait_for_progress(reader: LedgerReader, next_id: int, polled: dict[in
                 return
             deleted = True
             group.cancel_scope.cancel()
+        except NoSuchLedgerMetadata:  # gone before the watch began
+            deleted = True
+            group.cancel_scope.cancel()
         finally:
             close = getattr(changes, "aclose", None)
             if close is not None:
@@ -122,5 +128,5 @@ async def _wait_for_progress(reader: LedgerReader, next_id: int, polled: dict[in
             group.start_soon(watch)
             for member in entry_write_set(reader.metadata, next_id):
                 group.start_soon(poll, member)
-    if deleted:
-        raise NoSuchLedgerMetadata(reader.ledger_id)
+    if deleted:  # R26: the tail ends with LedgerDeleted, a NoSuchLedger
+        raise why_fenced(reader.ledger_id, None)

@@ -30,15 +30,18 @@ from journal.errors import PoraError
 from ledger.errors import (
     EntryTooLarge,
     LedgerClosed,
+    LedgerDeleted,
     LedgerFenced,
 )
 from pora.client.replication.budget import Budget
 from pora.client.replication.ensemble_change import EnsembleChanger, WriterContext
 from pora.client.replication.entry_format import HEADER_BYTES, LENGTH_MAX, encode_checked_entry
 from pora.client.replication.errors import ClientClosed
+from pora.client.replication.ledger_records import why_fenced
 from pora.client.replication.quorum import AckTracker
 from pora.client.replication.sender import Sender
 from pora.client.waiting import Event
+from pora.meta.errors import MetadataError, NoSuchLedgerMetadata
 from pora.meta.records import LedgerMetadata, Versioned
 
 _log = logging.getLogger("pora.client.writer")
@@ -58,6 +61,8 @@ class LedgerWriter:
     ) -> None:
         metadata = record.value
         self.ledger_id = metadata.ledger_id
+        #: the record's incarnation token, covered by every entry's crc
+        self._token = metadata.token
         self._context = context
         self._master_key = master_key
         self._tracker = AckTracker(
@@ -93,6 +98,10 @@ class LedgerWriter:
         self._closed = False
         self._close_lock = anyio.Lock()
         self._scope: anyio.CancelScope | None = None
+        self._tasks: anyio.abc.TaskGroup | None = None
+        #: set while a fenced writer re-reads the record to learn why (R26): the
+        #: appends failing wait for it, so they fail with LedgerDeleted after a delete
+        self._cause_known: anyio.Event | None = None
         self._stopped = anyio.Event()
         self._on_closed: Callable[[LedgerWriter], None] = lambda writer: None
 
@@ -119,6 +128,7 @@ class LedgerWriter:
         every earlier entry is acknowledged (R4). Waits for room when the ledger's or
         the client's pending bounds are reached."""
         if self._error is not None or self._closing:
+            await self._cause()
             self._check_writable()
         size = len(payload)
         if size > self._payload_max:
@@ -142,6 +152,7 @@ class LedgerWriter:
         step = self._room.limit
         for start in range(0, len(payloads), step):
             chunk = payloads[start : start + step]
+            await self._cause()
             self._check_writable()
             await self._reserve(len(chunk), sum(len(p) for p in chunk))
             for payload in chunk:
@@ -175,6 +186,7 @@ class LedgerWriter:
             self._closing = True
             while self._waiters:
                 await self._waiters[-1].event.wait()
+            await self._cause()
             if isinstance(self._error, LedgerFenced):
                 # a recovery owns the record now: the writer must not write it (R11)
                 await self._end()
@@ -224,6 +236,7 @@ class LedgerWriter:
         try:
             async with anyio.create_task_group() as tasks:
                 self._scope = tasks.cancel_scope
+                self._tasks = tasks
                 tasks.start_soon(self._changer.run, self._sender.wake, self._sender.queue_resend)
                 tasks.start_soon(self._lac_flush_loop)
                 task_status.started()
@@ -267,6 +280,7 @@ class LedgerWriter:
         if self._error is not None or self._closing:
             self._room.give(count)
             pending_bytes.give(size)
+            await self._cause()
             self._check_writable()
 
     def _add(self, payload: bytes) -> tuple[int, _TurnWaiter]:
@@ -278,7 +292,7 @@ class LedgerWriter:
                 f"ledger {self.ledger_id}: {length_after} payload bytes in all would not fit "
                 "the entries' 64-bit length: start a new ledger"
             )
-        entry = encode_checked_entry(self.ledger_id, entry_id, length_after, payload)
+        entry = encode_checked_entry(self.ledger_id, entry_id, length_after, payload, self._token)
         tracker.add_pending(entry_id)
         self._length = length_after
         self._entries[entry_id] = (entry, length_after)
@@ -323,9 +337,13 @@ class LedgerWriter:
 
     def _fail(self, error: PoraError) -> None:
         """Every pending and later append fails with `error`; nothing more is
-        acknowledged (R11, R12, R13)."""
+        acknowledged (R11, R12, R13). A fence (LedgerFenced) stops the
+        acknowledgements at once, and the appends fail once the record re-read says
+        why (R26): LedgerDeleted when a delete fenced the writer."""
         if self._error is not None:
             return
+        if isinstance(error, NoSuchLedgerMetadata):  # the record is gone: deleted
+            error = why_fenced(self.ledger_id, None)
         self._error = error
         _log.warning("ledger %d: writer stopped: %s", self.ledger_id, error)
         failed = self._tracker.fence()
@@ -337,8 +355,40 @@ class LedgerWriter:
         self._context.pending_bytes.give(size)
         self._sender.outbox.clear()
         self._turn = None
+        if type(error) is LedgerFenced and self._tasks is not None and not self._stopped.is_set():
+            self._cause_known = anyio.Event()
+            self._tasks.start_soon(self._learn_why_fenced)
+            return
+        self._wake_all()
+
+    def _wake_all(self) -> None:
         while self._waiters:
             self._waiters.popleft().event.set()
+
+    async def _learn_why_fenced(self) -> None:
+        """R26: re-read the record after a fence; a delete's mark, or no record, makes
+        the appends fail with LedgerDeleted (an error reading keeps LedgerFenced)."""
+        try:
+            record = await self._context.store.read_ledger(self.ledger_id)
+            self._error = why_fenced(self.ledger_id, record.value)
+        except NoSuchLedgerMetadata:
+            self._error = why_fenced(self.ledger_id, None)
+        except MetadataError as error:
+            _log.info("ledger %d: fenced; the record could not be read: %s", self.ledger_id, error)
+        else:
+            if isinstance(self._error, LedgerDeleted):
+                _log.warning("ledger %d: %s", self.ledger_id, self._error)
+        finally:
+            self._wake_all()
+            if self._cause_known is not None:
+                self._cause_known.set()
+
+    async def _cause(self) -> None:
+        """Wait until a fenced writer knows why (`_learn_why_fenced`), if it is asking."""
+        known = self._cause_known
+        if known is not None and not self._stopped.is_set():
+            with anyio.move_on_after(self._context.config.node_timeout_s):
+                await known.wait()
 
     # -- R7 -----------------------------------------------------------------------------
 
