@@ -28,6 +28,7 @@ from pora.client.channel import LocalChannel
 from pora.client.replication.entry_format import decode_entry
 from pora.client.replication.node_pool import NodePool
 from pora.client.replication.quorum import entry_write_set
+from pora.meta.errors import NoSuchLedgerMetadata
 from pora.meta.records import Ensemble, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore, open_metadata
 from simulation import invariants
@@ -406,7 +407,12 @@ class Simulation:
 
             undo.start_soon(self._later, fault.for_s, resume, address)
         elif fault.kind == "kill-recovery":
-            record = (await self.store.read_ledger(self.ledger_id)).value
+            try:
+                record = (await self.store.read_ledger(self.ledger_id)).value
+            except NoSuchLedgerMetadata:
+                # a planned delete came first: no recovery is left to kill
+                self.history.note(f"{fault.client}'s kill finds the ledger deleted")
+                return
             members = record.ensembles[-1].members
             short = record.write_quorum - record.ack_quorum + 1
             cut = [members[(fault.node + k) % len(members)].address for k in range(short)]
