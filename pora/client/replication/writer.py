@@ -284,6 +284,7 @@ class LedgerWriter:
         self._entries[entry_id] = (entry, length_after)
         sender = self._sender
         sender.outbox.append(entry_id)
+        sender.outbox_bytes += len(entry)
         turn = self._turn
         if turn is None:
             turn = self._turn = _TurnWaiter(entry_id, self._context.new_event())
@@ -336,6 +337,7 @@ class LedgerWriter:
         self._room.give(len(failed))
         self._context.pending_bytes.give(size)
         self._sender.outbox.clear()
+        self._sender.outbox_bytes = 0
         self._turn = None
         while self._waiters:
             self._waiters.popleft().event.set()
