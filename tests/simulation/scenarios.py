@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import anyio
@@ -25,8 +25,9 @@ from pora import Client, ClientConfig, LedgerFenced, LedgerWriter
 from pora.client.channel import LocalChannel
 from pora.client.replication.entry_format import decode_entry
 from pora.client.replication.node_pool import NodePool
+from pora.client.replication.node_senders import Batch, LedgerTurns
 from pora.client.replication.quorum import entry_write_set
-from pora.meta.records import LedgerMetadata, LedgerState
+from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState
 from pora.meta.store import MetadataStore, open_metadata
 from simulation import invariants
 from simulation.clock import SimTime, counted_threads, counting_store, tasks_in_order
@@ -46,6 +47,12 @@ SIM_CONFIG = ClientConfig(
     speculative_read_delay_s=0.02,
     tail_poll_wait_s=0.3,
     recovery_fence_timeout_s=2.0,
+    # a member a few dozen entries behind the others is failed and replaced (R8): the
+    # simulation's entries are tens of bytes, its slow members minutes behind
+    node_backlog_bytes_max=400,
+    add_call_bytes_max=200,
+    # under ensemble_change_timeout_s: a writer out of nodes takes one back in time
+    node_quarantine_s=0.5,
 )
 
 
@@ -53,8 +60,11 @@ SIM_CONFIG = ClientConfig(
 class Fault:
     """At `at_s`, `kind` hits node `node` (an index into the addresses) for `for_s`:
     crash (restarted after, same data dir), partition (from `client`), slow (its
-    messages take `factor` times longer), wipe (back at once on an empty data dir),
-    pause (`client`'s messages are held, as a process stopped by SIGSTOP)."""
+    messages take `factor` times longer), lag (as slow, but `node` indexes the
+    writer's ensemble of that moment: a member left behind by the others, answering
+    within `node_timeout_s`, until the backlog bound fails it), wipe (back at once
+    on an empty data dir), pause (`client`'s messages are held, as a process stopped
+    by SIGSTOP)."""
 
     at_s: float
     kind: str
@@ -95,6 +105,8 @@ class RunResult:
     closed: tuple[int, int]
     delivered: dict[str, int] = field(default_factory=dict)
     dropped: int = 0
+    #: the closed ledger's ensembles
+    ensembles: tuple[Ensemble, ...] = ()
 
 
 def run_plan(plan: Plan, folder: Path) -> RunResult:
@@ -125,12 +137,30 @@ async def sim_client(store: MetadataStore, network: SimNetwork, name: str) -> As
     async with anyio.create_task_group() as tasks:
         pool = NodePool(tasks, network.opener(name))
         client = Client(store, pool, tasks, SIM_CONFIG, random.Random(f"{network.seed}/{name}"))
+        if network.history is not None:
+            watch_backlog(client, network.history)
         try:
             yield client
         finally:
             with anyio.CancelScope(shield=True):
                 await client._abandon_writers()
                 await pool.aclose()
+
+
+def watch_backlog(client: Client, history: History) -> None:
+    """Check the backlog bound (invariants.check_backlog) each time the client's node
+    senders queue a batch."""
+    senders = client._senders
+    submit = senders.submit
+    bound = client.config.node_backlog_bytes_max
+
+    def checked(ledger: LedgerTurns, member: EnsembleMember, entries: Batch, size: int) -> None:
+        submit(ledger, member, entries, size)
+        node = senders._nodes[member]
+        queued = sum(batch_size for _, _, batch_size in node.queued)
+        invariants.check_backlog(history, member.address, queued, senders.pending_bytes.used, bound)
+
+    senders.submit = checked  # type: ignore[method-assign]
 
 
 def payload_for(appender: int, k: int) -> bytes:
@@ -147,6 +177,7 @@ class Simulation:
         self.network = SimNetwork(cluster, plan.seed, faults, self.history)
         self.rng = random.Random(f"{plan.seed}/plan")
         self.ledger_id = -1
+        self.writer: LedgerWriter | None = None
 
     async def run(self) -> RunResult:
         plan, history = self.plan, self.history
@@ -155,6 +186,7 @@ class Simulation:
                 plan.ensemble, plan.write_quorum, plan.ack_quorum, password=PASSWORD
             )
             self.ledger_id = writer.ledger_id
+            self.writer = writer
             members = [m.address for m in writer.metadata.ensembles[0].members]
             history.note(f"created ledger {self.ledger_id} on {members}")
             async with trio.open_nursery() as background:
@@ -269,6 +301,9 @@ class Simulation:
 
     async def _apply(self, fault: Fault, undo: trio.Nursery) -> None:
         address = self.cluster.addresses[fault.node % len(self.cluster.addresses)]
+        if fault.kind == "lag" and self.writer is not None:
+            members = self.writer.metadata.ensembles[-1].members
+            address = members[fault.node % len(members)].address
         network, cluster = self.network, self.cluster
         self.history.note(f"fault {fault.kind} {address} for {fault.for_s} s")
         if fault.kind == "crash":
@@ -290,7 +325,7 @@ class Simulation:
                 network.resume(fault.client)
 
             undo.start_soon(self._later, fault.for_s, resume, address)
-        elif fault.kind == "slow":
+        elif fault.kind in ("slow", "lag"):
             network.faults.slowdown[address] = fault.factor
 
             async def speed_up(address: str) -> None:
@@ -330,6 +365,7 @@ class Simulation:
             (meta.last_entry_id, meta.length),
             dict(network.delivered),
             network.dropped,
+            meta.ensembles,
         )
 
     async def _check_replicas(self, meta: LedgerMetadata, entries: dict[int, bytes]) -> None:
@@ -387,20 +423,21 @@ def plan_from_seed(seed: int) -> Plan:
     faults: list[Fault] = []
     wiped = False
     for _ in range(rng.randint(0, 3)):
-        kind = rng.choice(["crash", "partition", "slow", "pause", "wipe"])
+        kind = rng.choice(["crash", "partition", "slow", "pause", "wipe", "lag"])
         if kind == "wipe" and (wiped or ack_quorum < 2):
             kind = "crash"
         wiped = wiped or kind == "wipe"
-        faults.append(
-            Fault(
-                at_s=round(rng.uniform(0.0, 0.3), 4),
-                kind=kind,
-                node=rng.randrange(nodes),
-                for_s=round(rng.uniform(0.05, 1.0), 3),
-                client=rng.choice([WRITER, WRITER, "recovery-0", "reader-0"]),
-                factor=rng.choice([10.0, 100.0, 300.0]),
-            )
+        fault = Fault(
+            at_s=round(rng.uniform(0.0, 0.3), 4),
+            kind=kind,
+            node=rng.randrange(nodes),
+            for_s=round(rng.uniform(0.05, 1.0), 3),
+            client=rng.choice([WRITER, WRITER, "recovery-0", "reader-0"]),
+            factor=rng.choice([10.0, 100.0, 300.0]),
         )
+        if kind == "lag":  # behind for long, each answer within node_timeout_s
+            fault = replace(fault, for_s=fault.for_s + 1.0, factor=rng.choice([20.0, 50.0]))
+        faults.append(fault)
     if wiped:
         # a recovery re-adds to a wiped member's replacement: never the wiped node
         # itself (R9 excludes an address that failed for the ledger)
