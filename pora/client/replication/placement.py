@@ -43,11 +43,11 @@ def choose_replacements(
     """R9: a replacement for each failed member of `ensemble`. Never at a surviving
     member's address, never a failed (address, instance id) pair (`failed`, and
     `excluded`: the members that failed for this ledger and are still in quarantine,
-    see `quarantined`). A registration at a failed
-    member's address with another instance id is a new node (a wiped data dir) and may
-    replace it; nodes at addresses that never failed for this ledger are taken first.
-    Replacements favour racks the surviving members do not use. NotEnoughNodes when too
-    few remain."""
+    see `quarantined`). A registration at a failed member's address with another
+    instance id is a new node (a wiped data dir) and may replace it; nodes at
+    addresses that did not fail for this ledger (or whose quarantine ended) are taken
+    first. Replacements favour racks the surviving members do not use. NotEnoughNodes
+    when too few remain."""
     failed_set = set(failed)
     unknown = failed_set.difference(ensemble)
     if unknown:
