@@ -18,6 +18,7 @@ from pora.client.channel import NodeChannel
 from pora.client.node_channel import AddAnswer, AddRequest
 from pora.client.replication.client import Client, connect
 from pora.client.replication.config import ClientConfig
+from pora.client.replication.entry_format import HEADER_BYTES
 from pora.meta.records import EnsembleMember
 
 ENTRY = 8 << 10
@@ -42,7 +43,9 @@ class HeldBack(FaultyChannel):
         self, requests: Sequence[AddRequest], **options: Any
     ) -> list[AddAnswer]:
         if self.address in self._slow:
-            size = sum(len(entry) for request in requests for _, entry in request.entries)
+            size = sum(
+                len(entry) - HEADER_BYTES for request in requests for _, entry in request.entries
+            )
             self.largest_call = max(self.largest_call, size)
             await trio.sleep(self._delay_s)
         return await super().add_entries_many(requests, **options)
@@ -63,11 +66,12 @@ async def held_back_client(
 
 
 def queued_bytes(client: Client, member: EnsembleMember) -> int:
-    """The entry bytes the client's node sender holds queued for `member`."""
+    """The payload bytes the client's node sender holds queued for `member` (the unit
+    of the pending bytes)."""
     node = client._senders._nodes.get(member)
     if node is None:
         return 0
-    return sum(len(entry) for queued in node.queued for _, entry in queued[1])
+    return sum(len(entry) - HEADER_BYTES for queued in node.queued for _, entry in queued[1])
 
 
 async def test_a_slow_member_is_replaced_before_its_backlog_outgrows_the_bound(

@@ -36,13 +36,13 @@ class ClientConfig:
     #: add calls in flight to one node, at most (each carries every ledger's adds for
     #: that node of one turn: the node senders' workers per node)
     calls_in_flight_per_node_max: int = 8
-    #: R8: entry bytes one node may owe (queued for it or in flight to it) beyond the
+    #: R8: payload bytes one node may owe (queued for it or in flight to it) beyond the
     #: client's pending payload bytes, at most: what it owes past that was already
     #: acknowledged elsewhere, so a node that far behind is failed for the ledgers it
     #: owes (replaced, R9) and its queue dropped, instead of the writer keeping copies
     #: for it without bound
     node_backlog_bytes_max: int = 64 << 20
-    #: entry bytes one add call to a node carries, at most (a single entry larger than
+    #: payload bytes one add call to a node carries, at most (a single entry larger than
     #: this goes alone): a backlog goes out as several calls, each within its deadline
     add_call_bytes_max: int = 4 << 20
     #: R9: a member that failed for a ledger is not chosen again for it for this long

@@ -14,7 +14,7 @@ back to each ledger's sender as plain calls (`LedgerTurns.answer`), which feed i
 `AckTracker` in bulk; a call that fails or times out fails that member for every
 ledger in it, a per-ledger outcome (a refusal, R13) reaches its ledger only.
 
-What a node owes (entry bytes queued for it or in flight to it) is counted per
+What a node owes (payload bytes queued for it or in flight to it) is counted per
 batch, not per entry. When it would owe more than `node_backlog_bytes_max` beyond
 the client's pending payload bytes, at least that much of it was acknowledged
 elsewhere: the node is that far behind the other replicas, and it fails for every
@@ -80,7 +80,7 @@ class _NodeQueue:
         self.queued: list[Queued] = []
         self.workers = 0  # worker tasks of the node: its calls in flight, at most
         self.idle: list[Event] = []  # the wake-ups of its workers waiting for work
-        self.owed = 0  # entry bytes queued for the node or in flight to it
+        self.owed = 0  # payload bytes queued for the node or in flight to it
 
 
 class NodeSenders:
@@ -114,7 +114,7 @@ class NodeSenders:
     def submit(
         self, ledger: LedgerTurns, member: EnsembleMember, entries: Batch, size: int
     ) -> None:
-        """Queue `ledger`'s batch for `member` (from `take_turn`), `size` entry bytes;
+        """Queue `ledger`'s batch for `member` (from `take_turn`), `size` payload bytes;
         or, when the node would owe more than its bound allows, fail it instead."""
         node = self._nodes.get(member)
         if node is None:
@@ -129,7 +129,7 @@ class NodeSenders:
         node.queued.append((ledger, entries, size))
 
     def owed_bytes(self, member: EnsembleMember) -> int:
-        """Entry bytes queued for `member` or in flight to it."""
+        """Payload bytes queued for `member` or in flight to it."""
         node = self._nodes.get(member)
         return 0 if node is None else node.owed
 

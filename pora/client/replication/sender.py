@@ -27,6 +27,7 @@ from ledger.errors import (
 )
 from pora.client.node_channel import AddAnswer
 from pora.client.replication.ensemble_change import EnsembleChanger, WriterContext
+from pora.client.replication.entry_format import HEADER_BYTES
 from pora.client.replication.quorum import AckTracker
 from pora.meta.records import EnsembleMember
 
@@ -165,7 +166,7 @@ class Sender:
         everything = [(i, entries[i][0]) for i in batch]
         for member, resent in resends:
             if member in members and member not in failed:
-                self._submit(member, resent, sum(len(entry) for _, entry in resent))
+                self._submit(member, resent, _payload_bytes(resent))
         if not everything:
             return
         for position, member in enumerate(members):
@@ -177,20 +178,21 @@ class Sender:
             # R3: position p holds entry i when (p - i) mod E < Qw
             mine = [item for item in everything if (position - item[0]) % size < quorum]
             if mine:
-                self._submit(member, mine, sum(len(entry) for _, entry in mine))
+                self._submit(member, mine, _payload_bytes(mine))
 
     def _submit(self, member: EnsembleMember, entries: Batch, size: int) -> None:
-        """One batch to `member`'s node queue, cut into pieces of at most
-        `add_call_bytes_max` bytes (a single larger entry alone) so that no call
+        """One batch of `size` payload bytes to `member`'s node queue, cut into pieces
+        of at most `add_call_bytes_max` (a single larger entry alone) so that no call
         carries more."""
         limit = self._call_bytes_max
         if size > limit and len(entries) > 1:
             start, used = 0, 0
             for index, (_, entry) in enumerate(entries):
-                if index > start and used + len(entry) > limit:
+                cost = len(entry) - HEADER_BYTES
+                if index > start and used + cost > limit:
                     self._submit_one(member, entries[start:index], used)
                     start, used = index, 0
-                used += len(entry)
+                used += cost
             entries, size = entries[start:], used
         self._submit_one(member, entries, size)
 
@@ -213,3 +215,9 @@ class Sender:
             self._fail(error)
         else:
             self._changer.member_failed(member, error)
+
+
+def _payload_bytes(entries: Batch) -> int:
+    """The payload bytes of encoded entries: what the client's pending bytes count, so
+    that a node's backlog and the pending bytes compare (R8)."""
+    return sum(len(entry) for _, entry in entries) - HEADER_BYTES * len(entries)

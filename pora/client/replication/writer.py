@@ -284,7 +284,7 @@ class LedgerWriter:
         self._entries[entry_id] = (entry, length_after)
         sender = self._sender
         sender.outbox.append(entry_id)
-        sender.outbox_bytes += len(entry)
+        sender.outbox_bytes += len(payload)
         turn = self._turn
         if turn is None:
             turn = self._turn = _TurnWaiter(entry_id, self._context.new_event())
