@@ -18,7 +18,7 @@ from pora.client.replication.entry_format import (
     payload_bytes_max,
 )
 from pora.client.replication.errors import EntryDamaged, NotEnoughNodes
-from pora.client.replication.placement import choose_ensemble, choose_replacements
+from pora.client.replication.placement import choose_ensemble, choose_replacements, quarantined
 from pora.meta.records import EnsembleMember, NodeRegistration
 
 
@@ -200,6 +200,23 @@ def test_r9_nodes_that_never_failed_for_the_ledger_are_preferred() -> None:
         EnsembleMember("10.0.0.4:3181", "inst-4"),
         EnsembleMember(failed.address, "inst-new"),
     }
+
+
+def test_r9_a_failed_member_is_excluded_for_its_quarantine_then_a_candidate_again() -> None:
+    """The time is the caller's (the client's monotonic clock): placement reads none."""
+    nodes = [node(i) for i in range(1, 5)]
+    ensemble = choose_ensemble(nodes[:3], 3, random.Random(0))
+    earlier = EnsembleMember(nodes[3].address, nodes[3].instance_id)  # failed before
+    failing = ensemble[0]
+    failed_at = {earlier: 100.0}
+    young = quarantined(failed_at, now=109.9, quarantine_s=10.0)
+    assert young == failed_at
+    with pytest.raises(NotEnoughNodes):
+        choose_replacements(nodes, ensemble, [failing], random.Random(0), excluded=young)
+    expired = quarantined(failed_at, now=110.0, quarantine_s=10.0)
+    assert expired == {}
+    chosen = choose_replacements(nodes, ensemble, [failing], random.Random(0), excluded=expired)
+    assert chosen == {failing: earlier}
 
 
 @given(

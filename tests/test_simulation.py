@@ -1,7 +1,8 @@
 """The deterministic simulation of replication (tests/simulation/): writers,
 recoveries and readers racing over a seeded network that delays, drops, reorders
-and partitions, with nodes crashing, slowing, pausing and losing their data dir;
-the invariants of docs/replication.md checked after every step and at the end.
+and partitions, with nodes crashing, slowing, falling behind the writer, pausing and
+losing their data dir; the invariants of docs/replication.md checked after every
+step and at the end.
 
 A failing run names its seed; `PORA_SIM_SEED=<seed> pytest tests/test_simulation.py
 -k replay` runs that seed again, exactly (and checks that it does)."""
@@ -300,3 +301,27 @@ def test_a_delete_that_cannot_reach_a_member_fences_or_fails() -> None:
 def test_the_planner_draws_deletes_by_itself() -> None:
     drawn = [plan_from_seed(seed).delete_at_s for seed in range(40)]
     assert any(at is not None for at in drawn) and any(at is None for at in drawn)
+
+
+def test_a_member_left_behind_is_replaced_and_the_writer_goes_on() -> None:
+    """One member of the writer's ensemble answers 50 times slower than the others,
+    still within node_timeout_s, for two seconds: the writer's backlog for it passes
+    node_backlog_bytes_max (small in SIM_CONFIG) and the member is failed and replaced
+    (R8, R9), with every append acknowledged and the backlog invariant checked at
+    each batch queued."""
+    result = run(
+        Plan(
+            seed=31,
+            nodes=4,
+            appenders=8,
+            appends_each=30,
+            append_pause_s=0.01,
+            recoveries=(),
+            faults=(Fault(0.05, "lag", 0, for_s=2.0, factor=50.0),),
+        )
+    )
+    history = result.history
+    assert not history.failures, history.failures
+    assert len(history.acked) == 8 * 30
+    first, last = result.ensembles[0], result.ensembles[-1]
+    assert first.members[0] not in last.members, [e.members for e in result.ensembles]

@@ -18,7 +18,10 @@ checks run once the network is healed and the ledger read back.
   the auditor finds no ledger to open, nor a node that took the delete holding it
   again;
 - R20: a recovered entry is held, with its bytes, by every member of its write set
-  that took the recovery's add, and by at least Qa members (less those wiped).
+  that took the recovery's add, and by at least Qa members (less those wiped);
+- R8's backlog bound: whenever the writer queues a batch for a node, what it holds
+  queued for that node is at most `node_backlog_bytes_max` beyond the client's
+  pending bytes (a node further behind is failed and its queue dropped).
 """
 
 from __future__ import annotations
@@ -155,3 +158,13 @@ def check_read_back(history: History, ledger_id: int, entries: dict[int, bytes])
                 history,
                 f"ledger {ledger_id} entry {entry_id} reads back other bytes than acknowledged",
             )
+
+
+def check_backlog(history: History, address: str, queued: int, pending: int, bound: int) -> None:
+    """What the writer holds queued for one node, right after it queued a batch."""
+    if queued - pending > bound:
+        fail(
+            history,
+            f"the writer holds {queued} bytes queued for node {address}, more than "
+            f"node_backlog_bytes_max ({bound}) beyond its {pending} pending bytes",
+        )

@@ -27,9 +27,10 @@ from pora import Client, ClientConfig, LedgerFenced, LedgerWriter
 from pora.client.channel import LocalChannel
 from pora.client.replication.entry_format import decode_entry
 from pora.client.replication.node_pool import NodePool
+from pora.client.replication.node_senders import Batch, LedgerTurns
 from pora.client.replication.quorum import entry_write_set
 from pora.meta.errors import NoSuchLedgerMetadata
-from pora.meta.records import Ensemble, LedgerMetadata, LedgerState, Versioned
+from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore, open_metadata
 from simulation import invariants
 from simulation.clock import SimTime, counted_threads, counting_store, tasks_in_order
@@ -49,6 +50,12 @@ SIM_CONFIG = ClientConfig(
     speculative_read_delay_s=0.02,
     tail_poll_wait_s=0.3,
     recovery_fence_timeout_s=2.0,
+    # a member a few dozen entries behind the others is failed and replaced (R8): the
+    # simulation's entries are tens of bytes, its slow members minutes behind
+    node_backlog_bytes_max=200,
+    add_call_bytes_max=100,
+    # under ensemble_change_timeout_s: a writer out of nodes takes one back in time
+    node_quarantine_s=0.5,
 )
 
 
@@ -56,9 +63,12 @@ SIM_CONFIG = ClientConfig(
 class Fault:
     """At `at_s`, `kind` hits node `node` (an index into the addresses) for `for_s`:
     crash (restarted after, same data dir), partition (from `client`), slow (its
-    messages take `factor` times longer), wipe (back at once on an empty data dir),
-    pause (`client`'s messages are held, as a process stopped by SIGSTOP), rollback
-    (its data dir copied now, and put back from that copy after `for_s`: R27).
+    messages take `factor` times longer), lag (as slow, but `node` indexes the
+    writer's ensemble of that moment: a member left behind by the others, answering
+    within `node_timeout_s`, until the backlog bound fails it), wipe (back at once
+    on an empty data dir), pause (`client`'s messages are held, as a process stopped
+    by SIGSTOP), rollback (its data dir copied now, and put back from that copy after
+    `for_s`: R27).
 
     kill-recovery: the adds of the recovery `client` to Qw - Qa + 1 members of the
     ledger's last ensemble, from member `node` on (an index into its members), fail
@@ -108,6 +118,8 @@ class RunResult:
     closed: tuple[int, int]
     delivered: dict[str, int] = field(default_factory=dict)
     dropped: int = 0
+    #: the closed ledger's ensembles
+    ensembles: tuple[Ensemble, ...] = ()
 
 
 def run_plan(plan: Plan, folder: Path) -> RunResult:
@@ -139,6 +151,8 @@ async def sim_client(store: MetadataStore, network: SimNetwork, name: str) -> As
     async with anyio.create_task_group() as tasks:
         pool = NodePool(tasks, network.opener(name))
         client = Client(store, pool, tasks, SIM_CONFIG, random.Random(f"{network.seed}/{name}"))
+        if network.history is not None:
+            watch_backlog(client, network.history)
         try:
             yield client
         finally:
@@ -187,6 +201,22 @@ def dies_after_replacing(
     inner: MetadataStore, armed: Callable[[], bool], killed: trio.CancelScope
 ) -> MetadataStore:
     return cast(MetadataStore, _DiesAfterReplacing(inner, armed, killed))
+
+
+def watch_backlog(client: Client, history: History) -> None:
+    """Check the backlog bound (invariants.check_backlog) each time the client's node
+    senders queue a batch."""
+    senders = client._senders
+    submit = senders.submit
+    bound = client.config.node_backlog_bytes_max
+
+    def checked(ledger: LedgerTurns, member: EnsembleMember, entries: Batch, size: int) -> None:
+        submit(ledger, member, entries, size)
+        node = senders._nodes[member]
+        queued = sum(batch_size for _, _, batch_size in node.queued)
+        invariants.check_backlog(history, member.address, queued, senders.pending_bytes.used, bound)
+
+    senders.submit = checked  # type: ignore[method-assign]
 
 
 def payload_for(appender: int, k: int) -> bytes:
@@ -382,6 +412,9 @@ class Simulation:
 
     async def _apply(self, fault: Fault, undo: trio.Nursery) -> None:
         address = self.cluster.addresses[fault.node % len(self.cluster.addresses)]
+        if fault.kind == "lag" and self.writer is not None:
+            members = self.writer.metadata.ensembles[-1].members
+            address = members[fault.node % len(members)].address
         network, cluster = self.network, self.cluster
         self.history.note(f"fault {fault.kind} {address} for {fault.for_s} s")
         if fault.kind == "crash":
@@ -426,7 +459,7 @@ class Simulation:
 
             for member in cut:
                 undo.start_soon(self._later, fault.for_s, mend, member)
-        elif fault.kind == "slow":
+        elif fault.kind in ("slow", "lag"):
             network.faults.slowdown[address] = fault.factor
 
             async def speed_up(address: str) -> None:
@@ -468,6 +501,7 @@ class Simulation:
             (meta.last_entry_id, meta.length),
             dict(network.delivered),
             network.dropped,
+            meta.ensembles,
         )
 
     async def _audit_deleted(self) -> RunResult:
@@ -552,7 +586,8 @@ def plan_from_seed(seed: int) -> Plan:
     rollback, and only with Qa >= 2: a wiped node loses its copies, a rolled-back one
     those it took since the copy, and an entry acknowledged on Qa nodes survives the
     loss of Qa - 1; a kill-recovery plans recovery-0 for it to kill, and a spare node
-    for it to replace a member by)."""
+    for it to replace a member by; a member left behind comes with more appends,
+    enough to take it past SIM_CONFIG's backlog bound)."""
     rng = random.Random(seed)
     ensemble = rng.randint(2, 4)
     write_quorum = rng.randint(max(1, ensemble - 1), ensemble)
@@ -563,23 +598,24 @@ def plan_from_seed(seed: int) -> Plan:
     kills = False
     for _ in range(rng.randint(0, 3)):
         kind = rng.choice(
-            ["crash", "partition", "slow", "pause", "wipe", "rollback", "kill-recovery"]
+            ["crash", "partition", "slow", "pause", "wipe", "rollback", "kill-recovery", "lag"]
         )
         if kind in ("wipe", "rollback") and (wiped or ack_quorum < 2):
             kind = "crash"
         wiped = wiped or kind in ("wipe", "rollback")
         kills = kills or kind == "kill-recovery"
         client = rng.choice([WRITER, WRITER, "recovery-0", "reader-0"])
-        faults.append(
-            Fault(
-                at_s=round(rng.uniform(0.0, 0.3), 4),
-                kind=kind,
-                node=rng.randrange(nodes),
-                for_s=round(rng.uniform(0.05, 1.0), 3),
-                client="recovery-0" if kind == "kill-recovery" else client,
-                factor=rng.choice([10.0, 100.0, 300.0]),
-            )
+        fault = Fault(
+            at_s=round(rng.uniform(0.0, 0.3), 4),
+            kind=kind,
+            node=rng.randrange(nodes),
+            for_s=round(rng.uniform(0.05, 1.0), 3),
+            client="recovery-0" if kind == "kill-recovery" else client,
+            factor=rng.choice([10.0, 100.0, 300.0]),
         )
+        if kind == "lag":  # behind for long, each answer within node_timeout_s
+            fault = replace(fault, for_s=fault.for_s + 1.0, factor=rng.choice([20.0, 50.0]))
+        faults.append(fault)
     if wiped:
         # a recovery re-adds to a wiped (or rolled-back) member's replacement: never
         # the node itself (R9 excludes an address that failed for the ledger)
@@ -609,6 +645,7 @@ def plan_from_seed(seed: int) -> Plan:
                 client="deleter",
             )
         )
+    lagging = any(fault.kind == "lag" for fault in faults)
     return Plan(
         seed=seed,
         nodes=nodes,
@@ -616,7 +653,8 @@ def plan_from_seed(seed: int) -> Plan:
         write_quorum=write_quorum,
         ack_quorum=ack_quorum,
         appenders=rng.randint(1, 8),
-        appends_each=rng.randint(3, 8),
+        # a member left behind trips the backlog bound only under enough load
+        appends_each=rng.randint(3, 8) + (20 if lagging else 0),
         recoveries=recoveries,
         readers=rng.randint(0, 2),
         tail=rng.random() < 0.5,

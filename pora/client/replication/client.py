@@ -62,14 +62,15 @@ class Client:
         self._pool = pool
         self._task_group = task_group
         new_event = event_factory()
-        senders = self._senders = NodeSenders(pool, config, new_event)
+        pending_bytes = Budget(config.pending_bytes_max, "the client's pending bytes")
+        senders = self._senders = NodeSenders(pool, config, pending_bytes, new_event)
         task_group.start_soon(senders.run)
         self._context = WriterContext(
             store,
             pool,
             config,
             rng,
-            Budget(config.pending_bytes_max, "the client's pending bytes"),
+            pending_bytes,
             senders,
             new_event,
         )

@@ -36,6 +36,20 @@ class ClientConfig:
     #: add calls in flight to one node, at most (each carries every ledger's adds for
     #: that node of one turn: the node senders' workers per node)
     calls_in_flight_per_node_max: int = 8
+    #: R8: payload bytes one node may owe (queued for it or in flight to it) beyond the
+    #: client's pending payload bytes, at most: what it owes past that was already
+    #: acknowledged elsewhere, so a node that far behind is failed for the ledgers it
+    #: owes (replaced, R9) and its queue dropped, instead of the writer keeping copies
+    #: for it without bound
+    node_backlog_bytes_max: int = 64 << 20
+    #: payload bytes one add call to a node carries, at most (a single entry larger than
+    #: this goes alone): a backlog goes out as several calls, each within its deadline
+    add_call_bytes_max: int = 4 << 20
+    #: R9: a member that failed for a ledger is not chosen again for it for this long
+    #: (the client's monotonic clock); then it may be, so that short partitions do not
+    #: use up the cluster. Keep it under `ensemble_change_timeout_s`, so that a writer
+    #: waiting for a replacement sees quarantines expire before it gives up (R12)
+    node_quarantine_s: float = 10.0
     #: the largest payload an append takes: the nodes' default `entry_bytes_max` (4 MiB)
     #: less the replicated entry's 13-byte header; a larger one is refused before it
     #: is given an id (nodes configured with a smaller limit refuse it themselves,
@@ -55,6 +69,7 @@ class ClientConfig:
             "lac_flush_interval_s",
             "tail_poll_wait_s",
             "recovery_fence_timeout_s",
+            "node_quarantine_s",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ClientConfig.{name} must be positive")
@@ -65,6 +80,8 @@ class ClientConfig:
             "pending_appends_per_ledger_max",
             "pending_bytes_max",
             "calls_in_flight_per_node_max",
+            "node_backlog_bytes_max",
+            "add_call_bytes_max",
             "read_range_entries_max",
             "payload_bytes_max",
             "read_range_bytes_max",

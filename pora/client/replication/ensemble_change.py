@@ -30,7 +30,7 @@ from pora.client.replication.ledger_records import (
 )
 from pora.client.replication.node_pool import NodePool
 from pora.client.replication.node_senders import NodeSenders
-from pora.client.replication.placement import choose_replacements
+from pora.client.replication.placement import choose_replacements, quarantined
 from pora.client.replication.quorum import AckTracker
 from pora.client.waiting import Event
 from pora.meta.errors import (
@@ -83,9 +83,10 @@ class EnsembleChanger:
         self._ledger_id = record.value.ledger_id
         self._needed = anyio.Event()
         self._record_lock = anyio.Lock()
-        #: every member (address, instance id) that failed for this ledger: never
-        #: chosen again; a new instance at one's address may be (R9)
-        self._failed_members: set[EnsembleMember] = set()
+        #: R9: each member (address, instance id) that failed for this ledger -> when
+        #: (the loop's monotonic clock): not chosen again while in quarantine
+        #: (`node_quarantine_s`); a new instance at one's address may be at once
+        self._failed_at: dict[EnsembleMember, float] = {}
         #: a write of the record failed or was cancelled: whether it took is unknown
         self._record_unsure = False
 
@@ -97,7 +98,7 @@ class EnsembleChanger:
             _log.warning(
                 "ledger %d: node %s failed (%s); replacing it", self._ledger_id, member, error
             )
-            self._failed_members.add(member)
+            self._failed_at[member] = anyio.current_time()
             self._needed.set()
 
     async def run(
@@ -145,12 +146,15 @@ class EnsembleChanger:
         while True:
             try:
                 nodes = await self._context.store.list_nodes(writable_only=True)
+                self._failed_at = quarantined(
+                    self._failed_at, anyio.current_time(), config.node_quarantine_s
+                )
                 return choose_replacements(
                     nodes,
                     self._tracker.ensemble.members,
                     self._tracker.failed_members,
                     self._context.rng,
-                    excluded=self._failed_members,
+                    excluded=self._failed_at.keys(),
                 )
             except MetadataStoreGone:
                 raise  # for good: no wait brings the store's file back

@@ -9,10 +9,19 @@ costs per node, not per ledger and per node: one task, one deadline
 
 Calls in flight per node are bounded by `calls_in_flight_per_node_max` with a
 counter: a node at its bound keeps its batches queued, and the call that finishes
-next takes them all (no semaphore per call). Answers go back to each ledger's
-sender as plain calls (`LedgerTurns.answer`), which feed its `AckTracker` in bulk;
-a call that fails or times out fails that member for every ledger in it, a
-per-ledger outcome (a refusal, R13) reaches its ledger only.
+next takes them, up to `add_call_bytes_max` (no semaphore per call). Answers go
+back to each ledger's sender as plain calls (`LedgerTurns.answer`), which feed its
+`AckTracker` in bulk; a call that fails or times out fails that member for every
+ledger in it, a per-ledger outcome (a refusal, R13) reaches its ledger only.
+
+What a node owes (payload bytes queued for it or in flight to it) is counted per
+batch, not per entry. When it would owe more than `node_backlog_bytes_max` beyond
+the client's pending payload bytes, at least that much of it was acknowledged
+elsewhere: the node is that far behind the other replicas, and it fails for every
+ledger with a batch queued for it (R8; R9 replaces it) and its queue is dropped.
+The pending entries among them go to the replacement (R10); the others stay on
+their Qa copies, as after any failure. A uniformly slow cluster never trips it:
+what is pending is bounded by `pending_bytes_max`, and appends wait for room.
 """
 
 from __future__ import annotations
@@ -26,12 +35,15 @@ import anyio.abc
 
 from journal.errors import PoraError
 from pora.client.node_channel import AddAnswer, AddRequest
+from pora.client.replication.budget import Budget
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.node_pool import NodePool
 from pora.client.waiting import Event
 from pora.meta.records import EnsembleMember
 
 Batch = list[tuple[int, bytes]]
+#: a ledger's batch for a node as queued: the ledger, its entries, their bytes
+Queued = tuple["LedgerTurns", Batch, int]
 
 
 class LedgerTurns(Protocol):
@@ -61,22 +73,31 @@ class LedgerTurns(Protocol):
 
 
 class _NodeQueue:
-    __slots__ = ("idle", "member", "queued", "workers")
+    __slots__ = ("idle", "member", "owed", "queued", "workers")
 
     def __init__(self, member: EnsembleMember) -> None:
         self.member = member
-        self.queued: list[tuple[LedgerTurns, Batch]] = []
+        self.queued: list[Queued] = []
         self.workers = 0  # worker tasks of the node: its calls in flight, at most
         self.idle: list[Event] = []  # the wake-ups of its workers waiting for work
+        self.owed = 0  # payload bytes queued for the node or in flight to it
 
 
 class NodeSenders:
     def __init__(
-        self, pool: NodePool, config: ClientConfig, new_event: Callable[[], Event] = anyio.Event
+        self,
+        pool: NodePool,
+        config: ClientConfig,
+        pending_bytes: Budget,
+        new_event: Callable[[], Event] = anyio.Event,
     ) -> None:
         self._pool = pool
         self._new_event = new_event
         self._config = config
+        #: the client's pending payload bytes: what a node may owe that is not yet
+        #: acknowledged anywhere
+        self.pending_bytes = pending_bytes
+        self._backlog_max = config.node_backlog_bytes_max
         self._nodes: dict[EnsembleMember, _NodeQueue] = {}
         self._due: list[LedgerTurns] = []  # ledgers with a turn to take
         self._touched: list[_NodeQueue] = []  # nodes given work this turn
@@ -90,14 +111,43 @@ class NodeSenders:
         if not self._wake.is_set():
             self._wake.set()
 
-    def submit(self, ledger: LedgerTurns, member: EnsembleMember, entries: Batch) -> None:
-        """Queue `ledger`'s batch for `member` (from `take_turn`)."""
+    def submit(
+        self, ledger: LedgerTurns, member: EnsembleMember, entries: Batch, size: int
+    ) -> None:
+        """Queue `ledger`'s batch for `member` (from `take_turn`), `size` payload bytes;
+        or, when the node would owe more than its bound allows, fail it instead."""
         node = self._nodes.get(member)
         if node is None:
             node = self._nodes[member] = _NodeQueue(member)
+        owed = node.owed + size
+        if owed - self.pending_bytes.used > self._backlog_max:
+            self._too_far_behind(node, (ledger, entries, size))
+            return
+        node.owed = owed
         if not node.queued:
             self._touched.append(node)
-        node.queued.append((ledger, entries))
+        node.queued.append((ledger, entries, size))
+
+    def owed_bytes(self, member: EnsembleMember) -> int:
+        """Payload bytes queued for `member` or in flight to it."""
+        node = self._nodes.get(member)
+        return 0 if node is None else node.owed
+
+    def _too_far_behind(self, node: _NodeQueue, last: Queued) -> None:
+        """R8: the node owes more than `node_backlog_bytes_max` of entries acknowledged
+        elsewhere: it fails for every ledger with a batch queued for it, and the queue
+        is dropped (its calls in flight finish or time out as usual)."""
+        dropped, node.queued = [*node.queued, last], []
+        owed = node.owed + last[2]
+        node.owed -= sum(size for _, _, size in dropped[:-1])  # what is in flight stays
+        error = TimeoutError(
+            f"node {node.member.address}: {owed} bytes of adds owed, more than "
+            f"node_backlog_bytes_max ({self._backlog_max}) beyond the client's "
+            f"{self.pending_bytes.used} pending: too far behind the other replicas"
+        )
+        for ledger, entries, _ in dropped:
+            ledger.answer(node.member, entries, ledger.issued_lac(), error)
+            ledger.call_finished()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -143,10 +193,25 @@ class NodeSenders:
             node.workers -= 1
 
     async def _serve(self, node: _NodeQueue, scope: anyio.CancelScope) -> None:
+        call_max = self._config.add_call_bytes_max
         while True:
             while node.queued:
-                batch, node.queued = node.queued, []
-                await self._issue(node.member, batch, scope)
+                queued = node.queued
+                size = 0
+                cut = 0
+                while cut < len(queued) and (cut == 0 or size + queued[cut][2] <= call_max):
+                    size += queued[cut][2]
+                    cut += 1
+                if cut == len(queued):
+                    batch, node.queued = queued, []
+                else:
+                    batch, node.queued = queued[:cut], queued[cut:]
+                if node.queued and node.idle:  # the rest to another worker, if idle
+                    node.idle.pop().set()
+                try:
+                    await self._issue(node.member, batch, scope)
+                finally:
+                    node.owed -= size
             wake = self._new_event()
             node.idle.append(wake)
             try:
@@ -158,10 +223,10 @@ class NodeSenders:
     async def _issue(
         self,
         member: EnsembleMember,
-        batch: list[tuple[LedgerTurns, Batch]],
+        batch: list[Queued],
         scope: anyio.CancelScope,
     ) -> None:
-        live = [(ledger, entries) for ledger, entries in batch if ledger.sends_to(member)]
+        live = [(ledger, entries) for ledger, entries, _ in batch if ledger.sends_to(member)]
         lacs = [ledger.issued_lac() for ledger, _ in live]
         try:
             if not live:
@@ -184,7 +249,7 @@ class NodeSenders:
                     ledger.answer(member, entries, lacs[index], late)
             raise
         finally:
-            for ledger, _ in batch:
+            for ledger, _, _ in batch:
                 ledger.call_finished()
 
     async def _call(

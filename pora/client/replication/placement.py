@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from pora.client.replication.errors import NotEnoughNodes
 from pora.meta.records import EnsembleMember, NodeRegistration
@@ -42,11 +42,12 @@ def choose_replacements(
 ) -> dict[EnsembleMember, EnsembleMember]:
     """R9: a replacement for each failed member of `ensemble`. Never at a surviving
     member's address, never a failed (address, instance id) pair (`failed`, and
-    `excluded`: every member that failed for this ledger). A registration at a failed
-    member's address with another instance id is a new node (a wiped data dir) and may
-    replace it; nodes at addresses that never failed for this ledger are taken first.
-    Replacements favour racks the surviving members do not use. NotEnoughNodes when too
-    few remain."""
+    `excluded`: the members that failed for this ledger and are still in quarantine,
+    see `quarantined`). A registration at a failed member's address with another
+    instance id is a new node (a wiped data dir) and may replace it; nodes at
+    addresses that did not fail for this ledger (or whose quarantine ended) are taken
+    first. Replacements favour racks the surviving members do not use. NotEnoughNodes
+    when too few remain."""
     failed_set = set(failed)
     unknown = failed_set.difference(ensemble)
     if unknown:
@@ -73,6 +74,17 @@ def choose_replacements(
     chosen += _pick(renewed, len(failed_set) - len(chosen), rng, rack_use)
     in_order = [member for member in ensemble if member in failed_set]
     return dict(zip(in_order, chosen, strict=True))
+
+
+def quarantined(
+    failed_at: Mapping[EnsembleMember, float], now: float, quarantine_s: float
+) -> dict[EnsembleMember, float]:
+    """R9: the members of `failed_at` (member -> when it failed for the ledger, on the
+    caller's monotonic clock) still in quarantine at `now`: those that failed less than
+    `quarantine_s` ago. The others may be chosen again: a node cut off for a moment is
+    not lost for the ledger's lifetime, and the map stays as small as the failures of
+    one quarantine period."""
+    return {member: when for member, when in failed_at.items() if now - when < quarantine_s}
 
 
 def _candidates(

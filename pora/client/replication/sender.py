@@ -27,6 +27,7 @@ from ledger.errors import (
 )
 from pora.client.node_channel import AddAnswer
 from pora.client.replication.ensemble_change import EnsembleChanger, WriterContext
+from pora.client.replication.entry_format import HEADER_BYTES
 from pora.client.replication.quorum import AckTracker
 from pora.meta.records import EnsembleMember
 
@@ -57,9 +58,12 @@ class Sender:
         self._fail = fail
         self._acknowledged = acknowledged
         self._end_turn = end_turn
-        #: ids added and not yet taken by a turn; the writer appends to it
+        #: ids added and not yet taken by a turn, and their entries' bytes; the writer
+        #: appends to it and counts them
         self.outbox: list[int] = []
+        self.outbox_bytes = 0
         self._resends: list[tuple[EnsembleMember, Batch]] = []
+        self._call_bytes_max = context.config.add_call_bytes_max
         self._senders = context.senders
         self._scheduled = False  # a turn is due in the client's next dispatch
         self._stopped = False
@@ -111,10 +115,11 @@ class Sender:
         if self._stopped:
             return
         batch, self.outbox = self.outbox, []
+        size, self.outbox_bytes = self.outbox_bytes, 0
         resends, self._resends = self._resends, []
         self._end_turn()
         if not self._tracker.fenced:
-            self._dispatch(batch, resends)
+            self._dispatch(batch, size, resends)
 
     def sends_to(self, member: EnsembleMember) -> bool:
         tracker = self._tracker
@@ -150,7 +155,9 @@ class Sender:
             self._calls_done.set()
             self._calls_done = None
 
-    def _dispatch(self, batch: list[int], resends: list[tuple[EnsembleMember, Batch]]) -> None:
+    def _dispatch(
+        self, batch: list[int], batch_bytes: int, resends: list[tuple[EnsembleMember, Batch]]
+    ) -> None:
         tracker = self._tracker
         members = tracker.ensemble.members
         size, quorum = len(members), tracker.write_quorum
@@ -159,22 +166,39 @@ class Sender:
         everything = [(i, entries[i][0]) for i in batch]
         for member, resent in resends:
             if member in members and member not in failed:
-                self._submit(member, resent)
+                self._submit(member, resent, _payload_bytes(resent))
         if not everything:
             return
         for position, member in enumerate(members):
             if member in failed:
                 continue  # its entries go to its replacement (R10)
             if quorum == size:
-                mine = everything
-            else:  # R3: position p holds entry i when (p - i) mod E < Qw
-                mine = [item for item in everything if (position - item[0]) % size < quorum]
+                self._submit(member, everything, batch_bytes)
+                continue
+            # R3: position p holds entry i when (p - i) mod E < Qw
+            mine = [item for item in everything if (position - item[0]) % size < quorum]
             if mine:
-                self._submit(member, mine)
+                self._submit(member, mine, _payload_bytes(mine))
 
-    def _submit(self, member: EnsembleMember, entries: Batch) -> None:
+    def _submit(self, member: EnsembleMember, entries: Batch, size: int) -> None:
+        """One batch of `size` payload bytes to `member`'s node queue, cut into pieces
+        of at most `add_call_bytes_max` (a single larger entry alone) so that no call
+        carries more."""
+        limit = self._call_bytes_max
+        if size > limit and len(entries) > 1:
+            start, used = 0, 0
+            for index, (_, entry) in enumerate(entries):
+                cost = len(entry) - HEADER_BYTES
+                if index > start and used + cost > limit:
+                    self._submit_one(member, entries[start:index], used)
+                    start, used = index, 0
+                used += cost
+            entries, size = entries[start:], used
+        self._submit_one(member, entries, size)
+
+    def _submit_one(self, member: EnsembleMember, entries: Batch, size: int) -> None:
         self._in_flight += 1
-        self._senders.submit(self, member, entries)
+        self._senders.submit(self, member, entries, size)
 
     def _refused(self, member: EnsembleMember, error: PoraError) -> None:
         """R13: a refusal of the ledger ends the writer (FENCED and CLOSED fence it;
@@ -191,3 +215,9 @@ class Sender:
             self._fail(error)
         else:
             self._changer.member_failed(member, error)
+
+
+def _payload_bytes(entries: Batch) -> int:
+    """The payload bytes of encoded entries: what the client's pending bytes count, so
+    that a node's backlog and the pending bytes compare (R8)."""
+    return sum(len(entry) for _, entry in entries) - HEADER_BYTES * len(entries)

@@ -298,6 +298,7 @@ class LedgerWriter:
         self._entries[entry_id] = (entry, length_after)
         sender = self._sender
         sender.outbox.append(entry_id)
+        sender.outbox_bytes += len(payload)
         turn = self._turn
         if turn is None:
             turn = self._turn = _TurnWaiter(entry_id, self._context.new_event())
@@ -354,6 +355,7 @@ class LedgerWriter:
         self._room.give(len(failed))
         self._context.pending_bytes.give(size)
         self._sender.outbox.clear()
+        self._sender.outbox_bytes = 0
         self._turn = None
         if type(error) is LedgerFenced and self._tasks is not None and not self._stopped.is_set():
             self._cause_known = anyio.Event()
