@@ -155,9 +155,30 @@ def test_r12_no_replacement_is_not_enough_nodes_counting_the_excluded() -> None:
     nodes = [node(i) for i in range(1, 4)]
     ensemble = choose_ensemble(nodes, 3, random.Random(0))
     with pytest.raises(NotEnoughNodes) as caught:
-        choose_replacements(nodes, ensemble, [ensemble[0]], random.Random(0))
+        choose_replacements(
+            nodes, ensemble, [ensemble[0]], random.Random(0), excluded=[ensemble[0]]
+        )
     assert (caught.value.found, caught.value.needed, caught.value.excluded) == (0, 1, 3)
     assert "besides 3 excluded" in str(caught.value)
+
+
+def test_r9_a_failed_member_out_of_quarantine_takes_its_own_position_back_last() -> None:
+    """Three nodes, E=3: once its quarantine ended, the failed member (still
+    registered, same instance) is its own replacement; a node outside the ensemble
+    is taken before it, and it never moves to another failed member's position."""
+    nodes = [node(i) for i in range(1, 5)]
+    ensemble = choose_ensemble(nodes[:3], 3, random.Random(0))
+    failed = ensemble[0]
+    assert choose_replacements(nodes[:3], ensemble, [failed], random.Random(0)) == {failed: failed}
+    spare = EnsembleMember(nodes[3].address, nodes[3].instance_id)
+    assert choose_replacements(nodes, ensemble, [failed], random.Random(0)) == {failed: spare}
+    # two failed, one spare: the spare takes the first position, the second comes back
+    two = choose_replacements(nodes, ensemble, [ensemble[0], ensemble[1]], random.Random(0))
+    assert two == {ensemble[0]: spare, ensemble[1]: ensemble[1]}
+    # gone from the registrations: it cannot come back
+    registered = [n for n in nodes[:3] if n.address != failed.address]
+    with pytest.raises(NotEnoughNodes):
+        choose_replacements(registered, ensemble, [failed], random.Random(0))
 
 
 def test_r9_a_new_instance_at_a_failed_members_address_may_replace_it() -> None:
@@ -208,13 +229,13 @@ def test_r9_a_failed_member_is_excluded_for_its_quarantine_then_a_candidate_agai
     ensemble = choose_ensemble(nodes[:3], 3, random.Random(0))
     earlier = EnsembleMember(nodes[3].address, nodes[3].instance_id)  # failed before
     failing = ensemble[0]
-    failed_at = {earlier: 100.0}
+    failed_at = {earlier: 100.0, failing: 109.5}  # the writer quarantines each failure
     young = quarantined(failed_at, now=109.9, quarantine_s=10.0)
     assert young == failed_at
     with pytest.raises(NotEnoughNodes):
         choose_replacements(nodes, ensemble, [failing], random.Random(0), excluded=young)
     expired = quarantined(failed_at, now=110.0, quarantine_s=10.0)
-    assert expired == {}
+    assert expired == {failing: 109.5}
     chosen = choose_replacements(nodes, ensemble, [failing], random.Random(0), excluded=expired)
     assert chosen == {failing: earlier}
 

@@ -41,39 +41,53 @@ def choose_replacements(
     excluded: Collection[EnsembleMember] = (),
 ) -> dict[EnsembleMember, EnsembleMember]:
     """R9: a replacement for each failed member of `ensemble`. Never at a surviving
-    member's address, never a failed (address, instance id) pair (`failed`, and
-    `excluded`: the members that failed for this ledger and are still in quarantine,
-    see `quarantined`). A registration at a failed member's address with another
-    instance id is a new node (a wiped data dir) and may replace it; nodes at
-    addresses that did not fail for this ledger (or whose quarantine ended) are taken
-    first. Replacements favour racks the surviving members do not use. NotEnoughNodes
-    when too few remain."""
+    member's address, never a member still in quarantine (`excluded`: the members
+    that failed for this ledger lately, see `quarantined`). A registration at a failed
+    member's address with another instance id is a new node (a wiped data dir) and may
+    replace it; nodes at addresses that did not fail for this ledger are taken first,
+    then nodes whose quarantine ended, and last a failed member whose quarantine ended
+    takes its own position back (a slow or cut-off node that came back, on a cluster
+    with no other candidate). A failed member never moves to another position.
+    Replacements favour racks the surviving members do not use. NotEnoughNodes when
+    too few remain."""
     failed_set = set(failed)
     unknown = failed_set.difference(ensemble)
     if unknown:
         raise ValueError(f"members {sorted(m.address for m in unknown)} are not in the ensemble")
     surviving = [member for member in ensemble if member not in failed_set]
     taken = {member.address for member in surviving}
-    refused = failed_set | set(excluded)
+    quarantine = set(excluded)
+    refused = failed_set | quarantine
     registered = list(nodes)
     racks = {node.address: node.rack or UNLABELLED for node in registered}
+    writable = _candidates(registered, excluded=taken)
     candidates = [
-        node
-        for node in _candidates(registered, excluded=taken)
-        if EnsembleMember(node.address, node.instance_id) not in refused
+        node for node in writable if EnsembleMember(node.address, node.instance_id) not in refused
     ]
-    if len(candidates) < len(failed_set):
-        writable = len(_candidates(registered, excluded=()))
-        raise NotEnoughNodes(len(candidates), len(failed_set), excluded=writable - len(candidates))
+    live = {EnsembleMember(node.address, node.instance_id) for node in writable}
+    in_order = [member for member in ensemble if member in failed_set]
+    # a failed member out of quarantine and registered again (same instance) may
+    # take its own position back, when nothing else is left
+    returning = [m for m in in_order if m not in quarantine and m in live]
+    if len(candidates) + len(returning) < len(failed_set):
+        everyone = len(_candidates(registered, excluded=()))
+        available = len(candidates) + len(returning)
+        raise NotEnoughNodes(available, len(failed_set), excluded=everyone - available)
     rack_use = Counter(racks.get(member.address, UNLABELLED) for member in surviving)
     failed_addresses = {member.address for member in refused}
     fresh = [node for node in candidates if node.address not in failed_addresses]
     renewed = [node for node in candidates if node.address in failed_addresses]
-    chosen = _pick(fresh, min(len(fresh), len(failed_set)), rng, rack_use)
+    need = len(failed_set)
+    chosen = _pick(fresh, min(len(fresh), need), rng, rack_use)
     rack_use.update(racks.get(member.address, UNLABELLED) for member in chosen)
-    chosen += _pick(renewed, len(failed_set) - len(chosen), rng, rack_use)
-    in_order = [member for member in ensemble if member in failed_set]
-    return dict(zip(in_order, chosen, strict=True))
+    chosen += _pick(renewed, min(len(renewed), need - len(chosen)), rng, rack_use)
+    # the members that return to their own positions: the last ones of `returning`,
+    # so that the others are replaced in the ensemble's order
+    back = returning[len(returning) - (need - len(chosen)) :] if need > len(chosen) else []
+    moved = [member for member in in_order if member not in back]
+    replacements = dict(zip(moved, chosen, strict=True))
+    replacements.update({member: member for member in back})
+    return replacements
 
 
 def quarantined(

@@ -199,10 +199,13 @@ class AckTracker:
             raise LedgerFenced(self.ledger_id)
         members = list(self._ensemble.members)
         current = set(members)
-        newcomers = set(replacements.values())
+        # a member replaced by itself takes its position back (R9: its quarantine
+        # ended): it is sent every pending entry of its write sets again
+        moved = {old: new for old, new in replacements.items() if old != new}
+        newcomers = set(moved.values())
         if not replacements or not current.issuperset(replacements):
             raise ValueError(f"ledger {self.ledger_id}: replacements must name current members")
-        if len(newcomers) != len(replacements) or newcomers & current:
+        if len(newcomers) != len(moved) or newcomers & current:
             raise ValueError(
                 f"ledger {self.ledger_id}: replacements must be distinct nodes outside the ensemble"
             )
