@@ -16,15 +16,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import anyio
 import trio
 
 from journal.errors import PoraError
 from ledger.errors import NoSuchEntry, NoSuchLedger
 from pora import Client, ClientConfig, LedgerFenced, LedgerWriter
 from pora.client.channel import LocalChannel
+from pora.client.replication.client import client_on_store
 from pora.client.replication.entry_format import decode_entry
-from pora.client.replication.node_pool import NodePool
 from pora.client.replication.quorum import entry_write_set
 from pora.meta.records import LedgerMetadata, LedgerState
 from pora.meta.store import MetadataStore, open_metadata
@@ -122,15 +121,9 @@ def run_plan(plan: Plan, folder: Path) -> RunResult:
 async def sim_client(store: MetadataStore, network: SimNetwork, name: str) -> AsyncIterator[Client]:
     """A `pora.Client` named `name` on the simulated network (as `pora.connect`
     builds one, on the simulation's store and channels)."""
-    async with anyio.create_task_group() as tasks:
-        pool = NodePool(tasks, network.opener(name))
-        client = Client(store, pool, tasks, SIM_CONFIG, random.Random(f"{network.seed}/{name}"))
-        try:
-            yield client
-        finally:
-            with anyio.CancelScope(shield=True):
-                await client._abandon_writers()
-                await pool.aclose()
+    rng = random.Random(f"{network.seed}/{name}")
+    async with client_on_store(store, network.opener(name), SIM_CONFIG, rng) as client:
+        yield client
 
 
 def payload_for(appender: int, k: int) -> bytes:

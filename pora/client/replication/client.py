@@ -269,13 +269,26 @@ async def connect(
     with lone_error_unwrapped():
         async with (
             open_metadata(url, config.metadata) as store,
-            anyio.create_task_group() as tasks,
+            client_on_store(
+                store, open_channel or tcp_channels(config), config, rng or random.Random()
+            ) as client,
         ):
-            pool = NodePool(tasks, open_channel or tcp_channels(config))
-            client = Client(store, pool, tasks, config, rng or random.Random())
-            try:
-                yield client
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await client._abandon_writers()
-                    await pool.aclose()
+            yield client
+
+
+@asynccontextmanager
+async def client_on_store(
+    store: MetadataStore, open_channel: ChannelOpener, config: ClientConfig, rng: random.Random
+) -> AsyncIterator[Client]:
+    """A client on a store already open, for the block (`connect`, and the simulation
+    with its own store and channels): its task group, its node pool, and on the way out
+    its writers abandoned and its connections closed."""
+    async with anyio.create_task_group() as tasks:
+        pool = NodePool(tasks, open_channel)
+        client = Client(store, pool, tasks, config, rng)
+        try:
+            yield client
+        finally:
+            with anyio.CancelScope(shield=True):
+                await client._abandon_writers()
+                await pool.aclose()
