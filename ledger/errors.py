@@ -84,8 +84,16 @@ class EntryTooLarge(LedgerError):
         )
 
 
-class InvalidArgument(PoraError):
-    """A request carries a value no ledger operation accepts (a negative id, say)."""
+class InvalidArgument(PoraError, ValueError):
+    """A call or a request carries a value no operation accepts (a negative id, a write
+    quorum larger than the ensemble). Also a ValueError, so code that guards a call
+    with `except ValueError` keeps working; `InvalidArgumentType` is the one for a
+    value of the wrong type."""
+
+
+class InvalidArgumentType(InvalidArgument, TypeError):
+    """A call got a value of the wrong type (a float quorum, a URL that is not a str,
+    a password of None). Also a TypeError, what Python raises for a wrong type."""
 
 
 class NodeClosed(PoraError):

@@ -13,6 +13,7 @@ import trio
 import trio.testing
 from replication_support import local_cluster
 
+import pora
 from netio.errors import ConnectionLost
 from pora.client.channel import NodeChannel
 from pora.client.replication.node_pool import NodePool
@@ -50,7 +51,7 @@ async def test_one_channel_per_address_opened_once_and_closed_with_the_pool(
             assert pool.addresses == sorted(cluster.addresses)
             await pool.aclose()
             assert sorted(closed) == sorted(cluster.addresses)
-            with pytest.raises(RuntimeError, match="closed"):
+            with pytest.raises(pora.ClientClosed, match="closed"):
                 await pool.channel(cluster.addresses[0])
 
 

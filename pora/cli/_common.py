@@ -97,11 +97,12 @@ def _exit_status(error: BaseException) -> int:
 
 def pora_error_message(error: BaseException) -> str | None:
     """The message of a PoraError, or of the PoraErrors an exception group holds (the
-    node's nurseries wrap what its tasks raise); None if it holds anything else."""
+    node's nurseries wrap what its tasks raise), each distinct message once (tasks
+    that failed alike say it once); None if it holds anything else."""
     leaves = _leaf_exceptions(error) if isinstance(error, BaseExceptionGroup) else [error]
     if not all(isinstance(leaf, PoraError) for leaf in leaves):
         return None
-    return "; ".join(str(leaf) for leaf in leaves)
+    return "; ".join(dict.fromkeys(str(leaf) for leaf in leaves))
 
 
 def _leaf_exceptions(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

@@ -6,7 +6,13 @@ import argparse
 import functools
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from journal.errors import PoraError
+from pora.cli._common import pora_error_message
+
+if TYPE_CHECKING:
+    from pora.bench.network import LoadConfig
 
 
 def register(subparsers: Any) -> None:
@@ -83,7 +89,47 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import trio  # noqa: PLC0415
 
-    from pora.bench.network import LoadConfig, format_table, run_bench  # noqa: PLC0415
+    from pora.bench.network import format_table, run_bench  # noqa: PLC0415
+
+    checked = _checked_arguments(args)
+    if isinstance(checked, str):
+        print(f"pora bench: {checked}", file=sys.stderr)
+        return 2
+    config, pora_loads = checked
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    try:
+        report = trio.run(
+            functools.partial(
+                run_bench,
+                config,
+                connect=args.connect,
+                redis=not args.no_redis,
+                pora_loads=pora_loads,
+                parent_dir=args.dir,
+                node_options=args.node_option,
+                rounds=args.rounds,
+                say=say,
+            )
+        )
+    except (PoraError, BaseExceptionGroup) as error:
+        # every connection fails the same way when the node goes away mid-run: its
+        # reason once, not a group of CONNECTIONS tracebacks
+        message = pora_error_message(error)
+        if message is None:
+            raise
+        print(f"pora bench: {message}", file=sys.stderr)
+        return 1
+    print(report.as_json() if args.json else format_table(report))
+    return 0
+
+
+def _checked_arguments(args: argparse.Namespace) -> tuple[LoadConfig, list[str]] | str:
+    """The load and the Pora loads asked for, or why the arguments are refused."""
+    from pora.bench.network import PORA_LOADS, LoadConfig  # noqa: PLC0415
+    from pora.server.settings import SettingsError, check_node_option_flags  # noqa: PLC0415
 
     try:
         config = LoadConfig(
@@ -94,44 +140,40 @@ def run(args: argparse.Namespace) -> int:
             warmup_s=args.warmup_s,
         )
     except ValueError as error:
-        print(f"pora bench: {error}", file=sys.stderr)
-        return 2
+        return str(error)
     if args.rounds < 1:
-        print("pora bench: --rounds must be >= 1", file=sys.stderr)
-        return 2
-    from pora.bench.network import PORA_LOADS  # noqa: PLC0415
-
+        return "--rounds must be >= 1"
     pora_loads = [] if args.redis_only else [x.strip() for x in args.pora_load.split(",") if x]
     for load in pora_loads:
         if load not in PORA_LOADS:
-            print(
-                f"pora bench: unknown --pora-load {load!r}; choose from {', '.join(PORA_LOADS)}",
-                file=sys.stderr,
-            )
-            return 2
-    from pora.server.settings import SettingsError, check_node_option_flags  # noqa: PLC0415
-
+            return f"unknown --pora-load {load!r}; choose from {', '.join(PORA_LOADS)}"
     try:
         check_node_option_flags(args.node_option)
     except SettingsError as error:
-        print(f"pora bench: {error}", file=sys.stderr)
-        return 2
+        return str(error)
+    if args.connect is not None and pora_loads:
+        refusal = _unreachable(args.connect)
+        if refusal is not None:
+            return f"--connect {args.connect!r}: {refusal}"
+    return config, pora_loads
 
-    def say(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
 
-    report = trio.run(
-        functools.partial(
-            run_bench,
-            config,
-            connect=args.connect,
-            redis=not args.no_redis,
-            pora_loads=pora_loads,
-            parent_dir=args.dir,
-            node_options=args.node_option,
-            rounds=args.rounds,
-            say=say,
-        )
-    )
-    print(report.as_json() if args.json else format_table(report))
-    return 0
+def _unreachable(address: str) -> str | None:
+    """Why the node at `address` cannot be loaded (a malformed address, nothing
+    answering there), or None once one connection to it opened."""
+    import trio  # noqa: PLC0415
+
+    from pora.client.node_client import connect_node  # noqa: PLC0415
+
+    if not address.strip():
+        return "an empty address: give the HOST:PORT of a running `pora serve`"
+
+    async def probe() -> None:
+        async with connect_node(address, reconnect_attempts=2):
+            pass
+
+    try:
+        trio.run(probe)
+    except PoraError as error:
+        return str(error)
+    return None

@@ -133,6 +133,19 @@ def run(args: argparse.Namespace) -> int:
     if args.base_port < 0 or args.base_port + args.nodes > 65535:
         _fail(f"--base-port {args.base_port} with {args.nodes} nodes passes port 65535")
         return EXIT_REFUSED
+    if args.metadata is not None and not args.metadata.strip():
+        # an unset shell variable (`--metadata "$URL"`): not the local store in --dir
+        _fail("--metadata is empty: give a store's URL, or leave it out for a local one")
+        return EXIT_REFUSED
+    if args.metadata is not None:
+        from pora.meta.errors import MetadataUnavailable  # noqa: PLC0415 (keeps --help light)
+        from pora.meta.store import check_metadata_url  # noqa: PLC0415
+
+        try:
+            check_metadata_url(args.metadata)  # before anything is made in --dir
+        except MetadataUnavailable as error:
+            _fail(str(error))
+            return EXIT_REFUSED
     folder: Path = args.dir.absolute()
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,7 @@ from netio.messages import (
     WriteLacResponse,
 )
 from pora.client.adds import AddClient
+from pora.client.lone_errors import lone_error_unwrapped
 from pora.client.remote_errors import error_from_response
 from pora.client.session import NodeInfo
 
@@ -351,7 +352,7 @@ async def connect_node(
     re-made on the next call, up to `reconnect_attempts` tries with exponential
     backoff from `backoff_initial_s` to `backoff_max_s`.
     """
-    try:
+    with lone_error_unwrapped():
         async with anyio.create_task_group() as task_group:
             client = NodeClient(
                 address,
@@ -375,13 +376,6 @@ async def connect_node(
                 yield client
             finally:
                 await client.aclose()
-    except BaseExceptionGroup as group:
-        # the client's own tasks never raise: a lone exception is the caller's (or a
-        # failed connect), and it should surface as itself, not wrapped in a group
-        if len(group.exceptions) != 1:
-            raise
-        error = group.exceptions[0]
-        raise error from error.__cause__
 
 
 __all__ = ["NodeClient", "NodeInfo", "connect_node", "error_from_response"]

@@ -103,6 +103,13 @@ class LedgerMetadata:
 
     def validate(self) -> None:
         """Raise InvalidMetadata for a record no backend may store."""
+        for name in ("ledger_id", "ensemble_size", "write_quorum", "ack_quorum"):
+            value = getattr(self, name)
+            # a bool is an int to Python, a float survives JSON: neither is a quorum
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidMetadata(
+                    f"ledger {self.ledger_id!r}: {name} must be an int, got {value!r}"
+                )
         if self.ledger_id < 0:
             raise InvalidMetadata(f"ledger id {self.ledger_id} is negative")
         if self.format_version != LEDGER_FORMAT_VERSION:

@@ -134,6 +134,27 @@ class MetadataStore(Protocol):
     async def aclose(self) -> None: ...
 
 
+def check_metadata_url(url: str) -> None:
+    """MetadataUnavailable, saying what a URL looks like, for one that cannot name a
+    store (an unknown scheme, a sqlite URL without a path, a zk:// host list with a
+    bad port or bracket); nothing is opened. Commands check their `--metadata` with
+    it before they start anything."""
+    if url.startswith("sqlite:"):
+        from pora.meta.sqlite_file import sqlite_path  # noqa: PLC0415
+
+        sqlite_path(url)
+    elif url.startswith("zk://"):
+        from pora.meta.zk_layout import parse_zk_url  # noqa: PLC0415
+
+        parse_zk_url(url)
+    else:
+        raise MetadataUnavailable(
+            url,
+            "unknown URL scheme",
+            "use sqlite:///abs/path.db, sqlite:relative/path.db or zk://host:port,.../chroot",
+        )
+
+
 @asynccontextmanager
 async def open_metadata(
     url: str, config: MetadataConfig | None = None, *, create: bool = True
@@ -149,22 +170,17 @@ async def open_metadata(
     because this call is the low-level one the node's path and tools set up stores
     with. Opening a store already set up reads only (no write lock) either way."""
     config = config or MetadataConfig()
+    check_metadata_url(url)
     if url.startswith("sqlite:"):
         from pora.meta.sqlite_store import SqliteMetadataStore, sqlite_path  # noqa: PLC0415
 
         store: MetadataStore = await SqliteMetadataStore.open(
             url, sqlite_path(url), config, create=create
         )
-    elif url.startswith("zk://"):
+    else:
         from pora.meta.zk_store import ZooKeeperMetadataStore  # noqa: PLC0415
 
         store = await ZooKeeperMetadataStore.open(url, config, create=create)
-    else:
-        raise MetadataUnavailable(
-            url,
-            "unknown URL scheme",
-            "use sqlite:///abs/path.db, sqlite:relative/path.db or zk://host:port,.../chroot",
-        )
     try:
         yield store
     finally:

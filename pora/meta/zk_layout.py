@@ -19,14 +19,42 @@ LEDGER_ID_DIGITS = 19
 ZNODE_DATA_BYTES_MAX = 1024 * 1024 - 4096
 
 
+ZK_URL_HINT = "use zk://host:port,host:port/chroot, an IPv6 address in brackets: zk://[::1]:2181/x"
+
+
 def parse_zk_url(url: str) -> tuple[str, str]:
-    """`zk://h1:p1,h2:p2/chroot` -> ("h1:p1,h2:p2", "/chroot"); no chroot -> "/"."""
+    """`zk://h1:p1,h2:p2/chroot` -> ("h1:p1,h2:p2", "/chroot"); no chroot -> "/".
+    MetadataUnavailable for a host list the ZooKeeper client could not parse (it
+    would raise a bare ValueError deep in its connection setup)."""
     hosts, _, chroot = url.removeprefix("zk://").partition("/")
     if not hosts:
-        raise MetadataUnavailable(
-            url, "no ZooKeeper servers in the URL", "use zk://host:port,host:port/chroot"
-        )
+        raise MetadataUnavailable(url, "no ZooKeeper servers in the URL", ZK_URL_HINT)
+    for server in hosts.split(","):
+        problem = _server_problem(server)
+        if problem is not None:
+            raise MetadataUnavailable(url, f"server {server!r}: {problem}", ZK_URL_HINT)
     return hosts, "/" + chroot.strip("/")
+
+
+def _server_problem(server: str) -> str | None:
+    """What is wrong with one `host[:port]` of a zk:// URL, or None."""
+    if server.startswith("["):
+        host, closed, rest = server[1:].partition("]")
+        if not closed:
+            return "an IPv6 address needs its closing bracket"
+        if rest and not rest.startswith(":"):
+            return "only ':port' may follow an IPv6 address's brackets"
+        port = rest[1:] if rest else None
+    else:
+        if server.count(":") > 1:
+            return "an IPv6 address goes in brackets"
+        host, colon, port_text = server.partition(":")
+        port = port_text if colon else None
+    if not host:
+        return "no host"
+    if port is not None and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        return f"the port {port!r} is not a number in 1..65535"
+    return None
 
 
 def bucket_of(ledger_id: int) -> int:

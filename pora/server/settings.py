@@ -27,6 +27,8 @@ from typing import Any, Final, Literal
 
 from journal.task import GroupCommitConfig
 from ledger.storage import LedgerConfig
+from pora.meta.errors import MetadataUnavailable
+from pora.meta.store import check_metadata_url
 from pora.node.config import NodeConfig
 from pora.server.gc_tuning import GC_YOUNG_THRESHOLD_DEFAULT
 
@@ -162,28 +164,54 @@ def _parse_str(value: object) -> str:
     return value
 
 
+#: what turns an optional setting off; an empty value is refused (an unset shell
+#: variable in `--metadata "$URL"` must not start a node standalone without a word)
+_OFF: Final = ("off", "none")
+
+
 def _parse_optional_address(value: object) -> Address | None:
     text = _parse_str(value).strip()
-    if text.lower() in ("", "off", "none"):
+    if not text:
+        raise ValueError("expected HOST:PORT, or off, got an empty value")
+    if text.lower() in _OFF:
         return None
     return parse_address(text)
 
 
 def _parse_optional_url(value: object) -> str | None:
     text = _parse_str(value).strip()
-    if text.lower() in ("", "off", "none"):
+    if not text:
+        raise ValueError("expected a metadata store URL, or off, got an empty value")
+    if text.lower() in _OFF:
         return None
     if not text.startswith(METADATA_URL_SCHEMES):
         raise ValueError(
             f"expected a metadata store URL starting with {' or '.join(METADATA_URL_SCHEMES)} "
             f"(like sqlite:///var/lib/pora/meta.db), got {text!r}"
         )
+    try:
+        check_metadata_url(text)
+    except MetadataUnavailable as error:
+        raise ValueError(f"{error.reason} ({error.hint})") from None
     return text
+
+
+def _parse_path(value: object) -> Path:
+    text = _parse_str(value)
+    if not text.strip():
+        # Path("") is the current directory: a node would make its data dir wherever
+        # it was started
+        raise ValueError("expected a directory, got an empty value")
+    return Path(text)
 
 
 def _parse_optional_label(value: object) -> str | None:
     text = _parse_str(value).strip()
-    return text or None
+    if not text:
+        # an unset shell variable (`--rack "$RACK"`) would otherwise register no rack
+        # and place replicas as if the node were anywhere
+        raise ValueError("expected a non-empty label (leave the setting out for none)")
+    return text
 
 
 def _parse_choice(choices: Sequence[str]) -> Any:
@@ -218,7 +246,7 @@ class Setting:
 
 
 SETTINGS: Final[tuple[Setting, ...]] = (
-    Setting("data_dir", Path("./pora-data"), lambda v: Path(_parse_str(v)),
+    Setting("data_dir", Path("./pora-data"), _parse_path,
             "directory holding the node's journal, entry logs and index", "DIR", "./pora-data"),
     Setting("listen", parse_address(DEFAULT_LISTEN), lambda v: parse_address(_parse_str(v)),
             "HOST:PORT the node serves the Pora protocol on (port 0: any free port)",

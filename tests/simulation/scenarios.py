@@ -18,15 +18,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
-import anyio
 import trio
 
 from journal.errors import PoraError
 from ledger.errors import NoSuchEntry, NoSuchLedger
 from pora import Client, ClientConfig, LedgerFenced, LedgerWriter
 from pora.client.channel import LocalChannel
+from pora.client.replication.client import client_on_store
 from pora.client.replication.entry_format import decode_entry
-from pora.client.replication.node_pool import NodePool
 from pora.client.replication.node_senders import Batch, LedgerTurns
 from pora.client.replication.quorum import entry_write_set
 from pora.meta.errors import NoSuchLedgerMetadata
@@ -148,17 +147,11 @@ def run_plan(plan: Plan, folder: Path) -> RunResult:
 async def sim_client(store: MetadataStore, network: SimNetwork, name: str) -> AsyncIterator[Client]:
     """A `pora.Client` named `name` on the simulated network (as `pora.connect`
     builds one, on the simulation's store and channels)."""
-    async with anyio.create_task_group() as tasks:
-        pool = NodePool(tasks, network.opener(name))
-        client = Client(store, pool, tasks, SIM_CONFIG, random.Random(f"{network.seed}/{name}"))
+    rng = random.Random(f"{network.seed}/{name}")
+    async with client_on_store(store, network.opener(name), SIM_CONFIG, rng) as client:
         if network.history is not None:
             watch_backlog(client, network.history)
-        try:
-            yield client
-        finally:
-            with anyio.CancelScope(shield=True):
-                await client._abandon_writers()
-                await pool.aclose()
+        yield client
 
 
 class _DiesAfterReplacing:

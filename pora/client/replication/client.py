@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
@@ -24,11 +25,19 @@ import anyio.abc
 from journal.errors import PoraError
 from ledger.errors import NoSuchLedger
 from netio.security import master_key_from_password
+from pora.client.lone_errors import lone_error_unwrapped
+from pora.client.replication.arguments import (
+    check_password,
+    check_quorums,
+    check_url,
+    ledger_id_in_range,
+)
 from pora.client.replication.budget import Budget
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.ensemble_change import WriterContext
-from pora.client.replication.errors import DeleteFailed, RecoveryFailed
-from pora.client.replication.ledger_records import check_password, marked_deleting, new_ledger
+from pora.client.replication.errors import ClientClosed, DeleteFailed, RecoveryFailed
+from pora.client.replication.ledger_records import check_password as check_master_key
+from pora.client.replication.ledger_records import marked_deleting, new_ledger
 from pora.client.replication.node_pool import ChannelOpener, NodePool, tcp_channels
 from pora.client.replication.node_senders import NodeSenders
 from pora.client.replication.placement import choose_ensemble
@@ -76,6 +85,13 @@ class Client:
         )
         #: the writers not closed yet (the client fails their pending appends on exit)
         self._writers: set[LedgerWriter] = set()
+        #: the readers it opened, told when it ends (their reads then raise ClientClosed)
+        self._readers: weakref.WeakSet[LedgerReader] = weakref.WeakSet()
+        self._closed = False
+
+    def _check_open(self, doing: str) -> None:
+        if self._closed:
+            raise ClientClosed(None, f"it cannot {doing}")
 
     async def create_ledger(
         self,
@@ -87,16 +103,15 @@ class Client:
     ) -> LedgerWriter:
         """A new OPEN ledger on `ensemble_size` writable nodes (R1, R2) with the write
         quorum (default: E) and the ack quorum (default: Qw); returns its writer.
-        NotEnoughNodes (nothing created) when fewer writable nodes are registered."""
-        write_quorum = ensemble_size if write_quorum is None else write_quorum
-        ack_quorum = write_quorum if ack_quorum is None else ack_quorum
-        if not ensemble_size >= write_quorum >= ack_quorum >= 1:
-            raise ValueError(
-                f"quorums E={ensemble_size} Qw={write_quorum} Qa={ack_quorum} break "
-                "E >= Qw >= Qa >= 1: ask for an ack quorum no larger than the write quorum, "
-                "and a write quorum no larger than the ensemble"
-            )
-        master_key = master_key_from_password(password)
+        NotEnoughNodes (nothing created) when fewer writable nodes are registered.
+        InvalidArgumentType (a TypeError) for a quorum that is not an int (a bool or a
+        float is refused) or a password that is not str or bytes; InvalidArgument (a
+        ValueError) for quorums that break E >= Qw >= Qa >= 1."""
+        self._check_open("create a ledger")
+        ensemble_size, write_quorum, ack_quorum = check_quorums(
+            ensemble_size, write_quorum, ack_quorum
+        )
+        master_key = master_key_from_password(check_password(password))
         nodes = await self.store.list_nodes(writable_only=True)
         members = choose_ensemble(nodes, ensemble_size, self._context.rng)
         ledger_id = await self.store.allocate_ledger_id()
@@ -125,9 +140,13 @@ class Client:
         when it has no record). `recover=True` (the default) recovers and closes an open
         ledger first: fencing its writer, whose later appends fail with LedgerFenced
         (R16..R22). `recover=False` reads an open ledger as it grows, never past its
-        LAC (R23), without disturbing its writer."""
+        LAC (R23), without disturbing its writer. `NoSuchLedger` too for an id no
+        ledger can have (outside [0, 2**63)); InvalidArgumentType for an id that is
+        not an int or a password that is not str or bytes."""
+        self._check_open("open a ledger")
+        check_password(password)
         async with self._no_such_ledger(ledger_id):
-            return await open_ledger(
+            reader = await open_ledger(
                 self.store,
                 self._pool.channel,
                 self.config,
@@ -136,9 +155,15 @@ class Client:
                 password,
                 recover,
             )
+        self._readers.add(reader)
+        return reader
 
     @asynccontextmanager
     async def _no_such_ledger(self, ledger_id: int) -> AsyncIterator[None]:
+        if not ledger_id_in_range(ledger_id):
+            raise NoSuchLedger(
+                ledger_id, "anywhere: ledger ids are ints in [0, 2**63), and this one is not"
+            )
         try:
             yield
         except NoSuchLedgerMetadata as error:
@@ -154,12 +179,13 @@ class Client:
         good; one that cannot be reached keeps the entries as garbage for the cluster
         tools. NoSuchLedger when the ledger has no record; DeleteFailed (the record
         left marked, a retry finishes) when too few members can be fenced."""
-        master_key = master_key_from_password(password)
+        self._check_open("delete a ledger")
+        master_key = master_key_from_password(check_password(password))
         attempt = 0
         while True:
             async with self._no_such_ledger(ledger_id):
                 record = await self.store.read_ledger(ledger_id)
-            check_password(record.value, master_key)
+            check_master_key(record.value, master_key)
             try:
                 record = await self._fence_for_delete(record, master_key)
                 await self.store.delete_ledger(ledger_id, record.version)
@@ -230,6 +256,7 @@ class Client:
 
     async def list_ledgers(self) -> AsyncIterator[LedgerMetadata]:
         """Every ledger record, by increasing id (read a page at a time)."""
+        self._check_open("list ledgers")
         after = -1
         while True:
             page = await self.store.list_ledgers(after_id=after, limit=_LIST_PAGE)
@@ -240,7 +267,11 @@ class Client:
             after = page[-1].value.ledger_id
 
     async def _abandon_writers(self) -> None:
-        """The client ends: every writer's pending appends fail, the node senders stop."""
+        """The client ends: every writer's pending appends fail, its readers' reads
+        fail with ClientClosed from now on, the node senders stop."""
+        self._closed = True
+        for reader in list(self._readers):
+            reader.client_closed()
         for writer in list(self._writers):
             await writer.abandon()
         self._senders.stop()
@@ -256,15 +287,36 @@ async def connect(
 ) -> AsyncIterator[Client]:
     """A replicating client on the metadata store at `url` (`sqlite:...`, `zk://...`),
     for the block. `open_channel` replaces the TCP connections to the nodes (tests:
-    in-process nodes); `rng` seeds placement's choices (a simulation replays them)."""
+    in-process nodes); `rng` seeds placement's choices (a simulation replays them).
+
+    An error leaving the block comes out as itself (`except pora.NoSuchLedger` around
+    the block catches it), not wrapped in the ExceptionGroup of the client's task
+    group; errors that really happened together stay in their group.
+    InvalidArgumentType for a URL that is not a str, MetadataUnavailable for one that
+    names no store this build can open (unknown scheme, malformed host or port)."""
+    url = check_url(url)
     config = config or ClientConfig()
-    # a client never sets up a store: a wrong URL is an error, not a new empty cluster
-    async with (
-        open_metadata(url, config.metadata, create=False) as store,
-        anyio.create_task_group() as tasks,
-    ):
-        pool = NodePool(tasks, open_channel or tcp_channels(config))
-        client = Client(store, pool, tasks, config, rng or random.Random())
+    with lone_error_unwrapped():
+        async with (
+            # a client never sets up a store: a wrong URL is an error, not a new empty cluster
+            open_metadata(url, config.metadata, create=False) as store,
+            client_on_store(
+                store, open_channel or tcp_channels(config), config, rng or random.Random()
+            ) as client,
+        ):
+            yield client
+
+
+@asynccontextmanager
+async def client_on_store(
+    store: MetadataStore, open_channel: ChannelOpener, config: ClientConfig, rng: random.Random
+) -> AsyncIterator[Client]:
+    """A client on a store already open, for the block (`connect`, and the simulation
+    with its own store and channels): its task group, its node pool, and on the way out
+    its writers abandoned and its connections closed."""
+    async with anyio.create_task_group() as tasks:
+        pool = NodePool(tasks, open_channel)
+        client = Client(store, pool, tasks, config, rng)
         try:
             yield client
         finally:

@@ -96,12 +96,18 @@ class DeleteFailed(PoraError):
 
 
 class ClientClosed(PoraError):
-    """The client a ledger writer belongs to ended with appends still pending."""
+    """The client ended (its `async with pora.connect(...)` block was left): its
+    writers take no more appends (one pending then has an unknown outcome), its
+    readers no more reads or tails, and it opens, creates and deletes no ledgers.
+    `ledger_id` names the writer's or the reader's ledger, None for a call on the
+    client itself."""
 
-    def __init__(self, ledger_id: int) -> None:
+    def __init__(self, ledger_id: int | None, what: str | None = None) -> None:
         self.ledger_id = ledger_id
-        super().__init__(
-            f"ledger {ledger_id}: its client was closed: the writer takes no more appends, "
-            "and one pending then has an unknown outcome (open the ledger with recovery to "
-            "learn what it holds)"
-        )
+        if what is None:  # a writer's
+            what = (
+                "the writer takes no more appends, and one pending then has an unknown "
+                "outcome (open the ledger with recovery to learn what it holds)"
+            )
+        where = "the client" if ledger_id is None else f"ledger {ledger_id}: its client"
+        super().__init__(f"{where} was closed: {what} (connect again to go on)")

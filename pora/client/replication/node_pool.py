@@ -22,6 +22,7 @@ import anyio.abc
 from pora.client.channel import NodeChannel, TcpChannel
 from pora.client.node_client import connect_node
 from pora.client.replication.config import ClientConfig
+from pora.client.replication.errors import ClientClosed
 
 ChannelOpener = Callable[[str], AbstractAsyncContextManager[NodeChannel]]
 
@@ -67,7 +68,7 @@ class NodePool:
             channel = self._channels.get(address)
             if channel is None:
                 if self._closed:
-                    raise RuntimeError(f"node pool closed: no channel to {address}")
+                    raise ClientClosed(None, f"it opens no channel to {address}")
                 channel = await self._task_group.start(self._hold, address)
                 self._channels[address] = channel
         return channel

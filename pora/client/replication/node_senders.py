@@ -103,6 +103,7 @@ class NodeSenders:
         self._touched: list[_NodeQueue] = []  # nodes given work this turn
         self._wake = new_event()
         self._scope: anyio.CancelScope | None = None
+        self._stopped = False
 
     def schedule(self, ledger: LedgerTurns) -> None:
         """`ledger` has work: its `take_turn` runs in the next dispatch (the caller asks
@@ -158,6 +159,8 @@ class NodeSenders:
         limit = self._config.calls_in_flight_per_node_max
         async with anyio.create_task_group() as tasks:
             self._scope = tasks.cancel_scope
+            if self._stopped:  # stopped before this task first ran (a client left at once)
+                tasks.cancel_scope.cancel()
             task_status.started()
             while True:
                 await self._wake.wait()
@@ -177,6 +180,7 @@ class NodeSenders:
 
     def stop(self) -> None:
         """End the dispatch and every call in flight (the client is closing)."""
+        self._stopped = True
         if self._scope is not None:
             self._scope.cancel()
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 
 import anyio
 import anyio.lowlevel
@@ -16,7 +17,12 @@ from ledger.errors import NoSuchEntry
 from netio.security import master_key_from_password
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.entry_format import decode_entry
-from pora.client.replication.errors import EntryDamaged, EntryLost, EntryUnreadable
+from pora.client.replication.errors import (
+    ClientClosed,
+    EntryDamaged,
+    EntryLost,
+    EntryUnreadable,
+)
 from pora.client.replication.ledger_records import check_password, why_fenced
 from pora.client.replication.quorum import ensemble_of, entry_write_set
 from pora.client.replication.recovery import recover_ledger
@@ -74,6 +80,8 @@ class LedgerReader:
         #: damaged replicas seen (R24: skipped, never returned): (address, damage)
         self.damaged: list[tuple[str, EntryDamaged]] = []
         self._shut = False
+        #: set when the client that opened this reader ends (its channels are gone)
+        self._client_closed = False
 
     @property
     def ledger_id(self) -> int:
@@ -161,7 +169,10 @@ class LedgerReader:
         """R23, R24: the entry's payload. NoSuchEntry above the bound (the LAC of an
         open ledger, the last entry of a closed one); EntryLost when every replica of
         an entry within it says it holds none."""
-        self._check_open()
+        with self.closed_client_guard():
+            return await self._read(entry_id)
+
+    async def _read(self, entry_id: int) -> bytes:
         if entry_id < 0 or entry_id > await self._bound_for(entry_id):
             raise NoSuchEntry(self.ledger_id, entry_id)
         try:
@@ -206,13 +217,16 @@ class LedgerReader:
         at most `read_range_entries_max` entries at a time (memory stays bounded); an
         entry no range read gave is read alone (R24). NoSuchEntry when `last` is above
         the bound (R23), before anything is yielded."""
-        self._check_open()
-        if first < 0 or last > await self._bound_for(last):
-            raise NoSuchEntry(self.ledger_id, last if first >= 0 else first)
+        with self.closed_client_guard():
+            if first < 0 or last > await self._bound_for(last):
+                raise NoSuchEntry(self.ledger_id, last if first >= 0 else first)
         next_id = first
         while next_id <= last:
             chunk_last = min(last, next_id + self.config.read_range_entries_max - 1)
-            found, complete_through = await self._range_from_covering_members(next_id, chunk_last)
+            with self.closed_client_guard():
+                found, complete_through = await self._range_from_covering_members(
+                    next_id, chunk_last
+                )
             while next_id <= chunk_last:
                 payload = found.pop(next_id, None)
                 if payload is None:
@@ -289,8 +303,30 @@ class LedgerReader:
         return tail_ledger(self, from_entry_id)
 
     def _check_open(self) -> None:
+        if self._client_closed:
+            raise self._client_closed_error()
         if self._shut:
             raise RuntimeError(f"the reader of ledger {self.ledger_id} was closed (aclose)")
+
+    def client_closed(self) -> None:
+        """The client that opened this reader ended: its reads and tails raise
+        ClientClosed from now on."""
+        self._client_closed = True
+
+    def _client_closed_error(self) -> ClientClosed:
+        return ClientClosed(self.ledger_id, "the reader reads no more")
+
+    @contextmanager
+    def closed_client_guard(self) -> Iterator[None]:
+        """A read that failed because the client ended under it (its channels closed,
+        its store too) raises ClientClosed, not what each replica's failure said."""
+        self._check_open()
+        try:
+            yield
+        except Exception as error:
+            if self._client_closed:
+                raise self._client_closed_error() from error
+            raise
 
     async def aclose(self) -> None:
         """The reader is done (its channels belong to the client's pool)."""

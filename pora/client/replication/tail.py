@@ -54,7 +54,8 @@ async def tail_ledger(reader: LedgerReader, from_entry_id: int) -> AsyncIterator
             continue
         if reader.closed:
             return  # after the last entry of a closed ledger
-        await _wait_for_progress(reader, next_id, polled)
+        with reader.closed_client_guard():  # ClientClosed once the client ended
+            await _wait_for_progress(reader, next_id, polled)
 
 
 async def _wait_for_progress(reader: LedgerReader, next_id: int, polled: dict[int, bytes]) -> None:
