@@ -21,6 +21,7 @@ from zookeeper_support import fresh_zk_url
 
 import pora
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata
+from pora.meta.store import open_metadata
 
 
 def under_asyncio(main: Callable[[], Awaitable[None]]) -> None:
@@ -28,6 +29,13 @@ def under_asyncio(main: Callable[[], Awaitable[None]]) -> None:
         await main()
 
     asyncio.run(wrapped())
+
+
+async def set_up(url: str) -> str:
+    """A new, empty store at `url`, as the nodes set one up (a client never does)."""
+    async with open_metadata(url, create=True):
+        pass
+    return url
 
 
 RUNNERS = pytest.mark.parametrize("runner", [under_asyncio, trio.run], ids=["asyncio", "trio"])
@@ -100,6 +108,7 @@ def test_a_typed_error_leaves_the_connect_block_as_itself(
     url = f"sqlite:///{tmp_path}/meta.db"
 
     async def main() -> None:
+        await set_up(url)
         try:
             async with pora.connect(url) as client:
                 await client.open_ledger(7)
@@ -118,6 +127,7 @@ def test_errors_raised_together_in_the_block_stay_in_their_group(
     url = f"sqlite:///{tmp_path}/meta.db"
 
     async def main() -> None:
+        await set_up(url)
         async with pora.connect(url):
             # the application's own group of two: it is the group that leaves the block
             raise ExceptionGroup("two at once", [pora.NoSuchLedger(1), KeyError(2)])
@@ -135,6 +145,7 @@ def test_a_block_that_awaits_nothing_leaves_at_once(
     url = f"sqlite:///{tmp_path}/meta.db"
 
     async def main() -> None:
+        await set_up(url)
         with anyio.fail_after(30):
             async with pora.connect(url):
                 pass
@@ -187,7 +198,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 async def test_an_id_no_ledger_can_have_is_no_such_ledger_on_both_backends(
     store_url: str, ledger_id: int
 ) -> None:
-    async with pora.connect(store_url) as client:
+    async with pora.connect(await set_up(store_url)) as client:
         with pytest.raises(pora.NoSuchLedger, match=r"\[0, 2\*\*63\)"):
             await client.open_ledger(ledger_id)
         with pytest.raises(pora.NoSuchLedger):
@@ -198,7 +209,7 @@ async def test_an_id_no_ledger_can_have_is_no_such_ledger_on_both_backends(
 async def test_a_ledger_id_that_is_not_an_int_is_a_type_error(
     tmp_path: Path, ledger_id: Any
 ) -> None:
-    async with pora.connect(f"sqlite:///{tmp_path}/meta.db") as client:
+    async with pora.connect(await set_up(f"sqlite:///{tmp_path}/meta.db")) as client:
         with pytest.raises(pora.InvalidArgumentType, match="ledger_id must be an int"):
             await client.open_ledger(ledger_id)
 

@@ -95,14 +95,16 @@ async def test_a_slow_member_is_replaced_before_its_backlog_outgrows_the_bound(
         writer = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
         laggard = writer.metadata.ensembles[0].members[0]
         slow.add(laggard.address)
-        pending = client._context.pending_bytes
-        worst = 0  # queued for the laggard beyond what is pending, at most
+        # queued for the laggard, at most: the bound is checked against the pending
+        # bytes as each batch is queued, and the pending bytes (at most one entry per
+        # task here) may fall after that, as the fast members acknowledge
+        worst = 0
         acknowledged: list[int] = []
 
         async def watch() -> None:
             nonlocal worst
             while True:
-                worst = max(worst, queued_bytes(client, laggard) - pending.used)
+                worst = max(worst, queued_bytes(client, laggard))
                 await trio.sleep(0.001)
 
         async def appender(task: int) -> None:
@@ -121,7 +123,7 @@ async def test_a_slow_member_is_replaced_before_its_backlog_outgrows_the_bound(
         assert sorted(acknowledged) == list(range(TASKS * APPENDS_EACH))
         last = writer.metadata.ensembles[-1].members
         assert laggard not in last, f"the slow member was never replaced: {last}"
-        assert worst <= BACKLOG_MAX, f"{worst} bytes queued for the slow member"
+        assert worst <= BACKLOG_MAX + TASKS * ENTRY, f"{worst} bytes queued for the slow member"
         # a backlog goes out in calls of at most add_call_bytes_max
         assert channels[laggard.address].largest_call <= CALL_MAX
         await writer.close()
