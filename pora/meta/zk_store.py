@@ -536,13 +536,16 @@ class ZooKeeperMetadataStore:
             return []  # no document was ever created in this space
         return page_of([key_of_znode(child) for child in children], after, limit)
 
-    def watch_document(
+    async def watch_document(
         self, space: str, name: str, after_version: int | None = None
     ) -> AsyncIterator[Versioned[bytes]]:
+        # checked on the first step, as every error of a watch is (the SQLite one too)
         check_document_key(space, name)
-        return self._watch(
+        changes = self._watch(
             self.paths.document(space, name), after_version, lambda: NoSuchDocument(space, name)
         )
+        async for document in changes:
+            yield document
 
     # --- node registry (ephemeral znodes; see ZkRegistry)
 
