@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from functools import partial
 from typing import Any, TypeVar
 
@@ -432,12 +433,14 @@ class ZooKeeperMetadataStore:
         changes = self._watch(
             self.paths.ledger(ledger_id), after_version, lambda: NoSuchLedgerMetadata(ledger_id)
         )
-        async for found in changes:
-            yield Versioned(LedgerMetadata.decode(found.value), found.version)
+        # closed with the watch, not left to the garbage collector
+        async with aclosing(changes):
+            async for found in changes:
+                yield Versioned(LedgerMetadata.decode(found.value), found.version)
 
     async def _watch(
         self, path: str, after_version: int | None, missing: Callable[[], MetadataError]
-    ) -> AsyncIterator[Versioned[bytes]]:
+    ) -> AsyncGenerator[Versioned[bytes], None]:
         """Yield the znode's data each time its version moves past the last one
         yielded (from `after_version`, or the version at the start); end when it is
         deleted; `missing()` if it is absent at the start."""
@@ -544,8 +547,10 @@ class ZooKeeperMetadataStore:
         changes = self._watch(
             self.paths.document(space, name), after_version, lambda: NoSuchDocument(space, name)
         )
-        async for document in changes:
-            yield document
+        # closed with the watch, not left to the garbage collector
+        async with aclosing(changes):
+            async for document in changes:
+                yield document
 
     # --- node registry (ephemeral znodes; see ZkRegistry)
 
