@@ -1,11 +1,12 @@
 """The ZooKeeper metadata store (kazoo): ledger records in a bucketed znode tree,
 versions from znode stats, node registrations as ephemeral znodes kept by the
-client's session. kazoo's `*_async` calls only queue a request for its connection
-thread, so the single-request operations (create, read, update, delete) send from the
-event loop and are woken by kazoo's completion callback: no worker thread per call.
-Multi-step operations (id blocks, listings, registrations) run in a worker thread (at
-most `MetadataConfig.threads_max`). Nothing blocks the event loop. docs/metadata.md
-gives the layout."""
+client's session, documents under /documents/<space>/<escaped name>. kazoo's
+`*_async` calls only queue a request for its connection thread, so the single-request
+operations (create, read, update, delete) send from the event loop and are woken by
+kazoo's completion callback: no worker thread per call. Multi-step operations (id
+blocks, listings, registrations) run in a worker thread (at most
+`MetadataConfig.threads_max`). Nothing blocks the event loop. docs/metadata.md gives
+the layout."""
 
 from __future__ import annotations
 
