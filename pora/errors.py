@@ -52,6 +52,7 @@ from pora.client.replication.errors import (
     RecoveryFailed,
 )
 from pora.meta.errors import (
+    DocumentExists,
     InvalidMetadata,
     LedgerExists,
     MetadataError,
@@ -61,6 +62,7 @@ from pora.meta.errors import (
     MetadataUnavailable,
     MetadataVersionConflict,
     NodeAddressTaken,
+    NoSuchDocument,
     NoSuchLedgerMetadata,
     RegistrationLost,
 )
@@ -72,6 +74,7 @@ __all__ = [
     "DataDirError",
     "DataDirLocked",
     "DeleteFailed",
+    "DocumentExists",
     "EntryConflict",
     "EntryDamaged",
     "EntryLost",
@@ -99,6 +102,7 @@ __all__ = [
     "MetadataTimeout",
     "MetadataUnavailable",
     "MetadataVersionConflict",
+    "NoSuchDocument",
     "NoSuchEntry",
     "NoSuchLedger",
     "NoSuchLedgerMetadata",
