@@ -3,7 +3,8 @@
 `open_node` runs a storage node in-process; `connect_node` talks to one over the
 network; `connect` opens a replicating client on a cluster's metadata store
 (`Client`: ledgers on ensembles of nodes, written through a `LedgerWriter`, read
-through a `LedgerReader`). The errors their operations raise are gathered in
+through a `LedgerReader`; named streams of ledgers, whose entries sit at `Position`s).
+The errors their operations raise are gathered in
 `pora.errors` and re-exported here.
 """
 
@@ -54,6 +55,7 @@ from pora.errors import (
     NoSuchEntry,
     NoSuchLedger,
     NoSuchLedgerMetadata,
+    NoSuchStream,
     NotEnoughNodes,
     PoraError,
     ProtocolError,
@@ -62,11 +64,15 @@ from pora.errors import (
     RemoteError,
     RequestTimeout,
     StorageCorruption,
+    StreamExists,
+    StreamSealed,
     Unauthorized,
     UnindexedEntryLog,
+    WriterFenced,
 )
 from pora.node import Node, NodeStatistics, open_node
 from pora.node.config import NodeConfig
+from pora.streams.position import Position
 
 __version__ = "0.1.0"
 
@@ -111,6 +117,7 @@ __all__ = [
     "NoSuchEntry",
     "NoSuchLedger",
     "NoSuchLedgerMetadata",
+    "NoSuchStream",
     "Node",
     "NodeAddressTaken",
     "NodeClient",
@@ -122,14 +129,18 @@ __all__ = [
     "NodeStatistics",
     "NotEnoughNodes",
     "PoraError",
+    "Position",
     "ProtocolError",
     "RecoveryFailed",
     "RegistrationLost",
     "RemoteError",
     "RequestTimeout",
     "StorageCorruption",
+    "StreamExists",
+    "StreamSealed",
     "Unauthorized",
     "UnindexedEntryLog",
+    "WriterFenced",
     "connect",
     "connect_node",
     "master_key_from_password",

@@ -1,0 +1,142 @@
+"""The stream document's pure changes: each returns a new document that keeps the
+rules, refuses what does not apply, and survives encoding."""
+
+from dataclasses import replace
+
+import pytest
+
+from pora import InvalidArgument, InvalidArgumentType
+from pora.meta.errors import InvalidMetadata, MetadataRecordTooLarge
+from pora.streams.document import (
+    Segment,
+    SegmentState,
+    StreamChangeRefused,
+    StreamConfig,
+    StreamDocument,
+    StreamState,
+    add_segment,
+    check_stream_name,
+    close_segment,
+    decode_document,
+    encode_document,
+    new_stream,
+    roll,
+    seal,
+    take_over,
+)
+
+CONFIG = StreamConfig(segment_bytes_max=64 * 1024)
+
+
+def round_trip(doc: StreamDocument) -> StreamDocument:
+    again = decode_document(encode_document(doc))
+    assert again == doc
+    return again
+
+
+def test_a_writers_life() -> None:
+    doc = round_trip(new_stream("events", CONFIG, 1000))
+    assert (doc.commit, doc.segments, doc.writer_epoch, doc.next_seq) == (0, (), 0, 0)
+    doc = round_trip(take_over(doc))
+    assert doc.writer_epoch == 1 and doc.commit == 0  # not a visible change
+    doc = round_trip(add_segment(doc, 1, ledger_id=7, now_ms=2000))
+    assert doc.commit == 1 and doc.writer_segment == 0
+    assert doc.segments[0].state is SegmentState.OPEN and doc.segments[0].commit == 1
+    doc = round_trip(roll(doc, 1, last_entry_id=41, byte_length=4200, next_ledger_id=9, now_ms=3))
+    assert doc.commit == 2 and doc.writer_segment == 1
+    first, second = doc.segments
+    assert (first.state, first.last_entry_id, first.byte_length) == (SegmentState.CLOSED, 41, 4200)
+    assert (second.seq, second.ledger_id, second.state, second.commit) == (
+        1,
+        9,
+        SegmentState.OPEN,
+        2,
+    )
+    doc = round_trip(take_over(doc))  # a second writer: the first's epoch is refused
+    with pytest.raises(StreamChangeRefused, match="epoch 1"):
+        close_segment(doc, 1, 3, 30)
+    doc = round_trip(close_segment(doc, 2, -1, 0))  # recovered empty
+    doc = round_trip(add_segment(doc, 2, 11, 4))
+    doc = round_trip(close_segment(doc, 2, 0, 5))
+    doc = round_trip(seal(doc))
+    assert doc.state is StreamState.SEALED and doc.commit == 4
+    assert seal(doc) == doc
+    with pytest.raises(StreamChangeRefused, match="sealed"):
+        take_over(doc)
+    with pytest.raises(StreamChangeRefused, match="sealed"):
+        add_segment(doc, 2, 12, 5)
+
+
+def test_refused_changes() -> None:
+    doc = add_segment(take_over(new_stream("s", CONFIG, 0)), 1, 5, 0)
+    with pytest.raises(StreamChangeRefused, match="still open"):
+        add_segment(doc, 1, 6, 0)
+    with pytest.raises(StreamChangeRefused, match="close segment 0 before sealing"):
+        seal(doc)
+    closed = close_segment(doc, 1, 1, 10)
+    with pytest.raises(StreamChangeRefused, match="no open segment"):
+        close_segment(closed, 1, 1, 10)
+    with pytest.raises(InvalidMetadata, match="bytes but no entries"):
+        close_segment(doc, 1, -1, 10)
+
+
+@pytest.mark.parametrize("name", ["", ".hidden", "a/b", "a b", "é", "x" * 129, "a\x00"])
+def test_bad_names(name: str) -> None:
+    with pytest.raises(InvalidArgument, match="stream name"):
+        check_stream_name(name)
+
+
+def test_good_names() -> None:
+    for name in ["a", "A.b-c_d", "x" * 128, "-", "_x.", "0"]:
+        assert check_stream_name(name) == name
+    with pytest.raises(InvalidArgumentType):
+        check_stream_name(b"abc")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"segment_bytes_max": 64 * 1024 - 1}, InvalidArgument, "64 KiB"),
+        ({"segment_bytes_max": 1.5e6}, InvalidArgumentType, "segment_bytes_max"),
+        ({"segment_age_s_max": 0}, InvalidArgument, "segment_age_s_max"),
+        ({"segment_age_s_max": float("inf")}, InvalidArgument, "segment_age_s_max"),
+        ({"segment_age_s_max": "1"}, InvalidArgumentType, "segment_age_s_max"),
+        ({"retention_s": -1}, InvalidArgument, "retention_s"),
+        ({"retention_bytes": 0}, InvalidArgument, "retention_bytes"),
+        ({"retention_bytes": 1.0}, InvalidArgumentType, "retention_bytes"),
+        ({"write_quorum": 4}, InvalidArgument, "E >= Qw"),
+        ({"ack_quorum": True}, InvalidArgumentType, "ack_quorum"),
+    ],
+)
+def test_bad_config(kwargs: dict[str, object], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        StreamConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda s: s.replace(b'"format_version":1', b'"format_version":2'), "newer Pora"),
+        (lambda s: s.replace(b'"cursors":[]', b'"cursors":[1]'), "cursors"),
+        (lambda s: s.replace(b'"next_seq":2', b'"next_seq":1'), "consecutive"),
+        (lambda s: s.replace(b'"segment":1', b'"segment":0'), "open segments"),
+        (lambda s: s.replace(b'"state":"ACTIVE"', b'"state":"GONE"'), "malformed"),
+        (lambda s: s[:-1], "malformed"),
+        (lambda s: s.replace(b'"commit":2', b'"commit":1'), "over 1"),
+    ],
+)
+def test_decode_refuses(edit: object, match: str) -> None:
+    doc = roll(add_segment(take_over(new_stream("s", CONFIG, 0)), 1, 5, 0), 1, 0, 1, 6, 0)
+    data = edit(encode_document(doc))  # type: ignore[operator]
+    with pytest.raises(InvalidMetadata, match=match):
+        decode_document(data)
+
+
+def test_a_document_over_a_record_is_refused() -> None:
+    segments = tuple(
+        Segment(seq, seq, SegmentState.CLOSED, seq + 1, 1_700_000_000_000, 10**6, 1 << 30)
+        for seq in range(30_000)
+    )
+    doc = replace(new_stream("big", CONFIG, 0), segments=segments, next_seq=30_000, commit=30_000)
+    with pytest.raises(MetadataRecordTooLarge, match="stream document 'big'"):
+        encode_document(doc)
