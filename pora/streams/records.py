@@ -1,0 +1,60 @@
+"""Reading and compare-and-setting one stream's document in the metadata store."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from pora.meta.errors import NoSuchDocument
+from pora.meta.records import Versioned
+from pora.meta.store import MetadataStore
+from pora.streams.document import (
+    STREAMS_SPACE,
+    StreamDocument,
+    decode_document,
+    encode_document,
+)
+from pora.streams.errors import NoSuchStream
+
+
+class StreamRecord:
+    """One stream's document: reads decode it, writes are compare-and-sets naming the
+    version read (MetadataVersionConflict when another client changed it first)."""
+
+    def __init__(self, store: MetadataStore, name: str) -> None:
+        self.store = store
+        self.name = name
+
+    async def read(self) -> Versioned[StreamDocument]:
+        try:
+            record = await self.store.read_document(STREAMS_SPACE, self.name)
+        except NoSuchDocument as gone:
+            raise NoSuchStream(self.name) from gone
+        return Versioned(decode_document(record.value), record.version)
+
+    async def write(self, doc: StreamDocument, expected_version: int) -> Versioned[StreamDocument]:
+        try:
+            record = await self.store.update_document(
+                STREAMS_SPACE, self.name, encode_document(doc), expected_version
+            )
+        except NoSuchDocument as gone:
+            raise NoSuchStream(self.name) from gone
+        return Versioned(doc, record.version)
+
+    async def next_change(self, after_version: int) -> Versioned[StreamDocument]:
+        """The document once its version moves past `after_version` (at once if it
+        has); NoSuchStream when it is deleted."""
+        changes = self.store.watch_document(STREAMS_SPACE, self.name, after_version)
+        try:
+            async for record in changes:
+                return Versioned(decode_document(record.value), record.version)
+        except NoSuchDocument as gone:
+            raise NoSuchStream(self.name) from gone
+        finally:
+            await _close(changes)
+        raise NoSuchStream(self.name)
+
+
+async def _close(changes: AsyncIterator[object]) -> None:
+    close = getattr(changes, "aclose", None)
+    if close is not None:
+        await close()
