@@ -53,6 +53,7 @@ from pora.client.replication.errors import (
     RecoveryFailed,
 )
 from pora.meta.errors import (
+    DocumentExists,
     InvalidMetadata,
     LedgerExists,
     MetadataError,
@@ -62,6 +63,7 @@ from pora.meta.errors import (
     MetadataUnavailable,
     MetadataVersionConflict,
     NodeAddressTaken,
+    NoSuchDocument,
     NoSuchLedgerMetadata,
     RegistrationLost,
 )
@@ -74,6 +76,7 @@ __all__ = [
     "DataDirError",
     "DataDirLocked",
     "DeleteFailed",
+    "DocumentExists",
     "EntryConflict",
     "EntryDamaged",
     "EntryLost",
@@ -101,6 +104,7 @@ __all__ = [
     "MetadataTimeout",
     "MetadataUnavailable",
     "MetadataVersionConflict",
+    "NoSuchDocument",
     "NoSuchEntry",
     "NoSuchLedger",
     "NoSuchLedgerMetadata",

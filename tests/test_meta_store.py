@@ -58,8 +58,9 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path}/meta.db"
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def run(request: pytest.FixtureRequest) -> Runner:
+def runner(library: str) -> Runner:
+    """Something that runs a test's coroutine under `library` (asyncio or trio)."""
+
     def under_asyncio(main: Callable[[], Awaitable[None]]) -> None:
         async def wrapped() -> None:
             await main()
@@ -69,7 +70,12 @@ def run(request: pytest.FixtureRequest) -> Runner:
     def under_trio(main: Callable[[], Awaitable[None]]) -> None:
         trio.run(main)
 
-    return under_asyncio if request.param == "asyncio" else under_trio
+    return under_asyncio if library == "asyncio" else under_trio
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def run(request: pytest.FixtureRequest) -> Runner:
+    return runner(request.param)
 
 
 def with_store(run: Runner, url: str, body: Body, config: MetadataConfig | None = None) -> None:

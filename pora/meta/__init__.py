@@ -2,6 +2,7 @@
 streams, behind one interface with an embedded SQLite and a ZooKeeper backend."""
 
 from pora.meta.errors import (
+    DocumentExists,
     InvalidMetadata,
     LedgerExists,
     MetadataError,
@@ -11,6 +12,7 @@ from pora.meta.errors import (
     MetadataUnavailable,
     MetadataVersionConflict,
     NodeAddressTaken,
+    NoSuchDocument,
     NoSuchLedgerMetadata,
     RegistrationLost,
 )
@@ -25,6 +27,7 @@ from pora.meta.records import (
 from pora.meta.store import MetadataConfig, MetadataStore, open_metadata
 
 __all__ = [
+    "DocumentExists",
     "Ensemble",
     "EnsembleMember",
     "InvalidMetadata",
@@ -39,6 +42,7 @@ __all__ = [
     "MetadataTimeout",
     "MetadataUnavailable",
     "MetadataVersionConflict",
+    "NoSuchDocument",
     "NoSuchLedgerMetadata",
     "NodeAddressTaken",
     "NodeRegistration",

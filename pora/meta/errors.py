@@ -53,6 +53,27 @@ class NoSuchLedgerMetadata(MetadataError):
         super().__init__(f"ledger {ledger_id} has no metadata in the store")
 
 
+class DocumentExists(MetadataError):
+    """A document with this space and name is already stored."""
+
+    def __init__(self, space: str, name: str) -> None:
+        self.space = space
+        self.name = name
+        super().__init__(
+            f"document {name!r} in space {space!r} already exists: read it and update it "
+            "with its version, or use another name"
+        )
+
+
+class NoSuchDocument(MetadataError):
+    """No document with this space and name (never created, or deleted)."""
+
+    def __init__(self, space: str, name: str) -> None:
+        self.space = space
+        self.name = name
+        super().__init__(f"no document {name!r} in space {space!r} in the store")
+
+
 class InvalidMetadata(MetadataError):
     """A record breaks a rule of its format (quorums, ensembles, sizes)."""
 

@@ -16,7 +16,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -35,6 +35,13 @@ from pora.meta.sqlite_writer import BatchWriter, Write
 from pora.meta.store import MetadataConfig
 
 R = TypeVar("R")
+
+#: a version no record reaches: a poll that asks for records newer than it reads the
+#: version alone
+NO_RECORD_NEWER = 2**62
+#: one poll of a watched row: given the version last seen, the row's version and its
+#: record if newer than that (else None); None for no row
+Poll = Callable[[int, sqlite3.Connection], "tuple[int, bytes | None] | None"]
 
 SCHEMA_VERSION = 1
 SCHEMA = (
@@ -382,4 +389,44 @@ class SqliteFile:
                 )
 
 
-__all__ = ["SCHEMA", "SCHEMA_VERSION", "SqliteFile", "sqlite_path"]
+async def poll_versions(
+    file: SqliteFile,
+    poll: Poll,
+    after_version: int | None,
+    missing: Callable[[], MetadataError],
+) -> AsyncIterator[tuple[int, bytes]]:
+    """A watch on one row (`watch_ledger`, `watch_document`): yield (version, record)
+    each time the row's version moves past the last one yielded, from `after_version`
+    or the version current at the start; end when the row is gone; `missing()` if it
+    is absent at the start. The row's version is the change counter: polling it is one
+    primary-key lookup, the record is read only when the version moved, and the pause
+    between polls doubles from watch_poll_min_s to watch_poll_max_s while nothing
+    changes."""
+    # the first look needs only the version: no record is newer than NO_RECORD_NEWER
+    first = await file._call(partial(poll, NO_RECORD_NEWER))
+    if first is None:
+        raise missing()
+    seen = first[0] if after_version is None else after_version
+    pause = file._config.watch_poll_min_s
+    while True:
+        row = await file._call(partial(poll, int(seen)))
+        if row is None:
+            return
+        version, record = row
+        if record is not None and version > seen:
+            seen = version
+            pause = file._config.watch_poll_min_s
+            yield version, record
+            continue
+        await anyio.sleep(pause)
+        pause = min(pause * 2, file._config.watch_poll_max_s)
+
+
+__all__ = [
+    "NO_RECORD_NEWER",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "SqliteFile",
+    "poll_versions",
+    "sqlite_path",
+]

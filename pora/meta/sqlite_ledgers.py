@@ -17,12 +17,8 @@ from pora.meta.errors import (
     NoSuchLedgerMetadata,
 )
 from pora.meta.records import LedgerMetadata, Versioned
-from pora.meta.sqlite_file import SqliteFile
+from pora.meta.sqlite_file import SqliteFile, poll_versions
 from pora.meta.store import MetadataConfig
-
-#: a version no ledger record reaches: a poll that asks for records newer than it
-#: reads the version alone
-NO_RECORD_NEWER = 2**62
 
 
 class SqliteLedgerRecords(SqliteFile):
@@ -131,8 +127,6 @@ class SqliteLedgerRecords(SqliteFile):
     async def watch_ledger(
         self, ledger_id: int, after_version: int | None = None
     ) -> AsyncIterator[Versioned[LedgerMetadata]]:
-        # the row's version is the change counter: polling it is one primary-key lookup,
-        # and the record is read only when the version moved
         def poll(seen: int, conn: sqlite3.Connection) -> tuple[int, bytes | None] | None:
             return conn.execute(  # type: ignore[no-any-return]
                 "SELECT version, CASE WHEN version > ? THEN record END"
@@ -140,24 +134,9 @@ class SqliteLedgerRecords(SqliteFile):
                 (seen, ledger_id),
             ).fetchone()
 
-        # the first look needs only the version: no record is newer than NO_RECORD_NEWER
-        first = await self._call(partial(poll, NO_RECORD_NEWER))
-        if first is None:
-            raise NoSuchLedgerMetadata(ledger_id)
-        seen = first[0] if after_version is None else after_version
-        pause = self._config.watch_poll_min_s
-        while True:
-            row = await self._call(partial(poll, int(seen)))
-            if row is None:
-                return
-            version, record = row
-            if record is not None and version > seen:
-                seen = version
-                pause = self._config.watch_poll_min_s
-                yield Versioned(LedgerMetadata.decode(record), version)
-                continue
-            await anyio.sleep(pause)
-            pause = min(pause * 2, self._config.watch_poll_max_s)
+        changes = poll_versions(self, poll, after_version, lambda: NoSuchLedgerMetadata(ledger_id))
+        async for version, record in changes:
+            yield Versioned(LedgerMetadata.decode(record), version)
 
 
 __all__ = ["SqliteLedgerRecords"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pora.meta.sqlite_documents import SqliteDocuments
 from pora.meta.sqlite_file import sqlite_path
 from pora.meta.sqlite_identity import SqliteClusterIdentity
 from pora.meta.sqlite_ledgers import SqliteLedgerRecords
@@ -18,11 +19,14 @@ from pora.meta.sqlite_writer import BatchWriter
 from pora.meta.store import MetadataConfig
 
 
-class SqliteMetadataStore(SqliteLedgerRecords, SqliteNodeRegistry, SqliteClusterIdentity):
+class SqliteMetadataStore(
+    SqliteLedgerRecords, SqliteNodeRegistry, SqliteClusterIdentity, SqliteDocuments
+):
     """The `MetadataStore` on one SQLite file: the file (pora.meta.sqlite_file),
     ledger records (pora.meta.sqlite_ledgers), node registrations
     (pora.meta.sqlite_nodes), the cluster id and node marks
-    (pora.meta.sqlite_identity). Make one with `open`."""
+    (pora.meta.sqlite_identity), documents (pora.meta.sqlite_documents). Make one
+    with `open`."""
 
     @classmethod
     async def open(

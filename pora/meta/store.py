@@ -10,8 +10,9 @@ version (a polled change counter in SQLite, a re-armed watch in ZooKeeper). Ever
 is async and works under asyncio and trio (anyio); backends run their blocking client
 in worker threads and give up on a call after `MetadataConfig.call_timeout_s`.
 
-Named stream records (a name -> a versioned document) are the next users of this
-interface; they come with the streams layer.
+Documents are named, versioned byte strings (`create_document` .. `watch_document`)
+grouped in spaces: the streams layer keeps each stream in documents and changes them
+only by compare-and-set; pora/meta/documents.py holds the rules for their names.
 """
 
 from __future__ import annotations
@@ -108,6 +109,46 @@ class MetadataStore(Protocol):
 
     async def list_nodes(self, writable_only: bool = False) -> list[NodeRegistration]:
         """Live registrations by address (an expired lease counts as gone)."""
+        ...
+
+    # --- documents: named, versioned bytes in spaces (docs/metadata.md, "Documents").
+    # A space and a name are non-empty str of at most 200 UTF-8 bytes without NUL,
+    # and a space holds no '/' (InvalidMetadata otherwise); data is at most
+    # MetadataConfig.record_bytes_max bytes (MetadataRecordTooLarge, nothing written).
+
+    async def create_document(self, space: str, name: str, data: bytes) -> Versioned[bytes]:
+        """Store a new document at version 0; DocumentExists if (space, name) is taken."""
+        ...
+
+    async def read_document(self, space: str, name: str) -> Versioned[bytes]:
+        """The document and its version; NoSuchDocument if there is none."""
+        ...
+
+    async def update_document(
+        self, space: str, name: str, data: bytes, expected_version: int
+    ) -> Versioned[bytes]:
+        """Replace the data if the document is still at `expected_version` (it moves to
+        the next version), else MetadataVersionConflict (NoSuchDocument if it is gone)."""
+        ...
+
+    async def delete_document(self, space: str, name: str, expected_version: int) -> None:
+        """Delete the document if it is still at `expected_version`, else
+        MetadataVersionConflict (NoSuchDocument if it is gone)."""
+        ...
+
+    async def list_documents(self, space: str, after: str = "", limit: int = 1000) -> list[str]:
+        """Up to `limit` names in `space` greater than `after`, sorted bytewise on their
+        UTF-8 (as str order is); the next page starts after the last name of this one.
+        An empty or unknown space lists nothing."""
+        ...
+
+    def watch_document(
+        self, space: str, name: str, after_version: int | None = None
+    ) -> AsyncIterator[Versioned[bytes]]:
+        """As `watch_ledger`: yield the document each time its version moves past the
+        last one yielded (from `after_version`, or the version current when the watch
+        starts); versions in between may be skipped; the iteration ends when the
+        document is deleted. NoSuchDocument if it is absent at the start."""
         ...
 
     # --- the cluster's identity and the nodes' marks (docs/metadata.md)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
+from pora.meta.documents import znode_name
 from pora.meta.errors import MetadataUnavailable
 
 LAYOUT_VERSION = 1
@@ -83,6 +84,17 @@ class ZkPaths:
     @property
     def streams(self) -> str:
         return self._under("streams")
+
+    @property
+    def documents(self) -> str:
+        """Made by the first document created (not at open: opening stays a read)."""
+        return self._under("documents")
+
+    def document_space(self, space: str) -> str:
+        return f"{self.documents}/{znode_name(space)}"
+
+    def document(self, space: str, name: str) -> str:
+        return f"{self.document_space(space)}/{znode_name(name)}"
 
     @property
     def cluster(self) -> str:

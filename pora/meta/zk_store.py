@@ -37,12 +37,23 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 
+from pora.meta.documents import (
+    check_document_data,
+    check_document_key,
+    check_page,
+    check_version,
+    document_key,
+    key_of_znode,
+    page_of,
+)
 from pora.meta.errors import (
+    DocumentExists,
     LedgerExists,
     MetadataError,
     MetadataTimeout,
     MetadataUnavailable,
     MetadataVersionConflict,
+    NoSuchDocument,
     NoSuchLedgerMetadata,
 )
 from pora.meta.identity import check_node_mark, new_cluster_id
@@ -328,31 +339,29 @@ class ZooKeeperMetadataStore:
         return Versioned(meta, 0)
 
     def _read(
-        self, ledger_id: int, watch: Callable[[object], None] | None = None
+        self, path: str, watch: Callable[[object], None] | None = None
     ) -> Versioned[bytes] | None:
         try:
-            data, stat = self._wait(self.client.get_async(self.paths.ledger(ledger_id), watch))
+            data, stat = self._wait(self.client.get_async(path, watch))
         except NoNodeError:
             return None
         return Versioned(bytes(data), int(stat.version))
 
-    async def _read_async(self, ledger_id: int) -> Versioned[bytes] | None:
+    async def _read_async(self, path: str) -> Versioned[bytes] | None:
         try:
-            data, stat = await self._request(
-                partial(self.client.get_async, self.paths.ledger(ledger_id)), read=True
-            )
+            data, stat = await self._request(partial(self.client.get_async, path), read=True)
         except NoNodeError:
             return None
         return Versioned(bytes(data), int(stat.version))
 
     async def read_ledger(self, ledger_id: int) -> Versioned[LedgerMetadata]:
-        found = await self._read_async(ledger_id)
+        found = await self._read_async(self.paths.ledger(ledger_id))
         if found is None:
             raise NoSuchLedgerMetadata(ledger_id)
         return Versioned(LedgerMetadata.decode(found.value), found.version)
 
     async def _conflict(self, ledger_id: int, expected: int) -> MetadataError:
-        found = await self._read_async(ledger_id)
+        found = await self._read_async(self.paths.ledger(ledger_id))
         if found is None:
             return NoSuchLedgerMetadata(ledger_id)
         return MetadataVersionConflict(f"ledger {ledger_id}", expected, found.version)
@@ -420,9 +429,21 @@ class ZooKeeperMetadataStore:
     async def watch_ledger(
         self, ledger_id: int, after_version: int | None = None
     ) -> AsyncIterator[Versioned[LedgerMetadata]]:
-        first = await self._call(partial(self._read, ledger_id), retry_reads=True)
+        changes = self._watch(
+            self.paths.ledger(ledger_id), after_version, lambda: NoSuchLedgerMetadata(ledger_id)
+        )
+        async for found in changes:
+            yield Versioned(LedgerMetadata.decode(found.value), found.version)
+
+    async def _watch(
+        self, path: str, after_version: int | None, missing: Callable[[], MetadataError]
+    ) -> AsyncIterator[Versioned[bytes]]:
+        """Yield the znode's data each time its version moves past the last one
+        yielded (from `after_version`, or the version at the start); end when it is
+        deleted; `missing()` if it is absent at the start."""
+        first = await self._call(partial(self._read, path), retry_reads=True)
         if first is None:
-            raise NoSuchLedgerMetadata(ledger_id)
+            raise missing()
         seen = first.version if after_version is None else after_version
         token = anyio.lowlevel.current_token()
         while True:
@@ -437,16 +458,91 @@ class ZooKeeperMetadataStore:
 
             # each read arms a new data watch; kazoo also fires it when the
             # connection drops, so the loop reads again after a reconnect
-            found = await self._call(partial(self._read, ledger_id, fire), retry_reads=True)
+            found = await self._call(partial(self._read, path, fire), retry_reads=True)
             if found is None:
                 return
             if found.version > seen:
                 seen = found.version
-                yield Versioned(LedgerMetadata.decode(found.value), found.version)
+                yield found
                 continue
             # a lost notification costs at most one call timeout of delay
             with anyio.move_on_after(self._config.call_timeout_s):
                 await changed.wait()
+
+    # --- documents (docs/metadata.md: /documents/<space>/<escaped name>)
+
+    async def create_document(self, space: str, name: str, data: bytes) -> Versioned[bytes]:
+        check_document_key(space, name)
+        data = check_document_data(space, name, data, self._record_limit)
+        path = self.paths.document(space, name)
+        try:
+            # makepath: the documents znode and the space's are made on demand
+            await self._request(
+                partial(self.client.create_async, path, data, makepath=True), read=False
+            )
+        except NodeExistsError:
+            raise DocumentExists(space, name) from None
+        return Versioned(data, 0)
+
+    async def read_document(self, space: str, name: str) -> Versioned[bytes]:
+        check_document_key(space, name)
+        found = await self._read_async(self.paths.document(space, name))
+        if found is None:
+            raise NoSuchDocument(space, name)
+        return found
+
+    async def _document_refusal(self, space: str, name: str, expected: int) -> MetadataError:
+        found = await self._read_async(self.paths.document(space, name))
+        if found is None:
+            return NoSuchDocument(space, name)
+        return MetadataVersionConflict(document_key(space, name), expected, found.version)
+
+    async def update_document(
+        self, space: str, name: str, data: bytes, expected_version: int
+    ) -> Versioned[bytes]:
+        check_document_key(space, name)
+        data = check_document_data(space, name, data, self._record_limit)
+        expected = check_version(space, name, expected_version)
+        path = self.paths.document(space, name)
+        try:
+            stat = await self._request(
+                partial(self.client.set_async, path, data, expected), read=False
+            )
+        except BadVersionError:
+            raise await self._document_refusal(space, name, expected) from None
+        except NoNodeError:
+            raise NoSuchDocument(space, name) from None
+        return Versioned(data, int(stat.version))
+
+    async def delete_document(self, space: str, name: str, expected_version: int) -> None:
+        check_document_key(space, name)
+        expected = check_version(space, name, expected_version)
+        path = self.paths.document(space, name)
+        try:
+            await self._request(partial(self.client.delete_async, path, expected), read=False)
+        except BadVersionError:
+            raise await self._document_refusal(space, name, expected) from None
+        except NoNodeError:
+            raise NoSuchDocument(space, name) from None
+
+    async def list_documents(self, space: str, after: str = "", limit: int = 1000) -> list[str]:
+        check_page(space, after, limit)
+        try:
+            children = await self._request(
+                partial(self.client.get_children_async, self.paths.document_space(space)),
+                read=True,
+            )
+        except NoNodeError:
+            return []  # no document was ever created in this space
+        return page_of([key_of_znode(child) for child in children], after, limit)
+
+    def watch_document(
+        self, space: str, name: str, after_version: int | None = None
+    ) -> AsyncIterator[Versioned[bytes]]:
+        check_document_key(space, name)
+        return self._watch(
+            self.paths.document(space, name), after_version, lambda: NoSuchDocument(space, name)
+        )
 
     # --- node registry (ephemeral znodes; see ZkRegistry)
 
