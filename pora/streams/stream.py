@@ -113,7 +113,7 @@ class Stream:
 
 def _checked_start(from_: object) -> Start:
     if from_ is None or from_ == "end" or isinstance(from_, Position):
-        return from_  # type: ignore[return-value]
+        return from_
     raise TypeError(f"from_ must be a pora.Position, 'end' or None, not {from_!r}")
 
 

@@ -398,15 +398,10 @@ class StreamWriter:
     # -- the context manager --------------------------------------------------------------
 
     async def __aenter__(self) -> StreamWriter:
+        await self._open()
+        # the roller and the background closes run in the writer's own task group
         self._tasks_cm = anyio.create_task_group()
         self._tasks = await self._tasks_cm.__aenter__()
-        try:
-            await self._open()
-        except BaseException as error:
-            self._tasks.cancel_scope.cancel()
-            await self._tasks_cm.__aexit__(type(error), error, error.__traceback__)
-            raise
-        self._roller = anyio.CancelScope()
         self._tasks.start_soon(self._roller_in_scope)
         return self
 

@@ -1,0 +1,172 @@
+"""Streams on an in-process cluster (SQLite metadata): create, open, list, delete;
+a live writer rolling over many segments with a reader and a subscriber seeing every
+acknowledged entry once, in order; a takeover fencing the earlier writer; seal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+from replication_support import local_cluster
+from writer_support import client_on
+
+import pora
+from pora import Position
+from pora.client.replication.client import Client
+from pora.meta.records import LedgerState
+from pora.streams.document import SegmentState, StreamState
+
+SMALL = 64 * 1024
+
+
+async def collect(
+    stream: pora.client.replication.client.Stream, count: int, from_: object = None
+) -> list[tuple[Position, bytes]]:
+    seen: list[tuple[Position, bytes]] = []
+    async for item in stream.subscribe(from_=from_):  # type: ignore[arg-type]
+        seen.append(item)
+        if len(seen) == count:
+            break
+    return seen
+
+
+async def test_create_open_list_delete(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("events", segment_bytes_max=SMALL)
+        assert stream.name == "events"
+        with pytest.raises(pora.StreamExists, match="'events' already exists"):
+            await client.create_stream("events")
+        await client.create_stream("audit.log-2")
+        with pytest.raises(pora.NoSuchStream, match="'nope' does not exist"):
+            await client.open_stream("nope")
+        for bad in ["", ".x", "a/b", "x" * 129]:
+            with pytest.raises(pora.InvalidArgument, match="stream name"):
+                await client.create_stream(bad)
+        with pytest.raises(pora.InvalidArgument, match="64 KiB"):
+            await client.create_stream("tiny", segment_bytes_max=1024)
+        with pytest.raises(pora.InvalidArgument, match="E >= Qw"):
+            await client.create_stream("q", ensemble_size=2)
+
+        opened = await client.open_stream("events")
+        async with opened.open_writer() as writer:
+            assert await writer.append(b"one") == Position(0, 0)
+        infos = [info async for info in client.list_streams()]
+        assert [info.name for info in infos] == ["audit.log-2", "events"]
+        events = infos[1]
+        assert events.config.segment_bytes_max == SMALL
+        assert events.state is StreamState.ACTIVE
+        [segment] = events.segments
+        assert (segment.state, segment.last_entry_id, segment.byte_length) == (
+            SegmentState.CLOSED,
+            0,
+            3,
+        )
+
+        await client.delete_stream("events")
+        with pytest.raises(pora.NoSuchStream):
+            await client.open_stream("events")
+        with pytest.raises(pora.NoSuchStream):
+            await client.delete_stream("events")
+        with pytest.raises(pora.NoSuchLedger):  # its ledgers went with it
+            await client.open_ledger(segment.ledger_id)
+        assert [info.name async for info in client.list_streams()] == ["audit.log-2"]
+
+
+async def test_rollover_reader_and_subscriber_see_each_entry_once(tmp_path: Path) -> None:
+    count = 600
+    payloads = [b"%05d" % k + bytes(1000) for k in range(count)]  # ~600 KB: ~18 segments
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("rolling", segment_bytes_max=SMALL)
+        subscribed: list[tuple[Position, bytes]] = []
+        positions: list[Position] = []
+
+        async def subscribe() -> None:
+            subscribed.extend(await collect(stream, count))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(subscribe)
+            async with stream.open_writer() as writer:
+                for k in range(0, count, 10):
+                    positions.extend(await writer.append_many(payloads[k : k + 5]))
+                    for payload in payloads[k + 5 : k + 10]:
+                        positions.append(await writer.append(payload))
+        assert positions == sorted(positions) and len(set(positions)) == count
+        assert subscribed == list(zip(positions, payloads, strict=True))
+        read = [item async for item in stream.read()]
+        assert read == subscribed
+
+        info = await stream.info()
+        assert len(info.segments) > 8
+        assert [s.seq for s in info.segments] == list(range(len(info.segments)))
+        assert all(s.state is SegmentState.CLOSED for s in info.segments)
+        assert info.commit == len(info.segments)
+        for segment in info.segments:  # each ledger closed where the document says
+            record = await client.store.read_ledger(segment.ledger_id)
+            assert record.value.state is LedgerState.CLOSED
+            assert record.value.last_entry_id == segment.last_entry_id
+            assert segment.byte_length <= SMALL + 2 * 5 * 1005
+
+        # ranges: from a position, up to one (exclusive), from the end
+        middle = positions[count // 2]
+        assert [p async for p, _ in stream.read(from_=middle, to=positions[-1])] == positions[
+            count // 2 : -1
+        ]
+        assert [item async for item in stream.read(from_="end")] == []
+        after_last = Position(positions[-1].segment, positions[-1].entry + 1)
+        assert [item async for item in stream.read(from_=after_last)] == []
+
+
+async def takeover(client: Client, other: Client) -> None:
+    stream = await client.create_stream("taken", segment_bytes_max=SMALL)
+    subscribed: list[tuple[Position, bytes]] = []
+    acknowledged: list[tuple[Position, bytes]] = []
+
+    async def subscribe() -> None:
+        subscribed.extend(await collect(stream, 40))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(subscribe)
+        async with stream.open_writer() as first:
+            for k in range(20):
+                acknowledged.append((await first.append(b"a%d" % k), b"a%d" % k))
+            second_stream = await other.open_stream("taken")
+            async with second_stream.open_writer() as second:
+                assert second.epoch == first.epoch + 1
+                with pytest.raises(pora.WriterFenced, match="fenced by a newer writer"):
+                    await first.append(b"late")
+                with pytest.raises(pora.WriterFenced):
+                    await first.append_many([b"later"])
+                for k in range(20):
+                    acknowledged.append((await second.append(b"b%d" % k), b"b%d" % k))
+        # leaving the fenced writer's block is quiet: it has nothing to close
+    assert subscribed == acknowledged
+    info = await stream.info()
+    assert [(s.seq, s.last_entry_id) for s in info.segments] == [(0, 19), (1, 19)]
+    assert [item async for item in stream.read()] == acknowledged
+
+
+async def test_takeover_fences_the_earlier_writer(tmp_path: Path) -> None:
+    async with (
+        local_cluster(tmp_path) as cluster,
+        client_on(cluster) as client,
+        client_on(cluster) as other,
+    ):
+        await takeover(client, other)
+
+
+async def test_seal(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("sealed")
+        async with stream.open_writer() as writer:
+            await writer.append(b"x")
+            await stream.seal()
+            with pytest.raises(pora.StreamSealed, match="'sealed' is sealed"):
+                await writer.append(b"y")
+        await stream.seal()  # again: nothing changes
+        with pytest.raises(pora.StreamSealed):
+            async with stream.open_writer():
+                pass
+        info = await stream.info()
+        assert info.state is StreamState.SEALED
+        assert [item async for item in stream.read()] == [(Position(0, 0), b"x")]
