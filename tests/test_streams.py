@@ -16,15 +16,16 @@ from pora import Position
 from pora.client.replication.client import Client
 from pora.meta.records import LedgerState
 from pora.streams.document import SegmentState, StreamState
+from pora.streams.stream import Stream
 
 SMALL = 64 * 1024
 
 
 async def collect(
-    stream: pora.client.replication.client.Stream, count: int, from_: object = None
+    stream: Stream, count: int, from_: Position | None = None
 ) -> list[tuple[Position, bytes]]:
     seen: list[tuple[Position, bytes]] = []
-    async for item in stream.subscribe(from_=from_):  # type: ignore[arg-type]
+    async for item in stream.subscribe(from_=from_):
         seen.append(item)
         if len(seen) == count:
             break
