@@ -12,6 +12,7 @@ from replication_support import local_cluster
 from writer_support import client_on
 
 import pora
+import pora.streams.writer
 from pora import Position
 from pora.client.replication.client import Client
 from pora.meta.records import LedgerState
@@ -171,3 +172,46 @@ async def test_seal(tmp_path: Path) -> None:
         info = await stream.info()
         assert info.state is StreamState.SEALED
         assert [item async for item in stream.read()] == [(Position(0, 0), b"x")]
+
+
+async def test_concurrent_appends_across_rollovers(tmp_path: Path) -> None:
+    """Appends from many tasks while segments roll: every position is distinct, the
+    positions of one task increase, and a subscriber sees exactly what was
+    acknowledged, in position order."""
+    tasks, each = 16, 60
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("busy", segment_bytes_max=SMALL)
+        acknowledged: dict[Position, bytes] = {}
+        subscribed: list[tuple[Position, bytes]] = []
+
+        async def subscribe() -> None:
+            subscribed.extend(await collect(stream, tasks * each))
+
+        async def append(writer: pora.streams.writer.StreamWriter, task: int) -> None:
+            mine: list[Position] = []
+            for k in range(each):
+                payload = b"%d/%d:" % (task, k) + bytes(900)
+                position = await writer.append(payload)
+                acknowledged[position] = payload
+                mine.append(position)
+            assert mine == sorted(mine)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(subscribe)
+            async with stream.open_writer() as writer, trio.open_nursery() as appenders:
+                for task in range(tasks):
+                    appenders.start_soon(append, writer, task)
+        assert len(acknowledged) == tasks * each
+        assert subscribed == sorted(acknowledged.items())
+        assert len((await stream.info()).segments) > 5
+
+
+async def test_segments_roll_by_age(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("aging", segment_age_s_max=0.2)
+        async with stream.open_writer() as writer:
+            first = await writer.append(b"early")
+            while (await writer.append(b"later")).segment == first.segment:
+                await trio.sleep(0.05)
+        segments = (await stream.info()).segments
+        assert len(segments) >= 2 and segments[0].last_entry_id >= 0

@@ -290,7 +290,10 @@ class StreamWriter:
     def _unusable(self) -> PoraError | RuntimeError:
         if self._error is not None:
             return self._error
-        return RuntimeError(f"the writer of stream {self.stream!r} is not open")
+        return RuntimeError(
+            f"the writer of stream {self.stream!r} is not open: use it inside "
+            "`async with stream.open_writer() as writer`"
+        )
 
     async def _why_fenced(self, fenced: LedgerFenced) -> PoraError:
         """A segment's ledger was fenced: re-read the document to tell a takeover
@@ -431,7 +434,7 @@ class StreamWriter:
                 return
             self._closed = True
             self._roller.cancel()
-        segment = self._segment
+        segment, self._segment = self._segment, None  # later appends: RuntimeError
         spare, self._spare = self._spare, None
         if spare is not None:
             await self._discard(spare)
