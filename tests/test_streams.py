@@ -17,6 +17,7 @@ from pora import Position
 from pora.client.replication.client import Client
 from pora.meta.records import LedgerState
 from pora.streams.document import SegmentState, StreamState
+from pora.streams.records import StreamRecord
 from pora.streams.stream import Stream
 
 SMALL = 64 * 1024
@@ -209,9 +210,13 @@ async def test_concurrent_appends_across_rollovers(tmp_path: Path) -> None:
 async def test_segments_roll_by_age(tmp_path: Path) -> None:
     async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
         stream = await client.create_stream("aging", segment_age_s_max=0.2)
+        record = StreamRecord(client.store, "aging")
         async with stream.open_writer() as writer:
-            first = await writer.append(b"early")
-            while (await writer.append(b"later")).segment == first.segment:
-                await trio.sleep(0.05)
+            assert await writer.append(b"early") == Position(0, 0)
+            opened = await record.read()
+            with trio.fail_after(30):  # the roll is the document's next change
+                rolled = await record.next_change(opened.version)
+            assert rolled.value.writer_segment == 1
+            assert (await writer.append(b"later")).segment >= 1
         segments = (await stream.info()).segments
-        assert len(segments) >= 2 and segments[0].last_entry_id >= 0
+        assert segments[0].last_entry_id == 0
