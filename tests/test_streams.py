@@ -220,3 +220,37 @@ async def test_segments_roll_by_age(tmp_path: Path) -> None:
             assert (await writer.append(b"later")).segment >= 1
         segments = (await stream.info()).segments
         assert segments[0].last_entry_id == 0
+
+
+async def test_an_idle_writer_adds_no_empty_segments(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("idle", segment_age_s_max=0.05)
+        record = StreamRecord(client.store, "idle")
+        async with stream.open_writer():
+            opened = await record.read()
+            with trio.move_on_after(0.5):  # ten times its age limit: no change comes
+                await record.next_change(opened.version)
+                raise AssertionError("an empty segment rolled over")
+        assert len((await stream.info()).segments) == 1
+
+
+async def test_bad_arguments_and_a_closed_client(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path) as cluster:
+        async with client_on(cluster) as client:
+            stream = await client.create_stream("args")
+            with pytest.raises(pora.InvalidArgument, match=r"Position\.parse"):
+                stream.read(from_="0:0")  # type: ignore[arg-type]
+            with pytest.raises(pora.InvalidArgumentType, match="from_"):
+                stream.subscribe(from_=3)  # type: ignore[arg-type]
+            with pytest.raises(pora.InvalidArgumentType, match="to must be"):
+                stream.read(to="end")  # type: ignore[arg-type]
+            with pytest.raises(pora.InvalidArgumentType, match="stream name"):
+                await client.open_stream(7)  # type: ignore[arg-type]
+            async with stream.open_writer() as writer:
+                pass
+            with pytest.raises(RuntimeError, match="not open"):
+                await writer.append(b"after the block")
+        with pytest.raises(pora.ClientClosed):
+            await client.open_stream("args")
+        with pytest.raises(pora.ClientClosed):
+            client.list_streams()

@@ -90,9 +90,7 @@ async def _resolve(client: Client, doc: StreamDocument, from_: Start) -> Positio
         return _first_position(doc)
     if from_ == "end":
         return await end_position(client, doc)
-    if isinstance(from_, Position):
-        return from_
-    raise TypeError(f"from_ must be a Position, 'end' or None, not {from_!r}")
+    return from_
 
 
 async def subscribe_stream(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from journal.errors import PoraError
-from ledger.errors import NoSuchLedger
+from ledger.errors import InvalidArgument, InvalidArgumentType, NoSuchLedger
 from pora.meta.errors import DocumentExists, MetadataVersionConflict, NoSuchDocument
 from pora.streams.document import (
     STREAMS_SPACE,
@@ -84,6 +84,10 @@ class Stream:
     ) -> AsyncIterator[tuple[Position, bytes]]:
         """(position, payload) from `from_` (None: the beginning, "end": the end) up to
         `to` (exclusive; None: the end as of the call), acknowledged entries only."""
+        if to is not None and not isinstance(to, Position):
+            raise InvalidArgumentType(
+                f"to must be a pora.Position or None, not {type(to).__name__}"
+            )
         return read_stream(self._client, self._record, _checked_start(from_), to)
 
     def subscribe(self, from_: Start = None) -> AsyncIterator[tuple[Position, bytes]]:
@@ -112,9 +116,18 @@ class Stream:
 
 
 def _checked_start(from_: object) -> Start:
-    if from_ is None or from_ == "end" or isinstance(from_, Position):
+    if from_ is None or isinstance(from_, Position):
         return from_
-    raise TypeError(f"from_ must be a pora.Position, 'end' or None, not {from_!r}")
+    if isinstance(from_, str):
+        if from_ == "end":
+            return "end"
+        raise InvalidArgument(
+            f"from_={from_!r}: give a pora.Position, 'end' or None (the beginning); "
+            "a position as text goes through Position.parse"
+        )
+    raise InvalidArgumentType(
+        f"from_ must be a pora.Position, 'end' or None, not {type(from_).__name__}"
+    )
 
 
 async def create_stream(client: Client, name: str, config: StreamConfig) -> Stream:

@@ -327,10 +327,17 @@ class StreamWriter:
             if self._spare is None:
                 self._spare = await self._new_ledger()
             await self._wait_until(segment, 1.0, config.segment_bytes_max, config.segment_age_s_max)
+            if segment.appended == 0:
+                # an idle writer does not leave a trail of empty segments behind it:
+                # its segment's age counts from now
+                segment.opened_at = time.monotonic()
+                continue
             async with self._roll_lock:
                 if self._closed or self._error is not None:
                     return
                 await self._roll(segment)
+                if self._error is not None:
+                    return
 
     async def _wait_until(
         self, segment: _Segment, share: float, bytes_max: int, age_s_max: float
