@@ -17,6 +17,8 @@ from typing import cast
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from test_meta_sqlite_file import HOLDER
 from test_meta_store import Runner, runner, with_store
 from zookeeper_support import fresh_zk_url
@@ -35,7 +37,7 @@ from pora.meta import (
     Versioned,
     open_metadata,
 )
-from pora.meta.documents import key_of_znode, znode_name
+from pora.meta.documents import check_document_key, key_of_znode, znode_name
 from pora.meta.zk_store import ZooKeeperMetadataStore
 
 #: names a stream layer may well use, and ones that need escaping in ZooKeeper
@@ -181,6 +183,9 @@ def test_names_and_sizes_are_checked_before_anything_is_written(
         assert await store.create_document("s", "é" * 100, b"") == Versioned(b"", 0)
         with pytest.raises(InvalidMetadata, match="holds a '/'"):
             await store.list_documents("a/b")
+        with pytest.raises(InvalidMetadata, match="holds a '/'"):
+            async for _ in store.watch_document("a/b", "n"):
+                pass
         with pytest.raises(InvalidMetadata, match="positive int"):
             await store.list_documents("s", limit=0)
         with pytest.raises(InvalidMetadata, match="data must be bytes, not str"):
@@ -308,6 +313,18 @@ def test_two_stores_racing_on_one_document_exactly_one_wins(run: Runner, store_u
             assert sorted(outcomes) == ["created", "exists"]
 
     run(main)
+
+
+@given(st.text(min_size=1, max_size=60).filter(lambda t: "\x00" not in t))
+def test_every_valid_name_makes_one_znode_name_and_back(name: str) -> None:
+    try:
+        check_document_key("space", name)
+    except InvalidMetadata:
+        return  # a lone surrogate: refused before any path is made
+    escaped = znode_name(name)
+    assert escaped not in (".", "..")
+    assert all(c.isascii() and (c.isalnum() or c in "._-%") for c in escaped)
+    assert key_of_znode(escaped) == name
 
 
 def test_znode_names_escape_all_but_a_safe_set() -> None:

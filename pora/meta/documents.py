@@ -44,12 +44,16 @@ def _check_key(what: str, value: object) -> bytes:
     return encoded
 
 
+def _check_space(space: object) -> None:
+    if b"/" in _check_key("space", space):
+        raise InvalidMetadata(f"a document's space {space!r} holds a '/': spaces are one level")
+
+
 def check_document_key(space: str, name: str) -> None:
     """InvalidMetadata, saying what is wrong, unless `space` and `name` are non-empty
     str of at most DOCUMENT_KEY_BYTES_MAX UTF-8 bytes without NUL, and `space` has no
     '/' (it names a folder in ZooKeeper; a name may hold anything else)."""
-    if "/" in _check_key("space", space).decode():
-        raise InvalidMetadata(f"a document's space {space!r} holds a '/': spaces are one level")
+    _check_space(space)
     _check_key("name", name)
 
 
@@ -81,8 +85,7 @@ def check_version(space: str, name: str, expected_version: object) -> int:
 
 def check_page(space: str, after: object, limit: object) -> bytes:
     """Check a listing's arguments; returns `after` in UTF-8 (names compare bytewise)."""
-    if "/" in _check_key("space", space).decode():
-        raise InvalidMetadata(f"a document's space {space!r} holds a '/': spaces are one level")
+    _check_space(space)
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise InvalidMetadata(f"a listing's limit must be a positive int, not {limit!r}")
     return _utf8("listing's after", after)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from functools import partial
 
 from pora.meta.documents import (
@@ -155,8 +156,10 @@ class SqliteDocuments(SqliteFile):
                 raise
 
         changes = poll_versions(self, poll, after_version, lambda: NoSuchDocument(space, name))
-        async for version, data in changes:
-            yield Versioned(bytes(data), version)
+        # closed with the watch, not left to the garbage collector
+        async with aclosing(changes):
+            async for version, data in changes:
+                yield Versioned(bytes(data), version)
 
 
 __all__ = ["DOCUMENTS_TABLE", "SqliteDocuments"]

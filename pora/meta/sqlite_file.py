@@ -16,7 +16,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -394,7 +394,7 @@ async def poll_versions(
     poll: Poll,
     after_version: int | None,
     missing: Callable[[], MetadataError],
-) -> AsyncIterator[tuple[int, bytes]]:
+) -> AsyncGenerator[tuple[int, bytes], None]:
     """A watch on one row (`watch_ledger`, `watch_document`): yield (version, record)
     each time the row's version moves past the last one yielded, from `after_version`
     or the version current at the start; end when the row is gone; `missing()` if it

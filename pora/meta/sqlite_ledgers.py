@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from functools import partial
 from pathlib import Path
 
@@ -135,8 +136,10 @@ class SqliteLedgerRecords(SqliteFile):
             ).fetchone()
 
         changes = poll_versions(self, poll, after_version, lambda: NoSuchLedgerMetadata(ledger_id))
-        async for version, record in changes:
-            yield Versioned(LedgerMetadata.decode(record), version)
+        # closed with the watch, not left to the garbage collector
+        async with aclosing(changes):
+            async for version, record in changes:
+                yield Versioned(LedgerMetadata.decode(record), version)
 
 
 __all__ = ["SqliteLedgerRecords"]

@@ -1,11 +1,12 @@
 """The ZooKeeper metadata store (kazoo): ledger records in a bucketed znode tree,
 versions from znode stats, node registrations as ephemeral znodes kept by the
-client's session. kazoo's `*_async` calls only queue a request for its connection
-thread, so the single-request operations (create, read, update, delete) send from the
-event loop and are woken by kazoo's completion callback: no worker thread per call.
-Multi-step operations (id blocks, listings, registrations) run in a worker thread (at
-most `MetadataConfig.threads_max`). Nothing blocks the event loop. docs/metadata.md
-gives the layout."""
+client's session, documents under /documents/<space>/<escaped name>. kazoo's
+`*_async` calls only queue a request for its connection thread, so the single-request
+operations (create, read, update, delete) send from the event loop and are woken by
+kazoo's completion callback: no worker thread per call. Multi-step operations (id
+blocks, listings, registrations) run in a worker thread (at most
+`MetadataConfig.threads_max`). Nothing blocks the event loop. docs/metadata.md gives
+the layout."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from functools import partial
 from typing import Any, TypeVar
 
@@ -432,12 +434,14 @@ class ZooKeeperMetadataStore:
         changes = self._watch(
             self.paths.ledger(ledger_id), after_version, lambda: NoSuchLedgerMetadata(ledger_id)
         )
-        async for found in changes:
-            yield Versioned(LedgerMetadata.decode(found.value), found.version)
+        # closed with the watch, not left to the garbage collector
+        async with aclosing(changes):
+            async for found in changes:
+                yield Versioned(LedgerMetadata.decode(found.value), found.version)
 
     async def _watch(
         self, path: str, after_version: int | None, missing: Callable[[], MetadataError]
-    ) -> AsyncIterator[Versioned[bytes]]:
+    ) -> AsyncGenerator[Versioned[bytes], None]:
         """Yield the znode's data each time its version moves past the last one
         yielded (from `after_version`, or the version at the start); end when it is
         deleted; `missing()` if it is absent at the start."""
@@ -536,13 +540,18 @@ class ZooKeeperMetadataStore:
             return []  # no document was ever created in this space
         return page_of([key_of_znode(child) for child in children], after, limit)
 
-    def watch_document(
+    async def watch_document(
         self, space: str, name: str, after_version: int | None = None
     ) -> AsyncIterator[Versioned[bytes]]:
+        # checked on the first step, as every error of a watch is (the SQLite one too)
         check_document_key(space, name)
-        return self._watch(
+        changes = self._watch(
             self.paths.document(space, name), after_version, lambda: NoSuchDocument(space, name)
         )
+        # closed with the watch, not left to the garbage collector
+        async with aclosing(changes):
+            async for document in changes:
+                yield document
 
     # --- node registry (ephemeral znodes; see ZkRegistry)
 
