@@ -4,6 +4,8 @@ acknowledged entry once, in order; a takeover fencing the earlier writer; seal."
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -254,3 +256,62 @@ async def test_bad_arguments_and_a_closed_client(tmp_path: Path) -> None:
             await client.open_stream("args")
         with pytest.raises(pora.ClientClosed):
             client.list_streams()
+
+
+async def test_takeovers_in_the_middle_of_rollovers(tmp_path: Path) -> None:
+    """Writers on two clients take the stream over from each other five times while
+    eight tasks each append across rollovers: each writer's appends fail with
+    WriterFenced once the next one took over, and the subscriber sees every
+    acknowledged entry once, in order, with the payload that was acknowledged."""
+    async with (
+        local_cluster(tmp_path) as cluster,
+        client_on(cluster) as one,
+        client_on(cluster) as two,
+    ):
+        await one.create_stream("contested", segment_bytes_max=SMALL)
+        streams = [await one.open_stream("contested"), await two.open_stream("contested")]
+        acknowledged: dict[Position, bytes] = {}
+        seen: list[tuple[Position, bytes]] = []
+        #: (what the test waits for, the event that tells it)
+        waiting: list[tuple[Callable[[], bool], trio.Event]] = []
+
+        async def subscribe() -> None:
+            async for item in streams[0].subscribe():
+                seen.append(item)
+                if waiting and waiting[0][0]():
+                    waiting.pop()[1].set()
+
+        async def seen_when(condition: Callable[..., bool]) -> None:
+            if not condition():
+                waiting.append((condition, trio.Event()))
+                with trio.fail_after(60):
+                    await waiting[0][1].wait()
+
+        async def append(writer: pora.streams.writer.StreamWriter, turn: int, task: int) -> None:
+            for k in range(10_000):
+                payload = b"%d/%d/%d:" % (turn, task, k) + bytes(700)
+                try:
+                    acknowledged[await writer.append(payload)] = payload
+                except pora.WriterFenced:
+                    return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(subscribe)
+            async with contextlib.AsyncExitStack() as writers:
+                for turn in range(6):
+                    writer = await writers.enter_async_context(streams[turn % 2].open_writer())
+                    for task in range(8):
+                        nursery.start_soon(append, writer, turn, task)
+                    # let it write a few segments' worth (the subscriber keeps up)
+                    await seen_when(lambda turn=turn: len(seen) >= (turn + 1) * 300)
+                async with streams[0].open_writer():
+                    pass  # fences the last of them
+            last = max(acknowledged)
+            await seen_when(lambda: seen[-1][0] >= last)
+            nursery.cancel_scope.cancel()
+        positions = [position for position, _ in seen]
+        assert positions == sorted(set(positions))
+        payloads = dict(seen)
+        for position, payload in acknowledged.items():
+            assert payloads[position] == payload
+        assert len((await streams[0].info()).segments) > 10

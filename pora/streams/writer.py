@@ -250,8 +250,8 @@ class StreamWriter:
             raise await self._why_fenced(fenced) from fenced
         finally:
             self._returned(segment)
-        if segment.visible is not None:
-            await self._visible(segment)
+        if segment.visible is not None or segment.error is not None:
+            await self._visible(segment)  # a segment added by a rollover
         return Position(segment.seq, entry_id)
 
     async def append_many(self, payloads: Sequence[bytes]) -> list[Position]:
@@ -271,8 +271,8 @@ class StreamWriter:
             raise await self._why_fenced(fenced) from fenced
         finally:
             self._returned(segment)
-        if segment.visible is not None:
-            await self._visible(segment)
+        if segment.visible is not None or segment.error is not None:
+            await self._visible(segment)  # a segment added by a rollover
         return [Position(segment.seq, entry_id) for entry_id in entry_ids]
 
     def _returned(self, segment: _Segment) -> None:
@@ -320,7 +320,8 @@ class StreamWriter:
         config = self._doc.value.config
         while True:
             segment = self._segment
-            assert segment is not None
+            if segment is None:  # closed before the roller began
+                return
             await self._wait_until(
                 segment, _PREPARE_AT, config.segment_bytes_max, config.segment_age_s_max
             )
@@ -383,6 +384,9 @@ class StreamWriter:
         new.visible = None
         event.set()
         if error is not None:
+            # no document names the new segment: what was appended to it is not in
+            # the stream (those appends fail with `error`), and its ledger goes
+            self._client_tasks().start_soon(self._discard, spare)
             return
         self._client_tasks().start_soon(self._close_in_background, old.writer)
 
