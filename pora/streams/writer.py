@@ -59,6 +59,8 @@ STREAM_KEY = "pora.stream"
 #: the next segment's ledger is created once the current one reaches this share of
 #: its size or age
 _PREPARE_AT = 0.5
+#: after the next segment's ledger could not be created, the writer tries again after
+_SPARE_RETRY_S = 1.0
 
 
 def _now_ms() -> int:
@@ -325,8 +327,8 @@ class StreamWriter:
             await self._wait_until(
                 segment, _PREPARE_AT, config.segment_bytes_max, config.segment_age_s_max
             )
-            if self._spare is None:
-                self._spare = await self._new_ledger()
+            while self._spare is None:
+                await self._prepare_spare()
             await self._wait_until(segment, 1.0, config.segment_bytes_max, config.segment_age_s_max)
             if segment.appended == 0:
                 # an idle writer does not leave a trail of empty segments behind it:
@@ -339,6 +341,24 @@ class StreamWriter:
                 await self._roll(segment)
                 if self._error is not None:
                     return
+
+    async def _prepare_spare(self) -> None:
+        """Create the next segment's ledger; after a failure (no nodes, no store) the
+        writer goes on in its segment, past its limits, and tries again a little
+        later."""
+        try:
+            # a close waits for a creation under way: no ledger is left unnamed
+            with anyio.CancelScope(shield=True):
+                self._spare = await self._new_ledger()
+        except PoraError as error:
+            _log.warning(
+                "stream %r: the next segment's ledger could not be created (%s); "
+                "trying again in %.1f s",
+                self.stream,
+                error,
+                _SPARE_RETRY_S,
+            )
+            await anyio.sleep(_SPARE_RETRY_S)
 
     async def _wait_until(
         self, segment: _Segment, share: float, bytes_max: int, age_s_max: float
@@ -421,12 +441,7 @@ class StreamWriter:
 
     async def _roller_in_scope(self) -> None:
         with self._roller:
-            try:
-                await self._run_roller()
-            except PoraError as error:
-                # creating the next ledger failed (no nodes, no store): the writer
-                # goes on in its segment, past its limits, and says why
-                _log.warning("stream %r: rollover stopped: %s", self.stream, error)
+            await self._run_roller()
 
     async def __aexit__(self, *exc_info: object) -> bool:
         try:
