@@ -8,7 +8,11 @@ import pytest
 from pora import InvalidArgument, InvalidArgumentType
 from pora.meta.errors import InvalidMetadata, MetadataRecordTooLarge
 from pora.streams.document import (
+    HEAD_SEGMENTS_MAX,
+    PAGE_SEGMENTS,
+    PageRef,
     Segment,
+    SegmentPage,
     SegmentState,
     StreamChangeRefused,
     StreamConfig,
@@ -18,8 +22,11 @@ from pora.streams.document import (
     check_stream_name,
     close_segment,
     decode_document,
+    decode_page,
     encode_document,
+    encode_page,
     new_stream,
+    page_out,
     roll,
     seal,
     take_over,
@@ -140,3 +147,49 @@ def test_a_document_over_a_record_is_refused() -> None:
     doc = replace(new_stream("big", CONFIG, 0), segments=segments, next_seq=30_000, commit=30_000)
     with pytest.raises(MetadataRecordTooLarge, match="stream document 'big'"):
         encode_document(doc)
+
+
+def closed_segments(first: int, count: int) -> tuple[Segment, ...]:
+    return tuple(
+        Segment(seq, 10**12 + seq, SegmentState.CLOSED, seq + 1, 1_700_000_000_000, 10**6, 1 << 30)
+        for seq in range(first, first + count)
+    )
+
+
+def test_paging_out_keeps_the_head_small() -> None:
+    doc = take_over(new_stream("paged", CONFIG, 0))
+    for ledger_id in range(7):
+        doc = (
+            roll(doc, 1, 0, 1, ledger_id, 0)
+            if doc.writer_segment is not None
+            else add_segment(doc, 1, ledger_id, 0)
+        )
+    assert page_out(doc, head_segments_max=7, page_segments=3) is None
+    doc = roll(doc, 1, 0, 1, 99, 0)  # 8 segments, the last OPEN
+    split = page_out(doc, head_segments_max=7, page_segments=3)
+    assert split is not None
+    page, head = split
+    assert [s.seq for s in page.segments] == [0, 1, 2] and page.name == "paged/0"
+    assert head.pages == (PageRef(0, 2),) and head.head_first_seq == 3 and head.first_seq == 0
+    assert round_trip(head) == head
+    assert decode_page(encode_page(page)) == page
+    with pytest.raises(InvalidMetadata, match="does not start where the pages end"):
+        decode_document(encode_document(replace(head, pages=(PageRef(0, 1),))))
+
+
+def test_a_hundred_thousand_segments_fit() -> None:
+    """Issue 27: 100,000 segments. The head keeps HEAD_SEGMENTS_MAX of them and one
+    reference per page; each page stays far below a record too."""
+    pages = tuple(
+        PageRef(first, first + PAGE_SEGMENTS - 1) for first in range(0, 100_000, PAGE_SEGMENTS)
+    )
+    head = replace(
+        new_stream("huge", CONFIG, 0),
+        segments=closed_segments(100_000, HEAD_SEGMENTS_MAX),
+        next_seq=100_000 + HEAD_SEGMENTS_MAX,
+        commit=200_000,
+        pages=pages,
+    )
+    assert len(encode_document(head)) < 200_000
+    page = SegmentPage("huge", closed_segments(99_500, PAGE_SEGMENTS))
+    assert len(encode_page(page)) < 100_000

@@ -14,6 +14,7 @@ from replication_support import local_cluster
 from writer_support import client_on
 
 import pora
+import pora.streams.document
 import pora.streams.writer
 from pora import Position
 from pora.client.replication.client import Client
@@ -315,3 +316,36 @@ async def test_takeovers_in_the_middle_of_rollovers(tmp_path: Path) -> None:
         for position, payload in acknowledged.items():
             assert payloads[position] == payload
         assert len((await streams[0].info()).segments) > 10
+
+
+async def test_old_segments_are_paged_out_and_still_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a head of at most 4 segments and pages of 3 (1,000 and 500 in use), a
+    stream of some 20 segments keeps most in pages: read and subscribe cross them as
+    they cross the head's, and delete_stream removes pages and ledgers."""
+    monkeypatch.setattr(pora.streams.document, "HEAD_SEGMENTS_MAX", 4)
+    monkeypatch.setattr(pora.streams.document, "PAGE_SEGMENTS", 3)
+    payloads = [b"%04d" % k + bytes(2000) for k in range(600)]
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("paged", segment_bytes_max=SMALL)
+        async with stream.open_writer() as writer:
+            positions = [await writer.append(payload) for payload in payloads]
+        info = await stream.info()
+        assert len(info.pages) >= 4 and len(info.segments) <= 4 + 1
+        assert info.pages[0].first_seq == 0
+        expected = list(zip(positions, payloads, strict=True))
+        assert [item async for item in stream.read()] == expected
+        assert await collect(stream, len(payloads)) == expected
+        middle = positions[len(positions) // 3]  # in a page
+        assert middle.segment < info.segments[0].seq
+        assert [item async for item in stream.read(from_=middle)] == expected[len(positions) // 3 :]
+        assert await collect(stream, 5, from_=middle) == expected[len(positions) // 3 :][:5]
+
+        ledgers = [s.ledger_id for s in info.segments]
+        await client.delete_stream("paged")
+        assert await client.store.list_documents("stream-pages") == []
+        for ledger_id in ledgers:
+            with pytest.raises(pora.NoSuchLedger):
+                await client.open_ledger(ledger_id)
+        assert [ledger async for ledger in client.list_ledgers()] == []

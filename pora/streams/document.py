@@ -35,6 +35,12 @@ STREAMS_SPACE = "streams"
 SEGMENT_BYTES_MIN = 64 * 1024
 STREAM_NAME_CHARS_MAX = 128
 _STREAM_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+#: the metadata store's space for segment pages (named "STREAM/FIRST_SEQ")
+PAGES_SPACE = "stream-pages"
+#: the head keeps at most this many segments before the oldest are paged out
+HEAD_SEGMENTS_MAX = 1000
+#: segments per page (a page of CLOSED segments takes some 35 KB)
+PAGE_SEGMENTS = 500
 #: the fields later versions fill; empty in version 1
 _RESERVED = ("transactions", "cursors", "commit_keys")
 
@@ -116,12 +122,37 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class PageRef:
+    """The head's entry for a page of CLOSED segments first_seq..last_seq."""
+
+    first_seq: int
+    last_seq: int
+
+
+@dataclass(frozen=True)
+class SegmentPage:
+    """A document of older CLOSED segments, never changed once written."""
+
+    stream: str
+    segments: tuple[Segment, ...]
+
+    @property
+    def name(self) -> str:
+        return page_name(self.stream, self.segments[0].seq)
+
+
+def page_name(stream: str, first_seq: int) -> str:
+    return f"{stream}/{first_seq}"
+
+
+@dataclass(frozen=True)
 class StreamDocument:
     name: str
     config: StreamConfig
     state: StreamState
     commit: int
-    #: the visible segments, by increasing seq (consecutive numbers)
+    #: the recent visible segments, by increasing seq (consecutive numbers); the
+    #: older ones are in pages
     segments: tuple[Segment, ...]
     #: the seq the next segment gets (segments removed later do not give theirs back)
     next_seq: int
@@ -130,10 +161,24 @@ class StreamDocument:
     #: the seq of the live writer's OPEN segment, None when it has none
     writer_segment: int | None
     created_ms: int
+    #: the pages of older segments, oldest first, consecutive, up to the head's first
+    pages: tuple[PageRef, ...] = ()
+
+    @property
+    def head_first_seq(self) -> int:
+        """The seq of the head's first segment (next_seq when it has none)."""
+        if self.segments:
+            return self.segments[0].seq
+        return self.pages[-1].last_seq + 1 if self.pages else self.next_seq
+
+    @property
+    def first_seq(self) -> int:
+        """The seq of the stream's first segment, paged or not."""
+        return self.pages[0].first_seq if self.pages else self.head_first_seq
 
     def segment(self, seq: int) -> Segment:
-        first = self.segments[0].seq if self.segments else self.next_seq
-        index = seq - first
+        """A segment of the head (InvalidMetadata for a paged one or none)."""
+        index = seq - self.head_first_seq
         if not 0 <= index < len(self.segments):
             raise InvalidMetadata(f"stream {self.name!r} has no segment {seq}")
         return self.segments[index]
@@ -249,12 +294,76 @@ def seal(doc: StreamDocument) -> StreamDocument:
     return _checked(replace(doc, state=StreamState.SEALED, commit=doc.commit + 1))
 
 
+def page_out(
+    doc: StreamDocument,
+    head_segments_max: int | None = None,
+    page_segments: int | None = None,
+) -> tuple[SegmentPage, StreamDocument] | None:
+    """When the head holds more than `head_segments_max` segments: its oldest
+    `page_segments` (CLOSED: only the last segment may be open) as a page, and the
+    head without them, naming the page. The page is stored first, then the head by
+    compare-and-set; a page whose head change failed is written again, identical.
+    The limits default to HEAD_SEGMENTS_MAX and PAGE_SEGMENTS."""
+    head_segments_max = HEAD_SEGMENTS_MAX if head_segments_max is None else head_segments_max
+    page_segments = PAGE_SEGMENTS if page_segments is None else page_segments
+    if len(doc.segments) <= head_segments_max:
+        return None
+    if not 0 < page_segments < len(doc.segments):
+        raise StreamChangeRefused(f"a page of {page_segments} segments does not fit the head")
+    moved = doc.segments[:page_segments]
+    page = SegmentPage(doc.name, moved)
+    ref = PageRef(moved[0].seq, moved[-1].seq)
+    head = replace(doc, segments=doc.segments[page_segments:], pages=(*doc.pages, ref))
+    return _checked_page(page), _checked(head)
+
+
+def _checked_page(page: SegmentPage) -> SegmentPage:
+    seqs = [s.seq for s in page.segments]
+    if not seqs or seqs != list(range(seqs[0], seqs[0] + len(seqs))):
+        raise InvalidMetadata(
+            f"segment page of {page.stream!r}: segments {seqs[:3]}... not consecutive"
+        )
+    if any(s.state is not SegmentState.CLOSED for s in page.segments):
+        raise InvalidMetadata(f"segment page {page.name!r} holds a segment that is not CLOSED")
+    return page
+
+
+def _check_page_version(version: object) -> None:
+    if version != STREAM_FORMAT_VERSION:
+        raise InvalidMetadata(
+            f"segment page format version {version!r} is not {STREAM_FORMAT_VERSION}: "
+            "a newer Pora wrote it; upgrade this client"
+        )
+
+
+def encode_page(page: SegmentPage) -> bytes:
+    data = {
+        "format_version": STREAM_FORMAT_VERSION,
+        "stream": page.stream,
+        "segments": [_segment_row(s) for s in page.segments],
+    }
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode_page(data: bytes) -> SegmentPage:
+    try:
+        raw = json.loads(data)
+        _check_page_version(raw["format_version"])
+        page = SegmentPage(
+            check_stream_name(raw["stream"]), tuple(_segment(item) for item in raw["segments"])
+        )
+    except (ValueError, TypeError, KeyError, IndexError) as error:
+        raise InvalidMetadata(f"segment page is malformed: {error!r}") from error
+    return _checked_page(page)
+
+
 # -- validation and encoding ----------------------------------------------------------
 
 
 def _checked(doc: StreamDocument) -> StreamDocument:
     """The document, if it keeps every rule; InvalidMetadata naming the first broken."""
     where = f"stream document {doc.name!r}"
+    _check_pages(doc, where)
     seqs = [s.seq for s in doc.segments]
     if seqs and (seqs != list(range(seqs[0], seqs[0] + len(seqs))) or seqs[-1] >= doc.next_seq):
         raise InvalidMetadata(f"{where}: segment numbers {seqs} are not consecutive below next_seq")
@@ -275,19 +384,36 @@ def _checked(doc: StreamDocument) -> StreamDocument:
         raise InvalidMetadata(f"{where}: the open segment {open_seqs[0]} is not the last one")
     if doc.state is StreamState.SEALED and open_seqs:
         raise InvalidMetadata(f"{where}: sealed with segment {open_seqs[0]} open")
-    for segment in doc.segments:
-        if segment.last_entry_id < -1 or segment.byte_length < 0:
-            raise InvalidMetadata(f"{where}: segment {segment.seq} has a negative end")
-        if segment.last_entry_id == -1 and segment.byte_length != 0:
-            raise InvalidMetadata(f"{where}: segment {segment.seq} has bytes but no entries")
+    _check_ends(doc.segments, where)
     if doc.writer_epoch < 0 or doc.commit < 0:
         raise InvalidMetadata(f"{where}: negative epoch or commit")
     return doc
 
 
+def _check_pages(doc: StreamDocument, where: str) -> None:
+    """Pages consecutive, each first <= last, and the head starting after the last."""
+    expected_first = None
+    for ref in doc.pages:
+        if ref.last_seq < ref.first_seq or ref.first_seq != (expected_first or ref.first_seq):
+            raise InvalidMetadata(f"{where}: pages {doc.pages} are not consecutive")
+        expected_first = ref.last_seq + 1
+    head_first = doc.segments[0].seq if doc.segments else doc.next_seq
+    if doc.pages and head_first != expected_first:
+        raise InvalidMetadata(f"{where}: the head does not start where the pages end")
+
+
+def _check_ends(segments: tuple[Segment, ...], where: str) -> None:
+    for segment in segments:
+        if segment.last_entry_id < -1 or segment.byte_length < 0:
+            raise InvalidMetadata(f"{where}: segment {segment.seq} has a negative end")
+        if segment.last_entry_id == -1 and segment.byte_length != 0:
+            raise InvalidMetadata(f"{where}: segment {segment.seq} has bytes but no entries")
+
+
 def encode_document(doc: StreamDocument) -> bytes:
     """Compact JSON, keys sorted; MetadataRecordTooLarge past what a metadata record
-    holds (some 15,000 segments): the stream must be truncated before it grows on."""
+    holds (the head keeps it far below: its segments are paged out past
+    HEAD_SEGMENTS_MAX, and a page takes some 15 bytes in it)."""
     config = doc.config
     data = {
         "format_version": STREAM_FORMAT_VERSION,
@@ -303,18 +429,8 @@ def encode_document(doc: StreamDocument) -> bytes:
         },
         "state": doc.state.value,
         "commit": doc.commit,
-        "segments": [
-            [
-                s.seq,
-                s.ledger_id,
-                s.state.value,
-                s.commit,
-                s.created_ms,
-                s.last_entry_id,
-                s.byte_length,
-            ]
-            for s in doc.segments
-        ],
+        "segments": [_segment_row(s) for s in doc.segments],
+        "pages": [[ref.first_seq, ref.last_seq] for ref in doc.pages],
         "next_seq": doc.next_seq,
         "writer": {"epoch": doc.writer_epoch, "segment": doc.writer_segment},
         "created_ms": doc.created_ms,
@@ -344,6 +460,7 @@ def decode_document(data: bytes) -> StreamDocument:
             writer_epoch=_int(raw["writer"]["epoch"]),
             writer_segment=_optional_int(raw["writer"]["segment"]),
             created_ms=_int(raw["created_ms"]),
+            pages=tuple(PageRef(_int(first), _int(last)) for first, last in raw["pages"]),
         )
     except InvalidMetadata:
         raise
@@ -383,6 +500,18 @@ def _int(value: Any) -> int:
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else _int(value)
+
+
+def _segment_row(s: Segment) -> list[int | str]:
+    return [
+        s.seq,
+        s.ledger_id,
+        s.state.value,
+        s.commit,
+        s.created_ms,
+        s.last_entry_id,
+        s.byte_length,
+    ]
 
 
 def _segment(item: Any) -> Segment:

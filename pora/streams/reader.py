@@ -20,7 +20,7 @@ import anyio
 from pora.client.replication.reader import LedgerReader
 from pora.client.replication.tail import _wait_for_progress
 from pora.meta.records import Versioned
-from pora.streams.document import Segment, SegmentState, StreamDocument
+from pora.streams.document import Segment, SegmentPage, SegmentState, StreamDocument
 from pora.streams.position import Position
 from pora.streams.records import StreamRecord
 
@@ -33,8 +33,7 @@ Start = Position | Literal["end"] | None
 
 
 def _first_position(doc: StreamDocument) -> Position:
-    first = doc.segments[0].seq if doc.segments else doc.next_seq
-    return Position(first, 0)
+    return Position(doc.first_seq, 0)
 
 
 async def _open_reader(client: Client, segment: Segment) -> LedgerReader:
@@ -66,9 +65,9 @@ async def read_stream(
     doc = (await record.read()).value
     start = await _resolve(client, doc, from_)
     stop = to if to is not None else await end_position(client, doc)
-    for segment in doc.segments:
-        if segment.seq < start.segment or Position(segment.seq, 0) >= stop:
-            continue
+    async for segment in record.segments_from(doc, start.segment):
+        if Position(segment.seq, 0) >= stop:
+            break
         first = start.entry if segment.seq == start.segment else 0
         reader = await _open_reader(client, segment)
         try:
@@ -101,9 +100,10 @@ async def subscribe_stream(
     doc = await record.read()
     next_position = await _resolve(client, doc.value, from_)
     reader: LedgerReader | None = None
+    pages = _PageCache(record)
     try:
         while True:
-            segment = _segment_at(doc.value, next_position.segment)
+            segment = await pages.segment_at(doc.value, next_position.segment)
             if segment is None:
                 if next_position.segment < _first_position(doc.value).segment:
                     next_position = _first_position(doc.value)
@@ -132,11 +132,23 @@ async def subscribe_stream(
                 await reader.aclose()
 
 
-def _segment_at(doc: StreamDocument, seq: int) -> Segment | None:
-    first = _first_position(doc).segment
-    if first <= seq < doc.next_seq and doc.segments:
-        return doc.segment(seq)
-    return None
+class _PageCache:
+    """The page a subscriber is reading through (pages never change once named)."""
+
+    def __init__(self, record: StreamRecord) -> None:
+        self._record = record
+        self._page: SegmentPage | None = None
+
+    async def segment_at(self, doc: StreamDocument, seq: int) -> Segment | None:
+        if doc.head_first_seq <= seq < doc.next_seq:
+            return doc.segment(seq)
+        for ref in doc.pages:
+            if ref.first_seq <= seq <= ref.last_seq:
+                page = self._page
+                if page is None or page.segments[0].seq != ref.first_seq:
+                    page = self._page = await self._record.read_page(ref.first_seq)
+                return page.segments[seq - ref.first_seq]
+        return None
 
 
 def _readable_through(segment: Segment, reader: LedgerReader) -> int:

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from pora.meta.errors import NoSuchDocument
+from pora.meta.errors import DocumentExists, NoSuchDocument
 from pora.meta.records import Versioned
 from pora.meta.store import MetadataStore
 from pora.streams.document import (
+    PAGES_SPACE,
     STREAMS_SPACE,
+    Segment,
+    SegmentPage,
     StreamDocument,
     decode_document,
+    decode_page,
     encode_document,
+    encode_page,
+    page_name,
 )
 from pora.streams.errors import NoSuchStream
 
@@ -52,6 +58,37 @@ class StreamRecord:
         finally:
             await _close(changes)
         raise NoSuchStream(self.name)
+
+    async def read_page(self, first_seq: int) -> SegmentPage:
+        """The page of segments from `first_seq` (NoSuchStream when it is gone: the
+        stream was deleted)."""
+        try:
+            record = await self.store.read_document(PAGES_SPACE, page_name(self.name, first_seq))
+        except NoSuchDocument as gone:
+            raise NoSuchStream(self.name) from gone
+        return decode_page(record.value)
+
+    async def store_page(self, page: SegmentPage) -> None:
+        """Write the page; one left by an attempt whose head change failed is no page
+        of the head's, and is replaced."""
+        data = encode_page(page)
+        try:
+            await self.store.create_document(PAGES_SPACE, page.name, data)
+        except DocumentExists:
+            stale = await self.store.read_document(PAGES_SPACE, page.name)
+            if stale.value != data:
+                await self.store.update_document(PAGES_SPACE, page.name, data, stale.version)
+
+    async def segments_from(self, doc: StreamDocument, seq: int) -> AsyncIterator[Segment]:
+        """The document's segments from `seq` on, paged ones first."""
+        for ref in doc.pages:
+            if ref.last_seq >= seq:
+                for segment in (await self.read_page(ref.first_seq)).segments:
+                    if segment.seq >= seq:
+                        yield segment
+        for segment in doc.segments:
+            if segment.seq >= seq:
+                yield segment
 
 
 async def _close(changes: AsyncIterator[object]) -> None:

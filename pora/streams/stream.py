@@ -14,7 +14,9 @@ from journal.errors import PoraError
 from ledger.errors import InvalidArgument, InvalidArgumentType, NoSuchLedger
 from pora.meta.errors import DocumentExists, MetadataVersionConflict, NoSuchDocument
 from pora.streams.document import (
+    PAGES_SPACE,
     STREAMS_SPACE,
+    PageRef,
     Segment,
     StreamConfig,
     StreamDocument,
@@ -22,8 +24,10 @@ from pora.streams.document import (
     check_stream_name,
     close_segment,
     decode_document,
+    decode_page,
     encode_document,
     new_stream,
+    page_name,
     seal,
     take_over,
 )
@@ -50,12 +54,22 @@ class StreamInfo:
     config: StreamConfig
     state: StreamState
     commit: int
+    #: the recent segments (the head's); older ones are in `pages`
     segments: tuple[Segment, ...]
+    pages: tuple[PageRef, ...]
     writer_epoch: int
 
     @classmethod
     def of(cls, doc: StreamDocument) -> StreamInfo:
-        return cls(doc.name, doc.config, doc.state, doc.commit, doc.segments, doc.writer_epoch)
+        return cls(
+            doc.name,
+            doc.config,
+            doc.state,
+            doc.commit,
+            doc.segments,
+            doc.pages,
+            doc.writer_epoch,
+        )
 
 
 class Stream:
@@ -175,7 +189,17 @@ async def delete_stream(client: Client, name: str) -> None:
             raise NoSuchStream(name) from gone
         except MetadataVersionConflict:
             continue
-    for segment in doc.value.segments:
+    segments: list[Segment] = list(doc.value.segments)
+    for ref in doc.value.pages:
+        try:
+            page = await client.store.read_document(PAGES_SPACE, page_name(name, ref.first_seq))
+            segments.extend(decode_page(page.value).segments)
+            await client.store.delete_document(
+                PAGES_SPACE, page_name(name, ref.first_seq), page.version
+            )
+        except PoraError as error:
+            _log.warning("stream %r deleted, but not its page %d: %s", name, ref.first_seq, error)
+    for segment in segments:
         try:
             await client.delete_ledger(segment.ledger_id)
         except NoSuchLedger:

@@ -41,6 +41,7 @@ from pora.streams.document import (
     StreamState,
     add_segment,
     close_segment,
+    page_out,
     roll,
     take_over,
 )
@@ -341,6 +342,7 @@ class StreamWriter:
                 await self._roll(segment)
                 if self._error is not None:
                     return
+                await self._page_out()
 
     async def _prepare_spare(self) -> None:
         """Create the next segment's ledger; after a failure (no nodes, no store) the
@@ -417,6 +419,30 @@ class StreamWriter:
             return roll(doc, self.epoch, last, old.byte_length, spare.ledger_id, _now_ms())
 
         await self._update(change, lambda doc: self._owns(doc, spare))
+
+    async def _page_out(self) -> None:
+        """Keep the head document small: once it holds more than HEAD_SEGMENTS_MAX
+        segments, the oldest go to a page document (stored first), then the head drops
+        them and names the page (compare-and-set). A failure leaves the head as it was
+        (a page no head names is replaced on the next attempt)."""
+        assert self._doc is not None
+        split = page_out(self._doc.value)
+        if split is None:
+            return
+        page = split[0]
+
+        def change(doc: StreamDocument) -> StreamDocument | None:
+            self._check_epoch(doc)
+            again = page_out(doc)
+            return None if again is None or again[0] != page else again[1]
+
+        try:
+            await self._record.store_page(page)
+            await self._update(change)
+        except (WriterFenced, StreamSealed):
+            return  # the writer learns it on its next append
+        except PoraError as error:
+            _log.warning("stream %r: paging out old segments: %s", self.stream, error)
 
     def _client_tasks(self) -> anyio.abc.TaskGroup:
         assert self._tasks is not None
