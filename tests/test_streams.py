@@ -349,3 +349,20 @@ async def test_old_segments_are_paged_out_and_still_read(
             with pytest.raises(pora.NoSuchLedger):
                 await client.open_ledger(ledger_id)
         assert [ledger async for ledger in client.list_ledgers()] == []
+
+
+async def test_a_subscriber_learns_the_stream_was_deleted(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("doomed")
+        async with stream.open_writer() as writer:
+            await writer.append(b"only")
+            subscription = stream.subscribe()
+            assert await subscription.__anext__() == (Position(0, 0), b"only")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(client.delete_stream, "doomed")
+                with pytest.raises(pora.NoSuchStream, match="'doomed'"):
+                    await subscription.__anext__()
+            await subscription.aclose()  # type: ignore[attr-defined]
+            with pytest.raises(pora.NoSuchStream):  # its ledger went with it
+                await writer.append(b"late")
+        # leaving the block is quiet: nothing is left to close

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Literal
 
 import anyio
 
+from journal.errors import PoraError
+from ledger.errors import NoSuchLedger
 from pora.client.replication.reader import LedgerReader
 from pora.client.replication.tail import _wait_for_progress
 from pora.meta.records import Versioned
@@ -163,16 +165,30 @@ async def _wait(
     """Until the OPEN segment's LAC reaches `entry_id`, its ledger's record changes,
     or the document changes (the segment closed: a rollover, a takeover, a seal)."""
     changed: list[Versioned[StreamDocument]] = []
+    #: the first of the two waits to fail (raised alone, not in an ExceptionGroup)
+    failed: list[PoraError] = []
 
     async def watch_document() -> None:
-        changed.append(await record.next_change(doc.version))
+        try:
+            changed.append(await record.next_change(doc.version))
+        except PoraError as error:  # NoSuchStream: the stream was deleted
+            failed.append(error)
         group.cancel_scope.cancel()
 
     async def watch_ledger() -> None:
-        await _wait_for_progress(reader, entry_id, {})
+        try:
+            await _wait_for_progress(reader, entry_id, {})
+        except PoraError as error:  # LedgerDeleted: the stream is being deleted
+            failed.append(error)
         group.cancel_scope.cancel()
 
     async with anyio.create_task_group() as group:
         group.start_soon(watch_document)
         group.start_soon(watch_ledger)
-    return changed[0] if changed else doc
+    if changed:
+        return changed[0]
+    if failed:
+        if isinstance(failed[0], NoSuchLedger):  # its ledger went first: say which
+            await record.read()  # NoSuchStream once the document is gone
+        raise failed[0]
+    return doc

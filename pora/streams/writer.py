@@ -45,7 +45,7 @@ from pora.streams.document import (
     roll,
     take_over,
 )
-from pora.streams.errors import StreamSealed, WriterFenced
+from pora.streams.errors import NoSuchStream, StreamSealed, WriterFenced
 from pora.streams.position import Position
 from pora.streams.records import StreamRecord
 
@@ -60,6 +60,8 @@ STREAM_KEY = "pora.stream"
 #: the next segment's ledger is created once the current one reaches this share of
 #: its size or age
 _PREPARE_AT = 0.5
+#: what ends a writer for good: closing it then has nothing to do
+_ENDED = (WriterFenced, StreamSealed, NoSuchStream)
 #: after the next segment's ledger could not be created, the writer tries again after
 _SPARE_RETRY_S = 1.0
 
@@ -300,9 +302,13 @@ class StreamWriter:
 
     async def _why_fenced(self, fenced: LedgerFenced) -> PoraError:
         """A segment's ledger was fenced: re-read the document to tell a takeover
-        (WriterFenced) or a seal (StreamSealed) from anything else (LedgerFenced)."""
+        (WriterFenced), a seal (StreamSealed) or a delete (NoSuchStream) from anything
+        else (LedgerFenced)."""
         try:
             doc = (await self._record.read()).value
+        except NoSuchStream as gone:  # deleted: its ledgers go with it
+            self._error = gone
+            return gone
         except PoraError as error:
             _log.info("stream %r: re-reading after a fence: %s", self.stream, error)
             return fenced
@@ -480,7 +486,8 @@ class StreamWriter:
 
     async def close(self) -> None:
         """Close the open segment's ledger and mark it CLOSED in the document. A fenced
-        writer has nothing to close (its segment belongs to the newer writer)."""
+        writer has nothing to close (its segment belongs to the newer writer), nor has
+        the writer of a sealed or deleted stream."""
         async with self._roll_lock:
             if self._closed:
                 return
@@ -490,13 +497,13 @@ class StreamWriter:
         spare, self._spare = self._spare, None
         if spare is not None:
             await self._discard(spare)
-        if segment is None or isinstance(self._error, WriterFenced | StreamSealed):
+        if segment is None or isinstance(self._error, _ENDED):
             return
         try:
             await segment.writer.close()
         except LedgerFenced as fenced:
             error = await self._why_fenced(fenced)
-            if isinstance(error, WriterFenced | StreamSealed):
+            if isinstance(error, _ENDED):
                 return
             raise
         await self._close_document(segment)
