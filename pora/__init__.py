@@ -75,6 +75,8 @@ from pora.errors import (
 from pora.node import Node, NodeStatistics, open_node
 from pora.node.config import NodeConfig
 from pora.streams.position import Position
+from pora.streams.stream import Stream, StreamInfo
+from pora.streams.writer import StreamWriter
 
 __version__ = "0.1.0"
 
@@ -140,8 +142,11 @@ __all__ = [
     "RemoteError",
     "RequestTimeout",
     "StorageCorruption",
+    "Stream",
     "StreamExists",
+    "StreamInfo",
     "StreamSealed",
+    "StreamWriter",
     "Unauthorized",
     "UnindexedEntryLog",
     "WriterFenced",
