@@ -366,3 +366,39 @@ async def test_a_subscriber_learns_the_stream_was_deleted(tmp_path: Path) -> Non
             with pytest.raises(pora.NoSuchStream):  # its ledger went with it
                 await writer.append(b"late")
         # leaving the block is quiet: nothing is left to close
+
+
+async def test_a_seal_from_another_client_stops_a_busy_writer(tmp_path: Path) -> None:
+    """Eight tasks append while another client seals the stream: each task's append
+    fails with StreamSealed (never a bare LedgerFenced), and the stream holds
+    everything that was acknowledged."""
+    async with (
+        local_cluster(tmp_path) as cluster,
+        client_on(cluster) as client,
+        client_on(cluster) as other,
+    ):
+        stream = await client.create_stream("busy-seal", segment_bytes_max=SMALL)
+        acknowledged: dict[Position, bytes] = {}
+        ended: list[BaseException] = []
+        enough = trio.Event()
+
+        async def append(writer: pora.StreamWriter, task: int) -> None:
+            for k in range(100_000):
+                payload = b"%d/%d" % (task, k) + bytes(500)
+                try:
+                    acknowledged[await writer.append(payload)] = payload
+                except pora.PoraError as error:
+                    ended.append(error)
+                    return
+                if len(acknowledged) >= 500:
+                    enough.set()
+
+        async with stream.open_writer() as writer, trio.open_nursery() as nursery:
+            for task in range(8):
+                nursery.start_soon(append, writer, task)
+            await enough.wait()
+            await (await other.open_stream("busy-seal")).seal()
+        assert [type(error) for error in ended] == [pora.StreamSealed] * 8
+        read = dict([item async for item in stream.read()])
+        assert all(read[position] == payload for position, payload in acknowledged.items())
+        assert (await stream.info()).state is StreamState.SEALED

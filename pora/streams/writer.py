@@ -62,6 +62,9 @@ STREAM_KEY = "pora.stream"
 _PREPARE_AT = 0.5
 #: what ends a writer for good: closing it then has nothing to do
 _ENDED = (WriterFenced, StreamSealed, NoSuchStream)
+#: how long a writer whose ledger was fenced watches the document for the reason (a
+#: seal recovers the segment, then writes the document)
+_FENCE_SETTLE_S = 10.0
 #: after the next segment's ledger could not be created, the writer tries again after
 _SPARE_RETRY_S = 1.0
 
@@ -303,22 +306,31 @@ class StreamWriter:
     async def _why_fenced(self, fenced: LedgerFenced) -> PoraError:
         """A segment's ledger was fenced: re-read the document to tell a takeover
         (WriterFenced), a seal (StreamSealed) or a delete (NoSuchStream) from anything
-        else (LedgerFenced)."""
+        else (LedgerFenced). A seal fences the ledger before its compare-and-set, so a
+        document that shows neither yet is watched for a while before the answer is
+        LedgerFenced."""
+        if self._error is not None:
+            return self._error
         try:
-            doc = (await self._record.read()).value
+            record = await self._record.read()
+            with anyio.move_on_after(_FENCE_SETTLE_S):
+                while self._why(record.value) is None:
+                    record = await self._record.next_change(record.version)
         except NoSuchStream as gone:  # deleted: its ledgers go with it
             self._error = gone
             return gone
         except PoraError as error:
             _log.info("stream %r: re-reading after a fence: %s", self.stream, error)
             return fenced
+        self._error = self._why(record.value)
+        return self._error or fenced
+
+    def _why(self, doc: StreamDocument) -> PoraError | None:
         if doc.state is StreamState.SEALED:
-            self._error = StreamSealed(self.stream)
-        elif doc.writer_epoch != self.epoch:
-            self._error = WriterFenced(self.stream, self.epoch, doc.writer_epoch)
-        else:
-            return fenced
-        return self._error
+            return StreamSealed(self.stream)
+        if doc.writer_epoch != self.epoch:
+            return WriterFenced(self.stream, self.epoch, doc.writer_epoch)
+        return None
 
     # -- rollover -----------------------------------------------------------------------
 
