@@ -1,10 +1,10 @@
 """Takeover against real processes (issue 27): three `pora serve` nodes, a stream
 writer process appending from 32 tasks across rollovers (tests/stream_writer_process.py)
-and a subscriber in this process. The writer is SIGKILLed (or SIGSTOPped) mid-segment;
-a second writer takes over and appends; the subscriber, which ran throughout, has
-every acknowledged entry once, in position order. A SIGSTOPped writer resumed after
-the takeover gets WriterFenced, and anything it logged as acknowledged is in the
-stream."""
+and a subscriber in this process, with SQLite and with ZooKeeper metadata. The writer
+is SIGKILLed (or SIGSTOPped) mid-segment; a second writer takes over and appends; the
+subscriber, which ran throughout, has every acknowledged entry once, in position
+order. A SIGSTOPped writer resumed after the takeover gets WriterFenced, and anything
+it logged as acknowledged is in the stream."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 import trio
 from cluster_process import pora_cluster_process
 from waiting import wait_until
+from zookeeper_support import fresh_zk_url
 
 import pora
 from pora import Position
@@ -98,9 +99,11 @@ async def takeover_of_a_process(url: str, log_path: Path, stop_signal: signal.Si
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("metadata", ["sqlite", "zk"])
 @pytest.mark.parametrize("stop_signal", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "stop"])
 def test_a_second_writer_takes_over_from_a_stopped_process(
-    tmp_path: Path, stop_signal: signal.Signals
+    tmp_path: Path, stop_signal: signal.Signals, metadata: str, request: pytest.FixtureRequest
 ) -> None:
-    with pora_cluster_process(tmp_path / "cluster", nodes=3) as url:
+    url = fresh_zk_url(request) if metadata == "zk" else None
+    with pora_cluster_process(tmp_path / "cluster", nodes=3, metadata=url) as url:
         trio.run(takeover_of_a_process, url, tmp_path / "writer.log", stop_signal)
