@@ -107,10 +107,9 @@ async def subscribe_stream(
         while True:
             segment = await pages.segment_at(doc.value, next_position.segment)
             if segment is None:
-                if next_position.segment < _first_position(doc.value).segment:
-                    next_position = _first_position(doc.value)
-                    continue
-                doc = await record.next_change(doc.version)  # not there yet
+                # a segment not there yet (segments are never removed: no call
+                # truncates a stream, so every seq below next_seq is listed)
+                doc = await record.next_change(doc.version)
                 continue
             if reader is None or reader.ledger_id != segment.ledger_id:
                 if reader is not None:
