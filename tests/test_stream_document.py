@@ -4,6 +4,9 @@ rules, refuses what does not apply, and survives encoding."""
 from dataclasses import replace
 
 import pytest
+from depth import two_depths
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pora import InvalidArgument, InvalidArgumentType
 from pora.meta.errors import InvalidMetadata, MetadataRecordTooLarge
@@ -193,3 +196,60 @@ def test_a_hundred_thousand_segments_fit() -> None:
     assert len(encode_document(head)) < 200_000
     page = SegmentPage("huge", closed_segments(99_500, PAGE_SEGMENTS))
     assert len(encode_page(page)) < 100_000
+
+
+@two_depths(full=300)
+def test_any_sequence_of_changes_keeps_the_rules(examples: int) -> None:
+    """Writers taking over, adding, rolling, closing, paging out and sealing in any
+    order: each change either is refused (StreamChangeRefused, the document as it
+    was) or gives a document that round-trips; segments never change once CLOSED,
+    sequence numbers and commits only grow, and a stale epoch changes nothing."""
+    operations = st.lists(
+        st.tuples(
+            st.sampled_from(["take_over", "add", "roll", "close", "page", "seal"]),
+            st.integers(min_value=-1, max_value=2),  # epoch offset: stale, current, future
+            st.integers(min_value=-1, max_value=50),  # last entry
+        ),
+        max_size=60,
+    )
+
+    @settings(max_examples=examples, deadline=None)
+    @given(operations)
+    def check(steps: list[tuple[str, int, int]]) -> None:
+        doc = new_stream("prop", CONFIG, 0)
+        closed: dict[int, Segment] = {}
+        ledger_ids = iter(range(10**6))
+        for operation, offset, last in steps:
+            epoch = doc.writer_epoch + offset
+            length = 0 if last < 0 else last + 1
+            before = doc
+            try:
+                if operation == "take_over":
+                    doc = take_over(doc)
+                elif operation == "add":
+                    doc = add_segment(doc, epoch, next(ledger_ids), 0)
+                elif operation == "roll":
+                    doc = roll(doc, epoch, last, length, next(ledger_ids), 0)
+                elif operation == "close":
+                    doc = close_segment(doc, epoch, last, length)
+                elif operation == "page":
+                    doc = (page_out(doc, head_segments_max=3, page_segments=2) or (None, doc))[1]
+                else:
+                    doc = seal(doc)
+            except StreamChangeRefused:
+                assert doc == before
+                continue
+            if operation in ("add", "roll", "close"):
+                assert epoch == before.writer_epoch  # only the current writer changes them
+            assert round_trip(doc) == doc
+            assert doc.next_seq >= before.next_seq and doc.commit >= before.commit
+            assert doc.first_seq == 0
+            for segment in doc.segments:
+                if segment.seq in closed:
+                    assert closed[segment.seq] == segment
+                elif segment.state is SegmentState.CLOSED:
+                    closed[segment.seq] = segment
+            if doc.pages:
+                assert doc.pages[-1].last_seq + 1 == doc.head_first_seq
+
+    check()
