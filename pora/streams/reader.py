@@ -20,7 +20,7 @@ import anyio
 from journal.errors import PoraError
 from ledger.errors import NoSuchLedger
 from pora.client.replication.reader import LedgerReader
-from pora.client.replication.tail import _wait_for_progress
+from pora.client.replication.tail import wait_for_progress
 from pora.meta.records import Versioned
 from pora.streams.document import Segment, SegmentPage, SegmentState, StreamDocument
 from pora.streams.position import Position
@@ -176,7 +176,7 @@ async def _wait(
 
     async def watch_ledger() -> None:
         try:
-            await _wait_for_progress(reader, entry_id, {})
+            await wait_for_progress(reader, entry_id, {})
         except PoraError as error:  # LedgerDeleted: the stream is being deleted
             failed.append(error)
         group.cancel_scope.cancel()
