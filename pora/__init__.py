@@ -3,7 +3,8 @@
 `open_node` runs a storage node in-process; `connect_node` talks to one over the
 network; `connect` opens a replicating client on a cluster's metadata store
 (`Client`: ledgers on ensembles of nodes, written through a `LedgerWriter`, read
-through a `LedgerReader`). The errors their operations raise are gathered in
+through a `LedgerReader`; named streams of ledgers, whose entries sit at `Position`s).
+The errors their operations raise are gathered in
 `pora.errors` and re-exported here.
 """
 
@@ -56,6 +57,7 @@ from pora.errors import (
     NoSuchEntry,
     NoSuchLedger,
     NoSuchLedgerMetadata,
+    NoSuchStream,
     NotEnoughNodes,
     PoraError,
     ProtocolError,
@@ -64,11 +66,17 @@ from pora.errors import (
     RemoteError,
     RequestTimeout,
     StorageCorruption,
+    StreamExists,
+    StreamSealed,
     Unauthorized,
     UnindexedEntryLog,
+    WriterFenced,
 )
 from pora.node import Node, NodeStatistics, open_node
 from pora.node.config import NodeConfig
+from pora.streams.position import Position
+from pora.streams.stream import Stream, StreamInfo
+from pora.streams.writer import StreamWriter
 
 __version__ = "0.1.0"
 
@@ -115,6 +123,7 @@ __all__ = [
     "NoSuchEntry",
     "NoSuchLedger",
     "NoSuchLedgerMetadata",
+    "NoSuchStream",
     "Node",
     "NodeAddressTaken",
     "NodeClient",
@@ -126,14 +135,21 @@ __all__ = [
     "NodeStatistics",
     "NotEnoughNodes",
     "PoraError",
+    "Position",
     "ProtocolError",
     "RecoveryFailed",
     "RegistrationLost",
     "RemoteError",
     "RequestTimeout",
     "StorageCorruption",
+    "Stream",
+    "StreamExists",
+    "StreamInfo",
+    "StreamSealed",
+    "StreamWriter",
     "Unauthorized",
     "UnindexedEntryLog",
+    "WriterFenced",
     "connect",
     "connect_node",
     "master_key_from_password",

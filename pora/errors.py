@@ -4,7 +4,8 @@ Each is defined in the lowest package that raises it: the journal's in
 `journal.errors` (with the root, `PoraError`), the ledgers' and the node's in
 `ledger.errors`, the wire's and the client's in `netio.errors`, the data dir's in
 `pora.node.datadir`, the metadata store's in `pora.meta.errors`, the replicating
-client's in `pora.client.replication.errors` (and `ClientClosed` with the writer). An application
+client's in `pora.client.replication.errors` (and `ClientClosed` with the writer),
+the streams' in `pora.streams.errors`. An application
 imports them from here or from `pora`.
 """
 
@@ -67,6 +68,7 @@ from pora.meta.errors import (
     RegistrationLost,
 )
 from pora.node.datadir import DataDirError, DataDirLocked, IndexMissing
+from pora.streams.errors import NoSuchStream, StreamExists, StreamSealed, WriterFenced
 
 __all__ = [
     "ClientClosed",
@@ -106,6 +108,7 @@ __all__ = [
     "NoSuchEntry",
     "NoSuchLedger",
     "NoSuchLedgerMetadata",
+    "NoSuchStream",
     "NodeAddressTaken",
     "NodeClosed",
     "NodeOverloaded",
@@ -118,6 +121,9 @@ __all__ = [
     "RemoteError",
     "RequestTimeout",
     "StorageCorruption",
+    "StreamExists",
+    "StreamSealed",
     "Unauthorized",
     "UnindexedEntryLog",
+    "WriterFenced",
 ]

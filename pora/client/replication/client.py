@@ -48,6 +48,9 @@ from pora.client.waiting import event_factory
 from pora.meta.errors import MetadataTimeout, MetadataVersionConflict, NoSuchLedgerMetadata
 from pora.meta.records import EnsembleMember, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore, open_metadata
+from pora.streams import stream as streams
+from pora.streams.document import StreamConfig
+from pora.streams.stream import Stream, StreamInfo
 
 _log = logging.getLogger("pora.client")
 
@@ -265,6 +268,51 @@ class Client:
             if len(page) < _LIST_PAGE:
                 return
             after = page[-1].value.ledger_id
+
+    # -- streams (pora/streams, docs/streams.md) -------------------------------------------
+
+    async def create_stream(
+        self,
+        name: str,
+        ensemble_size: int = 3,
+        write_quorum: int = 3,
+        ack_quorum: int = 2,
+        segment_bytes_max: int = 256 << 20,
+        segment_age_s_max: float = 3600,
+        retention_s: float | None = None,
+        retention_bytes: int | None = None,
+    ) -> Stream:
+        """A new, empty stream whose segments are ledgers with these quorums, rolled
+        at `segment_bytes_max` (at least 64 KiB) or `segment_age_s_max` seconds.
+        StreamExists when the name is taken; InvalidArgument for a bad name or value.
+        Retention is recorded for the trimming still to come."""
+        self._check_open("create a stream")
+        config = StreamConfig(
+            ensemble_size,
+            write_quorum,
+            ack_quorum,
+            segment_bytes_max,
+            segment_age_s_max,
+            retention_s,
+            retention_bytes,
+        )
+        return await streams.create_stream(self, name, config)
+
+    async def open_stream(self, name: str) -> Stream:
+        """The stream named `name`; NoSuchStream when there is none."""
+        self._check_open("open a stream")
+        return await streams.open_stream(self, name)
+
+    def list_streams(self) -> AsyncIterator[StreamInfo]:
+        """Every stream's `StreamInfo`, by name."""
+        self._check_open("list streams")
+        return streams.list_streams(self)
+
+    async def delete_stream(self, name: str) -> None:
+        """Delete the stream's record (NoSuchStream when there is none), then its
+        segments' ledgers, best effort."""
+        self._check_open("delete a stream")
+        await streams.delete_stream(self, name)
 
     async def _abandon_writers(self) -> None:
         """The client ends: every writer's pending appends fail, its readers' reads

@@ -55,12 +55,13 @@ async def tail_ledger(reader: LedgerReader, from_entry_id: int) -> AsyncIterator
         if reader.closed:
             return  # after the last entry of a closed ledger
         with reader.closed_client_guard():  # ClientClosed once the client ended
-            await _wait_for_progress(reader, next_id, polled)
+            await wait_for_progress(reader, next_id, polled)
 
 
-async def _wait_for_progress(reader: LedgerReader, next_id: int, polled: dict[int, bytes]) -> None:
+async def wait_for_progress(reader: LedgerReader, next_id: int, polled: dict[int, bytes]) -> None:
     """Until the LAC passes `next_id - 1`, the record changes, or a poll's wait ends.
-    A poll that brings entry `next_id` with a LAC covering it leaves it in `polled`."""
+    A poll that brings entry `next_id` with a LAC covering it leaves it in `polled`.
+    Streams' subscribers wait on it too, beside a watch of their stream's document."""
     config = reader.config
     known_lac = reader.last_add_confirmed
     version = reader.record.version

@@ -1,0 +1,51 @@
+"""The typed errors of streams; `pora` and `pora.errors` re-export them."""
+
+from __future__ import annotations
+
+from journal.errors import PoraError
+
+
+class StreamError(PoraError):
+    """Something about a named stream; `stream` names it."""
+
+    def __init__(self, stream: str, message: str) -> None:
+        self.stream = stream
+        super().__init__(message)
+
+
+class NoSuchStream(StreamError):
+    def __init__(self, stream: str) -> None:
+        super().__init__(
+            stream,
+            f"stream {stream!r} does not exist: create it (client.create_stream) or "
+            "check the name (client.list_streams)",
+        )
+
+
+class StreamExists(StreamError):
+    def __init__(self, stream: str) -> None:
+        super().__init__(
+            stream, f"stream {stream!r} already exists: open it (client.open_stream) instead"
+        )
+
+
+class StreamSealed(StreamError):
+    """The stream was sealed: no writer may append to it again (reading goes on)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream, f"stream {stream!r} is sealed: it takes no more appends")
+
+
+class WriterFenced(StreamError):
+    """A newer writer took over the stream: none of this writer's later appends is
+    acknowledged (what it acknowledged before stays in the stream)."""
+
+    def __init__(self, stream: str, epoch: int, current_epoch: int) -> None:
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+        super().__init__(
+            stream,
+            f"the writer of stream {stream!r} (epoch {epoch}) was fenced by a newer writer "
+            f"(epoch {current_epoch}): its appends are not acknowledged from here on; "
+            "open a new writer to go on writing",
+        )

@@ -1,0 +1,193 @@
+"""Reading a stream (docs/streams.md, "Reading"): `read` crosses the segments of the
+document as it is when the call starts, `subscribe` follows it as it changes. Both
+use range reads underneath and never return an entry past what is acknowledged: a
+CLOSED segment up to the last entry the document fixes, the OPEN one up to its
+ledger's LAC (R23).
+
+Positions run from a segment's entry 0 to its last entry, then to the next
+segment's entry 0. A start past a segment's last entry means the next segment's
+first; `to` is exclusive.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Literal
+
+import anyio
+
+from journal.errors import PoraError
+from ledger.errors import NoSuchLedger
+from pora.client.replication.reader import LedgerReader
+from pora.client.replication.tail import wait_for_progress
+from pora.meta.records import Versioned
+from pora.streams.document import Segment, SegmentPage, SegmentState, StreamDocument
+from pora.streams.position import Position
+from pora.streams.records import StreamRecord
+
+if TYPE_CHECKING:
+    from pora.client.replication.client import Client
+
+_log = logging.getLogger("pora.streams.reader")
+
+Start = Position | Literal["end"] | None
+
+
+def _first_position(doc: StreamDocument) -> Position:
+    return Position(doc.first_seq, 0)
+
+
+async def _open_reader(client: Client, segment: Segment) -> LedgerReader:
+    """A reader of the segment's ledger that never fences it; a CLOSED segment's
+    entries, up to the end the document fixes, were acknowledged, whatever LAC the
+    nodes know of yet."""
+    reader = await client.open_ledger(segment.ledger_id, recover=False)
+    if segment.state is SegmentState.CLOSED:
+        reader.learn_lac(segment.last_entry_id)
+    return reader
+
+
+async def end_position(client: Client, doc: StreamDocument) -> Position:
+    """The position the next acknowledged entry will have (for all the writer
+    knows): after the OPEN segment's LAC, or the next segment's first."""
+    current = doc.open_segment
+    if current is None:
+        return Position(doc.next_seq, 0)
+    reader = await _open_reader(client, current)
+    try:
+        return Position(current.seq, reader.last_add_confirmed + 1)
+    finally:
+        await reader.aclose()
+
+
+async def read_stream(
+    client: Client, record: StreamRecord, from_: Start, to: Position | None
+) -> AsyncIterator[tuple[Position, bytes]]:
+    doc = (await record.read()).value
+    start = await _resolve(client, doc, from_)
+    stop = to if to is not None else await end_position(client, doc)
+    async for segment in record.segments_from(doc, start.segment):
+        if Position(segment.seq, 0) >= stop:
+            break
+        first = start.entry if segment.seq == start.segment else 0
+        reader = await _open_reader(client, segment)
+        try:
+            last = segment.last_entry_id
+            if segment.state is SegmentState.OPEN:
+                last = reader.last_add_confirmed
+            if segment.seq == stop.segment:
+                last = min(last, stop.entry - 1)
+            if first > last:
+                continue
+            async for entry_id, payload in reader.read_entries(first, last):
+                yield Position(segment.seq, entry_id), payload
+        finally:
+            await reader.aclose()
+
+
+async def _resolve(client: Client, doc: StreamDocument, from_: Start) -> Position:
+    if from_ is None:
+        return _first_position(doc)
+    if from_ == "end":
+        return await end_position(client, doc)
+    return from_
+
+
+async def subscribe_stream(
+    client: Client, record: StreamRecord, from_: Start
+) -> AsyncIterator[tuple[Position, bytes]]:
+    """Every acknowledged entry from `from_` on, in position order, exactly once;
+    never ends (NoSuchStream when the stream is deleted)."""
+    doc = await record.read()
+    next_position = await _resolve(client, doc.value, from_)
+    reader: LedgerReader | None = None
+    pages = _PageCache(record)
+    try:
+        while True:
+            segment = await pages.segment_at(doc.value, next_position.segment)
+            if segment is None:
+                # a segment not there yet (segments are never removed: no call
+                # truncates a stream, so every seq below next_seq is listed)
+                doc = await record.next_change(doc.version)
+                continue
+            if reader is None or reader.ledger_id != segment.ledger_id:
+                if reader is not None:
+                    await reader.aclose()
+                reader = await _open_reader(client, segment)
+            elif segment.state is SegmentState.CLOSED:
+                reader.learn_lac(segment.last_entry_id)
+            last = _readable_through(segment, reader)
+            if next_position.entry <= last:
+                async for entry_id, payload in reader.read_entries(next_position.entry, last):
+                    next_position = Position(segment.seq, entry_id + 1)
+                    yield Position(segment.seq, entry_id), payload
+                continue
+            if segment.state is SegmentState.CLOSED:
+                next_position = Position(segment.seq + 1, 0)
+                continue
+            doc = await _wait(record, doc, reader, next_position.entry)
+    finally:
+        if reader is not None:
+            with anyio.CancelScope(shield=True):
+                await reader.aclose()
+
+
+class _PageCache:
+    """The page a subscriber is reading through (pages never change once named)."""
+
+    def __init__(self, record: StreamRecord) -> None:
+        self._record = record
+        self._page: SegmentPage | None = None
+
+    async def segment_at(self, doc: StreamDocument, seq: int) -> Segment | None:
+        if doc.head_first_seq <= seq < doc.next_seq:
+            return doc.segment(seq)
+        for ref in doc.pages:
+            if ref.first_seq <= seq <= ref.last_seq:
+                page = self._page
+                if page is None or page.segments[0].seq != ref.first_seq:
+                    page = self._page = await self._record.read_page(ref.first_seq)
+                return page.segments[seq - ref.first_seq]
+        return None
+
+
+def _readable_through(segment: Segment, reader: LedgerReader) -> int:
+    if segment.state is SegmentState.CLOSED:
+        return segment.last_entry_id
+    return reader.last_add_confirmed  # a recovery closing it fixes the same end
+
+
+async def _wait(
+    record: StreamRecord, doc: Versioned[StreamDocument], reader: LedgerReader, entry_id: int
+) -> Versioned[StreamDocument]:
+    """Until the OPEN segment's LAC reaches `entry_id`, its ledger's record changes,
+    or the document changes (the segment closed: a rollover, a takeover, a seal)."""
+    changed: list[Versioned[StreamDocument]] = []
+    #: the first of the two waits to fail (raised alone, not in an ExceptionGroup)
+    failed: list[PoraError] = []
+
+    async def watch_document() -> None:
+        try:
+            changed.append(await record.next_change(doc.version))
+        except PoraError as error:  # NoSuchStream: the stream was deleted
+            failed.append(error)
+        group.cancel_scope.cancel()
+
+    async def watch_ledger() -> None:
+        try:
+            await wait_for_progress(reader, entry_id, {})
+        except PoraError as error:  # LedgerDeleted: the stream is being deleted
+            failed.append(error)
+        group.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(watch_document)
+        group.start_soon(watch_ledger)
+    if changed:
+        return changed[0]
+    if failed:
+        if isinstance(failed[0], NoSuchLedger):  # its ledger went first: say which
+            await record.read()  # NoSuchStream once the document is gone
+        raise failed[0]
+    return doc

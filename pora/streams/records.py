@@ -1,0 +1,97 @@
+"""Reading and compare-and-setting one stream's document in the metadata store."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from pora.meta.errors import DocumentExists, NoSuchDocument
+from pora.meta.records import Versioned
+from pora.meta.store import MetadataStore
+from pora.streams.document import (
+    PAGES_SPACE,
+    STREAMS_SPACE,
+    Segment,
+    SegmentPage,
+    StreamDocument,
+    decode_document,
+    decode_page,
+    encode_document,
+    encode_page,
+    page_name,
+)
+from pora.streams.errors import NoSuchStream
+
+
+class StreamRecord:
+    """One stream's document: reads decode it, writes are compare-and-sets naming the
+    version read (MetadataVersionConflict when another client changed it first)."""
+
+    def __init__(self, store: MetadataStore, name: str) -> None:
+        self.store = store
+        self.name = name
+
+    async def read(self) -> Versioned[StreamDocument]:
+        try:
+            record = await self.store.read_document(STREAMS_SPACE, self.name)
+        except NoSuchDocument as gone:
+            raise NoSuchStream(self.name) from gone
+        return Versioned(decode_document(record.value), record.version)
+
+    async def write(self, doc: StreamDocument, expected_version: int) -> Versioned[StreamDocument]:
+        try:
+            record = await self.store.update_document(
+                STREAMS_SPACE, self.name, encode_document(doc), expected_version
+            )
+        except NoSuchDocument as gone:
+            raise NoSuchStream(self.name) from gone
+        return Versioned(doc, record.version)
+
+    async def next_change(self, after_version: int) -> Versioned[StreamDocument]:
+        """The document once its version moves past `after_version` (at once if it
+        has); NoSuchStream when it is deleted."""
+        changes = self.store.watch_document(STREAMS_SPACE, self.name, after_version)
+        try:
+            async for record in changes:
+                return Versioned(decode_document(record.value), record.version)
+        except NoSuchDocument as gone:
+            raise NoSuchStream(self.name) from gone
+        finally:
+            await _close(changes)
+        raise NoSuchStream(self.name)
+
+    async def read_page(self, first_seq: int) -> SegmentPage:
+        """The page of segments from `first_seq` (NoSuchStream when it is gone: the
+        stream was deleted)."""
+        try:
+            record = await self.store.read_document(PAGES_SPACE, page_name(self.name, first_seq))
+        except NoSuchDocument as gone:
+            raise NoSuchStream(self.name) from gone
+        return decode_page(record.value)
+
+    async def store_page(self, page: SegmentPage) -> None:
+        """Write the page; one left by an attempt whose head change failed is no page
+        of the head's, and is replaced."""
+        data = encode_page(page)
+        try:
+            await self.store.create_document(PAGES_SPACE, page.name, data)
+        except DocumentExists:
+            stale = await self.store.read_document(PAGES_SPACE, page.name)
+            if stale.value != data:
+                await self.store.update_document(PAGES_SPACE, page.name, data, stale.version)
+
+    async def segments_from(self, doc: StreamDocument, seq: int) -> AsyncIterator[Segment]:
+        """The document's segments from `seq` on, paged ones first."""
+        for ref in doc.pages:
+            if ref.last_seq >= seq:
+                for segment in (await self.read_page(ref.first_seq)).segments:
+                    if segment.seq >= seq:
+                        yield segment
+        for segment in doc.segments:
+            if segment.seq >= seq:
+                yield segment
+
+
+async def _close(changes: AsyncIterator[object]) -> None:
+    close = getattr(changes, "aclose", None)
+    if close is not None:
+        await close()

@@ -1,0 +1,215 @@
+"""`Stream` and the client's stream calls (create, open, list, delete); see
+docs/streams.md. The decisions are in document.py; this module reads and writes the
+documents and the segments' ledgers."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from journal.errors import PoraError
+from ledger.errors import InvalidArgument, InvalidArgumentType, NoSuchLedger
+from pora.meta.errors import DocumentExists, MetadataVersionConflict, NoSuchDocument
+from pora.streams.document import (
+    PAGES_SPACE,
+    STREAMS_SPACE,
+    PageRef,
+    Segment,
+    StreamConfig,
+    StreamDocument,
+    StreamState,
+    check_stream_name,
+    close_segment,
+    decode_document,
+    decode_page,
+    encode_document,
+    new_stream,
+    page_name,
+    seal,
+    take_over,
+)
+from pora.streams.errors import NoSuchStream, StreamExists
+from pora.streams.position import Position
+from pora.streams.reader import Start, read_stream, subscribe_stream
+from pora.streams.records import StreamRecord
+from pora.streams.writer import StreamWriter, recover_segment_ledger
+
+if TYPE_CHECKING:
+    from pora.client.replication.client import Client
+
+_log = logging.getLogger("pora.streams")
+
+#: stream names read per page by `list_streams`
+_LIST_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """What `Client.list_streams` and `Stream.info` tell of a stream."""
+
+    name: str
+    config: StreamConfig
+    state: StreamState
+    commit: int
+    #: the recent segments (the head's); older ones are in `pages`
+    segments: tuple[Segment, ...]
+    pages: tuple[PageRef, ...]
+    writer_epoch: int
+
+    @classmethod
+    def of(cls, doc: StreamDocument) -> StreamInfo:
+        return cls(
+            doc.name,
+            doc.config,
+            doc.state,
+            doc.commit,
+            doc.segments,
+            doc.pages,
+            doc.writer_epoch,
+        )
+
+
+class Stream:
+    """A named stream: `open_writer`, `read`, `subscribe`, `seal`."""
+
+    def __init__(self, client: Client, name: str) -> None:
+        self._client = client
+        self.name = name
+        self._record = StreamRecord(client.store, name)
+
+    def __repr__(self) -> str:
+        return f"Stream({self.name!r})"
+
+    async def info(self) -> StreamInfo:
+        return StreamInfo.of((await self._record.read()).value)
+
+    def open_writer(self) -> StreamWriter:
+        """The stream's live writer, for an `async with` block: entering it fences any
+        earlier writer (its open segment recovered and closed: what it acknowledged
+        stays; its later appends fail with WriterFenced); leaving it closes the
+        writer's segment. StreamSealed for a sealed stream."""
+        return StreamWriter(self._client, self._record)
+
+    def read(
+        self, from_: Start = None, to: Position | None = None
+    ) -> AsyncIterator[tuple[Position, bytes]]:
+        """(position, payload) from `from_` (None: the beginning, "end": the end) up to
+        `to` (exclusive; None: the end as of the call), acknowledged entries only."""
+        if to is not None and not isinstance(to, Position):
+            raise InvalidArgumentType(
+                f"to must be a pora.Position or None, not {type(to).__name__}"
+            )
+        return read_stream(self._client, self._record, _checked_start(from_), to)
+
+    def subscribe(self, from_: Start = None) -> AsyncIterator[tuple[Position, bytes]]:
+        """(position, payload) from `from_` on as they are acknowledged, across
+        rollovers and takeovers, each once and in order; never ends (NoSuchStream when
+        the stream is deleted)."""
+        return subscribe_stream(self._client, self._record, _checked_start(from_))
+
+    async def seal(self) -> None:
+        """End the stream for writers: the live writer's segment is recovered and
+        closed first (that writer then gets StreamSealed); sealing a sealed stream
+        returns."""
+        record = await self._record.read()
+        while record.value.state is StreamState.ACTIVE:
+            doc = take_over(record.value)  # the live writer's changes are refused from now
+            current = doc.open_segment
+            if current is not None:
+                last, length = await recover_segment_ledger(self._client, current.ledger_id)
+                doc = close_segment(doc, doc.writer_epoch, last, length)
+            try:
+                await self._record.write(seal(doc), record.version)
+            except MetadataVersionConflict:
+                record = await self._record.read()
+            else:
+                return
+
+
+def _checked_start(from_: object) -> Start:
+    if from_ is None or isinstance(from_, Position):
+        return from_
+    if isinstance(from_, str):
+        if from_ == "end":
+            return "end"
+        raise InvalidArgument(
+            f"from_={from_!r}: give a pora.Position, 'end' or None (the beginning); "
+            "a position as text goes through Position.parse"
+        )
+    raise InvalidArgumentType(
+        f"from_ must be a pora.Position, 'end' or None, not {type(from_).__name__}"
+    )
+
+
+async def create_stream(client: Client, name: str, config: StreamConfig) -> Stream:
+    doc = new_stream(check_stream_name(name), config, int(time.time() * 1000))
+    try:
+        await client.store.create_document(STREAMS_SPACE, name, encode_document(doc))
+    except DocumentExists as taken:
+        raise StreamExists(name) from taken
+    return Stream(client, name)
+
+
+async def open_stream(client: Client, name: str) -> Stream:
+    await StreamRecord(client.store, check_stream_name(name)).read()  # NoSuchStream
+    return Stream(client, name)
+
+
+async def list_streams(client: Client) -> AsyncIterator[StreamInfo]:
+    """Every stream, by name (a page of names at a time; one deleted meanwhile is
+    left out)."""
+    after = ""
+    while True:
+        names = await client.store.list_documents(STREAMS_SPACE, after=after, limit=_LIST_PAGE)
+        for name in names:
+            try:
+                record = await client.store.read_document(STREAMS_SPACE, name)
+            except NoSuchDocument:
+                continue
+            yield StreamInfo.of(decode_document(record.value))
+        if len(names) < _LIST_PAGE:
+            return
+        after = names[-1]
+
+
+async def delete_stream(client: Client, name: str) -> None:
+    """The document first (the stream is gone for every reader and writer), then its
+    segments' ledgers, best effort: a ledger left behind is garbage for the cluster
+    tools (its record names the stream under `pora.stream`)."""
+    record = StreamRecord(client.store, check_stream_name(name))
+    while True:
+        doc = await record.read()
+        try:
+            await client.store.delete_document(STREAMS_SPACE, name, doc.version)
+            break
+        except NoSuchDocument as gone:
+            raise NoSuchStream(name) from gone
+        except MetadataVersionConflict:
+            continue
+    segments: list[Segment] = list(doc.value.segments)
+    for ref in doc.value.pages:
+        try:
+            page = await client.store.read_document(PAGES_SPACE, page_name(name, ref.first_seq))
+            segments.extend(decode_page(page.value).segments)
+            await client.store.delete_document(
+                PAGES_SPACE, page_name(name, ref.first_seq), page.version
+            )
+        except PoraError as error:
+            _log.warning("stream %r deleted, but not its page %d: %s", name, ref.first_seq, error)
+    for segment in segments:
+        try:
+            await client.delete_ledger(segment.ledger_id)
+        except NoSuchLedger:
+            pass
+        except (PoraError, OSError) as error:
+            _log.warning(
+                "stream %r deleted, but ledger %d of its segment %d was not (%s): garbage "
+                "for the cluster tools",
+                name,
+                segment.ledger_id,
+                segment.seq,
+                error,
+            )
