@@ -16,6 +16,7 @@ import pytest
 import trio
 from cli_support import CliResult, run_cli
 from cluster_process import pora_cluster_process
+from zookeeper_support import fresh_zk_url
 
 import pora
 from pora.meta import open_metadata
@@ -24,14 +25,17 @@ Capsys = pytest.CaptureFixture[str]
 TIMEOUT_S = 60.0
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
+@pytest.fixture(params=["sqlite", "zk"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new, empty metadata store of either backend."""
+    store = fresh_zk_url(request) if request.param == "zk" else f"sqlite:///{tmp_path}/meta.db"
+
     async def make() -> None:
-        async with open_metadata(f"sqlite:///{tmp_path}/meta.db"):
+        async with open_metadata(store):
             pass
 
     trio.run(make)
-    return f"sqlite:///{tmp_path}/meta.db"
+    return store
 
 
 def test_create_list_show_delete_on_the_metadata_store(url: str, capsys: Capsys) -> None:
