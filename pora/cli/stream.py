@@ -67,6 +67,8 @@ _KNOWN_SECTIONS: Final = frozenset(
         "created_ms",
     }
 )
+#: stream names read per page by `list`
+_LIST_PAGE: Final = 1000
 _LIST_COLUMNS: Final = ("name", "state", "commit", "segments", "writer_epoch")
 _SEGMENT_COLUMNS: Final = ("seq", "ledger_id", "state", "entries", "bytes", "commit")
 #: the options of `create`, as create_stream names them
@@ -309,6 +311,12 @@ def stream_details(
     return details
 
 
+#: the keys of `stream_details` that `_print_details` prints itself
+_SHOWN: Final = frozenset(
+    {"writer_epoch", "writer_segment", "config", "segments", "created_ms", "state", "name"}
+)
+
+
 def _print_details(details: dict[str, Any]) -> None:
     created = datetime.datetime.fromtimestamp(details["created_ms"] / 1000, tz=datetime.UTC)
     fields: list[tuple[str, object]] = [
@@ -331,12 +339,6 @@ def _print_details(details: dict[str, Any]) -> None:
     print_table(_SEGMENT_COLUMNS, rows)
 
 
-#: the keys of `stream_details` that `_print_details` prints itself
-_SHOWN: Final = frozenset(
-    {"writer_epoch", "writer_segment", "config", "segments", "created_ms", "state", "name"}
-)
-
-
 # -- the commands ---------------------------------------------------------------------------
 
 
@@ -346,7 +348,7 @@ def run_list(args: argparse.Namespace) -> int:
         rows = []
         after = ""
         while True:
-            names = await store.list_documents(STREAMS_SPACE, after=after, limit=1000)
+            names = await store.list_documents(STREAMS_SPACE, after=after, limit=_LIST_PAGE)
             for name in names:
                 try:
                     record = await store.read_document(STREAMS_SPACE, name)
@@ -362,7 +364,7 @@ def run_list(args: argparse.Namespace) -> int:
                         "writer_epoch": doc.writer_epoch,
                     }
                 )
-            if len(names) < 1000:
+            if len(names) < _LIST_PAGE:
                 return rows
             after = names[-1]
 
