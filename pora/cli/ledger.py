@@ -10,11 +10,10 @@ show stale data as if it were all.
 from __future__ import annotations
 
 import argparse
-import base64
 import datetime
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, BinaryIO, Final, NoReturn
+from typing import Final, NoReturn
 
 from journal.errors import JournalError
 from ledger.index import Index
@@ -30,10 +29,10 @@ from pora.cli._common import (
     open_index,
     print_fields,
     print_json,
-    print_json_line,
     print_table,
     warn,
 )
+from pora.cli._entries import RawPayloads, check_raw_target, print_entry
 from pora.cli._ledger_metadata import (
     add_metadata_listing_arguments,
     check_no_paging,
@@ -205,32 +204,6 @@ def _check_id(what: str, value: int) -> None:
         )
 
 
-def _check_raw_target(path: Path) -> None:
-    """Refuse a --raw FILE that cannot be written, before any work is done."""
-    if path.is_dir():
-        raise CommandError(
-            f"--raw {path} is a directory; give a file name to write the payloads to, "
-            f"like {path / 'ledger.bin'}",
-            EXIT_REFUSED,
-        )
-    if not path.parent.is_dir():
-        raise CommandError(
-            f"--raw {path}: the folder {path.parent} does not exist; create it first or "
-            "choose another path",
-            EXIT_REFUSED,
-        )
-
-
-def _open_raw(path: Path) -> BinaryIO:
-    try:
-        return open(path, "wb")
-    except OSError as error:
-        raise CommandError(
-            f"cannot write --raw {path}: {error.strerror}; choose a path this user can write",
-            EXIT_REFUSED,
-        ) from None
-
-
 def _meta_or_fail(index: Index, ledger_id: int, plan: ReplayPlan | None) -> LedgerMeta:
     _check_id("ledger id", ledger_id)
     try:
@@ -321,7 +294,7 @@ def _check_read_args(args: argparse.Namespace) -> None:
             f"bad range --from {args.first} --to {args.last}: need 0 <= from <= to", EXIT_REFUSED
         )
     if args.raw is not None:
-        _check_raw_target(args.raw)
+        check_raw_target(args.raw, "ledger.bin")
 
 
 def _refuse_stale(ledger_id: int, pending: int | None) -> NoReturn:
@@ -339,29 +312,13 @@ def _refuse_stale(ledger_id: int, pending: int | None) -> NoReturn:
 
 def _write_raw(target: Path, ledger_id: int, source: Iterable[tuple[int, bytes]]) -> None:
     """The payloads alone, back to back, into the file `target`."""
-    count = 0
-    total = 0
-    with _open_raw(target) as out:
+    with RawPayloads(target, f"ledger {ledger_id}") as out:
         for _entry_id, payload in source:
             out.write(payload)
-            total += len(payload)
-            count += 1
-    print(f"wrote {count} entries ({total} bytes) of ledger {ledger_id} to {target}")
 
 
 def _print_entries(ledger_id: int, source: Iterable[tuple[int, bytes]], *, as_json: bool) -> None:
     """One line per entry: JSON, or entry id, size and payload in hex."""
     for entry_id, payload in source:
-        if as_json:
-            print_json_line(_entry_json(ledger_id, entry_id, payload))
-        else:
-            print(f"{entry_id}\t{len(payload)}\t{payload.hex()}")
-
-
-def _entry_json(ledger_id: int, entry_id: int, payload: bytes) -> dict[str, Any]:
-    return {
-        "ledger_id": ledger_id,
-        "entry_id": entry_id,
-        "size": len(payload),
-        "payload_base64": base64.b64encode(payload).decode("ascii"),
-    }
+        fields = {"ledger_id": ledger_id, "entry_id": entry_id}
+        print_entry(str(entry_id), fields, payload, as_json=as_json)

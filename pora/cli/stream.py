@@ -1,0 +1,491 @@
+"""`pora stream list | show | create | seal | delete | read | tail`: the cluster's
+streams (docs/streams.md), through its metadata store (`--metadata URL`).
+
+`list` and `show` only read the metadata store; the others connect as a client
+(`pora.connect`), since sealing, deleting and reading touch the segments' ledgers on
+the nodes. Refusals (no such stream, a taken name, a bad position, option or URL) end
+with exit status 2 and one line saying what to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import trio
+
+import pora
+from ledger.errors import InvalidArgument, InvalidArgumentType
+from pora.cli._common import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    CommandError,
+    command,
+    print_fields,
+    print_json,
+    print_table,
+)
+from pora.cli._entries import RawPayloads, check_raw_target, print_entry
+from pora.cli._metadata import add_metadata_argument, query_metadata
+from pora.client.replication.client import Client
+from pora.meta import MetadataStore, MetadataUnavailable
+from pora.meta.errors import NoSuchDocument
+from pora.streams.document import (
+    STREAMS_SPACE,
+    Segment,
+    SegmentState,
+    StreamConfig,
+    StreamDocument,
+    check_stream_name,
+    decode_document,
+)
+from pora.streams.errors import NoSuchStream, StreamExists
+from pora.streams.position import Position
+from pora.streams.reader import Start
+from pora.streams.records import StreamRecord
+from pora.streams.stream import StreamInfo
+
+T = TypeVar("T")
+
+#: the document's sections this command knows; any other one (a later version's
+#: transactions, cursors, commit keys) is printed as the document holds it
+_KNOWN_SECTIONS: Final = frozenset(
+    {
+        "format_version",
+        "name",
+        "config",
+        "state",
+        "commit",
+        "segments",
+        "pages",
+        "next_seq",
+        "writer",
+        "created_ms",
+    }
+)
+#: stream names read per page by `list`
+_LIST_PAGE: Final = 1000
+_LIST_COLUMNS: Final = ("name", "state", "commit", "segments", "writer_epoch")
+_SEGMENT_COLUMNS: Final = ("seq", "ledger_id", "state", "entries", "bytes", "commit")
+#: the options of `create`, as create_stream names them
+_CONFIG_OPTIONS: Final = (
+    ("ensemble_size", int, "E: nodes each segment's ledger is spread over (default 3)"),
+    ("write_quorum", int, "Qw: copies of each entry (default 3)"),
+    ("ack_quorum", int, "Qa: copies acknowledged before an append returns (default 2)"),
+    ("segment_bytes_max", int, "roll to a new segment past this many bytes (default 256 MiB)"),
+    ("segment_age_s_max", float, "roll to a new segment past this age (default 3600)"),
+    ("retention_s", float, "keep entries this many seconds (default: forever)"),
+    ("retention_bytes", int, "keep at most this many bytes (default: no limit)"),
+)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "stream",
+        help="the cluster's streams (list, show, create, seal, delete, read, tail)",
+        description="Streams: named, replicated logs made of ledgers (docs/streams.md).",
+    )
+    commands = parser.add_subparsers(dest="stream_command", metavar="COMMAND")
+    parser.set_defaults(run=lambda _args: _usage(parser))
+
+    listing = commands.add_parser(
+        "list",
+        help="every stream: state, commit number, segments, writer epoch",
+        description="List the cluster's streams by name: state (ACTIVE, SEALED), commit "
+        "number, segment count and the live writer's epoch.",
+    )
+    _add_common(listing, prints=True)
+    listing.set_defaults(run=run_list)
+
+    show = commands.add_parser(
+        "show",
+        help="one stream's config, state, segments and writer",
+        description="Print one stream's document: its config, state, commit number, "
+        "writer epoch and segments (seq, ledger id, state, entries, bytes, the commit "
+        "that made it visible; an OPEN segment's entries are the live writer's and "
+        "shown as '-'), and any other section the document holds.",
+    )
+    _add_common(show, prints=True)
+    show.add_argument("name", metavar="STREAM")
+    show.set_defaults(run=run_show)
+
+    create = commands.add_parser(
+        "create",
+        help="a new, empty stream",
+        description="Create an empty stream; refused (exit 2) when the name is taken.",
+    )
+    _add_common(create, prints=True)
+    create.add_argument("name", metavar="STREAM")
+    for option, kind, text in _CONFIG_OPTIONS:
+        create.add_argument(
+            "--" + option.replace("_", "-"), dest=option, type=kind, metavar="N", help=text
+        )
+    create.set_defaults(run=run_create)
+
+    seal = commands.add_parser(
+        "seal",
+        help="end a stream for writers",
+        description="Seal a stream: its live writer's segment is recovered and closed, and "
+        "no writer may append again (reading goes on). Sealing a sealed stream succeeds.",
+    )
+    _add_common(seal, prints=False)
+    seal.add_argument("name", metavar="STREAM")
+    seal.set_defaults(run=run_seal)
+
+    delete = commands.add_parser(
+        "delete",
+        help="delete a stream and its ledgers",
+        description="Delete a stream: its document first (it is gone for every reader and "
+        "writer), then its segments' ledgers.",
+    )
+    _add_common(delete, prints=False)
+    delete.add_argument("name", metavar="STREAM")
+    delete.set_defaults(run=run_delete)
+
+    read = commands.add_parser(
+        "read",
+        help="a stream's entries (hex, raw bytes to a file, or JSON lines)",
+        description="Print a stream's acknowledged entries from --from up to --to (not "
+        "included; default: the end as of the start): one line per entry with its "
+        "position, size and payload as hex; or --raw FILE to write the payloads' raw bytes "
+        "(back to back, in position order) to FILE; or --json for JSON lines with the "
+        "payload in base64.",
+    )
+    _add_common(read, prints=True)
+    read.add_argument("name", metavar="STREAM")
+    _add_from(read, default="beginning")
+    read.add_argument(
+        "--to",
+        dest="to",
+        metavar="POSITION|end",
+        default="end",
+        help="stop before this position (SEGMENT:ENTRY; default: end)",
+    )
+    read.add_argument("--raw", type=Path, metavar="FILE", help="write raw payload bytes here")
+    read.set_defaults(run=run_read)
+
+    tail = commands.add_parser(
+        "tail",
+        help="follow a stream's entries as they are appended",
+        description="Print a stream's entries as they are acknowledged, across rollovers "
+        "and writer takeovers, each once and in order, until interrupted (or --count "
+        "entries): the format of `pora stream read`.",
+    )
+    _add_common(tail, prints=True)
+    tail.add_argument("name", metavar="STREAM")
+    _add_from(tail, default="end")
+    tail.add_argument("--count", type=int, metavar="N", help="stop after N entries")
+    tail.set_defaults(run=run_tail)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return EXIT_REFUSED
+
+
+def _add_common(parser: argparse.ArgumentParser, *, prints: bool) -> None:
+    add_metadata_argument(parser, required=True)
+    if prints:
+        parser.add_argument(
+            "--json", action="store_true", help="print JSON for scripts instead of tables"
+        )
+
+
+def _add_from(parser: argparse.ArgumentParser, *, default: str) -> None:
+    parser.add_argument(
+        "--from",
+        dest="from_",
+        metavar="POSITION|beginning|end",
+        default=default,
+        help=f"start at this position (SEGMENT:ENTRY), the beginning or the end "
+        f"(default: {default})",
+    )
+
+
+# -- arguments ----------------------------------------------------------------------------
+
+
+def _stream_name(name: str) -> str:
+    try:
+        return check_stream_name(name)
+    except InvalidArgument as error:
+        raise CommandError(str(error), EXIT_REFUSED) from None
+
+
+def _position(option: str, text: str) -> Position:
+    try:
+        return Position.parse(text)
+    except InvalidArgument as error:
+        raise CommandError(f"{option} {text}: {error}", EXIT_REFUSED) from None
+
+
+def parse_start(text: str) -> Start:
+    """--from: "beginning" (None), "end", or a position."""
+    if text == "beginning":
+        return None
+    if text == "end":
+        return "end"
+    return _position("--from", text)
+
+
+def parse_stop(text: str) -> Position | None:
+    """--to: "end" (None: the end as of the start) or a position."""
+    return None if text == "end" else _position("--to", text)
+
+
+# -- running against the cluster ------------------------------------------------------------
+
+
+def _with_client(url: str, body: Callable[[Client], Awaitable[T]]) -> T:
+    """Connect to the cluster at `url`, run `body`; refusals become exit status 2."""
+
+    async def main() -> T:
+        async with pora.connect(url) as client:
+            return await body(client)
+
+    try:
+        return trio.run(main)
+    except (NoSuchStream, StreamExists, MetadataUnavailable) as error:
+        raise CommandError(str(error), EXIT_REFUSED) from error
+    except (InvalidArgument, InvalidArgumentType) as error:
+        raise CommandError(str(error), EXIT_REFUSED) from error
+
+
+def _query(url: str, query: Callable[[MetadataStore], Awaitable[T]]) -> T:
+    try:
+        return query_metadata(url, query)
+    except NoSuchStream as error:
+        raise CommandError(str(error), EXIT_REFUSED) from error
+
+
+# -- what is printed ------------------------------------------------------------------------
+
+
+def _segment_count(info: StreamInfo | StreamDocument) -> int:
+    paged = sum(ref.last_seq - ref.first_seq + 1 for ref in info.pages)
+    return paged + len(info.segments)
+
+
+def segment_row(segment: Segment) -> dict[str, Any]:
+    """A segment as `show` prints it; an OPEN segment's entries and bytes are the live
+    writer's (None)."""
+    closed = segment.state is SegmentState.CLOSED
+    return {
+        "seq": segment.seq,
+        "ledger_id": segment.ledger_id,
+        "state": segment.state.value,
+        "entries": segment.last_entry_id + 1 if closed else None,
+        "bytes": segment.byte_length if closed else None,
+        "commit": segment.commit,
+        "created_ms": segment.created_ms,
+    }
+
+
+def config_dict(config: StreamConfig) -> dict[str, Any]:
+    return {option: getattr(config, option) for option, _kind, _text in _CONFIG_OPTIONS}
+
+
+def stream_details(
+    doc: StreamDocument, segments: list[Segment], raw: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What `show --json` prints: the document's known sections, decoded, then every
+    other section as the document holds it."""
+    details: dict[str, Any] = {
+        "name": doc.name,
+        "state": doc.state.value,
+        "commit": doc.commit,
+        "writer_epoch": doc.writer_epoch,
+        "writer_segment": doc.writer_segment,
+        "next_seq": doc.next_seq,
+        "created_ms": doc.created_ms,
+        "config": config_dict(doc.config),
+        "segments": [segment_row(s) for s in segments],
+    }
+    for section, value in raw.items():
+        if section not in _KNOWN_SECTIONS:
+            details[section] = value
+    return details
+
+
+#: the keys of `stream_details` that `_print_details` prints itself
+_SHOWN: Final = frozenset(
+    {"writer_epoch", "writer_segment", "config", "segments", "created_ms", "state", "name"}
+)
+
+
+def _print_details(details: dict[str, Any]) -> None:
+    created = datetime.datetime.fromtimestamp(details["created_ms"] / 1000, tz=datetime.UTC)
+    fields: list[tuple[str, object]] = [
+        ("name", details["name"]),
+        ("state", details["state"]),
+        ("commit", details["commit"]),
+        ("writer_epoch", details["writer_epoch"]),
+        ("writer_segment", "-" if details["writer_segment"] is None else details["writer_segment"]),
+        ("next_seq", details["next_seq"]),
+        ("created", created.isoformat(timespec="milliseconds")),
+    ]
+    fields += [(f"config.{k}", "-" if v is None else v) for k, v in details["config"].items()]
+    extra = [k for k in details if k not in _KNOWN_SECTIONS and k not in _SHOWN]
+    fields += [(section, json.dumps(details[section])) for section in extra]
+    print_fields(fields)
+    print()
+    rows = [
+        ["-" if row[c] is None else row[c] for c in _SEGMENT_COLUMNS] for row in details["segments"]
+    ]
+    print_table(_SEGMENT_COLUMNS, rows)
+
+
+# -- the commands ---------------------------------------------------------------------------
+
+
+@command
+def run_list(args: argparse.Namespace) -> int:
+    async def query(store: MetadataStore) -> list[dict[str, Any]]:
+        rows = []
+        after = ""
+        while True:
+            names = await store.list_documents(STREAMS_SPACE, after=after, limit=_LIST_PAGE)
+            for name in names:
+                try:
+                    record = await store.read_document(STREAMS_SPACE, name)
+                except NoSuchDocument:
+                    continue  # deleted meanwhile
+                doc = decode_document(record.value)
+                rows.append(
+                    {
+                        "name": doc.name,
+                        "state": doc.state.value,
+                        "commit": doc.commit,
+                        "segments": _segment_count(doc),
+                        "writer_epoch": doc.writer_epoch,
+                    }
+                )
+            if len(names) < _LIST_PAGE:
+                return rows
+            after = names[-1]
+
+    rows = _query(args.metadata, query)
+    if args.json:
+        print_json({"streams": rows})
+    else:
+        print_table(_LIST_COLUMNS, [[row[c] for c in _LIST_COLUMNS] for row in rows])
+    return EXIT_OK
+
+
+@command
+def run_show(args: argparse.Namespace) -> int:
+    name = _stream_name(args.name)
+
+    async def query(store: MetadataStore) -> dict[str, Any]:
+        try:
+            record = await store.read_document(STREAMS_SPACE, name)
+        except NoSuchDocument as gone:
+            raise NoSuchStream(name) from gone
+        doc = decode_document(record.value)
+        segments = [s async for s in StreamRecord(store, name).segments_from(doc, doc.first_seq)]
+        return stream_details(doc, segments, json.loads(record.value))
+
+    details = _query(args.metadata, query)
+    if args.json:
+        print_json(details)
+    else:
+        _print_details(details)
+    return EXIT_OK
+
+
+@command
+def run_create(args: argparse.Namespace) -> int:
+    name = _stream_name(args.name)
+    options = {
+        option: getattr(args, option)
+        for option, _kind, _text in _CONFIG_OPTIONS
+        if getattr(args, option) is not None
+    }
+
+    async def body(client: Client) -> StreamInfo:
+        stream = await client.create_stream(name, **options)
+        return await stream.info()
+
+    info = _with_client(args.metadata, body)
+    if args.json:
+        print_json({"name": info.name, "commit": info.commit, "config": config_dict(info.config)})
+    else:
+        print(f"created stream {info.name!r}")
+    return EXIT_OK
+
+
+@command
+def run_seal(args: argparse.Namespace) -> int:
+    name = _stream_name(args.name)
+
+    async def body(client: Client) -> None:
+        await (await client.open_stream(name)).seal()
+
+    _with_client(args.metadata, body)
+    print(f"sealed stream {name!r}")
+    return EXIT_OK
+
+
+@command
+def run_delete(args: argparse.Namespace) -> int:
+    name = _stream_name(args.name)
+
+    async def body(client: Client) -> None:
+        await client.delete_stream(name)
+
+    _with_client(args.metadata, body)
+    print(f"deleted stream {name!r}")
+    return EXIT_OK
+
+
+def _entry_fields(position: Position) -> dict[str, object]:
+    return {"position": str(position), "segment": position.segment, "entry": position.entry}
+
+
+@command
+def run_read(args: argparse.Namespace) -> int:
+    name = _stream_name(args.name)
+    start, stop = parse_start(args.from_), parse_stop(args.to)
+    if args.raw is not None and args.json:
+        raise CommandError("--raw and --json exclude each other", EXIT_REFUSED)
+    if args.raw is not None:
+        check_raw_target(args.raw, "stream.bin")
+
+    async def body(client: Client) -> None:
+        stream = await client.open_stream(name)
+        entries = stream.read(from_=start, to=stop)
+        if args.raw is not None:
+            with RawPayloads(args.raw, f"stream {name!r}") as out:
+                async for _position, payload in entries:
+                    out.write(payload)
+            return
+        async for position, payload in entries:
+            print_entry(str(position), _entry_fields(position), payload, as_json=args.json)
+
+    _with_client(args.metadata, body)
+    return EXIT_OK
+
+
+@command
+def run_tail(args: argparse.Namespace) -> int:
+    name = _stream_name(args.name)
+    start = parse_start(args.from_)
+    if args.count is not None and args.count < 1:
+        raise CommandError(f"--count {args.count}: give 1 or more entries", EXIT_REFUSED)
+
+    async def body(client: Client) -> None:
+        stream = await client.open_stream(name)
+        printed = 0
+        async for position, payload in stream.subscribe(from_=start):
+            fields = _entry_fields(position)
+            print_entry(str(position), fields, payload, as_json=args.json, flush=True)
+            printed += 1
+            if printed == args.count:
+                return
+
+    _with_client(args.metadata, body)
+    return EXIT_OK

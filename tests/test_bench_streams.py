@@ -1,0 +1,47 @@
+"""scripts/bench_streams.py end to end, for a fraction of a second per load: every
+row of its table is printed, with figures from real loads."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_streams.py"
+
+
+@pytest.mark.slow
+def test_bench_streams_prints_every_figure(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--duration-s", "0.3", "--warmup-s", "0.2",
+         "--dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    rows = {line.split("  ")[0]: line for line in result.stdout.splitlines()}
+    expected = [
+        "(1) LedgerWriter.append, 512 tasks",
+        "(1) stream append, 512 tasks",
+        "(2) stream append, rollover every 1 s",
+        "(3) stream end to end at 1,000/s",
+        "(3) stream end to end at half of (1)",
+    ]
+    if shutil.which("redis-server") is not None:
+        expected += [
+            "(3) Redis Streams end to end at 1,000/s",
+            "(3) Redis Streams end to end at half of (1)",
+        ]
+    for name in expected:
+        assert name in rows, result.stdout
+        ops_per_s = float(rows[name][len(name) :].split()[0].replace(",", ""))
+        assert ops_per_s > 0, rows[name]
+    assert "errors]" not in result.stdout
+
+
+def test_bench_streams_help() -> None:
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True
+    )
+    assert "--duration-s" in result.stdout and "--rounds" in result.stdout
