@@ -170,7 +170,7 @@ class Stream:
         position still held."""
 
         def count(doc: StreamDocument, held: tuple[Segment, ...], cursors: list[Position]) -> int:
-            return trim_count(held, doc.config, int(time.time() * 1000), cursors)
+            return trim_count(held, doc.config, _now_ms(), cursors)
 
         return await self._remove(count, read_cursors=True)
 
@@ -216,6 +216,11 @@ async def _delete_removed(
         except (PoraError, OSError) as error:
             _log.warning("stream %r truncated, but not its page %s: %s", before.name, name, error)
     await _delete_ledgers(client, before.name, removed, "truncated")
+
+
+def _now_ms() -> int:
+    """The wall clock in ms: segments' close times are wall-clock times."""
+    return int(time.time() * 1000)
 
 
 def _checked_start(from_: object) -> Start:

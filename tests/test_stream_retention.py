@@ -1,0 +1,171 @@
+"""Truncation and retention on an in-process cluster (SQLite metadata): whole segments
+leave the document and their ledgers go; readers, subscribers and cursors asking for
+what was removed get EntriesTruncated naming the first position held, never a silent
+skip; trim by age and size spares what a cursor needs, except past the hard limits.
+The pure decisions are tested beside them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from replication_support import local_cluster
+from writer_support import client_on
+
+import pora
+import pora.streams.stream
+from pora import Position
+from pora.client.replication.client import Client
+from pora.streams.document import Segment, SegmentState, StreamConfig
+from pora.streams.retention import trim_count, wholly_before
+from pora.streams.stream import Stream
+
+SMALL = 64 * 1024
+
+
+async def three_segments(client: Client, name: str = "events", **config: object) -> Stream:
+    """Segments 0, 1, 2 of entries 0..2 each ("s.e" payloads), all closed: each
+    writer's block ends its segment."""
+    stream = await client.create_stream(name, segment_bytes_max=SMALL, **config)  # type: ignore[arg-type]
+    for seq in range(3):
+        async with stream.open_writer() as writer:
+            positions = await writer.append_many([b"%d.%d" % (seq, k) for k in range(3)])
+        assert positions[0] == Position(seq, 0)
+    return stream
+
+
+async def payloads(stream: Stream, from_: Position | None = None) -> list[bytes]:
+    return [payload async for _, payload in stream.read(from_=from_)]
+
+
+async def test_truncate_removes_whole_segments_and_their_ledgers(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await three_segments(client)
+        ledgers = [s.ledger_id for s in (await stream.info()).segments]
+        # a position inside segment 1 removes segment 0 only
+        assert await stream.truncate(before=Position(1, 1)) == Position(1, 0)
+        assert await stream.truncate(before=Position(2, 0)) == Position(2, 0)
+        # nothing more before it: the same answer, no change
+        assert await stream.truncate(before=Position(2, 0)) == Position(2, 0)
+        info = await stream.info()
+        assert [s.seq for s in info.segments] == [2]
+        for ledger_id in ledgers[:2]:
+            with pytest.raises(pora.NoSuchLedger):
+                await client.open_ledger(ledger_id)
+
+        assert await payloads(stream) == [b"2.0", b"2.1", b"2.2"]
+        # just past the last removed segment's end is the first held position
+        assert await payloads(stream, Position(1, 3)) == [b"2.0", b"2.1", b"2.2"]
+        for removed in [Position(0, 0), Position(1, 2)]:
+            with pytest.raises(pora.EntriesTruncated, match="first position still held is 2:0"):
+                await payloads(stream, removed)
+            with pytest.raises(pora.EntriesTruncated) as raised:
+                async for _ in stream.subscribe(from_=removed):
+                    pass
+            assert raised.value.first_held == Position(2, 0)
+            assert raised.value.requested == removed
+
+        with pytest.raises(pora.InvalidArgumentType, match="pora.Position"):
+            await stream.truncate(before="2:0")  # type: ignore[arg-type]
+
+
+async def test_truncate_never_removes_the_open_segment(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await three_segments(client)
+        async with stream.open_writer() as writer:
+            await writer.append(b"3.0")
+            assert await stream.truncate(before=Position(99, 0)) == Position(3, 0)
+            assert await writer.append(b"3.1") == Position(3, 1)
+        assert await payloads(stream) == [b"3.0", b"3.1"]
+
+
+async def test_a_subscriber_in_a_removed_segment_gets_entries_truncated(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await three_segments(client)
+        subscriber = stream.subscribe()
+        try:
+            assert await anext(subscriber) == (Position(0, 0), b"0.0")
+            await stream.truncate(before=Position(2, 0))
+            # what it had read already may still come; then the error, never 2:0
+            seen = []
+            with pytest.raises(pora.EntriesTruncated) as raised:
+                while True:
+                    seen.append((await anext(subscriber))[0])
+            assert all(position.segment == 0 for position in seen)
+            assert raised.value.first_held == Position(2, 0)
+        finally:
+            await subscriber.aclose()
+        # a subscriber that starts after the truncation starts at the first held
+        after = stream.subscribe()
+        try:
+            assert await anext(after) == (Position(2, 0), b"2.0")
+        finally:
+            await after.aclose()
+
+
+async def test_trim_by_size_and_age(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        # each segment holds 9 bytes: 10 bytes keep only the newest segment
+        sized = await three_segments(client, "sized", retention_bytes=10)
+        assert await sized.trim() == Position(2, 0)
+        assert await payloads(sized) == [b"2.0", b"2.1", b"2.2"]
+
+        aged = await three_segments(client, "aged", retention_s=3600)
+        assert await aged.trim() == Position(0, 0)  # nothing is an hour old yet
+        closed = [s.closed_ms for s in (await aged.info()).segments]
+        assert all(ms > 0 for ms in closed)
+        # the clock an hour past segment 1's close: segments 0 and 1 are that old
+        monkeypatch.setattr(pora.streams.stream, "_now_ms", lambda: closed[1] + 3600_000)
+        # (segment 2 closed in the same millisecond as 1 would be as old)
+        expected = Position(2, 0) if closed[2] > closed[1] else Position(3, 0)
+        assert await aged.trim() == expected
+        assert (await aged.info()).segments[0].seq == expected.segment
+
+
+async def test_a_cursor_pins_retention_until_the_hard_limit(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await three_segments(client, retention_bytes=10, retention_bytes_max=30)
+        cursor = await stream.cursor("billing")
+        assert await stream.trim() == Position(0, 0)  # the cursor needs everything
+        await cursor.ack(Position(0, 1))
+        assert await stream.trim() == Position(0, 0)  # it still needs 0:2
+        await cursor.ack(Position(0, 2))
+        assert await stream.trim() == Position(1, 0)  # segment 0 is done with
+        assert [p async for p, _ in cursor.read()][0] == Position(1, 0)
+
+        # past the hard limit: segments 1..4 hold 36 bytes, over 30
+        for seq in (3, 4):
+            async with stream.open_writer() as writer:
+                await writer.append_many([b"%d.%d" % (seq, k) for k in range(3)])
+        assert await stream.trim() == Position(2, 0)  # 1 goes though the cursor needs it
+        with pytest.raises(pora.EntriesTruncated, match="first position still held is 2:0") as e:
+            [item async for item in cursor.read()]
+        assert e.value.first_held == Position(2, 0)
+        # acking the last removed entry moves the cursor to the first held position
+        await cursor.ack(Position(1, 2))
+        assert [p async for p, _ in cursor.read()][0] == Position(2, 0)
+
+
+def closed(seq: int, length: int, closed_ms: int) -> Segment:
+    return Segment(seq, 100 + seq, SegmentState.CLOSED, seq + 1, 0, 2, length, closed_ms)
+
+
+def test_trim_decisions() -> None:
+    held = (closed(0, 10, 1000), closed(1, 10, 2000), closed(2, 10, 0))
+    open_ = Segment(3, 103, SegmentState.OPEN, 4, 0)
+    config = StreamConfig(retention_s=1, retention_bytes=15, retention_bytes_max=25)
+    # by size: 30 bytes held, 15 allowed: two go (the OPEN one counts nothing)
+    assert trim_count((*held, open_), config, 0, []) == 2
+    # by age at 3 s: 0 and 1 closed over a second ago; 2's close time is unknown
+    assert trim_count(held, StreamConfig(retention_s=1), 3000, []) == 2
+    # a cursor reading next from 1:0 needs 1 onwards; one past 0's end does not need 0
+    soft = StreamConfig(retention_bytes=15)
+    assert trim_count(held, soft, 0, [Position(1, 0)]) == 1
+    assert trim_count(held, soft, 0, [Position(0, 3)]) == 1
+    assert trim_count(held, soft, 0, [Position(0, 2)]) == 0
+    assert trim_count(held, soft, 0, [Position(2, 0), Position(0, 0)]) == 0
+    # the hard limit (25 bytes) removes one whatever the cursor needs
+    assert trim_count(held, config, 0, [Position(0, 0)]) == 1
+    # the OPEN segment never goes
+    assert wholly_before((*held, open_), Position(99, 0)) == 3
+    assert trim_count((open_,), StreamConfig(retention_bytes=1), 0, []) == 0
