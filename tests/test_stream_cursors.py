@@ -48,7 +48,7 @@ async def test_ack_moves_forward_only_and_survives_a_new_client(tmp_path: Path) 
             await cursor.ack(Position(1, 0))  # the same: ignored
             assert await cursor.position() == Position(1, 1)
             assert [p async for p, _ in cursor.read()] == [Position(1, 1), Position(1, 2)]
-            with pytest.raises(pora.InvalidArgumentType, match="pora.Position"):
+            with pytest.raises(pora.InvalidArgumentType, match=r"pora\.Position"):
                 await cursor.ack("1:1")  # type: ignore[arg-type]
         async with client_on(cluster) as restarted:
             again = await (await restarted.open_stream("events")).cursor("billing")
@@ -106,7 +106,7 @@ async def test_a_new_cursor_starts_at_the_first_held_position(tmp_path: Path) ->
         await stream.truncate(before=Position(1, 0))
         cursor = await stream.cursor("late")
         assert await cursor.position() == Position(1, 0)
-        assert [p async for p, _ in cursor.read()][0] == Position(1, 0)
+        assert [p async for p, _ in cursor.read()][:1] == [Position(1, 0)]
 
 
 def test_cursor_state_round_trips_and_acks_forward() -> None:
