@@ -94,13 +94,13 @@ async def test_a_subscriber_in_a_removed_segment_gets_entries_truncated(tmp_path
             assert all(position.segment == 0 for position in seen)
             assert raised.value.first_held == Position(2, 0)
         finally:
-            await subscriber.aclose()
+            await subscriber.aclose()  # type: ignore[attr-defined]
         # a subscriber that starts after the truncation starts at the first held
         after = stream.subscribe()
         try:
             assert await anext(after) == (Position(2, 0), b"2.0")
         finally:
-            await after.aclose()
+            await after.aclose()  # type: ignore[attr-defined]
 
 
 async def test_trim_by_size_and_age(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

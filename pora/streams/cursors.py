@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -163,14 +163,14 @@ class Cursor:
         """The position this cursor reads from next (NoSuchCursor once deleted)."""
         return (await self._record.read()).value.next_position
 
-    async def read(self) -> AsyncIterator[tuple[Position, bytes]]:
+    async def read(self) -> AsyncGenerator[tuple[Position, bytes]]:
         """(position, payload) from just after the acked position up to the end as of
         the call; EntriesTruncated when retention removed some of that."""
         start = await self.position()
         async for item in self.stream.read(from_=start):
             yield item
 
-    async def subscribe(self) -> AsyncIterator[tuple[Position, bytes]]:
+    async def subscribe(self) -> AsyncGenerator[tuple[Position, bytes]]:
         """As `read`, then following live appends (never ends)."""
         start = await self.position()
         async for item in self.stream.subscribe(from_=start):
