@@ -6,6 +6,7 @@ The pure decisions are tested beside them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,19 @@ import pora
 import pora.streams.stream
 from pora import Position
 from pora.client.replication.client import Client
-from pora.streams.document import Segment, SegmentState, StreamConfig
+from pora.streams.document import (
+    Segment,
+    SegmentState,
+    StreamChangeRefused,
+    StreamConfig,
+    add_segment,
+    close_segment,
+    decode_document,
+    encode_document,
+    new_stream,
+    take_over,
+    truncate,
+)
 from pora.streams.retention import trim_count, wholly_before
 from pora.streams.stream import Stream
 
@@ -169,3 +182,61 @@ def test_trim_decisions() -> None:
     # the OPEN segment never goes
     assert wholly_before((*held, open_), Position(99, 0)) == 3
     assert trim_count((open_,), StreamConfig(retention_bytes=1), 0, []) == 0
+
+
+async def test_truncation_drops_whole_pages_and_keeps_a_page_it_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a head of at most 4 segments and pages of 3, a truncation in the middle of
+    the second page drops the first page's document, keeps the second (part of its
+    segments still held), and reads begin at the first held segment."""
+    monkeypatch.setattr(pora.streams.document, "HEAD_SEGMENTS_MAX", 4)
+    monkeypatch.setattr(pora.streams.document, "PAGE_SEGMENTS", 3)
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("paged", segment_bytes_max=SMALL)
+        async with stream.open_writer() as writer:  # some 12 segments, rolled over
+            written = [await writer.append(b"%04d" % k + bytes(2000)) for k in range(400)]
+        info = await stream.info()
+        assert [(ref.first_seq, ref.last_seq) for ref in info.pages][:2] == [(0, 2), (3, 5)]
+        assert await stream.truncate(before=Position(4, 0)) == Position(4, 0)
+        info = await stream.info()
+        assert info.pages[0].first_seq == 3
+        pages = await client.store.list_documents("stream-pages")
+        assert "paged/0" not in pages and "paged/3" in pages
+        held = [position for position in written if position.segment >= 4]
+        assert [position async for position, _ in stream.read()] == held
+        with pytest.raises(pora.EntriesTruncated):
+            await payloads(stream, Position(3, 0))
+        subscriber = stream.subscribe()
+        try:
+            assert (await anext(subscriber))[0] == Position(4, 0)
+        finally:
+            await subscriber.aclose()  # type: ignore[attr-defined]
+
+
+def test_the_truncate_change() -> None:
+    doc = new_stream("events", StreamConfig(), 0)
+    for seq in range(3):
+        doc = add_segment(take_over(doc), seq + 1, 100 + seq, 0)
+        doc = close_segment(doc, seq + 1, 2, 9, 1000 + seq)
+    doc = add_segment(doc, 3, 103, 0)  # segment 3 OPEN
+    with pytest.raises(StreamChangeRefused, match="leading segments"):
+        truncate(doc, (doc.segments[1],))
+    with pytest.raises(StreamChangeRefused, match="open segment"):
+        truncate(doc, doc.segments)
+    with pytest.raises(StreamChangeRefused, match="removes some"):
+        truncate(doc, ())
+    cut = truncate(doc, doc.segments[:2])
+    assert (cut.first_held_seq, cut.removed_last_entry_id, cut.commit) == (2, 2, doc.commit + 1)
+    assert cut.first_held == Position(2, 0)
+    assert [s.seq for s in cut.segments] == [2, 3]
+    assert cut.is_removed(Position(1, 2)) and cut.is_removed(Position(0, 9))
+    assert not cut.is_removed(Position(1, 3)) and not cut.is_removed(Position(2, 0))
+    assert decode_document(encode_document(cut)) == cut
+    assert cut.segments[0].closed_ms == 1002
+    # a document from before truncation and close times: nothing removed, none known
+    old = json.loads(encode_document(doc))
+    del old["truncation"], old["config"]["retention_s_max"], old["config"]["retention_bytes_max"]
+    old["segments"] = [row[:7] for row in old["segments"]]
+    decoded = decode_document(json.dumps(old).encode())
+    assert decoded.first_held_seq == 0 and decoded.segments[0].closed_ms == 0

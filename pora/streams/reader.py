@@ -137,7 +137,7 @@ async def subscribe_stream(
                 segment, reader = await _segment_and_reader(
                     client, pages, doc.value, next_position, reader
                 )
-            except NoSuchLedger as error:  # its ledger deleted by a truncation?
+            except (NoSuchLedger, NoSuchStream) as error:  # its ledger or page truncated?
                 await _raise_if_truncated(record, next_position, error)
                 raise
             if segment is None:
