@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+import trio
 from replication_support import local_cluster
 from writer_support import client_on
 
@@ -62,6 +63,7 @@ async def test_truncate_removes_whole_segments_and_their_ledgers(tmp_path: Path)
         assert await stream.truncate(before=Position(2, 0)) == Position(2, 0)
         info = await stream.info()
         assert [s.seq for s in info.segments] == [2]
+        assert info.first_held == Position(2, 0)
         for ledger_id in ledgers[:2]:
             with pytest.raises(pora.NoSuchLedger):
                 await client.open_ledger(ledger_id)
@@ -90,6 +92,38 @@ async def test_truncate_never_removes_the_open_segment(tmp_path: Path) -> None:
             assert await stream.truncate(before=Position(99, 0)) == Position(3, 0)
             assert await writer.append(b"3.1") == Position(3, 1)
         assert await payloads(stream) == [b"3.0", b"3.1"]
+
+
+async def test_trims_while_a_writer_rolls_over_lose_nothing_held(tmp_path: Path) -> None:
+    """Trims racing a writer's rollovers (both compare-and-set the document) and a
+    cursor's acks: the writer's appends all land, the cursor's subscriber sees each
+    once, in order (the cursor pins what it has not acked), and the stream keeps its
+    newest segments."""
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("busy", segment_bytes_max=SMALL, retention_bytes=SMALL)
+        cursor = await stream.cursor("tail")
+        total = 300
+        written: list[Position] = []
+        seen: list[Position] = []
+
+        async def follow() -> None:
+            async for position, _ in cursor.subscribe():
+                seen.append(position)
+                await cursor.ack(position)
+                if len(seen) == total:
+                    return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow)
+            async with stream.open_writer() as writer:
+                for k in range(total):
+                    written.append(await writer.append(b"%04d" % k + bytes(1000)))
+                    if k % 25 == 0:
+                        await stream.trim()
+        assert seen == written
+        first_held = await stream.trim()
+        assert first_held > Position(0, 0)
+        assert [p async for p, _ in stream.read()] == [p for p in written if p >= first_held]
 
 
 async def test_a_subscriber_in_a_removed_segment_gets_entries_truncated(tmp_path: Path) -> None:

@@ -68,6 +68,8 @@ class StreamInfo:
     segments: tuple[Segment, ...]
     pages: tuple[PageRef, ...]
     writer_epoch: int
+    #: the first position the stream still holds (truncation removed what is before)
+    first_held: Position
 
     @classmethod
     def of(cls, doc: StreamDocument) -> StreamInfo:
@@ -79,6 +81,7 @@ class StreamInfo:
             doc.segments,
             doc.pages,
             doc.writer_epoch,
+            doc.first_held,
         )
 
 
