@@ -22,6 +22,7 @@ from pora.errors import (
     DataDirLocked,
     DeleteFailed,
     DocumentExists,
+    EntriesTruncated,
     EntryConflict,
     EntryDamaged,
     EntryLost,
@@ -53,6 +54,7 @@ from pora.errors import (
     NodeClosed,
     NodeOverloaded,
     NodeReadOnly,
+    NoSuchCursor,
     NoSuchDocument,
     NoSuchEntry,
     NoSuchLedger,
@@ -74,6 +76,7 @@ from pora.errors import (
 )
 from pora.node import Node, NodeStatistics, open_node
 from pora.node.config import NodeConfig
+from pora.streams.cursors import Cursor, CursorState
 from pora.streams.position import Position
 from pora.streams.stream import Stream, StreamInfo
 from pora.streams.writer import StreamWriter
@@ -85,10 +88,13 @@ __all__ = [
     "ClientClosed",
     "ClientConfig",
     "ConnectionLost",
+    "Cursor",
+    "CursorState",
     "DataDirError",
     "DataDirLocked",
     "DeleteFailed",
     "DocumentExists",
+    "EntriesTruncated",
     "EntryConflict",
     "EntryDamaged",
     "EntryLost",
@@ -119,6 +125,7 @@ __all__ = [
     "MetadataTimeout",
     "MetadataUnavailable",
     "MetadataVersionConflict",
+    "NoSuchCursor",
     "NoSuchDocument",
     "NoSuchEntry",
     "NoSuchLedger",

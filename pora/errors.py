@@ -68,7 +68,14 @@ from pora.meta.errors import (
     RegistrationLost,
 )
 from pora.node.datadir import DataDirError, DataDirLocked, IndexMissing
-from pora.streams.errors import NoSuchStream, StreamExists, StreamSealed, WriterFenced
+from pora.streams.errors import (
+    EntriesTruncated,
+    NoSuchCursor,
+    NoSuchStream,
+    StreamExists,
+    StreamSealed,
+    WriterFenced,
+)
 
 __all__ = [
     "ClientClosed",
@@ -77,6 +84,7 @@ __all__ = [
     "DataDirLocked",
     "DeleteFailed",
     "DocumentExists",
+    "EntriesTruncated",
     "EntryConflict",
     "EntryDamaged",
     "EntryLost",
@@ -104,6 +112,7 @@ __all__ = [
     "MetadataTimeout",
     "MetadataUnavailable",
     "MetadataVersionConflict",
+    "NoSuchCursor",
     "NoSuchDocument",
     "NoSuchEntry",
     "NoSuchLedger",

@@ -2,7 +2,9 @@
 
 A stream is a document in the metadata store (space "streams", older segments in
 pages in space "stream-pages") listing its segments, each a ledger, in order.
-`position.py` and `document.py` hold the decisions (no I/O); `records.py` reads and
-compare-and-sets the documents; `stream.py` (the client's calls and `Stream`),
-`writer.py` (the live writer) and `reader.py` (read, subscribe) do the I/O around them.
+`position.py`, `document.py` and `retention.py` hold the decisions (no I/O);
+`records.py` reads and compare-and-sets the documents; `stream.py` (the client's calls,
+`Stream`, truncate and trim), `writer.py` (the live writer), `reader.py` (read,
+subscribe) and `cursors.py` (durable reader positions, in space "stream-cursors") do
+the I/O around them.
 """

@@ -27,6 +27,7 @@ from ledger.errors import InvalidArgument, InvalidArgumentType
 from pora.client.replication.arguments import check_quorums, is_int
 from pora.meta.errors import InvalidMetadata, MetadataRecordTooLarge
 from pora.meta.records import RECORD_BYTES_MAX
+from pora.streams.position import Position
 
 STREAM_FORMAT_VERSION = 1
 #: the metadata store's space for stream documents
@@ -76,6 +77,10 @@ class StreamConfig:
     segment_age_s_max: float = 3600
     retention_s: float | None = None
     retention_bytes: int | None = None
+    #: the hard limits: past them `trim` removes segments even when a cursor still
+    #: needs them (that cursor's next read raises EntriesTruncated); None: no limit
+    retention_s_max: float | None = None
+    retention_bytes_max: int | None = None
 
     def __post_init__(self) -> None:
         check_quorums(self.ensemble_size, self.write_quorum, self.ack_quorum)
@@ -89,16 +94,21 @@ class StreamConfig:
                 f"{SEGMENT_BYTES_MIN} (64 KiB)"
             )
         _check_positive("segment_age_s_max", self.segment_age_s_max)
-        if self.retention_s is not None:
-            _check_positive("retention_s", self.retention_s)
-        if self.retention_bytes is not None:
-            if not is_int(self.retention_bytes):
-                raise InvalidArgumentType(
-                    f"retention_bytes must be an int or None, not "
-                    f"{type(self.retention_bytes).__name__}"
-                )
-            if self.retention_bytes <= 0:
-                raise InvalidArgument(f"retention_bytes={self.retention_bytes} must be above 0")
+        for name in ("retention_s", "retention_s_max"):
+            if getattr(self, name) is not None:
+                _check_positive(name, getattr(self, name))
+        for name in ("retention_bytes", "retention_bytes_max"):
+            _check_bytes_limit(name, getattr(self, name))
+
+
+def _check_bytes_limit(name: str, value: object) -> None:
+    if value is None:
+        return
+    if not is_int(value):
+        raise InvalidArgumentType(f"{name} must be an int or None, not {type(value).__name__}")
+    assert isinstance(value, int)
+    if value <= 0:
+        raise InvalidArgument(f"{name}={value} must be above 0")
 
 
 def _check_positive(name: str, value: object) -> None:
@@ -119,6 +129,9 @@ class Segment:
     #: CLOSED only: its last entry (-1: none) and the bytes of its payloads
     last_entry_id: int = -1
     byte_length: int = 0
+    #: CLOSED only: when it was closed (wall clock, ms), for age retention; 0: not
+    #: known (a segment closed before close times were kept: age never removes it)
+    closed_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -163,6 +176,11 @@ class StreamDocument:
     created_ms: int
     #: the pages of older segments, oldest first, consecutive, up to the head's first
     pages: tuple[PageRef, ...] = ()
+    #: truncation (retention.py): segments below `first_held_seq` were removed; the
+    #: last of them ended at `removed_last_entry_id` (-1: none removed or it was
+    #: empty), so a position just past it is not a removed one
+    first_held_seq: int = 0
+    removed_last_entry_id: int = -1
 
     @property
     def head_first_seq(self) -> int:
@@ -173,8 +191,24 @@ class StreamDocument:
 
     @property
     def first_seq(self) -> int:
-        """The seq of the stream's first segment, paged or not."""
-        return self.pages[0].first_seq if self.pages else self.head_first_seq
+        """The seq of the stream's first segment still held, paged or not (a page may
+        start below it: a truncation keeps a page some of whose segments it removed)."""
+        listed = self.pages[0].first_seq if self.pages else self.head_first_seq
+        return max(listed, self.first_held_seq)
+
+    @property
+    def first_held(self) -> Position:
+        """The first position the stream still holds."""
+        return Position(self.first_seq, 0)
+
+    def is_removed(self, position: Position) -> bool:
+        """Whether `position` names an entry truncation removed (a position just past
+        the last removed segment's end is the first held one, not a removed one)."""
+        if position.segment >= self.first_held_seq:
+            return False
+        if position.segment == self.first_held_seq - 1:
+            return position.entry <= self.removed_last_entry_id
+        return True
 
     def segment(self, seq: int) -> Segment:
         """A segment of the head (InvalidMetadata for a paged one or none)."""
@@ -232,18 +266,22 @@ def take_over(doc: StreamDocument) -> StreamDocument:
 
 
 def close_segment(
-    doc: StreamDocument, epoch: int, last_entry_id: int, byte_length: int
+    doc: StreamDocument, epoch: int, last_entry_id: int, byte_length: int, now_ms: int = 0
 ) -> StreamDocument:
     """The writer's OPEN segment fixed at its last entry (a recovery's, or the
     writer's own last acknowledged one). Not a visible change: its entries were
-    readable up to the LAC already."""
+    readable up to the LAC already. `now_ms` is its close time (0: not known)."""
     if doc.state is StreamState.ACTIVE:
         _check_writer(doc, epoch)
     current = doc.open_segment
     if current is None:
         raise StreamChangeRefused(f"stream {doc.name!r} has no open segment to close")
     closed = replace(
-        current, state=SegmentState.CLOSED, last_entry_id=last_entry_id, byte_length=byte_length
+        current,
+        state=SegmentState.CLOSED,
+        last_entry_id=last_entry_id,
+        byte_length=byte_length,
+        closed_ms=now_ms,
     )
     segments = tuple(closed if s.seq == current.seq else s for s in doc.segments)
     return _checked(replace(doc, segments=segments, writer_segment=None))
@@ -279,7 +317,7 @@ def roll(
 ) -> StreamDocument:
     """Rollover in one change: the writer's segment closed at its last entry and the
     next one added, OPEN."""
-    closed = close_segment(doc, epoch, last_entry_id, byte_length)
+    closed = close_segment(doc, epoch, last_entry_id, byte_length, now_ms)
     return add_segment(closed, epoch, next_ledger_id, now_ms)
 
 
@@ -292,6 +330,34 @@ def seal(doc: StreamDocument) -> StreamDocument:
             f"stream {doc.name!r}: close segment {doc.writer_segment} before sealing"
         )
     return _checked(replace(doc, state=StreamState.SEALED, commit=doc.commit + 1))
+
+
+def truncate(doc: StreamDocument, removed: tuple[Segment, ...]) -> StreamDocument:
+    """The stream without `removed`: its leading held segments (consecutive from
+    `doc.first_seq`, CLOSED). They leave the head; a page left with none of its
+    segments held leaves the head's list (its document is deleted after). A visible
+    change: the commit number goes up. retention.py decides which segments go."""
+    if not removed:
+        raise StreamChangeRefused(f"stream {doc.name!r}: a truncation removes some segment")
+    seqs = [s.seq for s in removed]
+    if seqs != list(range(doc.first_seq, doc.first_seq + len(seqs))):
+        raise StreamChangeRefused(
+            f"stream {doc.name!r}: truncation must remove the leading segments from "
+            f"{doc.first_seq}, not {seqs[:3]}..."
+        )
+    if any(s.state is not SegmentState.CLOSED for s in removed):
+        raise StreamChangeRefused(f"stream {doc.name!r}: the open segment is never truncated")
+    first_held = seqs[-1] + 1
+    return _checked(
+        replace(
+            doc,
+            commit=doc.commit + 1,
+            segments=tuple(s for s in doc.segments if s.seq >= first_held),
+            pages=tuple(ref for ref in doc.pages if ref.last_seq >= first_held),
+            first_held_seq=first_held,
+            removed_last_entry_id=removed[-1].last_entry_id,
+        )
+    )
 
 
 def page_out(
@@ -385,6 +451,12 @@ def _checked(doc: StreamDocument) -> StreamDocument:
     if doc.state is StreamState.SEALED and open_seqs:
         raise InvalidMetadata(f"{where}: sealed with segment {open_seqs[0]} open")
     _check_ends(doc.segments, where)
+    if not 0 <= doc.first_held_seq <= doc.next_seq or doc.removed_last_entry_id < -1:
+        raise InvalidMetadata(f"{where}: first held segment {doc.first_held_seq} out of range")
+    if (seqs and seqs[0] < doc.first_held_seq) or (
+        doc.pages and doc.pages[0].last_seq < doc.first_held_seq
+    ):
+        raise InvalidMetadata(f"{where}: lists segments below the first held one")
     if doc.writer_epoch < 0 or doc.commit < 0:
         raise InvalidMetadata(f"{where}: negative epoch or commit")
     return doc
@@ -426,6 +498,8 @@ def encode_document(doc: StreamDocument) -> bytes:
             "segment_age_s_max": config.segment_age_s_max,
             "retention_s": config.retention_s,
             "retention_bytes": config.retention_bytes,
+            "retention_s_max": config.retention_s_max,
+            "retention_bytes_max": config.retention_bytes_max,
         },
         "state": doc.state.value,
         "commit": doc.commit,
@@ -434,6 +508,10 @@ def encode_document(doc: StreamDocument) -> bytes:
         "next_seq": doc.next_seq,
         "writer": {"epoch": doc.writer_epoch, "segment": doc.writer_segment},
         "created_ms": doc.created_ms,
+        "truncation": {
+            "first_held_seq": doc.first_held_seq,
+            "removed_last_entry_id": doc.removed_last_entry_id,
+        },
         **{field: [] for field in _RESERVED},
     }
     encoded = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
@@ -452,7 +530,10 @@ def decode_document(data: bytes) -> StreamDocument:
         config = raw["config"]
         doc = StreamDocument(
             name=check_stream_name(raw["name"]),
-            config=StreamConfig(**{key: config[key] for key in _CONFIG_KEYS}),
+            config=StreamConfig(
+                **{key: config[key] for key in _CONFIG_KEYS},
+                **{key: config.get(key) for key in _HARD_LIMIT_KEYS},
+            ),
             state=StreamState(raw["state"]),
             commit=_int(raw["commit"]),
             segments=tuple(_segment(item) for item in raw["segments"]),
@@ -461,6 +542,7 @@ def decode_document(data: bytes) -> StreamDocument:
             writer_segment=_optional_int(raw["writer"]["segment"]),
             created_ms=_int(raw["created_ms"]),
             pages=tuple(PageRef(_int(first), _int(last)) for first, last in raw["pages"]),
+            **_truncation(raw.get("truncation")),
         )
     except InvalidMetadata:
         raise
@@ -492,7 +574,22 @@ _CONFIG_KEYS = (
 )
 
 
-def _int(value: Any) -> int:
+#: config keys a document written before the hard limits lacks (None then)
+_HARD_LIMIT_KEYS = ("retention_s_max", "retention_bytes_max")
+
+
+def _truncation(raw: Any) -> dict[str, int]:
+    """The truncation fields (absent from a document never truncated by a Pora that
+    wrote them: nothing removed)."""
+    if raw is None:
+        return {"first_held_seq": 0, "removed_last_entry_id": -1}
+    return {
+        "first_held_seq": _int(raw["first_held_seq"]),
+        "removed_last_entry_id": _int(raw["removed_last_entry_id"]),
+    }
+
+
+def _int(value: Any) -> int:  # shared with cursors.py
     if not is_int(value):
         raise TypeError(f"{value!r} is not an int")
     return int(value)
@@ -511,11 +608,15 @@ def _segment_row(s: Segment) -> list[int | str]:
         s.created_ms,
         s.last_entry_id,
         s.byte_length,
+        s.closed_ms,
     ]
 
 
 def _segment(item: Any) -> Segment:
-    seq, ledger_id, state, commit, created_ms, last, length = item
+    # 7 fields: a row written before close times were kept (closed_ms not known)
+    seq, ledger_id, state, commit, created_ms, last, length, *closed = item
+    if len(closed) > 1:
+        raise ValueError(f"a segment row has 7 or 8 fields, not {len(item)}")
     return Segment(
         _int(seq),
         _int(ledger_id),
@@ -524,4 +625,5 @@ def _segment(item: Any) -> Segment:
         _int(created_ms),
         _int(last),
         _int(length),
+        _int(closed[0]) if closed else 0,
     )

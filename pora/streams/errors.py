@@ -49,3 +49,29 @@ class WriterFenced(StreamError):
             f"(epoch {current_epoch}): its appends are not acknowledged from here on; "
             "open a new writer to go on writing",
         )
+
+
+class EntriesTruncated(StreamError):
+    """What a reader asked for was removed by truncation or retention: `first_held`
+    names the first position the stream still holds (never a silent skip: read from
+    it to go on, knowing what was lost)."""
+
+    def __init__(self, stream: str, requested: object, first_held: object) -> None:
+        self.requested = requested
+        self.first_held = first_held
+        super().__init__(
+            stream,
+            f"stream {stream!r}: position {requested} was removed by truncation or "
+            f"retention; the first position still held is {first_held} (read from it "
+            "to go on)",
+        )
+
+
+class NoSuchCursor(StreamError):
+    def __init__(self, stream: str, cursor: str) -> None:
+        self.cursor = cursor
+        super().__init__(
+            stream,
+            f"stream {stream!r} has no cursor {cursor!r}: it was deleted; "
+            "stream.cursor(name) creates it again",
+        )

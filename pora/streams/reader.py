@@ -23,6 +23,7 @@ from pora.client.replication.reader import LedgerReader
 from pora.client.replication.tail import wait_for_progress
 from pora.meta.records import Versioned
 from pora.streams.document import Segment, SegmentPage, SegmentState, StreamDocument
+from pora.streams.errors import EntriesTruncated, NoSuchStream
 from pora.streams.position import Position
 from pora.streams.records import StreamRecord
 
@@ -67,23 +68,49 @@ async def read_stream(
     doc = (await record.read()).value
     start = await _resolve(client, doc, from_)
     stop = to if to is not None else await end_position(client, doc)
-    async for segment in record.segments_from(doc, start.segment):
-        if Position(segment.seq, 0) >= stop:
-            break
-        first = start.entry if segment.seq == start.segment else 0
-        reader = await _open_reader(client, segment)
-        try:
-            last = segment.last_entry_id
-            if segment.state is SegmentState.OPEN:
-                last = reader.last_add_confirmed
-            if segment.seq == stop.segment:
-                last = min(last, stop.entry - 1)
-            if first > last:
-                continue
-            async for entry_id, payload in reader.read_entries(first, last):
-                yield Position(segment.seq, entry_id), payload
-        finally:
-            await reader.aclose()
+    position = start
+    try:
+        async for segment in record.segments_from(doc, start.segment):
+            if Position(segment.seq, 0) >= stop:
+                break
+            first = start.entry if segment.seq == start.segment else 0
+            position = Position(segment.seq, first)
+            reader = await _open_reader(client, segment)
+            try:
+                last = segment.last_entry_id
+                if segment.state is SegmentState.OPEN:
+                    last = reader.last_add_confirmed
+                if segment.seq == stop.segment:
+                    last = min(last, stop.entry - 1)
+                if first > last:
+                    continue
+                async for entry_id, payload in reader.read_entries(first, last):
+                    position = Position(segment.seq, entry_id + 1)
+                    yield Position(segment.seq, entry_id), payload
+            finally:
+                await reader.aclose()
+    except (NoSuchLedger, NoSuchStream) as error:
+        await _raise_if_truncated(record, position, error)
+        raise
+
+
+async def _raise_if_truncated(record: StreamRecord, position: Position, error: Exception) -> None:
+    """EntriesTruncated when `position` was removed while it was being read (its
+    segment's ledger or page deleted by a truncation); returns otherwise."""
+    try:
+        doc = (await record.read()).value
+    except NoSuchStream:
+        return
+    if doc.is_removed(position):
+        raise EntriesTruncated(record.name, position, doc.first_held) from error
+
+
+def _held_start(name: str, doc: StreamDocument, position: Position) -> Position:
+    """`position`, or the first held one when it lies just past the removed segments;
+    EntriesTruncated when truncation removed it."""
+    if doc.is_removed(position):
+        raise EntriesTruncated(name, position, doc.first_held)
+    return max(position, doc.first_held)
 
 
 async def _resolve(client: Client, doc: StreamDocument, from_: Start) -> Position:
@@ -91,7 +118,7 @@ async def _resolve(client: Client, doc: StreamDocument, from_: Start) -> Positio
         return _first_position(doc)
     if from_ == "end":
         return await end_position(client, doc)
-    return from_
+    return _held_start(doc.name, doc, from_)
 
 
 async def subscribe_stream(
@@ -105,32 +132,71 @@ async def subscribe_stream(
     pages = _PageCache(record)
     try:
         while True:
-            segment = await pages.segment_at(doc.value, next_position.segment)
+            next_position = _held_start(doc.value.name, doc.value, next_position)
+            try:
+                segment, reader = await _segment_and_reader(
+                    client, pages, doc.value, next_position, reader
+                )
+            except (NoSuchLedger, NoSuchStream) as error:  # its ledger or page truncated?
+                await _raise_if_truncated(record, next_position, error)
+                raise
             if segment is None:
-                # a segment not there yet (segments are never removed: no call
-                # truncates a stream, so every seq below next_seq is listed)
+                # a segment not there yet (every held seq below next_seq is listed)
                 doc = await record.next_change(doc.version)
                 continue
-            if reader is None or reader.ledger_id != segment.ledger_id:
-                if reader is not None:
-                    await reader.aclose()
-                reader = await _open_reader(client, segment)
-            elif segment.state is SegmentState.CLOSED:
-                reader.learn_lac(segment.last_entry_id)
-            last = _readable_through(segment, reader)
-            if next_position.entry <= last:
-                async for entry_id, payload in reader.read_entries(next_position.entry, last):
-                    next_position = Position(segment.seq, entry_id + 1)
-                    yield Position(segment.seq, entry_id), payload
+            assert reader is not None  # opened with its segment
+            try:
+                async for item in _read_segment(segment, reader, next_position):
+                    next_position = Position(segment.seq, item[0].entry + 1)
+                    yield item
+            except NoSuchLedger as error:
+                await _raise_if_truncated(record, next_position, error)
+                raise
+            if next_position.entry <= _readable_through(segment, reader):
                 continue
             if segment.state is SegmentState.CLOSED:
                 next_position = Position(segment.seq + 1, 0)
                 continue
-            doc = await _wait(record, doc, reader, next_position.entry)
+            try:
+                doc = await _wait(record, doc, reader, next_position.entry)
+            except NoSuchLedger as error:
+                await _raise_if_truncated(record, next_position, error)
+                raise
     finally:
         if reader is not None:
             with anyio.CancelScope(shield=True):
                 await reader.aclose()
+
+
+async def _segment_and_reader(
+    client: Client,
+    pages: _PageCache,
+    doc: StreamDocument,
+    position: Position,
+    reader: LedgerReader | None,
+) -> tuple[Segment | None, LedgerReader | None]:
+    """The segment holding `position` (None: not there yet) and a reader of its
+    ledger (the one given when it reads that ledger)."""
+    segment = await pages.segment_at(doc, position.segment)
+    if segment is None:
+        return None, reader
+    if reader is None or reader.ledger_id != segment.ledger_id:
+        if reader is not None:
+            await reader.aclose()
+        reader = None  # closed: not to be closed again if the next open fails
+        reader = await _open_reader(client, segment)
+    elif segment.state is SegmentState.CLOSED:
+        reader.learn_lac(segment.last_entry_id)
+    return segment, reader
+
+
+async def _read_segment(
+    segment: Segment, reader: LedgerReader, position: Position
+) -> AsyncIterator[tuple[Position, bytes]]:
+    last = _readable_through(segment, reader)
+    if position.segment == segment.seq and position.entry <= last:
+        async for entry_id, payload in reader.read_entries(position.entry, last):
+            yield Position(segment.seq, entry_id), payload
 
 
 class _PageCache:

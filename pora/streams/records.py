@@ -80,7 +80,8 @@ class StreamRecord:
                 await self.store.update_document(PAGES_SPACE, page.name, data, stale.version)
 
     async def segments_from(self, doc: StreamDocument, seq: int) -> AsyncIterator[Segment]:
-        """The document's segments from `seq` on, paged ones first."""
+        """The document's held segments from `seq` on, paged ones first."""
+        seq = max(seq, doc.first_seq)
         for ref in doc.pages:
             if ref.last_seq >= seq:
                 for segment in (await self.read_page(ref.first_seq)).segments:

@@ -6,13 +6,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from journal.errors import PoraError
 from ledger.errors import InvalidArgument, InvalidArgumentType, NoSuchLedger
 from pora.meta.errors import DocumentExists, MetadataVersionConflict, NoSuchDocument
+from pora.streams.cursors import (
+    CURSORS_SPACE,
+    Cursor,
+    CursorRecord,
+    CursorState,
+    cursor_document_name,
+    cursor_states,
+)
 from pora.streams.document import (
     PAGES_SPACE,
     STREAMS_SPACE,
@@ -30,11 +38,13 @@ from pora.streams.document import (
     page_name,
     seal,
     take_over,
+    truncate,
 )
 from pora.streams.errors import NoSuchStream, StreamExists
 from pora.streams.position import Position
 from pora.streams.reader import Start, read_stream, subscribe_stream
 from pora.streams.records import StreamRecord
+from pora.streams.retention import trim_count, wholly_before
 from pora.streams.writer import StreamWriter, recover_segment_ledger
 
 if TYPE_CHECKING:
@@ -58,6 +68,8 @@ class StreamInfo:
     segments: tuple[Segment, ...]
     pages: tuple[PageRef, ...]
     writer_epoch: int
+    #: the first position the stream still holds (truncation removed what is before)
+    first_held: Position
 
     @classmethod
     def of(cls, doc: StreamDocument) -> StreamInfo:
@@ -69,6 +81,7 @@ class StreamInfo:
             doc.segments,
             doc.pages,
             doc.writer_epoch,
+            doc.first_held,
         )
 
 
@@ -120,13 +133,97 @@ class Stream:
             current = doc.open_segment
             if current is not None:
                 last, length = await recover_segment_ledger(self._client, current.ledger_id)
-                doc = close_segment(doc, doc.writer_epoch, last, length)
+                doc = close_segment(doc, doc.writer_epoch, last, length, int(time.time() * 1000))
             try:
                 await self._record.write(seal(doc), record.version)
             except MetadataVersionConflict:
                 record = await self._record.read()
             else:
                 return
+
+    async def cursor(self, name: str) -> Cursor:
+        """The cursor `name` of this stream, created when there is none: a durable
+        reader position that starts at the first position the stream holds and pins
+        retention from there (NoSuchStream when the stream does not exist)."""
+        record = CursorRecord(self._client.store, self.name, check_stream_name(name))
+        doc = (await self._record.read()).value
+        await record.create_or_read(doc.first_held)
+        return Cursor(self, record)
+
+    async def cursors(self) -> list[CursorState]:
+        """Every cursor of this stream (its name and the position it reads next), by
+        name."""
+        return [state async for state in cursor_states(self._client.store, self.name)]
+
+    async def truncate(self, before: Position) -> Position:
+        """Remove the whole segments wholly before `before` (never the open one):
+        the document first, by compare-and-set, then their ledgers, best effort.
+        Readers asking for what was removed get EntriesTruncated. Returns the first
+        position still held. Cursors do not hold a truncation back."""
+        if not isinstance(before, Position):
+            raise InvalidArgumentType(
+                f"before must be a pora.Position, not {type(before).__name__}"
+            )
+        return await self._remove(lambda doc, held, cursors: wholly_before(held, before))
+
+    async def trim(self) -> Position:
+        """Apply the stream's retention (`retention_s`, `retention_bytes`): remove the
+        oldest CLOSED segments past them, but none a cursor still needs unless the hard
+        limits (`retention_s_max`, `retention_bytes_max`) say so. Returns the first
+        position still held."""
+
+        def count(doc: StreamDocument, held: tuple[Segment, ...], cursors: list[Position]) -> int:
+            return trim_count(held, doc.config, _now_ms(), cursors)
+
+        return await self._remove(count, read_cursors=True)
+
+    async def _remove(
+        self,
+        count: Callable[[StreamDocument, tuple[Segment, ...], list[Position]], int],
+        read_cursors: bool = False,
+    ) -> Position:
+        while True:
+            record = await self._record.read()
+            doc = record.value
+            held = tuple([s async for s in self._record.segments_from(doc, doc.first_seq)])
+            cursors = []
+            if read_cursors:
+                states = cursor_states(self._client.store, self.name)
+                cursors = [state.next_position async for state in states]
+            removed = held[: count(doc, held, cursors)]
+            if not removed:
+                return doc.first_held
+            changed = truncate(doc, removed)
+            try:
+                await self._record.write(changed, record.version)
+            except MetadataVersionConflict:
+                continue  # a writer or another trim changed it: decide again
+            break
+        await _delete_removed(self._client, doc, changed, removed)
+        return changed.first_held
+
+
+async def _delete_removed(
+    client: Client, before: StreamDocument, after: StreamDocument, removed: tuple[Segment, ...]
+) -> None:
+    """The pages the head no longer names and the removed segments' ledgers, best
+    effort (what is left is garbage for the cluster tools)."""
+    kept = {ref.first_seq for ref in after.pages}
+    for ref in before.pages:
+        if ref.first_seq in kept:
+            continue
+        name = page_name(before.name, ref.first_seq)
+        try:
+            page = await client.store.read_document(PAGES_SPACE, name)
+            await client.store.delete_document(PAGES_SPACE, name, page.version)
+        except (PoraError, OSError) as error:
+            _log.warning("stream %r truncated, but not its page %s: %s", before.name, name, error)
+    await _delete_ledgers(client, before.name, removed, "truncated")
+
+
+def _now_ms() -> int:
+    """The wall clock in ms: segments' close times are wall-clock times."""
+    return int(time.time() * 1000)
 
 
 def _checked_start(from_: object) -> Start:
@@ -199,6 +296,19 @@ async def delete_stream(client: Client, name: str) -> None:
             )
         except PoraError as error:
             _log.warning("stream %r deleted, but not its page %d: %s", name, ref.first_seq, error)
+    async for state in cursor_states(client.store, name):
+        try:
+            document = cursor_document_name(name, state.name)
+            cursor = await client.store.read_document(CURSORS_SPACE, document)
+            await client.store.delete_document(CURSORS_SPACE, document, cursor.version)
+        except PoraError as error:
+            _log.warning("stream %r deleted, but not its cursor %r: %s", name, state.name, error)
+    await _delete_ledgers(client, name, segments, "deleted")
+
+
+async def _delete_ledgers(
+    client: Client, name: str, segments: Iterable[Segment], what: str
+) -> None:
     for segment in segments:
         try:
             await client.delete_ledger(segment.ledger_id)
@@ -206,9 +316,10 @@ async def delete_stream(client: Client, name: str) -> None:
             pass
         except (PoraError, OSError) as error:
             _log.warning(
-                "stream %r deleted, but ledger %d of its segment %d was not (%s): garbage "
+                "stream %r %s, but ledger %d of its segment %d was not (%s): garbage "
                 "for the cluster tools",
                 name,
+                what,
                 segment.ledger_id,
                 segment.seq,
                 error,

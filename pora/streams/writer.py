@@ -200,7 +200,7 @@ class StreamWriter:
             if doc.writer_segment is not None:
                 assert self._recovered is not None  # only our epoch changes segments
                 last, length = self._recovered
-                doc = close_segment(doc, self.epoch, last, length)
+                doc = close_segment(doc, self.epoch, last, length, _now_ms())
             return add_segment(doc, self.epoch, ledger.ledger_id, _now_ms())
 
         await self._update(change, lambda doc: self._owns(doc, ledger))
@@ -526,6 +526,8 @@ class StreamWriter:
         def change(doc: StreamDocument) -> StreamDocument | None:
             if doc.writer_epoch != self.epoch or doc.writer_segment != segment.seq:
                 return None  # a newer writer (or a seal) closed it already
-            return close_segment(doc, self.epoch, metadata.last_entry_id, metadata.length)
+            return close_segment(
+                doc, self.epoch, metadata.last_entry_id, metadata.length, _now_ms()
+            )
 
         await self._update(change)

@@ -281,11 +281,15 @@ class Client:
         segment_age_s_max: float = 3600,
         retention_s: float | None = None,
         retention_bytes: int | None = None,
+        retention_s_max: float | None = None,
+        retention_bytes_max: int | None = None,
     ) -> Stream:
         """A new, empty stream whose segments are ledgers with these quorums, rolled
         at `segment_bytes_max` (at least 64 KiB) or `segment_age_s_max` seconds.
         StreamExists when the name is taken; InvalidArgument for a bad name or value.
-        Retention is recorded for the trimming still to come."""
+        `stream.trim()` applies the retention: `retention_s` / `retention_bytes` spare
+        what a cursor needs, the hard limits `retention_s_max` / `retention_bytes_max`
+        do not."""
         self._check_open("create a stream")
         config = StreamConfig(
             ensemble_size,
@@ -295,6 +299,8 @@ class Client:
             segment_age_s_max,
             retention_s,
             retention_bytes,
+            retention_s_max,
+            retention_bytes_max,
         )
         return await streams.create_stream(self, name, config)
 
