@@ -104,8 +104,12 @@ def test_refusals_say_what_is_wrong_with_exit_status_2(
 ) -> None:
     assert run_cli(capsys, "stream", "create", "events", "--metadata", url).status == 0
     refused(run_cli(capsys, "stream", "create", "events", "--metadata", url), "already exists")
-    for command in ("show", "seal", "delete", "read", "tail"):
+    for command in ("show", "seal", "delete", "trim", "read", "tail"):
         refused(run_cli(capsys, "stream", command, "nope", "--metadata", url), "does not exist")
+    refused(
+        run_cli(capsys, "stream", "trim", "events", "--metadata", url, "--watch", "0"),
+        "--watch must be",
+    )
     refused(run_cli(capsys, "stream", "show", "bad/name", "--metadata", url), "not a stream name")
     refused(
         run_cli(capsys, "stream", "read", "events", "--metadata", url, "--from", "3-4"),
@@ -142,7 +146,7 @@ def test_refusals_say_what_is_wrong_with_exit_status_2(
 
 
 def test_help_of_every_command(capsys: Capsys) -> None:
-    for command in ("list", "show", "create", "seal", "delete", "read", "tail"):
+    for command in ("list", "show", "create", "seal", "delete", "trim", "read", "tail"):
         with pytest.raises(SystemExit) as exit_:
             run_cli(capsys, "stream", command, "--help")
         assert exit_.value.code == 0
@@ -233,6 +237,28 @@ def test_read_show_seal_delete_against_a_cluster(cluster: str, tmp_path: Path) -
     assert deleted.returncode == 0, deleted.stderr
     gone = pora_command("stream", "read", "orders", "--metadata", cluster)
     assert gone.returncode == 2 and "does not exist" in gone.stderr
+
+
+@pytest.mark.slow
+def test_trim_applies_retention_by_size(cluster: str) -> None:
+    kept = [payload(i) for i in range(4, 7)]
+    created = pora_command(
+        "stream", "create", "logs", "--metadata", cluster,
+        "--retention-bytes", str(sum(len(p) for p in kept)),
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    append(cluster, "logs", [payload(i) for i in range(4)])
+    second = append(cluster, "logs", kept)
+    trimmed = pora_command("stream", "trim", "logs", "--metadata", cluster, "--json")
+    assert trimmed.returncode == 0, trimmed.stderr
+    assert json.loads(trimmed.stdout) == {"first_held": {"logs": str(second[0])}}
+    read = pora_command("stream", "read", "logs", "--metadata", cluster, "--json")
+    assert [json.loads(line)["position"] for line in read.stdout.splitlines()] == [
+        str(p) for p in second
+    ]
+    again = pora_command("stream", "trim", "--metadata", cluster)
+    assert again.returncode == 0, again.stderr
+    assert f"stream 'logs': first position held {second[0]}" in again.stdout
 
 
 @pytest.mark.slow

@@ -86,7 +86,7 @@ _CONFIG_OPTIONS: Final = (
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "stream",
-        help="the cluster's streams (list, show, create, seal, delete, read, tail)",
+        help="the cluster's streams (list, show, create, seal, delete, trim, read, tail)",
         description="Streams: named, replicated logs made of ledgers (docs/streams.md).",
     )
     commands = parser.add_subparsers(dest="stream_command", metavar="COMMAND")
@@ -167,6 +167,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     read.add_argument("--raw", type=Path, metavar="FILE", help="write raw payload bytes here")
     read.set_defaults(run=run_read)
+
+    trim = commands.add_parser(
+        "trim",
+        help="apply streams' retention (age and size), sparing what cursors need",
+        description="Apply the retention of each stream named (every stream when none "
+        "is): remove its oldest closed segments past retention_s and retention_bytes, but "
+        "none a cursor still needs unless retention_s_max or retention_bytes_max say so "
+        "(metadata first, then the ledgers). Prints the first position each stream still "
+        "holds. With --watch S, again every S seconds until interrupted.",
+    )
+    _add_common(trim, prints=True)
+    trim.add_argument("names", metavar="STREAM", nargs="*")
+    trim.add_argument("--watch", type=float, metavar="S", help="trim again every S seconds (S > 0)")
+    trim.set_defaults(run=run_trim)
 
     tail = commands.add_parser(
         "tail",
@@ -439,6 +453,37 @@ def run_delete(args: argparse.Namespace) -> int:
 
     _with_client(args.metadata, body)
     print(f"deleted stream {name!r}")
+    return EXIT_OK
+
+
+@command
+def run_trim(args: argparse.Namespace) -> int:
+    names = [_stream_name(name) for name in args.names]
+    if args.watch is not None and not args.watch > 0:
+        raise CommandError(
+            f"--watch must be a number of seconds above 0, not {args.watch}", EXIT_REFUSED
+        )
+
+    async def trim_all(client: Client) -> dict[str, str]:
+        chosen = names or [info.name async for info in client.list_streams()]
+        held: dict[str, str] = {}
+        for name in chosen:
+            held[name] = str(await (await client.open_stream(name)).trim())
+        return held
+
+    async def body(client: Client) -> None:
+        while True:
+            held = await trim_all(client)
+            if args.json:
+                print(json.dumps({"first_held": held}), flush=True)
+            else:
+                for name, position in sorted(held.items()):
+                    print(f"stream {name!r}: first position held {position}", flush=True)
+            if args.watch is None:
+                return
+            await trio.sleep(args.watch)
+
+    _with_client(args.metadata, body)
     return EXIT_OK
 
 
