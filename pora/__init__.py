@@ -68,6 +68,7 @@ from pora.errors import (
     StorageCorruption,
     StreamExists,
     StreamSealed,
+    TransactionAborted,
     Unauthorized,
     UnindexedEntryLog,
     WriterFenced,
@@ -76,6 +77,7 @@ from pora.node import Node, NodeStatistics, open_node
 from pora.node.config import NodeConfig
 from pora.streams.position import Position
 from pora.streams.stream import Stream, StreamInfo
+from pora.streams.transaction import Transaction, TransactionSegment
 from pora.streams.writer import StreamWriter
 
 __version__ = "0.1.0"
@@ -147,6 +149,9 @@ __all__ = [
     "StreamInfo",
     "StreamSealed",
     "StreamWriter",
+    "Transaction",
+    "TransactionAborted",
+    "TransactionSegment",
     "Unauthorized",
     "UnindexedEntryLog",
     "WriterFenced",

@@ -68,7 +68,13 @@ from pora.meta.errors import (
     RegistrationLost,
 )
 from pora.node.datadir import DataDirError, DataDirLocked, IndexMissing
-from pora.streams.errors import NoSuchStream, StreamExists, StreamSealed, WriterFenced
+from pora.streams.errors import (
+    NoSuchStream,
+    StreamExists,
+    StreamSealed,
+    TransactionAborted,
+    WriterFenced,
+)
 
 __all__ = [
     "ClientClosed",
@@ -123,6 +129,7 @@ __all__ = [
     "StorageCorruption",
     "StreamExists",
     "StreamSealed",
+    "TransactionAborted",
     "Unauthorized",
     "UnindexedEntryLog",
     "WriterFenced",

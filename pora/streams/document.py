@@ -27,6 +27,17 @@ from ledger.errors import InvalidArgument, InvalidArgumentType
 from pora.client.replication.arguments import check_quorums, is_int
 from pora.meta.errors import InvalidMetadata, MetadataRecordTooLarge
 from pora.meta.records import RECORD_BYTES_MAX
+from pora.streams.transaction_fields import (
+    COMMIT_KEYS_MAX_DEFAULT,
+    TXN_IDLE_S_MAX_DEFAULT,
+    AppVersion,
+    CommitKey,
+    PendingTransaction,
+    check_transaction_config,
+    check_transaction_fields,
+    decode_transaction_fields,
+    encode_transaction_fields,
+)
 
 STREAM_FORMAT_VERSION = 1
 #: the metadata store's space for stream documents
@@ -42,7 +53,7 @@ HEAD_SEGMENTS_MAX = 1000
 #: segments per page (a page of CLOSED segments takes some 35 KB)
 PAGE_SEGMENTS = 500
 #: the fields later versions fill; empty in version 1
-_RESERVED = ("transactions", "cursors", "commit_keys")
+_RESERVED = ("cursors",)
 
 
 def check_stream_name(name: object) -> str:
@@ -76,9 +87,14 @@ class StreamConfig:
     segment_age_s_max: float = 3600
     retention_s: float | None = None
     retention_bytes: int | None = None
+    #: transactions: commit keys kept (oldest out first), and the idle time after
+    #: which `collect_abandoned_transactions` may remove a pending transaction
+    commit_keys_max: int = COMMIT_KEYS_MAX_DEFAULT
+    txn_idle_s_max: float = TXN_IDLE_S_MAX_DEFAULT
 
     def __post_init__(self) -> None:
         check_quorums(self.ensemble_size, self.write_quorum, self.ack_quorum)
+        check_transaction_config(self.commit_keys_max, self.txn_idle_s_max)
         if not is_int(self.segment_bytes_max):
             raise InvalidArgumentType(
                 f"segment_bytes_max must be an int, not {type(self.segment_bytes_max).__name__}"
@@ -163,6 +179,11 @@ class StreamDocument:
     created_ms: int
     #: the pages of older segments, oldest first, consecutive, up to the head's first
     pages: tuple[PageRef, ...] = ()
+    #: transactions (transaction_fields.py, transaction_changes.py): the pending ones by
+    #: creation, the recorded commit keys oldest first, the app versions by app id
+    transactions: tuple[PendingTransaction, ...] = ()
+    commit_keys: tuple[CommitKey, ...] = ()
+    app_versions: tuple[AppVersion, ...] = ()
 
     @property
     def head_first_seq(self) -> int:
@@ -380,13 +401,20 @@ def _checked(doc: StreamDocument) -> StreamDocument:
         raise InvalidMetadata(
             f"{where}: open segments {open_seqs} are not the writer's ({doc.writer_segment})"
         )
-    if open_seqs and open_seqs[0] != seqs[-1]:
-        raise InvalidMetadata(f"{where}: the open segment {open_seqs[0]} is not the last one")
+    # the open segment is the last one but for the segments of transactions committed
+    # while it is open (docs/streams.md, "Transactions and the live writer")
+    if open_seqs and any(
+        s.commit <= doc.segment(open_seqs[0]).commit for s in doc.segments if s.seq > open_seqs[0]
+    ):
+        raise InvalidMetadata(
+            f"{where}: the open segment {open_seqs[0]} is followed by a segment it predates"
+        )
     if doc.state is StreamState.SEALED and open_seqs:
         raise InvalidMetadata(f"{where}: sealed with segment {open_seqs[0]} open")
     _check_ends(doc.segments, where)
     if doc.writer_epoch < 0 or doc.commit < 0:
         raise InvalidMetadata(f"{where}: negative epoch or commit")
+    check_transaction_fields(doc, where)
     return doc
 
 
@@ -426,6 +454,8 @@ def encode_document(doc: StreamDocument) -> bytes:
             "segment_age_s_max": config.segment_age_s_max,
             "retention_s": config.retention_s,
             "retention_bytes": config.retention_bytes,
+            "commit_keys_max": config.commit_keys_max,
+            "txn_idle_s_max": config.txn_idle_s_max,
         },
         "state": doc.state.value,
         "commit": doc.commit,
@@ -435,6 +465,7 @@ def encode_document(doc: StreamDocument) -> bytes:
         "writer": {"epoch": doc.writer_epoch, "segment": doc.writer_segment},
         "created_ms": doc.created_ms,
         **{field: [] for field in _RESERVED},
+        **encode_transaction_fields(doc),
     }
     encoded = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     if len(encoded) > RECORD_BYTES_MAX:
@@ -452,7 +483,10 @@ def decode_document(data: bytes) -> StreamDocument:
         config = raw["config"]
         doc = StreamDocument(
             name=check_stream_name(raw["name"]),
-            config=StreamConfig(**{key: config[key] for key in _CONFIG_KEYS}),
+            config=StreamConfig(
+                **{key: config[key] for key in _CONFIG_KEYS},
+                **{key: config[key] for key in _TRANSACTION_CONFIG_KEYS if key in config},
+            ),
             state=StreamState(raw["state"]),
             commit=_int(raw["commit"]),
             segments=tuple(_segment(item) for item in raw["segments"]),
@@ -461,6 +495,7 @@ def decode_document(data: bytes) -> StreamDocument:
             writer_segment=_optional_int(raw["writer"]["segment"]),
             created_ms=_int(raw["created_ms"]),
             pages=tuple(PageRef(_int(first), _int(last)) for first, last in raw["pages"]),
+            **decode_transaction_fields(raw),
         )
     except InvalidMetadata:
         raise
@@ -481,6 +516,8 @@ def _check_version(raw: Any) -> None:
             raise InvalidMetadata(f"stream document field {field!r} must be empty in version 1")
 
 
+#: absent from documents written before transactions: the defaults apply
+_TRANSACTION_CONFIG_KEYS = ("commit_keys_max", "txn_idle_s_max")
 _CONFIG_KEYS = (
     "ensemble_size",
     "write_quorum",

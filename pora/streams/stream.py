@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from journal.errors import PoraError
 from ledger.errors import InvalidArgument, InvalidArgumentType, NoSuchLedger
+from pora.client.replication.arguments import is_int
 from pora.meta.errors import DocumentExists, MetadataVersionConflict, NoSuchDocument
 from pora.streams.document import (
     PAGES_SPACE,
@@ -35,6 +36,7 @@ from pora.streams.errors import NoSuchStream, StreamExists
 from pora.streams.position import Position
 from pora.streams.reader import Start, read_stream, subscribe_stream
 from pora.streams.records import StreamRecord
+from pora.streams.transaction import Transaction, collect_abandoned, resume_transaction
 from pora.streams.writer import StreamWriter, recover_segment_ledger
 
 if TYPE_CHECKING:
@@ -94,15 +96,39 @@ class Stream:
         return StreamWriter(self._client, self._record)
 
     def read(
-        self, from_: Start = None, to: Position | None = None
+        self, from_: Start = None, to: Position | None = None, as_of_commit: int | None = None
     ) -> AsyncIterator[tuple[Position, bytes]]:
         """(position, payload) from `from_` (None: the beginning, "end": the end) up to
-        `to` (exclusive; None: the end as of the call), acknowledged entries only."""
+        `to` (exclusive; None: the end as of the call), acknowledged entries only; with
+        `as_of_commit=n`, only the segments of commits up to n."""
         if to is not None and not isinstance(to, Position):
             raise InvalidArgumentType(
                 f"to must be a pora.Position or None, not {type(to).__name__}"
             )
-        return read_stream(self._client, self._record, _checked_start(from_), to)
+        if as_of_commit is not None:
+            if not is_int(as_of_commit):
+                raise InvalidArgumentType(
+                    f"as_of_commit must be an int or None, not {type(as_of_commit).__name__}"
+                )
+            if as_of_commit < 0:
+                raise InvalidArgument(f"as_of_commit={as_of_commit} must be 0 or above")
+        return read_stream(self._client, self._record, _checked_start(from_), to, as_of_commit)
+
+    def begin(self) -> Transaction:
+        """A new transaction, for `async with` (it begins on entry; `await
+        txn.begin()` without the block): commits on a clean exit, aborts on an
+        exception."""
+        return Transaction(self._client, self._record)
+
+    async def resume(self, txn_id: str) -> Transaction:
+        """The pending transaction `txn_id` (its `id`, from any process);
+        TransactionAborted when it is not pending."""
+        return await resume_transaction(self._client, self._record, txn_id)
+
+    async def collect_abandoned_transactions(self, idle_s: float | None = None) -> list[str]:
+        """Abort the pending transactions idle (no open_segment or commit attempt) for
+        `idle_s` seconds (None: the stream's txn_idle_s_max); their ids."""
+        return await collect_abandoned(self._client, self._record, idle_s)
 
     def subscribe(self, from_: Start = None) -> AsyncIterator[tuple[Position, bytes]]:
         """(position, payload) from `from_` on as they are acknowledged, across
