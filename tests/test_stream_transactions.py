@@ -15,7 +15,9 @@ from writer_support import client_on
 
 import pora
 from pora import Position
-from pora.streams.document import StreamConfig, encode_document, new_stream
+from pora.meta.errors import MetadataTimeout
+from pora.meta.records import Versioned
+from pora.streams.document import StreamConfig, StreamDocument, encode_document, new_stream
 from pora.streams.records import StreamRecord
 from pora.streams.stream import Stream
 from pora.streams.transaction_fields import CommitKey, commit_key_digest
@@ -217,3 +219,112 @@ async def test_ten_thousand_keys_keep_the_document_bounded(tmp_path: Path) -> No
         ),
     )
     assert len(encode_document(doc)) < 300_000
+
+
+async def test_a_commit_whose_reply_is_lost_reports_success_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit's CAS takes but the store's answer times out: the committer re-reads,
+    finds its key recorded and its transaction gone, and returns the commit number."""
+    write = StreamRecord.write
+    lost: list[int] = []
+
+    async def write_then_time_out(
+        self: StreamRecord, doc: StreamDocument, expected_version: int
+    ) -> Versioned[StreamDocument]:
+        written = await write(self, doc, expected_version)
+        if doc.commit_keys and not lost:
+            lost.append(doc.commit)
+            raise MetadataTimeout("test:", "no answer", "the reply was lost")
+        return written
+
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("events", segment_bytes_max=SMALL)
+        monkeypatch.setattr(StreamRecord, "write", write_then_time_out)
+        async with stream.begin() as txn:
+            await (await txn.open_segment()).append(b"once")
+            assert await txn.commit(key="batch-1") == 1
+        assert lost == [1]
+        info = await stream.info()
+        assert (info.commit, len(info.segments)) == (1, 1)
+        assert [p for _, p in await read_all(stream)] == [b"once"]
+
+
+async def test_a_subscriber_sees_whole_commits_only(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("events", segment_bytes_max=SMALL)
+        commits, per_segment = 5, 3
+        expected = [
+            f"{c}.{s}.{e}".encode()
+            for c in range(commits)
+            for s in range(2)
+            for e in range(per_segment)
+        ]
+        seen: list[bytes] = []
+        snapshots: list[int] = []
+
+        async def subscribe() -> None:
+            async for _, payload in stream.subscribe():
+                seen.append(payload)
+                if len(seen) == len(expected):
+                    return
+
+        async def check_snapshots() -> None:
+            # every read of the stream holds whole commits: a multiple of one commit
+            while len(seen) < len(expected):
+                snapshots.append(len(await read_all(stream)))
+                await anyio.sleep(0.01)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(subscribe)
+            group.start_soon(check_snapshots)
+            for c in range(commits):
+                async with stream.begin() as txn:
+                    for s in range(2):
+                        segment = await txn.open_segment()
+                        await segment.append_many(
+                            [f"{c}.{s}.{e}".encode() for e in range(per_segment)]
+                        )
+        assert seen == expected
+        assert all(n % (2 * per_segment) == 0 for n in snapshots)
+
+
+async def test_sealed_and_deleted_streams(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("events", segment_bytes_max=SMALL)
+        txn = stream.begin()
+        await txn.begin()
+        segment = await txn.open_segment()
+        await segment.append(b"x")
+        await stream.seal()
+        with pytest.raises(pora.StreamSealed):
+            await txn.commit()
+        with pytest.raises(pora.StreamSealed):
+            await stream.begin().begin()
+        await client.delete_stream("events")  # a pending transaction's ledgers go too
+        with pytest.raises(pora.NoSuchLedger):
+            await client.open_ledger(segment.ledger_id, recover=False)
+
+
+async def test_bad_arguments(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("events", segment_bytes_max=SMALL)
+        with pytest.raises(pora.InvalidArgument, match="not a transaction id"):
+            await stream.resume("job-17")
+        with pytest.raises(pora.InvalidArgumentType, match="transaction id must be a str"):
+            await stream.resume(17)  # type: ignore[arg-type]
+        with pytest.raises(pora.TransactionAborted, match="is not pending"):
+            await stream.resume("0" * 32)
+        txn = stream.begin()
+        with pytest.raises(pora.InvalidArgumentType, match="commit key must be a str"):
+            await txn.commit(key=17)  # type: ignore[arg-type]
+        with pytest.raises(pora.InvalidArgument, match="1 to 1024 characters"):
+            await txn.commit(key="")
+        with pytest.raises(pora.InvalidArgumentType, match="version must be an int"):
+            await txn.commit(app_id="a", version="3")  # type: ignore[arg-type]
+        with pytest.raises(pora.InvalidArgumentType, match="as_of_commit"):
+            stream.read(as_of_commit="1")  # type: ignore[arg-type]
+        with pytest.raises(pora.InvalidArgument, match="commit_keys_max"):
+            StreamConfig(commit_keys_max=0)
+        with pytest.raises(pora.InvalidArgument, match="txn_idle_s_max"):
+            StreamConfig(txn_idle_s_max=-1)

@@ -321,7 +321,8 @@ def page_out(
     page_segments: int | None = None,
 ) -> tuple[SegmentPage, StreamDocument] | None:
     """When the head holds more than `head_segments_max` segments: its oldest
-    `page_segments` (CLOSED: only the last segment may be open) as a page, and the
+    `page_segments` (all CLOSED, else None: the live writer's OPEN segment is paged
+    out after it closes) as a page, and the
     head without them, naming the page. The page is stored first, then the head by
     compare-and-set; a page whose head change failed is written again, identical.
     The limits default to HEAD_SEGMENTS_MAX and PAGE_SEGMENTS."""
@@ -332,6 +333,9 @@ def page_out(
     if not 0 < page_segments < len(doc.segments):
         raise StreamChangeRefused(f"a page of {page_segments} segments does not fit the head")
     moved = doc.segments[:page_segments]
+    if any(s.state is SegmentState.OPEN for s in moved):
+        # the live segment with many committed segments after it: page once it closes
+        return None
     page = SegmentPage(doc.name, moved)
     ref = PageRef(moved[0].seq, moved[-1].seq)
     head = replace(doc, segments=doc.segments[page_segments:], pages=(*doc.pages, ref))

@@ -225,17 +225,23 @@ async def delete_stream(client: Client, name: str) -> None:
             )
         except PoraError as error:
             _log.warning("stream %r deleted, but not its page %d: %s", name, ref.first_seq, error)
-    for segment in segments:
+    owned = [(s.ledger_id, f"segment {s.seq}") for s in segments]
+    owned += [
+        (s.ledger_id, f"pending transaction {txn.id}")
+        for txn in doc.value.transactions
+        for s in txn.segments
+    ]
+    for ledger_id, what in owned:
         try:
-            await client.delete_ledger(segment.ledger_id)
+            await client.delete_ledger(ledger_id)
         except NoSuchLedger:
             pass
         except (PoraError, OSError) as error:
             _log.warning(
-                "stream %r deleted, but ledger %d of its segment %d was not (%s): garbage "
-                "for the cluster tools",
+                "stream %r deleted, but ledger %d of its %s was not (%s): garbage for the "
+                "cluster tools",
                 name,
-                segment.ledger_id,
-                segment.seq,
+                ledger_id,
+                what,
                 error,
             )

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from journal.errors import PoraError
-from ledger.errors import NoSuchLedger
+from ledger.errors import LedgerFenced, NoSuchLedger
 from pora.client.replication.writer import LedgerWriter
 from pora.meta.errors import MetadataTimeout, MetadataVersionConflict
 from pora.meta.records import Versioned
@@ -143,9 +143,16 @@ class Transaction:
             return False
         if exc_type is None:
             await self.commit()
-        else:
-            with anyio.CancelScope(shield=True):
+            return False
+        with anyio.CancelScope(shield=True):
+            try:
                 await self.abort()
+            except (PoraError, OSError) as error:
+                # the block's own exception is what the caller must see; the transaction
+                # stays pending, for collect_abandoned_transactions
+                _log.warning(
+                    "stream %r: transaction %s not aborted (%s)", self.stream, self.id, error
+                )
         return False
 
     def _check_usable(self) -> None:
@@ -221,7 +228,8 @@ class Transaction:
             return await self._already(digest, app_version)
         await _change(self._record, lambda d: _touch(d, self.id))
         for segment in self._segments:
-            await segment.close()
+            with contextlib.suppress(LedgerFenced):  # recovered elsewhere: its end is fixed
+                await segment.close()
         ordered = commit_order([s.ledger_id for s in txn.segments], order)
         ends = []
         for ledger_id in ordered:
