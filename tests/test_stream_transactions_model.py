@@ -4,9 +4,14 @@ segment, and the encoding round trip."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from pora.meta.records import RECORD_BYTES_MAX
 from pora.streams.document import (
+    PageRef,
+    Segment,
     SegmentState,
     StreamChangeRefused,
     StreamConfig,
@@ -27,7 +32,17 @@ from pora.streams.transaction_changes import (
     prior_commit,
     remove_transaction,
 )
-from pora.streams.transaction_fields import commit_key_digest
+from pora.streams.transaction_fields import (
+    APP_IDS_MAX,
+    COMMIT_KEYS_MAX_LIMIT,
+    PENDING_SEGMENTS_MAX,
+    TRANSACTIONS_PENDING_MAX,
+    AppVersion,
+    CommitKey,
+    PendingSegment,
+    PendingTransaction,
+    commit_key_digest,
+)
 
 T1, T2 = "1" * 32, "2" * 32
 
@@ -77,4 +92,45 @@ def test_a_commit_after_the_open_segment_keeps_position_order() -> None:
     assert page_out(doc, head_segments_max=1, page_segments=1) is None  # not while OPEN
     doc = add_segment(close_segment(doc, 1, 3, 9), 1, 30, 0)
     assert [(s.seq, s.commit) for s in doc.segments] == [(0, 1), (1, 2), (2, 3)]
+    assert decode_document(encode_document(doc)) == doc
+
+
+def test_the_document_at_every_bound_fits_a_metadata_record() -> None:
+    """1,000 head segments and 200 pages (a stream of 100,000 segments), 10,000 commit
+    keys, 500 pending transactions holding 3,000 segments, 1,000 app ids of 128
+    characters: all large numbers, under a metadata record's 1 MiB."""
+    big = 2**62
+    segments = tuple(
+        Segment(99_000 + k, big + k, SegmentState.CLOSED, big, big, big, big) for k in range(1000)
+    )
+    pages = tuple(PageRef(k * 500, k * 500 + 499) for k in range(198))
+    transactions = tuple(
+        PendingTransaction(
+            f"{k:032x}",
+            big,
+            big,
+            tuple(
+                PendingSegment(big + j, big)
+                for j in range(PENDING_SEGMENTS_MAX // TRANSACTIONS_PENDING_MAX)
+            ),
+        )
+        for k in range(TRANSACTIONS_PENDING_MAX)
+    )
+    doc = replace(
+        new_stream("s" * 128, StreamConfig(), big),
+        commit=big + 10_000,
+        segments=segments,
+        pages=pages,
+        next_seq=100_000,
+        transactions=transactions,
+        commit_keys=tuple(
+            CommitKey(commit_key_digest(str(k)), big + k) for k in range(COMMIT_KEYS_MAX_LIMIT)
+        ),
+        app_versions=tuple(
+            AppVersion(f"{k:04d}" + "a" * 124, big, big) for k in range(APP_IDS_MAX)
+        ),
+    )
+    assert sum(len(t.segments) for t in transactions) == PENDING_SEGMENTS_MAX
+    size = len(encode_document(doc))
+    assert size < RECORD_BYTES_MAX, size
     assert decode_document(encode_document(doc)) == doc

@@ -9,9 +9,11 @@ visible. `commit` goes up by one per visible change (a segment added, the stream
 sealed). The live writer holds an epoch: taking over bumps it, and every change a
 writer makes names the epoch it holds, so a fenced writer's change is refused.
 
-Format version 1. The fields later versions fill (pending transactions, cursors,
-commit keys) are present and must be empty in version 1; a reader refuses a document
-of a higher version instead of rewriting it without what it does not know.
+Format version 1. Transactions (pending ones, commit keys, app versions) live in
+fields of their own, decided in transaction_fields.py and transaction_changes.py; a
+commit's segments come after the live writer's OPEN one when it is open. `cursors` is
+present and must be empty; a reader refuses a document of a higher version instead of
+rewriting it without what it does not know.
 """
 
 from __future__ import annotations

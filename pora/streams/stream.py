@@ -37,6 +37,7 @@ from pora.streams.position import Position
 from pora.streams.reader import Start, read_stream, subscribe_stream
 from pora.streams.records import StreamRecord
 from pora.streams.transaction import Transaction, collect_abandoned, resume_transaction
+from pora.streams.transaction_fields import PendingTransaction
 from pora.streams.writer import StreamWriter, recover_segment_ledger
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ class StreamInfo:
     segments: tuple[Segment, ...]
     pages: tuple[PageRef, ...]
     writer_epoch: int
+    #: the pending transactions, by creation (their segments invisible until committed)
+    transactions: tuple[PendingTransaction, ...] = ()
 
     @classmethod
     def of(cls, doc: StreamDocument) -> StreamInfo:
@@ -71,6 +74,7 @@ class StreamInfo:
             doc.segments,
             doc.pages,
             doc.writer_epoch,
+            doc.transactions,
         )
 
 

@@ -84,16 +84,12 @@ class TransactionSegment:
         self.ledger_id = ledger.ledger_id
         self._ledger = ledger
 
-    def _check(self) -> None:
-        if self.transaction.aborted:
-            raise TransactionAborted(self.transaction.stream, self.transaction.id)
-
     async def append(self, payload: bytes) -> int:
-        self._check()
+        self.transaction._check_usable()
         return await self._ledger.append(payload)
 
     async def append_many(self, payloads: Sequence[bytes]) -> list[int]:
-        self._check()
+        self.transaction._check_usable()
         return await self._ledger.append_many(payloads)
 
     async def close(self) -> None:

@@ -26,12 +26,13 @@ from pora.streams.document import (
 from pora.streams.errors import StreamSealed, TransactionAborted
 from pora.streams.transaction_fields import (
     APP_IDS_MAX,
+    PENDING_SEGMENTS_MAX,
     TRANSACTIONS_PENDING_MAX,
-    TXN_SEGMENTS_MAX,
     AppVersion,
     CommitKey,
     PendingSegment,
     PendingTransaction,
+    pending_segment_count,
 )
 
 
@@ -78,10 +79,10 @@ def add_transaction_segment(
     """A new, invisible segment of the transaction (its activity time moves)."""
     _check_active(doc)
     txn = _pending(doc, txn_id)
-    if len(txn.segments) >= TXN_SEGMENTS_MAX:
+    if pending_segment_count(doc) >= PENDING_SEGMENTS_MAX:
         raise StreamChangeRefused(
-            f"transaction {txn_id} of stream {doc.name!r} has {TXN_SEGMENTS_MAX} segments, "
-            "the most one holds: commit it and begin another"
+            f"stream {doc.name!r}: its pending transactions hold {PENDING_SEGMENTS_MAX} "
+            "segments, the most it keeps: commit or abort some first"
         )
     segments = (*txn.segments, PendingSegment(ledger_id, now_ms))
     return _checked(_with_txn(doc, replace(txn, segments=segments, active_ms=now_ms)))

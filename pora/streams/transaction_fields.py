@@ -24,13 +24,14 @@ if TYPE_CHECKING:
     from pora.streams.document import StreamDocument
 
 COMMIT_KEYS_MAX_DEFAULT = 10_000
-#: a commit key count above this would not fit a metadata record beside the segments
-COMMIT_KEYS_MAX_LIMIT = 20_000
+#: the most commit_keys_max may be: with every other field at its bound the document
+#: then stays under 1 MiB (tests/test_stream_transactions_model.py measures it)
+COMMIT_KEYS_MAX_LIMIT = 10_000
 TXN_IDLE_S_MAX_DEFAULT = 24 * 3600.0
-#: pending transactions a stream holds at once, and segments one transaction holds:
-#: both bound the document (a pending segment takes some 30 bytes)
-TRANSACTIONS_PENDING_MAX = 1000
-TXN_SEGMENTS_MAX = 1000
+#: pending transactions a stream holds at once (some 60 bytes each), and pending
+#: segments all of them hold together (some 25 bytes each)
+TRANSACTIONS_PENDING_MAX = 500
+PENDING_SEGMENTS_MAX = 3000
 COMMIT_KEY_CHARS_MAX = 1024
 APP_ID_CHARS_MAX = 128
 #: app ids recorded in one stream (one number each, kept forever)
@@ -137,9 +138,10 @@ def check_transaction_fields(doc: StreamDocument, where: str) -> None:
     ids = [txn.id for txn in doc.transactions]
     if len(set(ids)) != len(ids) or len(ids) > TRANSACTIONS_PENDING_MAX:
         raise InvalidMetadata(f"{where}: pending transaction ids repeat or are too many")
-    for txn in doc.transactions:
-        if _TXN_ID.fullmatch(txn.id) is None or len(txn.segments) > TXN_SEGMENTS_MAX:
-            raise InvalidMetadata(f"{where}: pending transaction {txn.id!r} is malformed")
+    if any(_TXN_ID.fullmatch(txn.id) is None for txn in doc.transactions):
+        raise InvalidMetadata(f"{where}: a pending transaction id is malformed")
+    if pending_segment_count(doc) > PENDING_SEGMENTS_MAX:
+        raise InvalidMetadata(f"{where}: over {PENDING_SEGMENTS_MAX} pending segments")
     commits = [key.commit for key in doc.commit_keys]
     if commits != sorted(commits) or any(c > doc.commit for c in commits):
         raise InvalidMetadata(f"{where}: commit keys out of order or past commit {doc.commit}")
@@ -148,6 +150,10 @@ def check_transaction_fields(doc: StreamDocument, where: str) -> None:
     apps = [app.app_id for app in doc.app_versions]
     if apps != sorted(set(apps)) or len(apps) > APP_IDS_MAX:
         raise InvalidMetadata(f"{where}: app versions not by app id, repeated or too many")
+
+
+def pending_segment_count(doc: StreamDocument) -> int:
+    return sum(len(txn.segments) for txn in doc.transactions)
 
 
 def encode_transaction_fields(doc: StreamDocument) -> dict[str, Any]:

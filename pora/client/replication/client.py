@@ -51,6 +51,7 @@ from pora.meta.store import MetadataStore, open_metadata
 from pora.streams import stream as streams
 from pora.streams.document import StreamConfig
 from pora.streams.stream import Stream, StreamInfo
+from pora.streams.transaction_fields import COMMIT_KEYS_MAX_DEFAULT, TXN_IDLE_S_MAX_DEFAULT
 
 _log = logging.getLogger("pora.client")
 
@@ -281,11 +282,15 @@ class Client:
         segment_age_s_max: float = 3600,
         retention_s: float | None = None,
         retention_bytes: int | None = None,
+        commit_keys_max: int = COMMIT_KEYS_MAX_DEFAULT,
+        txn_idle_s_max: float = TXN_IDLE_S_MAX_DEFAULT,
     ) -> Stream:
         """A new, empty stream whose segments are ledgers with these quorums, rolled
         at `segment_bytes_max` (at least 64 KiB) or `segment_age_s_max` seconds.
         StreamExists when the name is taken; InvalidArgument for a bad name or value.
-        Retention is recorded for the trimming still to come."""
+        Retention is recorded for the trimming still to come. Transactions: the stream
+        keeps the `commit_keys_max` newest commit keys (1..10,000), and
+        `collect_abandoned_transactions` removes those idle `txn_idle_s_max` seconds."""
         self._check_open("create a stream")
         config = StreamConfig(
             ensemble_size,
@@ -295,6 +300,8 @@ class Client:
             segment_age_s_max,
             retention_s,
             retention_bytes,
+            commit_keys_max,
+            txn_idle_s_max,
         )
         return await streams.create_stream(self, name, config)
 
