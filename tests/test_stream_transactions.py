@@ -14,7 +14,9 @@ from replication_support import local_cluster
 from writer_support import client_on
 
 import pora
+import pora.streams.transaction
 from pora import Position
+from pora.client.replication.client import Client
 from pora.meta.errors import MetadataTimeout
 from pora.meta.records import Versioned
 from pora.streams.document import StreamConfig, StreamDocument, encode_document, new_stream
@@ -328,3 +330,51 @@ async def test_bad_arguments(tmp_path: Path) -> None:
             StreamConfig(commit_keys_max=0)
         with pytest.raises(pora.InvalidArgument, match="txn_idle_s_max"):
             StreamConfig(txn_idle_s_max=-1)
+
+
+async def test_a_segment_opened_elsewhere_during_a_commit_is_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        local_cluster(tmp_path) as cluster,
+        client_on(cluster) as one,
+        client_on(cluster) as two,
+    ):
+        stream = await one.create_stream("events", segment_bytes_max=SMALL)
+        txn = stream.begin()
+        await txn.begin()
+        await (await txn.open_segment()).append(b"first")
+        elsewhere = await (await two.open_stream("events")).resume(txn.id)
+        recover = pora.streams.transaction.recover_segment_ledger
+        opened: list[int] = []
+
+        async def recover_while_another_opens(client: Client, ledger_id: int) -> tuple[int, int]:
+            if not opened:  # the commit is under way: another process adds a segment
+                segment = await elsewhere.open_segment()
+                await segment.append(b"late")
+                opened.append(segment.ledger_id)
+            return await recover(client, ledger_id)
+
+        monkeypatch.setattr(
+            pora.streams.transaction, "recover_segment_ledger", recover_while_another_opens
+        )
+        assert await txn.commit() == 1
+        assert [p for _, p in await read_all(stream)] == [b"first", b"late"]
+
+
+async def test_aborting_a_transaction_committed_elsewhere_deletes_nothing(
+    tmp_path: Path,
+) -> None:
+    async with (
+        local_cluster(tmp_path) as cluster,
+        client_on(cluster) as one,
+        client_on(cluster) as two,
+    ):
+        stream = await one.create_stream("events", segment_bytes_max=SMALL)
+        with pytest.raises(RuntimeError, match="late failure"):
+            async with stream.begin() as txn:
+                await (await txn.open_segment()).append(b"kept")
+                resumed = await (await two.open_stream("events")).resume(txn.id)
+                assert await resumed.commit() == 1
+                raise RuntimeError("late failure")  # the block aborts: nothing to abort
+        assert [p for _, p in await read_all(stream)] == [b"kept"]

@@ -34,6 +34,7 @@ from pora.streams.transaction_changes import (
     touch_transaction,
 )
 from pora.streams.transaction_fields import (
+    PendingTransaction,
     check_app_version,
     check_transaction_id,
     commit_key_digest,
@@ -222,31 +223,42 @@ class Transaction:
         txn = pending(doc, self.id)
         if applied is not None or txn is None:
             return await self._already(digest, app_version)
+        commit_order([s.ledger_id for s in txn.segments], order)  # InvalidArgument first
         await _change(self._record, lambda d: _touch(d, self.id))
         for segment in self._segments:
             with contextlib.suppress(LedgerFenced):  # recovered elsewhere: its end is fixed
                 await segment.close()
-        ordered = commit_order([s.ledger_id for s in txn.segments], order)
-        ends = []
-        for ledger_id in ordered:
-            last, length = await recover_segment_ledger(self._client, ledger_id)
-            ends.append((ledger_id, last, length))
-        now = _now_ms()
+        closed: dict[int, tuple[int, int, int]] = {}
         outcome: list[int] = []
+        grown: list[PendingTransaction] = []
 
         def change(doc: StreamDocument) -> StreamDocument | None:
             outcome.clear()
-            if prior_commit(doc, digest, app_version) is not None or pending(doc, self.id) is None:
+            grown.clear()
+            txn = pending(doc, self.id)
+            if prior_commit(doc, digest, app_version) is not None or txn is None:
                 return None  # applied meanwhile (ours, timed out, or another's)
-            new = commit_transaction(doc, self.id, ends, digest, app_version, now)
+            if any(s.ledger_id not in closed for s in txn.segments):
+                grown.append(txn)  # a segment opened elsewhere meanwhile: close it too
+                return None
+            ordered = commit_order([s.ledger_id for s in txn.segments], order)
+            ends = [closed[ledger_id] for ledger_id in ordered]
+            new = commit_transaction(doc, self.id, ends, digest, app_version, _now_ms())
             outcome.append(new.commit)
             return new
 
-        await _change(self._record, change)
-        if outcome:
-            self.committed = outcome[0]
-            return outcome[0]
-        return await self._already(digest, app_version)
+        while True:
+            for recorded in txn.segments:
+                if recorded.ledger_id not in closed:
+                    last, length = await recover_segment_ledger(self._client, recorded.ledger_id)
+                    closed[recorded.ledger_id] = (recorded.ledger_id, last, length)
+            await _change(self._record, change)
+            if outcome:
+                self.committed = outcome[0]
+                return outcome[0]
+            if not grown:
+                return await self._already(digest, app_version)
+            txn = grown[0]
 
     async def _already(self, digest: str | None, app_version: tuple[str, int] | None) -> int:
         """A commit that finds its key or version recorded (or its transaction gone)."""
@@ -275,9 +287,12 @@ class Transaction:
         return applied
 
     async def abort(self, idle_ms: int | None = None) -> None:
-        """Remove the transaction from the stream, then delete its ledgers (best effort:
-        one left behind is garbage for the cluster tools, its record naming the stream
-        and the transaction). Its appends raise TransactionAborted from then on."""
+        """Remove the transaction from the stream, then delete the ledgers it recorded
+        (best effort: one left behind is garbage for the cluster tools, its record
+        naming the stream and the transaction). Its appends raise TransactionAborted
+        from then on. A transaction no longer pending (aborted, or committed by another
+        process) is left as it is: nothing is deleted. `idle_ms` (for collecting):
+        only if it is still idle that long when the document is changed."""
         if self.committed is not None:
             raise TransactionAborted(
                 self.stream, self.id, f"was committed (commit {self.committed})"
@@ -296,10 +311,11 @@ class Transaction:
 
         await _change(self._record, change)
         if idle_ms is not None and not gone:
-            return
+            return  # collecting one that was active meanwhile
         self.aborted = True
-        ids = set(gone) | {s.ledger_id for s in self._segments}
-        await _delete_ledgers(self._client, self.stream, sorted(ids))
+        for segment in self._segments:  # this object's writers stop
+            await _delete_ledgers(self._client, self.stream, [], segment._ledger)
+        await _delete_ledgers(self._client, self.stream, gone)
 
 
 def _touch(doc: StreamDocument, txn_id: str) -> StreamDocument | None:
