@@ -23,12 +23,21 @@ from pora.streams.document import StreamConfig, StreamDocument, encode_document,
 from pora.streams.records import StreamRecord
 from pora.streams.stream import Stream
 from pora.streams.transaction_fields import CommitKey, commit_key_digest
+from pora.streams.writer import recover_segment_ledger
 
 SMALL = 64 * 1024
 
 
 async def read_all(stream: Stream, **kwargs: object) -> list[tuple[Position, bytes]]:
     return [item async for item in stream.read(**kwargs)]  # type: ignore[arg-type]
+
+
+async def pending_with(stream: Stream, payload: bytes) -> pora.Transaction:
+    """A begun transaction with one segment holding `payload`."""
+    txn = stream.begin()
+    await txn.begin()
+    await (await txn.open_segment()).append(payload)
+    return txn
 
 
 async def test_commit_makes_every_segment_visible_at_once(tmp_path: Path) -> None:
@@ -112,9 +121,7 @@ async def test_a_key_applies_once_also_after_a_lost_reply(tmp_path: Path) -> Non
             await client.open_ledger(segment.ledger_id, recover=False)
         assert [p for _, p in await read_all(stream)] == [b"one"]
         # a lost reply: the CAS took, the caller retries from a resumed transaction
-        txn = stream.begin()
-        await txn.begin()
-        await (await txn.open_segment()).append(b"two")
+        txn = await pending_with(stream, b"two")
         retry = await stream.resume(txn.id)
         assert await txn.commit(key="job-18") == 2
         assert await retry.commit(key="job-18") == 2
@@ -176,9 +183,7 @@ async def test_resume_from_another_client_and_collect_abandoned(tmp_path: Path) 
         client_on(cluster) as two,
     ):
         stream_one = await one.create_stream("events", segment_bytes_max=SMALL)
-        txn = stream_one.begin()
-        await txn.begin()
-        await (await txn.open_segment()).append(b"from one")
+        txn = await pending_with(stream_one, b"from one")
         stream_two = await two.open_stream("events")
         resumed = await stream_two.resume(txn.id)
         await (await resumed.open_segment()).append(b"from two")
@@ -341,11 +346,9 @@ async def test_a_segment_opened_elsewhere_during_a_commit_is_in_it(
         client_on(cluster) as two,
     ):
         stream = await one.create_stream("events", segment_bytes_max=SMALL)
-        txn = stream.begin()
-        await txn.begin()
-        await (await txn.open_segment()).append(b"first")
+        txn = await pending_with(stream, b"first")
         elsewhere = await (await two.open_stream("events")).resume(txn.id)
-        recover = pora.streams.transaction.recover_segment_ledger
+        recover = recover_segment_ledger
         opened: list[int] = []
 
         async def recover_while_another_opens(client: Client, ledger_id: int) -> tuple[int, int]:
