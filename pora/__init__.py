@@ -70,6 +70,7 @@ from pora.errors import (
     StorageCorruption,
     StreamExists,
     StreamSealed,
+    TransactionAborted,
     Unauthorized,
     UnindexedEntryLog,
     WriterFenced,
@@ -79,6 +80,7 @@ from pora.node.config import NodeConfig
 from pora.streams.cursors import Cursor, CursorState
 from pora.streams.position import Position
 from pora.streams.stream import Stream, StreamInfo
+from pora.streams.transaction import Transaction, TransactionSegment
 from pora.streams.writer import StreamWriter
 
 __version__ = "0.1.0"
@@ -154,6 +156,9 @@ __all__ = [
     "StreamInfo",
     "StreamSealed",
     "StreamWriter",
+    "Transaction",
+    "TransactionAborted",
+    "TransactionSegment",
     "Unauthorized",
     "UnindexedEntryLog",
     "WriterFenced",

@@ -74,6 +74,7 @@ from pora.streams.errors import (
     NoSuchStream,
     StreamExists,
     StreamSealed,
+    TransactionAborted,
     WriterFenced,
 )
 
@@ -132,6 +133,7 @@ __all__ = [
     "StorageCorruption",
     "StreamExists",
     "StreamSealed",
+    "TransactionAborted",
     "Unauthorized",
     "UnindexedEntryLog",
     "WriterFenced",

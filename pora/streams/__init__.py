@@ -7,4 +7,6 @@ pages in space "stream-pages") listing its segments, each a ledger, in order.
 `Stream`, truncate and trim), `writer.py` (the live writer), `reader.py` (read,
 subscribe) and `cursors.py` (durable reader positions, in space "stream-cursors") do
 the I/O around them.
+Transactions: `transaction_fields.py` and `transaction_changes.py` decide,
+`transaction.py` does the I/O.
 """

@@ -9,9 +9,11 @@ visible. `commit` goes up by one per visible change (a segment added, the stream
 sealed). The live writer holds an epoch: taking over bumps it, and every change a
 writer makes names the epoch it holds, so a fenced writer's change is refused.
 
-Format version 1. The fields later versions fill (pending transactions, cursors,
-commit keys) are present and must be empty in version 1; a reader refuses a document
-of a higher version instead of rewriting it without what it does not know.
+Format version 1. Transactions (pending ones, commit keys, app versions) live in
+fields of their own, decided in transaction_fields.py and transaction_changes.py; a
+commit's segments come after the live writer's OPEN one when it is open. `cursors` is
+present and must be empty; a reader refuses a document of a higher version instead of
+rewriting it without what it does not know.
 """
 
 from __future__ import annotations
@@ -28,6 +30,17 @@ from pora.client.replication.arguments import check_quorums, is_int
 from pora.meta.errors import InvalidMetadata, MetadataRecordTooLarge
 from pora.meta.records import RECORD_BYTES_MAX
 from pora.streams.position import Position
+from pora.streams.transaction_fields import (
+    COMMIT_KEYS_MAX_DEFAULT,
+    TXN_IDLE_S_MAX_DEFAULT,
+    AppVersion,
+    CommitKey,
+    PendingTransaction,
+    check_transaction_config,
+    check_transaction_fields,
+    decode_transaction_fields,
+    encode_transaction_fields,
+)
 
 STREAM_FORMAT_VERSION = 1
 #: the metadata store's space for stream documents
@@ -43,7 +56,7 @@ HEAD_SEGMENTS_MAX = 1000
 #: segments per page (a page of CLOSED segments takes some 35 KB)
 PAGE_SEGMENTS = 500
 #: the fields later versions fill; empty in version 1
-_RESERVED = ("transactions", "cursors", "commit_keys")
+_RESERVED = ("cursors",)
 
 
 def check_stream_name(name: object) -> str:
@@ -81,9 +94,14 @@ class StreamConfig:
     #: needs them (that cursor's next read raises EntriesTruncated); None: no limit
     retention_s_max: float | None = None
     retention_bytes_max: int | None = None
+    #: transactions: commit keys kept (oldest out first), and the idle time after
+    #: which `collect_abandoned_transactions` may remove a pending transaction
+    commit_keys_max: int = COMMIT_KEYS_MAX_DEFAULT
+    txn_idle_s_max: float = TXN_IDLE_S_MAX_DEFAULT
 
     def __post_init__(self) -> None:
         check_quorums(self.ensemble_size, self.write_quorum, self.ack_quorum)
+        check_transaction_config(self.commit_keys_max, self.txn_idle_s_max)
         if not is_int(self.segment_bytes_max):
             raise InvalidArgumentType(
                 f"segment_bytes_max must be an int, not {type(self.segment_bytes_max).__name__}"
@@ -181,6 +199,11 @@ class StreamDocument:
     #: empty), so a position just past it is not a removed one
     first_held_seq: int = 0
     removed_last_entry_id: int = -1
+    #: transactions (transaction_fields.py, transaction_changes.py): the pending ones by
+    #: creation, the recorded commit keys oldest first, the app versions by app id
+    transactions: tuple[PendingTransaction, ...] = ()
+    commit_keys: tuple[CommitKey, ...] = ()
+    app_versions: tuple[AppVersion, ...] = ()
 
     @property
     def head_first_seq(self) -> int:
@@ -366,7 +389,8 @@ def page_out(
     page_segments: int | None = None,
 ) -> tuple[SegmentPage, StreamDocument] | None:
     """When the head holds more than `head_segments_max` segments: its oldest
-    `page_segments` (CLOSED: only the last segment may be open) as a page, and the
+    `page_segments` (all CLOSED, else None: the live writer's OPEN segment is paged
+    out after it closes) as a page, and the
     head without them, naming the page. The page is stored first, then the head by
     compare-and-set; a page whose head change failed is written again, identical.
     The limits default to HEAD_SEGMENTS_MAX and PAGE_SEGMENTS."""
@@ -377,6 +401,9 @@ def page_out(
     if not 0 < page_segments < len(doc.segments):
         raise StreamChangeRefused(f"a page of {page_segments} segments does not fit the head")
     moved = doc.segments[:page_segments]
+    if any(s.state is SegmentState.OPEN for s in moved):
+        # the live segment with many committed segments after it: page once it closes
+        return None
     page = SegmentPage(doc.name, moved)
     ref = PageRef(moved[0].seq, moved[-1].seq)
     head = replace(doc, segments=doc.segments[page_segments:], pages=(*doc.pages, ref))
@@ -446,8 +473,14 @@ def _checked(doc: StreamDocument) -> StreamDocument:
         raise InvalidMetadata(
             f"{where}: open segments {open_seqs} are not the writer's ({doc.writer_segment})"
         )
-    if open_seqs and open_seqs[0] != seqs[-1]:
-        raise InvalidMetadata(f"{where}: the open segment {open_seqs[0]} is not the last one")
+    # the open segment is the last one but for the segments of transactions committed
+    # while it is open (docs/streams.md, "Transactions and the live writer")
+    if open_seqs and any(
+        s.commit <= doc.segment(open_seqs[0]).commit for s in doc.segments if s.seq > open_seqs[0]
+    ):
+        raise InvalidMetadata(
+            f"{where}: the open segment {open_seqs[0]} is followed by a segment it predates"
+        )
     if doc.state is StreamState.SEALED and open_seqs:
         raise InvalidMetadata(f"{where}: sealed with segment {open_seqs[0]} open")
     _check_ends(doc.segments, where)
@@ -459,6 +492,7 @@ def _checked(doc: StreamDocument) -> StreamDocument:
         raise InvalidMetadata(f"{where}: lists segments below the first held one")
     if doc.writer_epoch < 0 or doc.commit < 0:
         raise InvalidMetadata(f"{where}: negative epoch or commit")
+    check_transaction_fields(doc, where)
     return doc
 
 
@@ -500,6 +534,8 @@ def encode_document(doc: StreamDocument) -> bytes:
             "retention_bytes": config.retention_bytes,
             "retention_s_max": config.retention_s_max,
             "retention_bytes_max": config.retention_bytes_max,
+            "commit_keys_max": config.commit_keys_max,
+            "txn_idle_s_max": config.txn_idle_s_max,
         },
         "state": doc.state.value,
         "commit": doc.commit,
@@ -513,6 +549,7 @@ def encode_document(doc: StreamDocument) -> bytes:
             "removed_last_entry_id": doc.removed_last_entry_id,
         },
         **{field: [] for field in _RESERVED},
+        **encode_transaction_fields(doc),
     }
     encoded = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     if len(encoded) > RECORD_BYTES_MAX:
@@ -528,11 +565,13 @@ def decode_document(data: bytes) -> StreamDocument:
         raw = json.loads(data)
         _check_version(raw)
         config = raw["config"]
+        truncation = _truncation(raw.get("truncation"))
         doc = StreamDocument(
             name=check_stream_name(raw["name"]),
             config=StreamConfig(
                 **{key: config[key] for key in _CONFIG_KEYS},
                 **{key: config.get(key) for key in _HARD_LIMIT_KEYS},
+                **{key: config[key] for key in _TRANSACTION_CONFIG_KEYS if key in config},
             ),
             state=StreamState(raw["state"]),
             commit=_int(raw["commit"]),
@@ -542,7 +581,9 @@ def decode_document(data: bytes) -> StreamDocument:
             writer_segment=_optional_int(raw["writer"]["segment"]),
             created_ms=_int(raw["created_ms"]),
             pages=tuple(PageRef(_int(first), _int(last)) for first, last in raw["pages"]),
-            **_truncation(raw.get("truncation")),
+            first_held_seq=truncation["first_held_seq"],
+            removed_last_entry_id=truncation["removed_last_entry_id"],
+            **decode_transaction_fields(raw),
         )
     except InvalidMetadata:
         raise
@@ -563,6 +604,8 @@ def _check_version(raw: Any) -> None:
             raise InvalidMetadata(f"stream document field {field!r} must be empty in version 1")
 
 
+#: absent from documents written before transactions: the defaults apply
+_TRANSACTION_CONFIG_KEYS = ("commit_keys_max", "txn_idle_s_max")
 _CONFIG_KEYS = (
     "ensemble_size",
     "write_quorum",

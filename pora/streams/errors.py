@@ -75,3 +75,16 @@ class NoSuchCursor(StreamError):
             f"stream {stream!r} has no cursor {cursor!r}: it was deleted; "
             "stream.cursor(name) creates it again",
         )
+
+
+class TransactionAborted(StreamError):
+    """The transaction is no longer pending: aborted, collected as abandoned, or
+    skipped. Nothing of it is visible; its segments' ledgers are deleted."""
+
+    def __init__(self, stream: str, txn_id: str, why: str = "was aborted") -> None:
+        self.txn_id = txn_id
+        super().__init__(
+            stream,
+            f"transaction {txn_id} of stream {stream!r} {why}: none of its entries is in the "
+            "stream; begin a new transaction (stream.begin) to write them",
+        )

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 import anyio
 
 from journal.errors import PoraError
-from ledger.errors import NoSuchLedger
+from ledger.errors import InvalidArgument, NoSuchLedger
 from pora.client.replication.reader import LedgerReader
 from pora.client.replication.tail import wait_for_progress
 from pora.meta.records import Versioned
@@ -63,15 +63,26 @@ async def end_position(client: Client, doc: StreamDocument) -> Position:
 
 
 async def read_stream(
-    client: Client, record: StreamRecord, from_: Start, to: Position | None
+    client: Client,
+    record: StreamRecord,
+    from_: Start,
+    to: Position | None,
+    as_of_commit: int | None = None,
 ) -> AsyncIterator[tuple[Position, bytes]]:
     doc = (await record.read()).value
+    if as_of_commit is not None and as_of_commit > doc.commit:
+        raise InvalidArgument(
+            f"as_of_commit={as_of_commit} is past stream {doc.name!r}'s commit {doc.commit}"
+        )
     start = await _resolve(client, doc, from_)
     stop = to if to is not None else await end_position(client, doc)
     position = start
     try:
         async for segment in record.segments_from(doc, start.segment):
-            if Position(segment.seq, 0) >= stop:
+            # segment commits increase with seq: those of commits up to n are a prefix
+            if Position(segment.seq, 0) >= stop or (
+                as_of_commit is not None and segment.commit > as_of_commit
+            ):
                 break
             first = start.entry if segment.seq == start.segment else 0
             position = Position(segment.seq, first)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from journal.errors import PoraError
 from ledger.errors import InvalidArgument, InvalidArgumentType, NoSuchLedger
+from pora.client.replication.arguments import is_int
 from pora.meta.errors import DocumentExists, MetadataVersionConflict, NoSuchDocument
 from pora.streams.cursors import (
     CURSORS_SPACE,
@@ -45,6 +46,8 @@ from pora.streams.position import Position
 from pora.streams.reader import Start, read_stream, subscribe_stream
 from pora.streams.records import StreamRecord
 from pora.streams.retention import trim_count, wholly_before
+from pora.streams.transaction import Transaction, collect_abandoned, resume_transaction
+from pora.streams.transaction_fields import PendingTransaction
 from pora.streams.writer import StreamWriter, recover_segment_ledger
 
 if TYPE_CHECKING:
@@ -70,6 +73,8 @@ class StreamInfo:
     writer_epoch: int
     #: the first position the stream still holds (truncation removed what is before)
     first_held: Position
+    #: the pending transactions, by creation (their segments invisible until committed)
+    transactions: tuple[PendingTransaction, ...] = ()
 
     @classmethod
     def of(cls, doc: StreamDocument) -> StreamInfo:
@@ -82,6 +87,7 @@ class StreamInfo:
             doc.pages,
             doc.writer_epoch,
             doc.first_held,
+            doc.transactions,
         )
 
 
@@ -107,15 +113,39 @@ class Stream:
         return StreamWriter(self._client, self._record)
 
     def read(
-        self, from_: Start = None, to: Position | None = None
+        self, from_: Start = None, to: Position | None = None, as_of_commit: int | None = None
     ) -> AsyncIterator[tuple[Position, bytes]]:
         """(position, payload) from `from_` (None: the beginning, "end": the end) up to
-        `to` (exclusive; None: the end as of the call), acknowledged entries only."""
+        `to` (exclusive; None: the end as of the call), acknowledged entries only; with
+        `as_of_commit=n`, only the segments of commits up to n."""
         if to is not None and not isinstance(to, Position):
             raise InvalidArgumentType(
                 f"to must be a pora.Position or None, not {type(to).__name__}"
             )
-        return read_stream(self._client, self._record, _checked_start(from_), to)
+        if as_of_commit is not None:
+            if not is_int(as_of_commit):
+                raise InvalidArgumentType(
+                    f"as_of_commit must be an int or None, not {type(as_of_commit).__name__}"
+                )
+            if as_of_commit < 0:
+                raise InvalidArgument(f"as_of_commit={as_of_commit} must be 0 or above")
+        return read_stream(self._client, self._record, _checked_start(from_), to, as_of_commit)
+
+    def begin(self) -> Transaction:
+        """A new transaction, for `async with` (it begins on entry; `await
+        txn.begin()` without the block): commits on a clean exit, aborts on an
+        exception."""
+        return Transaction(self._client, self._record)
+
+    async def resume(self, txn_id: str) -> Transaction:
+        """The pending transaction `txn_id` (its `id`, from any process);
+        TransactionAborted when it is not pending."""
+        return await resume_transaction(self._client, self._record, txn_id)
+
+    async def collect_abandoned_transactions(self, idle_s: float | None = None) -> list[str]:
+        """Abort the pending transactions idle (no open_segment or commit attempt) for
+        `idle_s` seconds (None: the stream's txn_idle_s_max); their ids."""
+        return await collect_abandoned(self._client, self._record, idle_s)
 
     def subscribe(self, from_: Start = None) -> AsyncIterator[tuple[Position, bytes]]:
         """(position, payload) from `from_` on as they are acknowledged, across
@@ -218,7 +248,8 @@ async def _delete_removed(
             await client.store.delete_document(PAGES_SPACE, name, page.version)
         except (PoraError, OSError) as error:
             _log.warning("stream %r truncated, but not its page %s: %s", before.name, name, error)
-    await _delete_ledgers(client, before.name, removed, "truncated")
+    owned = [(segment.ledger_id, f"segment {segment.seq}") for segment in removed]
+    await _delete_ledgers(client, before.name, owned, "truncated")
 
 
 def _now_ms() -> int:
@@ -303,24 +334,30 @@ async def delete_stream(client: Client, name: str) -> None:
             await client.store.delete_document(CURSORS_SPACE, document, cursor.version)
         except PoraError as error:
             _log.warning("stream %r deleted, but not its cursor %r: %s", name, state.name, error)
-    await _delete_ledgers(client, name, segments, "deleted")
+    owned = [(s.ledger_id, f"segment {s.seq}") for s in segments]
+    owned += [
+        (s.ledger_id, f"pending transaction {txn.id}")
+        for txn in doc.value.transactions
+        for s in txn.segments
+    ]
+    await _delete_ledgers(client, name, owned, "deleted")
 
 
 async def _delete_ledgers(
-    client: Client, name: str, segments: Iterable[Segment], what: str
+    client: Client, name: str, owned: Iterable[tuple[int, str]], what: str
 ) -> None:
-    for segment in segments:
+    """Delete each (ledger id, what owned it) of the stream, best effort."""
+    for ledger_id, owner in owned:
         try:
-            await client.delete_ledger(segment.ledger_id)
+            await client.delete_ledger(ledger_id)
         except NoSuchLedger:
             pass
         except (PoraError, OSError) as error:
             _log.warning(
-                "stream %r %s, but ledger %d of its segment %d was not (%s): garbage "
-                "for the cluster tools",
+                "stream %r %s, but ledger %d of its %s was not (%s): garbage for the cluster tools",
                 name,
                 what,
-                segment.ledger_id,
-                segment.seq,
+                ledger_id,
+                owner,
                 error,
             )

@@ -157,7 +157,10 @@ class StreamWriter:
         """Recover the earlier writer's OPEN segment, and the segment before it if its
         ledger was never closed (a writer that stopped right after a rollover): readers
         then find every ledger closed at the end the document names."""
-        closed = [s for s in doc.segments if s.seq != doc.writer_segment]
+        # the segments before the OPEN one (those of commits made meanwhile, after it,
+        # were closed by their committer)
+        before = doc.next_seq if doc.writer_segment is None else doc.writer_segment
+        closed = [s for s in doc.segments if s.seq < before]
         if closed:
             last = closed[-1]
             record = await self._client.store.read_ledger(last.ledger_id)

@@ -51,6 +51,7 @@ from pora.meta.store import MetadataStore, open_metadata
 from pora.streams import stream as streams
 from pora.streams.document import StreamConfig
 from pora.streams.stream import Stream, StreamInfo
+from pora.streams.transaction_fields import COMMIT_KEYS_MAX_DEFAULT, TXN_IDLE_S_MAX_DEFAULT
 
 _log = logging.getLogger("pora.client")
 
@@ -283,13 +284,17 @@ class Client:
         retention_bytes: int | None = None,
         retention_s_max: float | None = None,
         retention_bytes_max: int | None = None,
+        commit_keys_max: int = COMMIT_KEYS_MAX_DEFAULT,
+        txn_idle_s_max: float = TXN_IDLE_S_MAX_DEFAULT,
     ) -> Stream:
         """A new, empty stream whose segments are ledgers with these quorums, rolled
         at `segment_bytes_max` (at least 64 KiB) or `segment_age_s_max` seconds.
         StreamExists when the name is taken; InvalidArgument for a bad name or value.
         `stream.trim()` applies the retention: `retention_s` / `retention_bytes` spare
         what a cursor needs, the hard limits `retention_s_max` / `retention_bytes_max`
-        do not."""
+        do not. Transactions: the stream keeps the `commit_keys_max` newest commit keys
+        (1..10,000), and `collect_abandoned_transactions` removes those idle
+        `txn_idle_s_max` seconds."""
         self._check_open("create a stream")
         config = StreamConfig(
             ensemble_size,
@@ -301,6 +306,8 @@ class Client:
             retention_bytes,
             retention_s_max,
             retention_bytes_max,
+            commit_keys_max,
+            txn_idle_s_max,
         )
         return await streams.create_stream(self, name, config)
 

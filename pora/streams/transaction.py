@@ -1,0 +1,369 @@
+"""Transactions of a stream (docs/streams.md, "Transactions"): `Stream.begin()`,
+`Stream.resume(txn_id)`. The decisions are in transaction_changes.py; this module
+creates, closes and deletes the segments' ledgers and compare-and-sets the document
+around them, re-reading it on every conflict before it decides again."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import anyio
+
+from journal.errors import PoraError
+from ledger.errors import LedgerFenced, NoSuchLedger
+from pora.client.replication.writer import LedgerWriter
+from pora.meta.errors import MetadataTimeout, MetadataVersionConflict
+from pora.meta.records import Versioned
+from pora.streams.document import StreamDocument
+from pora.streams.errors import TransactionAborted
+from pora.streams.records import StreamRecord
+from pora.streams.transaction_changes import (
+    abandoned_transactions,
+    add_transaction_segment,
+    begin_transaction,
+    commit_order,
+    commit_transaction,
+    pending,
+    prior_commit,
+    remove_transaction,
+    touch_transaction,
+)
+from pora.streams.transaction_fields import (
+    PendingTransaction,
+    check_app_version,
+    check_transaction_id,
+    commit_key_digest,
+)
+from pora.streams.writer import STREAM_KEY, recover_segment_ledger
+
+if TYPE_CHECKING:
+    from pora.client.replication.client import Client
+
+_log = logging.getLogger("pora.streams.transaction")
+
+#: the custom metadata key naming the transaction a segment's ledger was made for
+TRANSACTION_KEY = "pora.txn"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def _change(
+    record: StreamRecord,
+    change: Callable[[StreamDocument], StreamDocument | None],
+) -> Versioned[StreamDocument]:
+    """Compare-and-set `change(document)` (None: nothing to write), re-reading and
+    deciding again after a conflict or a timeout (a timed-out write that took is
+    seen on the re-read: `change` then finds its work done)."""
+    doc = await record.read()
+    while True:
+        new = change(doc.value)
+        if new is None:
+            return doc
+        try:
+            return await record.write(new, doc.version)
+        except (MetadataVersionConflict, MetadataTimeout):
+            doc = await record.read()
+
+
+class TransactionSegment:
+    """A pending segment of a transaction: `append` / `append_many` return the entry
+    ids in this segment once acknowledged. The entries get their stream positions at
+    the commit (`Position(segment's seq, entry id)`, the seq in `Stream.info()`)."""
+
+    def __init__(self, transaction: Transaction, index: int, ledger: LedgerWriter) -> None:
+        self.transaction = transaction
+        #: its place among the segments this object opened
+        self.index = index
+        #: names it in `commit(order=...)`
+        self.ledger_id = ledger.ledger_id
+        self._ledger = ledger
+
+    async def append(self, payload: bytes) -> int:
+        self.transaction._check_usable()
+        return await self._ledger.append(payload)
+
+    async def append_many(self, payloads: Sequence[bytes]) -> list[int]:
+        self.transaction._check_usable()
+        return await self._ledger.append_many(payloads)
+
+    async def close(self) -> None:
+        """Close the segment's ledger at its last acknowledged entry (the commit does it
+        for the segments still open)."""
+        await self._ledger.close()
+
+
+class Transaction:
+    """Returned by `Stream.begin()` (an async context manager: begins on entry,
+    commits on a clean exit unless committed or aborted, aborts on an exception) and
+    by `Stream.resume(txn_id)` (already begun, possibly in another process)."""
+
+    def __init__(self, client: Client, record: StreamRecord, txn_id: str | None = None) -> None:
+        self._client = client
+        self._record = record
+        self.stream = record.name
+        self.id = txn_id if txn_id is not None else uuid.uuid4().hex
+        self._begun = txn_id is not None
+        self._segments: list[TransactionSegment] = []
+        self.aborted = False
+        #: the commit number once committed (or found applied already)
+        self.committed: int | None = None
+
+    def __repr__(self) -> str:
+        return f"Transaction({self.stream!r}, {self.id!r})"
+
+    async def begin(self) -> None:
+        if self._begun:
+            return
+        now = _now_ms()
+
+        def change(doc: StreamDocument) -> StreamDocument | None:
+            if pending(doc, self.id) is not None:
+                return None  # a timed-out write that took
+            return begin_transaction(doc, self.id, now)
+
+        await _change(self._record, change)
+        self._begun = True
+
+    async def __aenter__(self) -> Transaction:
+        await self.begin()
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> bool:
+        if self.committed is not None or self.aborted:
+            return False
+        if exc_type is None:
+            await self.commit()
+            return False
+        with anyio.CancelScope(shield=True):
+            try:
+                await self.abort()
+            except (PoraError, OSError) as error:
+                # the block's own exception is what the caller must see; the transaction
+                # stays pending, for collect_abandoned_transactions
+                _log.warning(
+                    "stream %r: transaction %s not aborted (%s)", self.stream, self.id, error
+                )
+        return False
+
+    def _check_usable(self) -> None:
+        if self.aborted:
+            raise TransactionAborted(self.stream, self.id)
+        if self.committed is not None:
+            raise TransactionAborted(
+                self.stream, self.id, f"was committed (commit {self.committed})"
+            )
+
+    async def open_segment(self) -> TransactionSegment:
+        """A new pending segment (its ledger created, then recorded in the document with
+        the transaction's activity time). TransactionAborted once the transaction is
+        gone."""
+        self._check_usable()
+        await self.begin()
+        doc = (await self._record.read()).value
+        if pending(doc, self.id) is None:
+            raise TransactionAborted(self.stream, self.id, "is not pending (aborted or collected)")
+        config = doc.config
+        ledger = await self._client.create_ledger(
+            config.ensemble_size,
+            config.write_quorum,
+            config.ack_quorum,
+            custom_metadata={STREAM_KEY: self.stream.encode(), TRANSACTION_KEY: self.id.encode()},
+        )
+        now = _now_ms()
+
+        def change(doc: StreamDocument) -> StreamDocument | None:
+            txn = pending(doc, self.id)
+            if txn is not None and any(s.ledger_id == ledger.ledger_id for s in txn.segments):
+                return None
+            return add_transaction_segment(doc, self.id, ledger.ledger_id, now)
+
+        try:
+            await _change(self._record, change)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await _delete_ledgers(self._client, self.stream, [ledger.ledger_id], ledger)
+            raise
+        segment = TransactionSegment(self, len(self._segments), ledger)
+        self._segments.append(segment)
+        return segment
+
+    async def commit(
+        self,
+        key: str | None = None,
+        app_id: str | None = None,
+        version: int | None = None,
+        order: Sequence[int] | None = None,
+    ) -> int:
+        """Make every segment of the transaction visible at once, in creation order (or
+        `order`: the segments' ledger ids), with one compare-and-set; its commit
+        number. Each segment is closed first: those this object opened are closed at
+        their last acknowledged entry (appends still in flight finish first), those
+        opened elsewhere are recovered (their writers fenced).
+
+        With `key` (or `app_id` and `version`), a commit already applied changes
+        nothing and returns the commit number it applied as: a second commit with a
+        recorded key, a version not above the app id's last, or a retry after a lost
+        reply. The transaction is then removed and its ledgers deleted if it was still
+        pending. TransactionAborted when it is gone without such a record."""
+        if self.committed is not None:
+            return self.committed
+        if self.aborted:
+            raise TransactionAborted(self.stream, self.id)
+        digest = None if key is None else commit_key_digest(key)
+        app_version = check_app_version(app_id, version)
+        doc = (await self._record.read()).value
+        applied = prior_commit(doc, digest, app_version)
+        txn = pending(doc, self.id)
+        if applied is not None or txn is None:
+            return await self._already(digest, app_version)
+        commit_order([s.ledger_id for s in txn.segments], order)  # InvalidArgument first
+        await _change(self._record, lambda d: _touch(d, self.id))
+        for segment in self._segments:
+            with contextlib.suppress(LedgerFenced):  # recovered elsewhere: its end is fixed
+                await segment.close()
+        closed: dict[int, tuple[int, int, int]] = {}
+        outcome: list[int] = []
+        grown: list[PendingTransaction] = []
+
+        def change(doc: StreamDocument) -> StreamDocument | None:
+            outcome.clear()
+            grown.clear()
+            txn = pending(doc, self.id)
+            if prior_commit(doc, digest, app_version) is not None or txn is None:
+                return None  # applied meanwhile (ours, timed out, or another's)
+            if any(s.ledger_id not in closed for s in txn.segments):
+                grown.append(txn)  # a segment opened elsewhere meanwhile: close it too
+                return None
+            ordered = commit_order([s.ledger_id for s in txn.segments], order)
+            ends = [closed[ledger_id] for ledger_id in ordered]
+            new = commit_transaction(doc, self.id, ends, digest, app_version, _now_ms())
+            outcome.append(new.commit)
+            return new
+
+        while True:
+            for recorded in txn.segments:
+                if recorded.ledger_id not in closed:
+                    last, length = await recover_segment_ledger(self._client, recorded.ledger_id)
+                    closed[recorded.ledger_id] = (recorded.ledger_id, last, length)
+            await _change(self._record, change)
+            if outcome:
+                self.committed = outcome[0]
+                return outcome[0]
+            if not grown:
+                return await self._already(digest, app_version)
+            txn = grown[0]
+
+    async def _already(self, digest: str | None, app_version: tuple[str, int] | None) -> int:
+        """A commit that finds its key or version recorded (or its transaction gone)."""
+        removed: list[int] = []
+
+        def change(doc: StreamDocument) -> StreamDocument | None:
+            removed.clear()
+            txn = pending(doc, self.id)
+            if prior_commit(doc, digest, app_version) is None or txn is None:
+                return None
+            removed.extend(s.ledger_id for s in txn.segments)
+            return remove_transaction(doc, self.id)
+
+        doc = (await _change(self._record, change)).value
+        applied = prior_commit(doc, digest, app_version)
+        if applied is None:
+            self.aborted = True
+            raise TransactionAborted(
+                self.stream, self.id, "is not pending and no commit of it is recorded"
+            )
+        if removed:  # skipped: its own entries are not in the stream
+            for segment in self._segments:
+                await _delete_ledgers(self._client, self.stream, [], segment._ledger)
+            await _delete_ledgers(self._client, self.stream, removed)
+        self.committed = applied
+        return applied
+
+    async def abort(self, idle_ms: int | None = None) -> None:
+        """Remove the transaction from the stream, then delete the ledgers it recorded
+        (best effort: one left behind is garbage for the cluster tools, its record
+        naming the stream and the transaction). Its appends raise TransactionAborted
+        from then on. A transaction no longer pending (aborted, or committed by another
+        process) is left as it is: nothing is deleted. `idle_ms` (for collecting):
+        only if it is still idle that long when the document is changed."""
+        if self.committed is not None:
+            raise TransactionAborted(
+                self.stream, self.id, f"was committed (commit {self.committed})"
+            )
+        gone: list[int] = []
+
+        def change(doc: StreamDocument) -> StreamDocument | None:
+            gone.clear()
+            txn = pending(doc, self.id)
+            if txn is None:
+                return None
+            if idle_ms is not None and _now_ms() - txn.active_ms < idle_ms:
+                return None  # collecting: it was active meanwhile
+            gone[:] = [s.ledger_id for s in txn.segments]
+            return remove_transaction(doc, self.id)
+
+        await _change(self._record, change)
+        if idle_ms is not None and not gone:
+            return  # collecting one that was active meanwhile
+        self.aborted = True
+        for segment in self._segments:  # this object's writers stop
+            await _delete_ledgers(self._client, self.stream, [], segment._ledger)
+        await _delete_ledgers(self._client, self.stream, gone)
+
+
+def _touch(doc: StreamDocument, txn_id: str) -> StreamDocument | None:
+    return None if pending(doc, txn_id) is None else touch_transaction(doc, txn_id, _now_ms())
+
+
+async def _delete_ledgers(
+    client: Client, stream: str, ledger_ids: Sequence[int], writer: LedgerWriter | None = None
+) -> None:
+    if writer is not None:
+        with contextlib.suppress(PoraError, OSError):
+            await writer.close()
+    for ledger_id in ledger_ids:
+        try:
+            await client.delete_ledger(ledger_id)
+        except NoSuchLedger:
+            pass
+        except (PoraError, OSError) as error:
+            _log.warning(
+                "stream %r: ledger %d of a transaction that ended was not deleted (%s): "
+                "garbage for the cluster tools",
+                stream,
+                ledger_id,
+                error,
+            )
+
+
+async def resume_transaction(client: Client, record: StreamRecord, txn_id: str) -> Transaction:
+    txn_id = check_transaction_id(txn_id)
+    doc = (await record.read()).value
+    if pending(doc, txn_id) is None:
+        raise TransactionAborted(
+            record.name, txn_id, "is not pending (committed, aborted or collected)"
+        )
+    return Transaction(client, record, txn_id)
+
+
+async def collect_abandoned(
+    client: Client, record: StreamRecord, idle_s: float | None
+) -> list[str]:
+    """Abort every pending transaction idle for `idle_s` (None: the stream's
+    txn_idle_s_max); the ids aborted."""
+    doc = (await record.read()).value
+    idle_ms = int(1000 * (doc.config.txn_idle_s_max if idle_s is None else idle_s))
+    collected = []
+    for txn_id in abandoned_transactions(doc, idle_ms, _now_ms()):
+        txn = Transaction(client, record, txn_id)
+        await txn.abort(idle_ms)
+        if txn.aborted:
+            collected.append(txn_id)
+    return collected

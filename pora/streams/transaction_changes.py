@@ -1,0 +1,199 @@
+"""Transactions as pure changes to the stream document (docs/streams.md,
+"Transactions"): begin, add a segment, commit, remove; and the decision whether a
+commit with a key or an app version was applied already. No I/O: transaction.py does
+the ledgers and the compare-and-sets around these.
+
+A commit adds the transaction's segments, CLOSED at the ends the committer fixed,
+after every segment visible at that moment, all with one new commit number, and
+records its key and app version in the same change: whoever reads the document sees
+all of the commit or none of it, and the record of it with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from ledger.errors import InvalidArgument
+from pora.streams.document import (
+    Segment,
+    SegmentState,
+    StreamChangeRefused,
+    StreamDocument,
+    StreamState,
+    _checked,
+)
+from pora.streams.errors import StreamSealed, TransactionAborted
+from pora.streams.transaction_fields import (
+    APP_IDS_MAX,
+    PENDING_SEGMENTS_MAX,
+    TRANSACTIONS_PENDING_MAX,
+    AppVersion,
+    CommitKey,
+    PendingSegment,
+    PendingTransaction,
+    pending_segment_count,
+)
+
+
+def pending(doc: StreamDocument, txn_id: str) -> PendingTransaction | None:
+    for txn in doc.transactions:
+        if txn.id == txn_id:
+            return txn
+    return None
+
+
+def _pending(doc: StreamDocument, txn_id: str) -> PendingTransaction:
+    txn = pending(doc, txn_id)
+    if txn is None:
+        raise TransactionAborted(doc.name, txn_id, "is not pending (aborted, collected or ended)")
+    return txn
+
+
+def _check_active(doc: StreamDocument) -> None:
+    if doc.state is StreamState.SEALED:
+        raise StreamSealed(doc.name)
+
+
+def _with_txn(doc: StreamDocument, new: PendingTransaction) -> StreamDocument:
+    return replace(doc, transactions=tuple(new if t.id == new.id else t for t in doc.transactions))
+
+
+def begin_transaction(doc: StreamDocument, txn_id: str, now_ms: int) -> StreamDocument:
+    """A new pending transaction without segments (StreamSealed on a sealed stream)."""
+    _check_active(doc)
+    if pending(doc, txn_id) is not None:
+        raise StreamChangeRefused(f"stream {doc.name!r}: transaction {txn_id} exists")
+    if len(doc.transactions) >= TRANSACTIONS_PENDING_MAX:
+        raise StreamChangeRefused(
+            f"stream {doc.name!r} has {TRANSACTIONS_PENDING_MAX} pending transactions, the "
+            "most it holds: commit or abort some first"
+        )
+    txn = PendingTransaction(txn_id, now_ms, now_ms)
+    return _checked(replace(doc, transactions=(*doc.transactions, txn)))
+
+
+def add_transaction_segment(
+    doc: StreamDocument, txn_id: str, ledger_id: int, now_ms: int
+) -> StreamDocument:
+    """A new, invisible segment of the transaction (its activity time moves)."""
+    _check_active(doc)
+    txn = _pending(doc, txn_id)
+    if pending_segment_count(doc) >= PENDING_SEGMENTS_MAX:
+        raise StreamChangeRefused(
+            f"stream {doc.name!r}: its pending transactions hold {PENDING_SEGMENTS_MAX} "
+            "segments, the most it keeps: commit or abort some first"
+        )
+    segments = (*txn.segments, PendingSegment(ledger_id, now_ms))
+    return _checked(_with_txn(doc, replace(txn, segments=segments, active_ms=now_ms)))
+
+
+def touch_transaction(doc: StreamDocument, txn_id: str, now_ms: int) -> StreamDocument:
+    """The transaction's activity time moved to now (a commit attempt)."""
+    txn = _pending(doc, txn_id)
+    return _checked(_with_txn(doc, replace(txn, active_ms=max(txn.active_ms, now_ms))))
+
+
+def prior_commit(
+    doc: StreamDocument, key_digest: str | None, app_version: tuple[str, int] | None
+) -> int | None:
+    """The commit number a commit with this key (or app id and version) already
+    applied as, or None when it was not applied: a recorded key, or a version not above
+    the app id's last, means the commit must change nothing."""
+    if key_digest is not None:
+        for key in doc.commit_keys:
+            if key.digest == key_digest:
+                return key.commit
+    if app_version is not None:
+        app_id, version = app_version
+        for app in doc.app_versions:
+            if app.app_id == app_id and version <= app.version:
+                return app.commit
+    return None
+
+
+def commit_transaction(
+    doc: StreamDocument,
+    txn_id: str,
+    ends: Sequence[tuple[int, int, int]],
+    key_digest: str | None,
+    app_version: tuple[str, int] | None,
+    now_ms: int,
+) -> StreamDocument:
+    """The transaction's segments made visible at once, in the order of `ends`
+    ((ledger id, last entry, byte length) of each, every segment of the transaction
+    once), after every visible segment, with one new commit number; the transaction
+    removed and its key and app version recorded. Call `prior_commit` first: a
+    recorded key or version is refused here."""
+    _check_active(doc)
+    txn = _pending(doc, txn_id)
+    if prior_commit(doc, key_digest, app_version) is not None:
+        raise StreamChangeRefused(f"stream {doc.name!r}: commit of {txn_id} was applied already")
+    if sorted(ledger for ledger, _, _ in ends) != sorted(s.ledger_id for s in txn.segments):
+        raise StreamChangeRefused(
+            f"stream {doc.name!r}: the commit of {txn_id} does not name each of its segments once"
+        )
+    commit = doc.commit + 1
+    created = {s.ledger_id: s.created_ms for s in txn.segments}
+    added = tuple(
+        Segment(
+            doc.next_seq + index,
+            ledger_id,
+            SegmentState.CLOSED,
+            commit,
+            created[ledger_id],
+            last_entry_id,
+            byte_length,
+        )
+        for index, (ledger_id, last_entry_id, byte_length) in enumerate(ends)
+    )
+    keys = doc.commit_keys
+    if key_digest is not None:
+        keys = (*keys, CommitKey(key_digest, commit))[-doc.config.commit_keys_max :]
+    apps = doc.app_versions
+    if app_version is not None:
+        app_id, version = app_version
+        others = [app for app in apps if app.app_id != app_id]
+        if len(others) == len(apps) and len(apps) >= APP_IDS_MAX:
+            raise StreamChangeRefused(
+                f"stream {doc.name!r} records {APP_IDS_MAX} app ids, the most it holds"
+            )
+        apps = tuple(sorted([*others, AppVersion(app_id, version, commit)], key=lambda a: a.app_id))
+    return _checked(
+        replace(
+            doc,
+            commit=commit,
+            segments=(*doc.segments, *added),
+            next_seq=doc.next_seq + len(added),
+            transactions=tuple(t for t in doc.transactions if t.id != txn_id),
+            commit_keys=keys,
+            app_versions=apps,
+        )
+    )
+
+
+def remove_transaction(doc: StreamDocument, txn_id: str) -> StreamDocument:
+    """The transaction gone (aborted, skipped or collected); its ledgers are deleted
+    after this change took. A transaction not pending: the document as it is."""
+    if pending(doc, txn_id) is None:
+        return doc
+    return _checked(replace(doc, transactions=tuple(t for t in doc.transactions if t.id != txn_id)))
+
+
+def abandoned_transactions(doc: StreamDocument, idle_ms: int, now_ms: int) -> list[str]:
+    """The pending transactions with no activity for `idle_ms`."""
+    return [txn.id for txn in doc.transactions if now_ms - txn.active_ms >= idle_ms]
+
+
+def commit_order(ledger_ids: Sequence[int], order: Sequence[int] | None) -> list[int]:
+    """The transaction's segments' ledger ids (in creation order) in the order they
+    become visible: `order`, when given, names each of them once."""
+    if order is None:
+        return list(ledger_ids)
+    ordered = list(order)
+    if sorted(ordered) != sorted(ledger_ids):
+        raise InvalidArgument(
+            f"order={ordered!r} must name each of the transaction's segments once by its "
+            f"ledger id (TransactionSegment.ledger_id): {sorted(ledger_ids)}"
+        )
+    return ordered
