@@ -7,6 +7,8 @@ run at the step that broke it; the end checks run once the network is healed.
 - one position, one payload: for the writers' acknowledgements, the reader, the
   subscriber and the final read alike;
 - the subscriber sees every acknowledged entry exactly once, in position order;
+- a fenced writer is fenced: once a newer writer's takeover returned, no append the
+  earlier writer starts is acknowledged, and none lands in the newer one's segments;
 - nothing visible disappears: a segment once in the document stays there, on the
   same ledger and, once CLOSED, with the same last entry.
 """
@@ -33,6 +35,8 @@ class StreamHistory:
     subscribed: list[Position] = field(default_factory=list)
     #: seq -> (ledger id, last entry id once CLOSED) as first seen in a document
     segments: dict[int, tuple[int, int | None]] = field(default_factory=dict)
+    #: the step a takeover returned at, the taking writer, its first segment
+    takeover: tuple[int, str, int] | None = None
     failures: dict[str, int] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
     step: int = 0
@@ -54,8 +58,22 @@ class StreamHistory:
         self.failures[name] = self.failures.get(name, 0) + 1
         self.note(f"{who} failed: {name}")
 
-    def acknowledged(self, writer: str, position: Position, payload: bytes) -> None:
+    def took_over(self, writer: str, first_segment: int, step: int) -> None:
+        """`writer`'s takeover returned at `step`; its first segment is `first_segment`."""
+        self.note(f"{writer} took over at step {step}, its first segment {first_segment}")
+        self.takeover = (step, writer, first_segment)
+
+    def acknowledged(self, writer: str, position: Position, payload: bytes, started: int) -> None:
         self.note(f"{writer} ack {position}")
+        if self.takeover is not None and self.takeover[1] != writer:
+            step, newer, first_segment = self.takeover
+            if started > step:
+                self.fail(f"{writer}'s append started after {newer} took over was acknowledged")
+            if position.segment >= first_segment:
+                self.fail(
+                    f"{writer} was acknowledged {position}, in a segment of {newer} (from "
+                    f"{first_segment} on)"
+                )
         earlier = self.acked.get(position)
         if earlier is not None and earlier != payload:
             self.fail(f"position {position} acknowledged twice with different payloads")

@@ -104,7 +104,7 @@ def stream_plan_from_seed(seed: int) -> StreamPlan:
         nodes=nodes,
         appenders=rng.randint(1, 4),
         appends_each=rng.randint(4, 12),
-        takeover_at_s=round(rng.uniform(0.05, 0.5), 4) if rng.random() < 0.8 else None,
+        takeover_at_s=round(rng.uniform(0.02, 0.2), 4) if rng.random() < 0.8 else None,
         faults=tuple(faults),
         lose_reply_of_commit=rng.randint(1, 6) if rng.random() < 0.5 else None,
     )
@@ -208,7 +208,11 @@ class StreamSimulation:
         self._nursery: trio.Nursery | None = None
         #: faults under way, and whether new ones may start (not once healing began)
         self._faults_running = 0
+        self._faults_idle = trio.Event()
+        self._faults_idle.set()
         self._faults_off = False
+        #: set (and replaced) each time the subscriber gets an entry
+        self._subscriber_moved = trio.Event()
 
     def hooked(self) -> MetadataStore:
         return cast(MetadataStore, _CommitHooks(self.store, self))
@@ -217,6 +221,8 @@ class StreamSimulation:
         assert self._nursery is not None
         if not self._faults_off:
             self._faults_running += 1
+            if self._faults_running == 1:
+                self._faults_idle = trio.Event()
             self._nursery.start_soon(self._fault, fault)
 
     async def _fault(self, fault: Fault) -> None:
@@ -232,6 +238,8 @@ class StreamSimulation:
             self.network.heal(fault.client, address)
         self.history.note(f"fault {fault.kind} {address} ends")
         self._faults_running -= 1
+        if self._faults_running == 0:
+            self._faults_idle.set()
 
     async def _timed_faults(self) -> None:
         for planned in sorted(self.plan.faults, key=lambda f: f.fault.at_s):
@@ -271,8 +279,7 @@ class StreamSimulation:
 
     async def _heal(self) -> None:
         self._faults_off = True
-        while self._faults_running:
-            await trio.sleep(0.1)
+        await self._faults_idle.wait()
         self.network.heal_all()
         for address in self.cluster.addresses:
             await self.cluster.restart(address)
@@ -291,10 +298,13 @@ class StreamSimulation:
             for attempt in range(20):
                 try:
                     async with stream.open_writer() as writer:
-                        history.note(f"{name} open at epoch {writer.epoch}")
+                        opened = history.note(f"{name} open at epoch {writer.epoch}")
+                        if name == "writer-2":
+                            # its own segment is the document's last until it rolls,
+                            # and it rolls only once it took appends
+                            info = await stream.info()
+                            history.took_over(name, info.segments[-1].seq, opened)
                         await self._append_all(name, writer)
-                    history.note(f"{name} closed")
-                    return
                 except WriterFenced:
                     # a takeover may fence writer-1 while it opens or closes
                     self.fenced = True
@@ -305,6 +315,9 @@ class StreamSimulation:
                     if name == "writer-1" and self.plan.takeover_at_s is not None:
                         return  # writer-2's takeover recovers what it left
                     await trio.sleep(0.5)
+                else:
+                    history.note(f"{name} closed")
+                    return
             history.note(f"{name} gave up")
 
     async def _append_all(self, name: str, writer: StreamWriter) -> None:
@@ -317,7 +330,7 @@ class StreamSimulation:
         rng = random.Random(f"{self.plan.seed}/{name}/appender/{appender}")
         for k in range(self.plan.appends_each):
             payload = payload_for(name, appender, k)
-            history.note(f"{name} append a{appender}/k{k}")
+            started = history.note(f"{name} append a{appender}/k{k}")
             try:
                 position = await writer.append(payload)
             except WriterFenced:
@@ -327,7 +340,7 @@ class StreamSimulation:
             except PoraError as error:
                 history.failed(f"{name} a{appender}/k{k}", error)
                 return
-            history.acknowledged(name, position, payload)
+            history.acknowledged(name, position, payload, started)
             await trio.sleep(rng.uniform(0.0, self.plan.append_pause_s))
 
     async def _subscriber(self) -> None:
@@ -341,6 +354,8 @@ class StreamSimulation:
                 try:
                     async for position, payload in stream.subscribe(start):
                         self.history.subscriber_got(position, payload)
+                        moved, self._subscriber_moved = self._subscriber_moved, trio.Event()
+                        moved.set()
                 except PoraError as error:
                     # a subscriber's own failure (its nodes unreachable): it goes on
                     # from after the last entry it got
@@ -393,6 +408,5 @@ class StreamSimulation:
             last = max(final)
             with trio.move_on_after(60.0):
                 while not self.history.subscribed or self.history.subscribed[-1] < last:
-                    await trio.sleep(0.1)
+                    await self._subscriber_moved.wait()
         self.history.check_subscriber(final)
-
