@@ -29,15 +29,14 @@ from journal.errors import PoraError
 from pora import Client
 from pora.client.replication.client import client_on_store
 from pora.meta.errors import MetadataTimeout
-from pora.meta.store import MetadataStore, open_metadata
+from pora.meta.store import MetadataStore
 from pora.streams.document import STREAMS_SPACE, Segment
 from pora.streams.errors import WriterFenced
 from pora.streams.position import Position
 from pora.streams.records import StreamRecord
 from pora.streams.writer import StreamWriter
 from simulation import scenarios
-from simulation.clock import SimTime, counted_threads, counting_store, tasks_in_order
-from simulation.cluster import SimCluster, sim_cluster
+from simulation.cluster import SimCluster
 from simulation.network import SimNetwork
 from simulation.scenarios import Fault
 from simulation.stream_invariants import StreamHistory
@@ -127,23 +126,11 @@ def run_stream_plan(plan: StreamPlan, folder: Path | None = None) -> StreamRunRe
     if folder is None:
         with tempfile.TemporaryDirectory(prefix="pora-stream-sim-") as temporary:
             return run_stream_plan(plan, Path(temporary))
-    sim = SimTime()
-    results: list[StreamRunResult] = []
 
-    async def main() -> None:
-        with counted_threads(sim):
-            async with trio.open_nursery() as outer:
-                outer.start_soon(sim.drive)
-                async with open_metadata(f"sqlite:///{folder}/meta.db") as raw:
-                    store = counting_store(raw, sim, plan.seed)
-                    nodes = folder / "nodes"
-                    async with sim_cluster(store, nodes, plan.nodes, sim.quiet) as cluster:
-                        results.append(await StreamSimulation(plan, store, cluster).run())
-                outer.cancel_scope.cancel()
+    async def run(store: MetadataStore, cluster: SimCluster) -> StreamRunResult:
+        return await StreamSimulation(plan, store, cluster).run()
 
-    with tasks_in_order():
-        trio.run(main, clock=sim.clock)
-    return results[0]
+    return scenarios.run_simulated(plan.seed, plan.nodes, folder, run)
 
 
 @asynccontextmanager
