@@ -138,10 +138,11 @@ def run_simulated(
     nodes: int,
     folder: Path,
     body: Callable[[MetadataStore, SimCluster], Awaitable[T]],
+    wrap_store: Callable[[MetadataStore], MetadataStore] = lambda store: store,
 ) -> T:
-    """`body(store, cluster)` to its end in simulated time: a SQLite store and
-    `nodes` nodes (data dirs under `folder`), what `run_plan` and the stream
-    scenarios run on."""
+    """`body(store, cluster)` to its end in simulated time: a SQLite store (seen
+    through `wrap_store`, inside the simulated latency) and `nodes` nodes (data dirs
+    under `folder`), what `run_plan` and the stream scenarios run on."""
     sim = SimTime()
     results: list[T] = []
 
@@ -150,7 +151,7 @@ def run_simulated(
             async with trio.open_nursery() as outer:
                 outer.start_soon(sim.drive)
                 async with open_metadata(f"sqlite:///{folder}/meta.db") as raw:
-                    store = counting_store(raw, sim, seed)
+                    store = counting_store(wrap_store(raw), sim, seed)
                     data = folder / "nodes"
                     async with sim_cluster(store, data, nodes, sim.quiet) as cluster:
                         results.append(await body(store, cluster))

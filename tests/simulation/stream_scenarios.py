@@ -15,6 +15,8 @@ acknowledged."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import random
 import tempfile
 from collections.abc import AsyncIterator
@@ -28,7 +30,8 @@ import trio
 from journal.errors import PoraError
 from pora import Client
 from pora.client.replication.client import client_on_store
-from pora.meta.errors import MetadataTimeout
+from pora.meta.errors import MetadataTimeout, NoSuchDocument, NoSuchLedgerMetadata
+from pora.meta.records import LedgerMetadata, Versioned
 from pora.meta.store import MetadataStore
 from pora.streams.document import STREAMS_SPACE, Segment
 from pora.streams.errors import WriterFenced
@@ -130,7 +133,73 @@ def run_stream_plan(plan: StreamPlan, folder: Path | None = None) -> StreamRunRe
     async def run(store: MetadataStore, cluster: SimCluster) -> StreamRunResult:
         return await StreamSimulation(plan, store, cluster).run()
 
-    return scenarios.run_simulated(plan.seed, plan.nodes, folder, run)
+    return scenarios.run_simulated(plan.seed, plan.nodes, folder, run, serial_store)
+
+
+#: how often a watch through `SerialStore` polls, in simulated seconds
+_WATCH_POLL_S = 0.01
+
+
+class SerialStore:
+    """The SQLite store one call at a time, in the order the tasks call it, its watches
+    polled in simulated time. The SQLite store runs reads in threads beside its writer
+    thread, and a watch polls on its own: whether a read sees a write made at the same
+    simulated moment would depend on real time, and a seed would not replay. A stream
+    run reads and watches its document from several clients while writers change it."""
+
+    def __init__(self, inner: MetadataStore) -> None:
+        self._inner = inner
+        self._lock = trio.Lock()  # FIFO: callers go in the order they came
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._inner, name)
+        if not inspect.iscoroutinefunction(attribute):
+            return attribute
+
+        @functools.wraps(attribute)
+        async def serial(*args: Any, **kwargs: Any) -> Any:
+            async with self._lock:
+                return await attribute(*args, **kwargs)
+
+        return serial
+
+    async def watch_document(
+        self, space: str, name: str, after_version: int | None = None
+    ) -> AsyncIterator[Versioned[bytes]]:
+        read = self.__getattr__("read_document")
+        first = await read(space, name)  # absent at the start: the store's error
+        seen = first.version if after_version is None else after_version
+        try:
+            while True:
+                current: Versioned[bytes] = await read(space, name)
+                if current.version > seen:
+                    seen = current.version
+                    yield current
+                else:
+                    await trio.sleep(_WATCH_POLL_S)
+        except NoSuchDocument:
+            return  # deleted: the watch ends
+
+    async def watch_ledger(
+        self, ledger_id: int, after_version: int | None = None
+    ) -> AsyncIterator[Versioned[LedgerMetadata]]:
+        read = self.__getattr__("read_ledger")
+        first = await read(ledger_id)  # absent at the start: the store's error
+        seen = first.version if after_version is None else after_version
+        try:
+            while True:
+                current: Versioned[LedgerMetadata] = await read(ledger_id)
+                if current.version > seen:
+                    seen = current.version
+                    yield current
+                else:
+                    await trio.sleep(_WATCH_POLL_S)
+        except NoSuchLedgerMetadata:
+            return  # deleted: the watch ends
+
+
+def serial_store(inner: MetadataStore) -> MetadataStore:
+    return cast(MetadataStore, SerialStore(inner))
 
 
 @asynccontextmanager
