@@ -19,11 +19,11 @@ import functools
 import inspect
 import random
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import trio
 
@@ -136,6 +136,8 @@ def run_stream_plan(plan: StreamPlan, folder: Path | None = None) -> StreamRunRe
     return scenarios.run_simulated(plan.seed, plan.nodes, folder, run, serial_store)
 
 
+V = TypeVar("V")
+
 #: how often a watch through `SerialStore` polls, in simulated seconds
 _WATCH_POLL_S = 0.01
 
@@ -163,39 +165,38 @@ class SerialStore:
 
         return serial
 
-    async def watch_document(
+    def watch_document(
         self, space: str, name: str, after_version: int | None = None
     ) -> AsyncIterator[Versioned[bytes]]:
         read = self.__getattr__("read_document")
-        first = await read(space, name)  # absent at the start: the store's error
-        seen = first.version if after_version is None else after_version
-        try:
-            while True:
-                current: Versioned[bytes] = await read(space, name)
-                if current.version > seen:
-                    seen = current.version
-                    yield current
-                else:
-                    await trio.sleep(_WATCH_POLL_S)
-        except NoSuchDocument:
-            return  # deleted: the watch ends
+        return _polled(lambda: read(space, name), NoSuchDocument, after_version)
 
-    async def watch_ledger(
+    def watch_ledger(
         self, ledger_id: int, after_version: int | None = None
     ) -> AsyncIterator[Versioned[LedgerMetadata]]:
         read = self.__getattr__("read_ledger")
-        first = await read(ledger_id)  # absent at the start: the store's error
-        seen = first.version if after_version is None else after_version
-        try:
-            while True:
-                current: Versioned[LedgerMetadata] = await read(ledger_id)
-                if current.version > seen:
-                    seen = current.version
-                    yield current
-                else:
-                    await trio.sleep(_WATCH_POLL_S)
-        except NoSuchLedgerMetadata:
-            return  # deleted: the watch ends
+        return _polled(lambda: read(ledger_id), NoSuchLedgerMetadata, after_version)
+
+
+async def _polled(
+    read: Callable[[], Awaitable[Versioned[V]]],
+    gone: type[Exception],
+    after_version: int | None,
+) -> AsyncIterator[Versioned[V]]:
+    """A store watch (each version past the last yielded; the end when the record is
+    gone; `gone` raised when it is absent at the start) by polling `read`."""
+    first = await read()
+    seen = first.version if after_version is None else after_version
+    try:
+        while True:
+            current = await read()
+            if current.version > seen:
+                seen = current.version
+                yield current
+            else:
+                await trio.sleep(_WATCH_POLL_S)
+    except gone:
+        return  # deleted: the watch ends
 
 
 def serial_store(inner: MetadataStore) -> MetadataStore:
