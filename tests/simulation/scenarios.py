@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import trio
 
@@ -123,19 +123,38 @@ class RunResult:
 
 def run_plan(plan: Plan, folder: Path) -> RunResult:
     """Run `plan` to its end in simulated time (data dirs under `folder`)."""
+
+    async def run(store: MetadataStore, cluster: SimCluster) -> RunResult:
+        return await Simulation(plan, store, cluster).run()
+
+    return run_simulated(plan.seed, plan.nodes, folder, run)
+
+
+T = TypeVar("T")
+
+
+def run_simulated(
+    seed: int,
+    nodes: int,
+    folder: Path,
+    body: Callable[[MetadataStore, SimCluster], Awaitable[T]],
+    wrap_store: Callable[[MetadataStore], MetadataStore] = lambda store: store,
+) -> T:
+    """`body(store, cluster)` to its end in simulated time: a SQLite store (seen
+    through `wrap_store`, inside the simulated latency) and `nodes` nodes (data dirs
+    under `folder`), what `run_plan` and the stream scenarios run on."""
     sim = SimTime()
-    results: list[RunResult] = []
+    results: list[T] = []
 
     async def main() -> None:
         with counted_threads(sim):
             async with trio.open_nursery() as outer:
                 outer.start_soon(sim.drive)
                 async with open_metadata(f"sqlite:///{folder}/meta.db") as raw:
-                    store = counting_store(raw, sim, plan.seed)
-                    nodes = folder / "nodes"
-                    async with sim_cluster(store, nodes, plan.nodes, sim.quiet) as cluster:
-                        run = Simulation(plan, store, cluster)
-                        results.append(await run.run())
+                    store = counting_store(wrap_store(raw), sim, seed)
+                    data = folder / "nodes"
+                    async with sim_cluster(store, data, nodes, sim.quiet) as cluster:
+                        results.append(await body(store, cluster))
                 outer.cancel_scope.cancel()
 
     with tasks_in_order():
