@@ -73,7 +73,8 @@ def test_named_seeds(seed: int) -> None:
     run_stream_plan(stream_plan_from_seed(seed))
 
 
-@pytest.mark.parametrize("seed", range(1000, 1050))
+# a few seeds in the fast suite (about 1 s each); the slow run below draws 300
+@pytest.mark.parametrize("seed", range(1000, 1012))
 def test_random_seeds(seed: int) -> None:
     run_stream_plan(stream_plan_from_seed(seed))
 
