@@ -7,14 +7,12 @@ AttributeError from the layers below."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-import trio
+from event_loops import EVENT_LOOPS, Runner
 from replication_support import local_cluster
 from writer_support import client_on
 from zookeeper_support import fresh_zk_url
@@ -24,13 +22,6 @@ from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata
 from pora.meta.store import open_metadata
 
 
-def under_asyncio(main: Callable[[], Awaitable[None]]) -> None:
-    async def wrapped() -> None:
-        await main()
-
-    asyncio.run(wrapped())
-
-
 async def set_up(url: str) -> str:
     """A new, empty store at `url`, as the nodes set one up (a client never does)."""
     async with open_metadata(url, create=True):
@@ -38,7 +29,7 @@ async def set_up(url: str) -> str:
     return url
 
 
-RUNNERS = pytest.mark.parametrize("runner", [under_asyncio, trio.run], ids=["asyncio", "trio"])
+RUNNERS = EVENT_LOOPS
 
 
 # --- quorums: ints, checked at the call, the record and the writer agree -------------------
@@ -102,9 +93,7 @@ def test_a_ledger_record_with_a_quorum_that_is_not_an_int_is_invalid(
 
 
 @RUNNERS
-def test_a_typed_error_leaves_the_connect_block_as_itself(
-    tmp_path: Path, runner: Callable[[Callable[[], Awaitable[None]]], None]
-) -> None:
+def test_a_typed_error_leaves_the_connect_block_as_itself(tmp_path: Path, runner: Runner) -> None:
     url = f"sqlite:///{tmp_path}/meta.db"
 
     async def main() -> None:
@@ -122,7 +111,7 @@ def test_a_typed_error_leaves_the_connect_block_as_itself(
 
 @RUNNERS
 def test_errors_raised_together_in_the_block_stay_in_their_group(
-    tmp_path: Path, runner: Callable[[Callable[[], Awaitable[None]]], None]
+    tmp_path: Path, runner: Runner
 ) -> None:
     url = f"sqlite:///{tmp_path}/meta.db"
 
@@ -138,9 +127,7 @@ def test_errors_raised_together_in_the_block_stay_in_their_group(
 
 
 @RUNNERS
-def test_a_block_that_awaits_nothing_leaves_at_once(
-    tmp_path: Path, runner: Callable[[Callable[[], Awaitable[None]]], None]
-) -> None:
+def test_a_block_that_awaits_nothing_leaves_at_once(tmp_path: Path, runner: Runner) -> None:
     # the client's node senders had not started when the block ended: they must still stop
     url = f"sqlite:///{tmp_path}/meta.db"
 

@@ -4,13 +4,12 @@ contract), under asyncio and under trio, over TCP to a real `pora cluster` of th
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 
 import anyio
 import pytest
-import trio
 from cluster_process import pora_cluster_process
+from event_loops import EVENT_LOOPS, Runner
 from zookeeper_support import fresh_zk_url
 
 import pora
@@ -69,16 +68,7 @@ async def the_contract(url: str) -> None:
             await client.open_ledger(ledger.ledger_id, password="pw")
 
 
-def under_asyncio(main: Callable[[], Awaitable[None]]) -> None:
-    async def wrapped() -> None:
-        await main()
-
-    asyncio.run(wrapped())
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("runner", [under_asyncio, trio.run], ids=["asyncio", "trio"])
-def test_the_public_api_as_documented(
-    cluster_url: str, runner: Callable[[Callable[[], Awaitable[None]]], None]
-) -> None:
+@EVENT_LOOPS
+def test_the_public_api_as_documented(cluster_url: str, runner: Runner) -> None:
     runner(lambda: the_contract(cluster_url))

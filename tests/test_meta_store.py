@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 import trio
+from event_loops import under_asyncio
 from zookeeper_support import fresh_zk_url
 
 from pora.meta import (
@@ -60,12 +60,6 @@ def sqlite_url(tmp_path: Path) -> str:
 
 def runner(library: str) -> Runner:
     """Something that runs a test's coroutine under `library` (asyncio or trio)."""
-
-    def under_asyncio(main: Callable[[], Awaitable[None]]) -> None:
-        async def wrapped() -> None:
-            await main()
-
-        asyncio.run(wrapped())
 
     def under_trio(main: Callable[[], Awaitable[None]]) -> None:
         trio.run(main)

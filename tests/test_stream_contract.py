@@ -5,14 +5,13 @@ from another client; seal; delete."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 
 import anyio
 import pytest
-import trio
 from cluster_process import pora_cluster_process
+from event_loops import EVENT_LOOPS, Runner
 from zookeeper_support import fresh_zk_url
 
 import pora
@@ -89,18 +88,11 @@ async def the_stream_contract(url: str, name: str) -> None:
             await client.open_stream(name)
 
 
-def under_asyncio(main: Callable[[], Awaitable[None]]) -> None:
-    async def wrapped() -> None:
-        await main()
-
-    asyncio.run(wrapped())
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("runner", [under_asyncio, trio.run], ids=["asyncio", "trio"])
+@EVENT_LOOPS
 def test_the_stream_api_as_documented(
     cluster_url: str,
-    runner: Callable[[Callable[[], Awaitable[None]]], None],
+    runner: Runner,
     request: pytest.FixtureRequest,
 ) -> None:
     name = "events-" + request.node.callspec.id.replace("[", "").replace("]", "")

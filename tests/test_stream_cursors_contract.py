@@ -5,12 +5,11 @@ store), under asyncio and trio."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
-import trio
 from cluster_process import pora_cluster_process
+from event_loops import EVENT_LOOPS, Runner
 from zookeeper_support import fresh_zk_url
 
 import pora
@@ -60,18 +59,11 @@ async def the_cursor_contract(url: str, name: str) -> None:
         await restarted.delete_stream(name)
 
 
-def under_asyncio(main: Callable[[], Awaitable[None]]) -> None:
-    async def wrapped() -> None:
-        await main()
-
-    asyncio.run(wrapped())
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("runner", [under_asyncio, trio.run], ids=["asyncio", "trio"])
+@EVENT_LOOPS
 def test_cursors_and_retention_as_documented(
     cluster_url: str,
-    runner: Callable[[Callable[[], Awaitable[None]]], None],
+    runner: Runner,
     request: pytest.FixtureRequest,
 ) -> None:
     name = "events-" + request.node.callspec.id.replace("[", "").replace("]", "")

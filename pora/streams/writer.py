@@ -247,14 +247,7 @@ class StreamWriter:
     async def append(self, payload: bytes) -> Position:
         """Append one entry; its position once acknowledged (Qa replicas). WriterFenced
         once a newer writer took over, StreamSealed once the stream is sealed."""
-        segment = self._segment
-        if segment is None or self._error is not None:
-            raise self._unusable()
-        segment.in_flight += 1
-        segment.appended += 1
-        segment.byte_length += len(payload)
-        if segment.byte_length >= self._threshold:
-            self._grew.set()
+        segment = self._take(1, len(payload))
         try:
             entry_id = await segment.writer.append(payload)
         except LedgerFenced as fenced:
@@ -268,14 +261,7 @@ class StreamWriter:
     async def append_many(self, payloads: Sequence[bytes]) -> list[Position]:
         """Append entries in order (all to one segment); their positions once all are
         acknowledged."""
-        segment = self._segment
-        if segment is None or self._error is not None:
-            raise self._unusable()
-        segment.in_flight += 1
-        segment.appended += len(payloads)
-        segment.byte_length += sum(len(payload) for payload in payloads)
-        if segment.byte_length >= self._threshold:
-            self._grew.set()
+        segment = self._take(len(payloads), sum(len(payload) for payload in payloads))
         try:
             entry_ids = await segment.writer.append_many(payloads)
         except LedgerFenced as fenced:
@@ -285,6 +271,20 @@ class StreamWriter:
         if segment.visible is not None or segment.error is not None:
             await self._visible(segment)  # a segment added by a rollover
         return [Position(segment.seq, entry_id) for entry_id in entry_ids]
+
+    def _take(self, entries: int, payload_bytes: int) -> _Segment:
+        """The segment the next `entries` appends go to, counted in flight there (a
+        rollover waits for them) and toward its size (past the threshold, the roller
+        makes the next segment ready)."""
+        segment = self._segment
+        if segment is None or self._error is not None:
+            raise self._unusable()
+        segment.in_flight += 1
+        segment.appended += entries
+        segment.byte_length += payload_bytes
+        if segment.byte_length >= self._threshold:
+            self._grew.set()
+        return segment
 
     def _returned(self, segment: _Segment) -> None:
         segment.in_flight -= 1
