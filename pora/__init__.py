@@ -16,6 +16,7 @@ from pora.client.replication.config import ClientConfig
 from pora.client.replication.reader import LedgerReader
 from pora.client.replication.writer import LedgerWriter
 from pora.errors import (
+    AttributesChanged,
     ClientClosed,
     ConnectionLost,
     DataDirError,
@@ -86,6 +87,7 @@ from pora.streams.writer import StreamWriter
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttributesChanged",
     "Client",
     "ClientClosed",
     "ClientConfig",

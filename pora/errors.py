@@ -69,6 +69,7 @@ from pora.meta.errors import (
 )
 from pora.node.datadir import DataDirError, DataDirLocked, IndexMissing
 from pora.streams.errors import (
+    AttributesChanged,
     EntriesTruncated,
     NoSuchCursor,
     NoSuchStream,
@@ -79,6 +80,7 @@ from pora.streams.errors import (
 )
 
 __all__ = [
+    "AttributesChanged",
     "ClientClosed",
     "ConnectionLost",
     "DataDirError",

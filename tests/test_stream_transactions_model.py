@@ -24,6 +24,7 @@ from pora.streams.document import (
     take_over,
 )
 from pora.streams.errors import TransactionAborted
+from pora.streams.stream_attributes import ATTRIBUTES_BYTES_MAX, attributes_bytes
 from pora.streams.transaction_changes import (
     abandoned_transactions,
     add_transaction_segment,
@@ -98,7 +99,8 @@ def test_a_commit_after_the_open_segment_keeps_position_order() -> None:
 def test_the_document_at_every_bound_fits_a_metadata_record() -> None:
     """1,000 head segments and 200 pages (a stream of 100,000 segments), 10,000 commit
     keys, 500 pending transactions holding 3,000 segments, 1,000 app ids of 128
-    characters: all large numbers, under a metadata record's 1 MiB."""
+    characters, attributes at their byte bound: all large numbers, under a metadata
+    record's 1 MiB."""
     big = 2**62
     segments = tuple(
         Segment(99_000 + k, big + k, SegmentState.CLOSED, big, big, big, big) for k in range(1000)
@@ -129,7 +131,9 @@ def test_the_document_at_every_bound_fits_a_metadata_record() -> None:
         app_versions=tuple(
             AppVersion(f"{k:04d}" + "a" * 124, big, big) for k in range(APP_IDS_MAX)
         ),
+        attributes=(("schema", "x" * (ATTRIBUTES_BYTES_MAX - len('{"schema":""}'))),),
     )
+    assert attributes_bytes(doc.attributes) == ATTRIBUTES_BYTES_MAX
     assert sum(len(t.segments) for t in transactions) == PENDING_SEGMENTS_MAX
     size = len(encode_document(doc))
     assert size < RECORD_BYTES_MAX, size

@@ -30,6 +30,7 @@ from pora.client.replication.arguments import check_quorums, is_int
 from pora.meta.errors import InvalidMetadata, MetadataRecordTooLarge
 from pora.meta.records import RECORD_BYTES_MAX
 from pora.streams.position import Position
+from pora.streams.stream_attributes import check_attributes, decode_attributes
 from pora.streams.transaction_fields import (
     COMMIT_KEYS_MAX_DEFAULT,
     TXN_IDLE_S_MAX_DEFAULT,
@@ -204,6 +205,9 @@ class StreamDocument:
     transactions: tuple[PendingTransaction, ...] = ()
     commit_keys: tuple[CommitKey, ...] = ()
     app_versions: tuple[AppVersion, ...] = ()
+    #: the application's own (key, value) strings, by key (stream_attributes.py):
+    #: what a writer of the stream records for its readers, a table schema say
+    attributes: tuple[tuple[str, str], ...] = ()
 
     @property
     def head_first_seq(self) -> int:
@@ -493,6 +497,7 @@ def _checked(doc: StreamDocument) -> StreamDocument:
     if doc.writer_epoch < 0 or doc.commit < 0:
         raise InvalidMetadata(f"{where}: negative epoch or commit")
     check_transaction_fields(doc, where)
+    check_attributes(doc.attributes, where)
     return doc
 
 
@@ -550,6 +555,7 @@ def encode_document(doc: StreamDocument) -> bytes:
         },
         **{field: [] for field in _RESERVED},
         **encode_transaction_fields(doc),
+        **({"attributes": dict(doc.attributes)} if doc.attributes else {}),
     }
     encoded = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     if len(encoded) > RECORD_BYTES_MAX:
@@ -584,6 +590,7 @@ def decode_document(data: bytes) -> StreamDocument:
             first_held_seq=truncation["first_held_seq"],
             removed_last_entry_id=truncation["removed_last_entry_id"],
             **decode_transaction_fields(raw),
+            attributes=decode_attributes(raw.get("attributes", {})),
         )
     except InvalidMetadata:
         raise

@@ -88,3 +88,26 @@ class TransactionAborted(StreamError):
             f"transaction {txn_id} of stream {stream!r} {why}: none of its entries is in the "
             "stream; begin a new transaction (stream.begin) to write them",
         )
+
+
+class AttributesChanged(StreamError):
+    """`Stream.set_attributes` found an attribute other than the caller expected
+    (another writer changed it first): nothing was changed. `key`, `expected` and
+    `current` (None: absent) say which; read the attributes again and decide."""
+
+    def __init__(self, stream: str, key: str, expected: str | None, current: str | None) -> None:
+        self.key = key
+        self.expected = expected
+        self.current = current
+        super().__init__(
+            stream,
+            f"stream {stream!r}: attribute {key!r} is {_shown(current)}, "
+            f"not {_shown(expected)} as expected: another writer "
+            "changed it; read the attributes again (stream.attributes()) and decide",
+        )
+
+
+def _shown(value: str | None) -> str:
+    if value is None:
+        return "absent"
+    return repr(value if len(value) <= 80 else value[:77] + "...")

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
-from pora.meta.errors import DocumentExists, NoSuchDocument
+from pora.meta.errors import (
+    DocumentExists,
+    MetadataTimeout,
+    MetadataVersionConflict,
+    NoSuchDocument,
+)
 from pora.meta.records import Versioned
 from pora.meta.store import MetadataStore
 from pora.streams.document import (
@@ -45,6 +50,22 @@ class StreamRecord:
         except NoSuchDocument as gone:
             raise NoSuchStream(self.name) from gone
         return Versioned(doc, record.version)
+
+    async def change(
+        self, change: Callable[[StreamDocument], StreamDocument | None]
+    ) -> Versioned[StreamDocument]:
+        """Compare-and-set `change(document)` (None: nothing to write), re-reading and
+        deciding again after a conflict or a timeout (a timed-out write that took is
+        seen on the re-read: `change` then finds its work done)."""
+        doc = await self.read()
+        while True:
+            new = change(doc.value)
+            if new is None:
+                return doc
+            try:
+                return await self.write(new, doc.version)
+            except (MetadataVersionConflict, MetadataTimeout):
+                doc = await self.read()
 
     async def next_change(self, after_version: int) -> Versioned[StreamDocument]:
         """The document once its version moves past `after_version` (at once if it

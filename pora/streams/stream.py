@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,8 +46,9 @@ from pora.streams.position import Position
 from pora.streams.reader import Start, read_stream, subscribe_stream
 from pora.streams.records import StreamRecord
 from pora.streams.retention import trim_count, wholly_before
+from pora.streams.stream_attributes import change_attributes, check_changes
 from pora.streams.transaction import Transaction, collect_abandoned, resume_transaction
-from pora.streams.transaction_fields import PendingTransaction
+from pora.streams.transaction_fields import PendingTransaction, check_transaction_id
 from pora.streams.writer import StreamWriter, recover_segment_ledger
 
 if TYPE_CHECKING:
@@ -131,11 +132,32 @@ class Stream:
                 raise InvalidArgument(f"as_of_commit={as_of_commit} must be 0 or above")
         return read_stream(self._client, self._record, _checked_start(from_), to, as_of_commit)
 
-    def begin(self) -> Transaction:
+    def begin(self, txn_id: str | None = None) -> Transaction:
         """A new transaction, for `async with` (it begins on entry; `await
         txn.begin()` without the block): commits on a clean exit, aborts on an
-        exception."""
-        return Transaction(self._client, self._record)
+        exception. `txn_id` (32 hex digits) lets cooperating processes that cannot
+        pass an id around derive the same one: beginning a transaction already pending
+        joins it."""
+        if txn_id is not None:
+            txn_id = check_transaction_id(txn_id)
+        return Transaction(self._client, self._record, txn_id, begun=False)
+
+    async def attributes(self) -> dict[str, str]:
+        """The stream's attributes: the application's own strings by key."""
+        return dict((await self._record.read()).value.attributes)
+
+    async def set_attributes(
+        self,
+        changes: Mapping[str, str | None],
+        expected: Mapping[str, str | None] | None = None,
+    ) -> dict[str, str]:
+        """Apply `changes` (a value of None removes the key) with one compare-and-set,
+        if each key of `expected` has the value given (None: absent), and return the
+        attributes after; AttributesChanged when one differs (nothing is changed)."""
+        checked = check_changes(changes, "changes")
+        wanted = check_changes(expected or {}, "expected")
+        doc = await self._record.change(lambda d: change_attributes(d, checked, wanted))
+        return dict(doc.value.attributes)
 
     async def resume(self, txn_id: str) -> Transaction:
         """The pending transaction `txn_id` (its `id`, from any process);

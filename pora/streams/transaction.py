@@ -9,15 +9,14 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
 
 from journal.errors import PoraError
-from ledger.errors import LedgerFenced, NoSuchLedger
+from ledger.errors import InvalidArgument, InvalidArgumentType, LedgerFenced, NoSuchLedger
 from pora.client.replication.writer import LedgerWriter
-from pora.meta.errors import MetadataTimeout, MetadataVersionConflict
 from pora.meta.records import Versioned
 from pora.streams.document import StreamDocument
 from pora.streams.errors import TransactionAborted
@@ -48,6 +47,31 @@ _log = logging.getLogger("pora.streams.transaction")
 
 #: the custom metadata key naming the transaction a segment's ledger was made for
 TRANSACTION_KEY = "pora.txn"
+#: the prefix of the custom metadata keys `open_segment(tags=...)` adds
+TAG_PREFIX = "tag."
+TAGS_MAX = 16
+TAG_CHARS_MAX = 256
+
+
+def check_tags(tags: object) -> dict[str, str]:
+    """`tags` as a dict of short strings; InvalidArgument otherwise."""
+    if tags is None:
+        return {}
+    if not isinstance(tags, Mapping):
+        raise InvalidArgumentType(
+            f"tags must be a mapping of str to str, not {type(tags).__name__}"
+        )
+    if len(tags) > TAGS_MAX:
+        raise InvalidArgument(f"{len(tags)} tags: a segment takes at most {TAGS_MAX}")
+    for key, value in tags.items():
+        if not (isinstance(key, str) and isinstance(value, str)):
+            raise InvalidArgumentType(f"tag {key!r}: keys and values must be str")
+        if not (0 < len(key) <= TAG_CHARS_MAX and len(value) <= TAG_CHARS_MAX):
+            raise InvalidArgument(
+                f"tag {key!r}: a key has 1 to {TAG_CHARS_MAX} characters, a value at most "
+                f"{TAG_CHARS_MAX}"
+            )
+    return dict(tags)
 
 
 def _now_ms() -> int:
@@ -58,18 +82,7 @@ async def _change(
     record: StreamRecord,
     change: Callable[[StreamDocument], StreamDocument | None],
 ) -> Versioned[StreamDocument]:
-    """Compare-and-set `change(document)` (None: nothing to write), re-reading and
-    deciding again after a conflict or a timeout (a timed-out write that took is
-    seen on the re-read: `change` then finds its work done)."""
-    doc = await record.read()
-    while True:
-        new = change(doc.value)
-        if new is None:
-            return doc
-        try:
-            return await record.write(new, doc.version)
-        except (MetadataVersionConflict, MetadataTimeout):
-            doc = await record.read()
+    return await record.change(change)
 
 
 class TransactionSegment:
@@ -104,12 +117,20 @@ class Transaction:
     commits on a clean exit unless committed or aborted, aborts on an exception) and
     by `Stream.resume(txn_id)` (already begun, possibly in another process)."""
 
-    def __init__(self, client: Client, record: StreamRecord, txn_id: str | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        record: StreamRecord,
+        txn_id: str | None = None,
+        *,
+        begun: bool | None = None,
+    ) -> None:
         self._client = client
         self._record = record
         self.stream = record.name
         self.id = txn_id if txn_id is not None else uuid.uuid4().hex
-        self._begun = txn_id is not None
+        #: resumed ones are begun; one begun with a chosen id begins (or joins) on entry
+        self._begun = (txn_id is not None) if begun is None else begun
         self._segments: list[TransactionSegment] = []
         self.aborted = False
         #: the commit number once committed (or found applied already)
@@ -160,10 +181,15 @@ class Transaction:
                 self.stream, self.id, f"was committed (commit {self.committed})"
             )
 
-    async def open_segment(self) -> TransactionSegment:
+    async def open_segment(self, tags: Mapping[str, str] | None = None) -> TransactionSegment:
         """A new pending segment (its ledger created, then recorded in the document with
-        the transaction's activity time). TransactionAborted once the transaction is
+        the transaction's activity time). `tags` go into the ledger's custom metadata
+        (keys prefixed "tag.") so the cluster tools can tell whose ledger it is (a Spark
+        job, partition and attempt). TransactionAborted once the transaction is
         gone."""
+        custom = {STREAM_KEY: self.stream.encode(), TRANSACTION_KEY: self.id.encode()}
+        for key, value in check_tags(tags).items():
+            custom[TAG_PREFIX + key] = value.encode()
         self._check_usable()
         await self.begin()
         doc = (await self._record.read()).value
@@ -174,7 +200,7 @@ class Transaction:
             config.ensemble_size,
             config.write_quorum,
             config.ack_quorum,
-            custom_metadata={STREAM_KEY: self.stream.encode(), TRANSACTION_KEY: self.id.encode()},
+            custom_metadata=custom,
         )
         now = _now_ms()
 
@@ -200,12 +226,18 @@ class Transaction:
         app_id: str | None = None,
         version: int | None = None,
         order: Sequence[int] | None = None,
+        only: Sequence[int] | None = None,
     ) -> int:
         """Make every segment of the transaction visible at once, in creation order (or
         `order`: the segments' ledger ids), with one compare-and-set; its commit
         number. Each segment is closed first: those this object opened are closed at
         their last acknowledged entry (appends still in flight finish first), those
         opened elsewhere are recovered (their writers fenced).
+
+        `only` (ledger ids of segments of the transaction): just these become visible;
+        the transaction's other segments (a failed or losing attempt's, opened by
+        anyone, before or during the commit) are dropped with it and their ledgers
+        deleted after the commit (their writers fenced).
 
         With `key` (or `app_id` and `version`), a commit already applied changes
         nothing and returns the commit number it applied as: a second commit with a
@@ -223,42 +255,59 @@ class Transaction:
         txn = pending(doc, self.id)
         if applied is not None or txn is None:
             return await self._already(digest, app_version)
-        commit_order([s.ledger_id for s in txn.segments], order)  # InvalidArgument first
+        kept = _kept(txn, only)  # InvalidArgument first
+        commit_order(kept, order)
         await _change(self._record, lambda d: _touch(d, self.id))
         for segment in self._segments:
-            with contextlib.suppress(LedgerFenced):  # recovered elsewhere: its end is fixed
-                await segment.close()
+            if segment.ledger_id in kept:
+                with contextlib.suppress(LedgerFenced):  # recovered elsewhere: end fixed
+                    await segment.close()
         closed: dict[int, tuple[int, int, int]] = {}
         outcome: list[int] = []
+        dropped: list[int] = []
         grown: list[PendingTransaction] = []
 
         def change(doc: StreamDocument) -> StreamDocument | None:
             outcome.clear()
+            dropped.clear()
             grown.clear()
             txn = pending(doc, self.id)
             if prior_commit(doc, digest, app_version) is not None or txn is None:
                 return None  # applied meanwhile (ours, timed out, or another's)
-            if any(s.ledger_id not in closed for s in txn.segments):
+            kept = _kept(txn, only)
+            if any(ledger_id not in closed for ledger_id in kept):
                 grown.append(txn)  # a segment opened elsewhere meanwhile: close it too
                 return None
-            ordered = commit_order([s.ledger_id for s in txn.segments], order)
+            ordered = commit_order(kept, order)
             ends = [closed[ledger_id] for ledger_id in ordered]
-            new = commit_transaction(doc, self.id, ends, digest, app_version, _now_ms())
+            dropped.extend(s.ledger_id for s in txn.segments if s.ledger_id not in kept)
+            new = commit_transaction(
+                doc, self.id, ends, digest, app_version, _now_ms(), dropped=dropped
+            )
             outcome.append(new.commit)
             return new
 
         while True:
-            for recorded in txn.segments:
-                if recorded.ledger_id not in closed:
-                    last, length = await recover_segment_ledger(self._client, recorded.ledger_id)
-                    closed[recorded.ledger_id] = (recorded.ledger_id, last, length)
+            for ledger_id in _kept(txn, only):
+                if ledger_id not in closed:
+                    last, length = await recover_segment_ledger(self._client, ledger_id)
+                    closed[ledger_id] = (ledger_id, last, length)
             await _change(self._record, change)
             if outcome:
                 self.committed = outcome[0]
+                await self._delete_dropped(dropped)
                 return outcome[0]
             if not grown:
                 return await self._already(digest, app_version)
             txn = grown[0]
+
+    async def _delete_dropped(self, dropped: Sequence[int]) -> None:
+        """The ledgers of segments a commit dropped (a failed or losing attempt's:
+        never visible), their writers here stopped first."""
+        for segment in self._segments:
+            if segment.ledger_id in dropped:
+                await _delete_ledgers(self._client, self.stream, [], segment._ledger)
+        await _delete_ledgers(self._client, self.stream, dropped)
 
     async def _already(self, digest: str | None, app_version: tuple[str, int] | None) -> int:
         """A commit that finds its key or version recorded (or its transaction gone)."""
@@ -316,6 +365,20 @@ class Transaction:
         for segment in self._segments:  # this object's writers stop
             await _delete_ledgers(self._client, self.stream, [], segment._ledger)
         await _delete_ledgers(self._client, self.stream, gone)
+
+
+def _kept(txn: PendingTransaction, only: Sequence[int] | None) -> list[int]:
+    """The ledger ids of the segments a commit makes visible (creation order)."""
+    ids = [s.ledger_id for s in txn.segments]
+    if only is None:
+        return ids
+    wanted = list(only)
+    if len(set(wanted)) != len(wanted) or not set(wanted) <= set(ids):
+        raise InvalidArgument(
+            f"only={wanted!r} must name segments of the transaction, each once, by ledger "
+            f"id (TransactionSegment.ledger_id): {ids}"
+        )
+    return [ledger_id for ledger_id in ids if ledger_id in set(wanted)]
 
 
 def _touch(doc: StreamDocument, txn_id: str) -> StreamDocument | None:

@@ -119,17 +119,20 @@ def commit_transaction(
     key_digest: str | None,
     app_version: tuple[str, int] | None,
     now_ms: int,
+    dropped: Sequence[int] = (),
 ) -> StreamDocument:
     """The transaction's segments made visible at once, in the order of `ends`
-    ((ledger id, last entry, byte length) of each, every segment of the transaction
-    once), after every visible segment, with one new commit number; the transaction
-    removed and its key and app version recorded. Call `prior_commit` first: a
-    recorded key or version is refused here."""
+    ((ledger id, last entry, byte length) of each), after every visible segment, with
+    one new commit number; the transaction removed (its `dropped` segments with it:
+    every segment is named once, in `ends` or in `dropped`) and its key and app
+    version recorded. Call `prior_commit` first: a recorded key or version is refused
+    here."""
     _check_active(doc)
     txn = _pending(doc, txn_id)
     if prior_commit(doc, key_digest, app_version) is not None:
         raise StreamChangeRefused(f"stream {doc.name!r}: commit of {txn_id} was applied already")
-    if sorted(ledger for ledger, _, _ in ends) != sorted(s.ledger_id for s in txn.segments):
+    named = [ledger for ledger, _, _ in ends] + list(dropped)
+    if sorted(named) != sorted(s.ledger_id for s in txn.segments):
         raise StreamChangeRefused(
             f"stream {doc.name!r}: the commit of {txn_id} does not name each of its segments once"
         )
