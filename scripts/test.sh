@@ -17,7 +17,7 @@ install_debian_package zookeeper /usr/share/zookeeper/bin/zkServer.sh "the metad
 install_debian_package redis-server /usr/bin/redis-server "the benchmark's Redis peer"
 python3 -m venv .venv
 .venv/bin/pip install --quiet --upgrade pip
-.venv/bin/pip install --quiet -e ".[test]"
+.venv/bin/pip install --quiet -e ".[test,spark]"
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

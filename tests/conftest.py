@@ -47,3 +47,7 @@ def small_filesystems(tmp_path: Path) -> Iterator[SmallFilesystems]:
         yield filesystems
     finally:
         filesystems.unmount_all()
+
+
+# the Spark tests' session-wide SparkSession and cluster (tests/spark_support.py)
+from spark_support import spark_cluster, spark_session  # noqa: E402, F401
