@@ -1,1 +1,7 @@
-"""The PySpark writer (for DataFrame.foreachPartition) and reader. Arrives with the Spark issue."""
+"""Pora's PySpark pipeline (docs/spark.md): `PoraDataSource`, the data source "pora"
+(batch and Structured Streaming, reading and writing), and `partition_writer`, the
+exactly-once writer for `DataFrame.foreachPartition`. Needs the `spark` extra."""
+
+from spark.source import PoraDataSource
+
+__all__ = ["PoraDataSource"]

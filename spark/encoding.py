@@ -2,9 +2,11 @@
 rows, an Arrow record batch in the IPC stream format (its schema message first, so an
 entry reads alone), compressed with zstd, behind one format byte:
 
-    entry   = format rows
-    format  = 0x01                      ; zstd(Arrow IPC stream: schema, one batch)
-    rows    = a zstd frame, its content size in its header
+    entry   = format row-count rows
+    format  = 0x01
+    row-count = uint32, little-endian    ; the batch's rows, readable without decoding
+    rows    = a zstd frame of an Arrow IPC stream (schema, one batch), its content
+              size in its header
 
 Batches are cut so that each entry's rows take about `entry_bytes` in Arrow's memory
 (compression makes them smaller still), and at most `rows_per_entry` rows. The
@@ -92,7 +94,25 @@ class EntryEncoder:
         with pa.ipc.new_stream(sink, batch.schema) as ipc:
             ipc.write_batch(batch)
         raw = sink.getvalue()
-        return bytes([ENTRY_FORMAT_ARROW_ZSTD]) + self._compressor.compress(raw)
+        rows: int = batch.num_rows
+        header = bytes([ENTRY_FORMAT_ARROW_ZSTD]) + rows.to_bytes(4, "little")
+        compressed: bytes = self._compressor.compress(raw)
+        return header + compressed
+
+
+_HEADER_BYTES = 5
+
+
+def entry_rows(entry: bytes, where: str = "an entry") -> int:
+    """The number of rows an entry holds, from its header (no decoding);
+    EntryFormatError naming `where` for what is not such an entry."""
+    if len(entry) < _HEADER_BYTES or entry[0] != ENTRY_FORMAT_ARROW_ZSTD:
+        shown = entry[:1].hex() or "nothing"
+        raise EntryFormatError(
+            f"{where} is not rows written by the Pora Spark writer (format byte {shown}, "
+            f"not {ENTRY_FORMAT_ARROW_ZSTD:02x}): read this stream with stream.read()"
+        )
+    return int.from_bytes(entry[1:_HEADER_BYTES], "little")
 
 
 class EntryDecoder:
@@ -107,26 +127,25 @@ class EntryDecoder:
         """The entry's rows (only `columns`, in that order, when given: a column the
         entry lacks, added to the table after it was written, comes back as nulls of
         the type `null`; the caller casts). EntryFormatError naming `where`."""
-        if not entry or entry[0] != ENTRY_FORMAT_ARROW_ZSTD:
-            shown = entry[:1].hex() or "nothing"
-            raise EntryFormatError(
-                f"{where} is not rows written by the Pora Spark writer (format byte {shown}, "
-                f"not {ENTRY_FORMAT_ARROW_ZSTD:02x}): read this stream with stream.read()"
-            )
+        rows = entry_rows(entry, where)
+        frame = entry[_HEADER_BYTES:]
         try:
-            size = zstandard.frame_content_size(entry[1:])
+            size = zstandard.frame_content_size(frame)
             if size < 0 or size > DECODED_BYTES_MAX:
                 raise EntryFormatError(
                     f"{where} is corrupt: its rows claim {size} bytes decoded (at most "
                     f"{DECODED_BYTES_MAX} are read)"
                 )
-            raw = self._decompressor.decompress(entry[1:], max_output_size=size)
+            raw = self._decompressor.decompress(frame, max_output_size=size)
             with pa.ipc.open_stream(raw) as ipc:
                 batches = list(ipc)
         except (zstandard.ZstdError, pa.ArrowInvalid) as error:
             raise EntryFormatError(f"{where} is corrupt: {error}") from error
-        if len(batches) != 1:
-            raise EntryFormatError(f"{where} holds {len(batches)} batches, not 1")
+        if len(batches) != 1 or batches[0].num_rows != rows:
+            raise EntryFormatError(
+                f"{where} is corrupt: it holds {len(batches)} batches of "
+                f"{[b.num_rows for b in batches]} rows, not one of {rows}"
+            )
         batch = batches[0]
         if columns is None:
             return batch

@@ -12,6 +12,7 @@ from spark.encoding import (
     EntryEncoder,
     EntryFormatError,
     cut_batches,
+    entry_rows,
     schema_from_attribute,
     schema_to_attribute,
 )
@@ -45,6 +46,7 @@ def test_an_entry_round_trips_and_reads_some_columns() -> None:
     batch = table(2000)
     entry = EntryEncoder(level=3).encode(batch)
     assert entry[0] == 1 and len(entry) < batch.nbytes // 4
+    assert entry_rows(entry) == 2000
     decoder = EntryDecoder()
     assert decoder.decode(entry).equals(batch)
     only = decoder.decode(entry, columns=["body", "added_later"])
@@ -58,7 +60,7 @@ def test_what_is_not_an_entry_is_refused_by_name() -> None:
     with pytest.raises(EntryFormatError, match=r"position 3:7 is not rows"):
         decoder.decode(b"plain text", where="position 3:7")
     with pytest.raises(EntryFormatError, match="corrupt"):
-        decoder.decode(b"\x01" + b"\x28\xb5\x2f\xfd" + b"\x00" * 20, where="position 0:0")
+        decoder.decode(b"\x01\x01\x00\x00\x00\x28\xb5\x2f\xfd" + b"\x00" * 20, where="0:0")
     with pytest.raises(ValueError, match="level"):
         EntryEncoder(level=99)
 
