@@ -55,15 +55,7 @@ class PoraBatchWriter(DataSourceArrowWriter):
             stream = pora.call(pora.client.open_stream, self.options.stream)
             txn = pora.call(stream.resume, self.job)
             written = write_segment(pora, txn, iterator, self.options, tags)
-        return SegmentWritten(
-            self.job,
-            written.ledger_id,
-            partition,
-            attempt,
-            written.rows,
-            written.entries,
-            written.bytes,
-        )
+        return written.message(self.job, partition, attempt)
 
     def commit(self, messages: Sequence[WriterCommitMessage | None]) -> None:
         """The reported segments made visible with one compare-and-set (the stream's

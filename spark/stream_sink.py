@@ -87,16 +87,7 @@ class PoraStreamWriter(DataSourceStreamArrowWriter):
             txn = stream.begin(txn_id)
             pora.call(txn.begin)  # the batch's: begun by the first task, joined after
             written = write_segment(pora, txn, iterator, self.options, tags)
-        return SegmentWritten(
-            txn_id,
-            written.ledger_id,
-            partition,
-            attempt,
-            written.rows,
-            written.entries,
-            written.bytes,
-            query_id=query_id,
-        )
+        return written.message(txn_id, partition, attempt, query_id)
 
     def commit(self, messages: Sequence[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803 (Spark's)
         """The batch's reported segments visible with one compare-and-set recording

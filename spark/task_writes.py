@@ -82,6 +82,21 @@ class Written:
     entries: int = 0
     bytes: int = 0
 
+    def message(
+        self, txn_id: str, partition: int, attempt: int, query_id: str | None = None
+    ) -> SegmentWritten:
+        """The task's commit message reporting this segment."""
+        return SegmentWritten(
+            txn_id,
+            self.ledger_id,
+            partition,
+            attempt,
+            self.rows,
+            self.entries,
+            self.bytes,
+            query_id,
+        )
+
 
 def write_segment(
     pora: BlockingClient,
