@@ -3,8 +3,8 @@
 `local[2]` Spark and a 3-node local cluster (`pora cluster`, SQLite metadata), streams
 written with E=3 Qw=3 Qa=2. One cached DataFrame (id long, ts timestamp, key string of
 8-16 characters, value double, body string of 100 bytes) is written `--runs` times
-each (after a small warm-up write of each) with `df.write.format("pora")` and `df.write.parquet` to local disk, the two
-alternated (pora first on even runs, Parquet first on odd ones), then read back: a
+each (after a small warm-up write of each) with `df.write.format("pora")` and
+`df.write.parquet` to local disk, the two alternated (pora first on even runs, Parquet first on odd ones), then read back: a
 full count and a sum over one column, from the stream (`spark.read.format("pora")`)
 and from the Parquet files. Figures are the median run, in rows/s; the bytes stored
 are the stream's (its segments' payload bytes times the write quorum: every replica)
@@ -184,7 +184,8 @@ def measure(spark: Any, url: str, parent: Path, args: argparse.Namespace) -> Non
         paths.append(path)
 
     # warm up (the Python workers, the JIT, the cluster's first ledgers), not counted
-    df.limit(1000).write.format("pora").option("metadata", url).save("bench-warmup")
+    warm = df.limit(1000).write.format("pora").option("metadata", url).mode("append")
+    warm.save("bench-warmup")
     df.limit(1000).write.parquet(str(parent / "parquet-warmup"))
     for run_number in range(args.runs):
         order = (write_pora, write_parquet) if run_number % 2 == 0 else (write_parquet, write_pora)
