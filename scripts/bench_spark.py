@@ -4,11 +4,12 @@
 written with E=3 Qw=3 Qa=2. One cached DataFrame (id long, ts timestamp, key string of
 8-16 characters, value double, body string of 100 bytes) is written `--runs` times
 each (after a small warm-up write of each) with `df.write.format("pora")` and
-`df.write.parquet` to local disk, the two alternated (pora first on even runs, Parquet first on odd ones), then read back: a
-full count and a sum over one column, from the stream (`spark.read.format("pora")`)
-and from the Parquet files. Figures are the median run, in rows/s; the bytes stored
-are the stream's (its segments' payload bytes times the write quorum: every replica)
-and the cluster's data dirs' growth (journals included), against Parquet's files.
+`df.write.parquet` to local disk, the two alternated (pora first on even runs, Parquet
+first on odd ones), then read back: a full count and a sum over one column, from the
+stream (`spark.read.format("pora")`) and from the Parquet files. Figures are the
+median run, in rows/s; the bytes stored are the stream's (its segments' payload bytes
+times the write quorum: every replica) and the cluster's data dirs' growth (journals
+included), against Parquet's files.
 Targets (issue 28): write and read at least 0.5x Parquet's rate.
 
     python scripts/bench_spark.py [--rows 10000000] [--runs 3] [--partitions 4]
@@ -50,23 +51,24 @@ def local_cluster(folder: Path) -> Iterator[str]:
         sys.executable, "-m", "pora.cli", "cluster", "--nodes", str(CLUSTER_NODES),
         "--dir", str(folder), "--node-arg=--log-level=warning",
     ]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
+    folder.mkdir(parents=True)
+    log = folder.parent / "cluster.log"  # read for its first lines; never a full pipe
+    with log.open("w") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
     try:
-        url = ""
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        for line in process.stdout:
-            if line.startswith("metadata URL: "):
-                url = line.removeprefix("metadata URL: ").strip()
-            if line.startswith("ready:"):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"pora cluster not ready in {STARTUP_TIMEOUT_S} s")
-        if not url:
-            raise RuntimeError("pora cluster printed no metadata URL")
-        # its later lines are not read: keep the pipe from filling
-        process.stdout.close()
-        yield url
+        while "ready:" not in log.read_text():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"pora cluster not ready: {log.read_text()}")
+            time.sleep(0.1)
+        urls = [
+            line.removeprefix("metadata URL: ").strip()
+            for line in log.read_text().splitlines()
+            if line.startswith("metadata URL: ")
+        ]
+        if not urls:
+            raise RuntimeError(f"pora cluster printed no metadata URL: {log.read_text()}")
+        yield urls[0]
     finally:
         process.send_signal(signal.SIGTERM)
         try:
