@@ -62,19 +62,19 @@ def test_every_row_once_when_first_attempts_fail_after_committing(
     spark_session: Any, spark_cluster: str
 ) -> None:
     name = stream_name("parts")
-    df = events(spark_session, 1000)
+    df = events(spark_session, 1000, 2)
     write = partition_writer(spark_cluster, name, df.schema, rows_per_entry=200)
     assert pickle.loads(pickle.dumps(write)) == write  # nothing captured
     df.foreachPartition(failing_after(write, after_commit=True))
     assert sorted(column(spark_cluster, name, "id")) == list(range(1000))
-    assert len(segment_ledgers(spark_cluster, name)) == 4
+    assert len(segment_ledgers(spark_cluster, name)) == 2
     assert stream_ledgers(spark_cluster, name) == segment_ledgers(spark_cluster, name)
     assert pending_transactions(spark_cluster, name) == 0
 
 
 def test_a_failure_while_writing_leaves_nothing(spark_session: Any, spark_cluster: str) -> None:
     name = stream_name("parts")
-    df = events(spark_session, 400)
+    df = events(spark_session, 400, 2)
     df.foreachPartition(failing_after(partition_writer(spark_cluster, name), after_commit=False))
     table = stream_table(spark_cluster, name)
     assert sorted(table.column("id").to_pylist()) == list(range(400))
