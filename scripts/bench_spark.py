@@ -33,6 +33,7 @@ from typing import Any
 
 from spark import PoraDataSource
 from spark.blocking import blocking_client
+from spark.encoding import COMPRESSION_LEVEL_DEFAULT
 
 E, QW, QA = 3, 3, 2
 CLUSTER_NODES = 3
@@ -202,6 +203,10 @@ def measure(spark: Any, url: str, parent: Path, args: argparse.Namespace) -> Non
         spark, rows, lambda: spark.read.format("pora").option("metadata", url).load(names[-1])
     )
     parquet_read = read_figures(spark, rows, lambda: spark.read.parquet(str(paths[-1])))
+    paired = statistics.median(
+        theirs / ours for ours, theirs in zip(pora_s, parquet_s, strict=True)
+    )
+    print(f"write ratio, median of the runs' own: {paired:.2f}x")
     report(
         rows,
         statistics.median(pora_s),
@@ -247,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--runs", type=int, default=3, help="writes of each, alternated")
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--compression-level", type=int, default=3)
+    parser.add_argument("--compression-level", type=int, default=COMPRESSION_LEVEL_DEFAULT)
     parser.add_argument("--dir", default=None, help="where the cluster and files go")
     run(parser.parse_args(argv))
 
