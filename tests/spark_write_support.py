@@ -64,6 +64,22 @@ def stream_ledgers(url: str, name: str) -> set[int]:
     return set(named())
 
 
+def segment_tags(url: str, name: str) -> list[dict[str, str]]:
+    """The `tag.` custom metadata of each visible segment's ledger, by seq."""
+    with blocking_client(url) as pora:
+        stream = pora.call(pora.client.open_stream, name)
+        info = pora.call(stream.info)
+        ledgers = {ledger.ledger_id: ledger for ledger in pora.iterate(pora.client.list_ledgers)}
+    return [
+        {
+            key.removeprefix("tag."): value.decode()
+            for key, value in ledgers[segment.ledger_id].custom.items()
+            if key.startswith("tag.")
+        }
+        for segment in info.segments
+    ]
+
+
 def pending_transactions(url: str, name: str) -> int:
     with blocking_client(url) as pora:
         stream = pora.call(pora.client.open_stream, name)

@@ -17,6 +17,7 @@ from spark_write_support import (
     column,
     pending_transactions,
     segment_ledgers,
+    segment_tags,
     ship_by_value,
     stream_ledgers,
     stream_table,
@@ -75,7 +76,9 @@ def test_every_row_once_when_every_first_attempt_fails(session: Any, spark_clust
     assert sorted(column(spark_cluster, name, "id")) == list(range(2000))
     # the first attempts' segments were dropped at the commit, their ledgers deleted
     assert stream_ledgers(spark_cluster, name) == segment_ledgers(spark_cluster, name)
-    assert len(segment_ledgers(spark_cluster, name)) == 2
+    tags = segment_tags(spark_cluster, name)
+    assert sorted((t["partition"], t["attempt"]) for t in tags) == [("0", "1"), ("1", "1")]
+    assert len({t["job"] for t in tags}) == 1
     assert pending_transactions(spark_cluster, name) == 0
     # a second job appends
     save(events(session, 10, 2), spark_cluster, name)
