@@ -12,6 +12,7 @@ from replication_support import local_cluster
 from writer_support import client_on
 
 import pora
+import pora.streams.document
 from pora import Position
 from pora.streams.stream import Stream
 
@@ -78,3 +79,30 @@ async def test_replace_is_refused_while_a_writer_holds_an_open_segment(
         # still pending: once the writer closed, the same commit replaces
         await txn.commit(replace=True)
         assert await payloads(stream) == [b"new"]
+
+
+async def test_replace_removes_the_paged_segments_and_their_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a head of at most 4 segments and pages of 3, a stream of some 12 segments
+    keeps most in pages: a replacing commit removes them all, pages included."""
+    monkeypatch.setattr(pora.streams.document, "HEAD_SEGMENTS_MAX", 4)
+    monkeypatch.setattr(pora.streams.document, "PAGE_SEGMENTS", 3)
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("paged", segment_bytes_max=SMALL)
+        async with stream.open_writer() as writer:  # rolled over into some 12 segments
+            for k in range(400):
+                await writer.append(b"%04d" % k + bytes(2000))
+        info = await stream.info()
+        assert info.pages
+        old = {ledger.ledger_id async for ledger in client.list_ledgers()}
+        async with stream.begin() as txn:
+            await (await txn.open_segment()).append(b"new")
+            await txn.commit(replace=True)
+        assert await payloads(stream) == [b"new"]
+        info = await stream.info()
+        assert info.pages == () and len(info.segments) == 1
+        assert await client.store.list_documents("stream-pages") == []
+        left = {ledger.ledger_id async for ledger in client.list_ledgers()}
+        assert left == {info.segments[0].ledger_id}
+        assert not old & left
