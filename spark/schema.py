@@ -74,10 +74,10 @@ def schema_differences(recorded: Any, given: Any) -> list[str]:
             nullable = "nullable" if field.nullable else "not nullable"
             differences.append(f"{name!r} added ({field.dataType.simpleString()}, {nullable})")
         elif kept.dataType != field.dataType:
-            differences.append(
-                f"{name!r} type {field.dataType.simpleString()}, the stream's is "
-                f"{kept.dataType.simpleString()}"
-            )
+            ours_shown, theirs_shown = kept.dataType.simpleString(), field.dataType.simpleString()
+            if ours_shown == theirs_shown:  # differs only in nullability inside
+                ours_shown, theirs_shown = kept.dataType.json(), field.dataType.json()
+            differences.append(f"{name!r} type {theirs_shown}, the stream's is {ours_shown}")
         elif field.nullable and not kept.nullable:
             differences.append(f"{name!r} nullable, the stream's is not")
     return differences
