@@ -74,6 +74,7 @@ from pora.errors import (
     TransactionAborted,
     Unauthorized,
     UnindexedEntryLog,
+    WriterActive,
     WriterFenced,
 )
 from pora.node import Node, NodeStatistics, open_node
@@ -163,6 +164,7 @@ __all__ = [
     "TransactionSegment",
     "Unauthorized",
     "UnindexedEntryLog",
+    "WriterActive",
     "WriterFenced",
     "connect",
     "connect_node",
