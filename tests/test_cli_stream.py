@@ -5,9 +5,9 @@ subprocesses against a real `pora cluster`."""
 from __future__ import annotations
 
 import base64
-import re
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
