@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ def test_create_list_show_delete_on_the_metadata_store(url: str, capsys: Capsys)
     created = run_cli(
         capsys, "stream", "create", "events", "--metadata", url,
         "--segment-bytes-max", "65536", "--ack-quorum", "3", "--retention-s", "60",
+        "--txn-pending-max", "20",
     )  # fmt: skip
     assert created.status == 0, created.err
     assert "created stream 'events'" in created.out
@@ -69,13 +71,20 @@ def test_create_list_show_delete_on_the_metadata_store(url: str, capsys: Capsys)
         "segment_age_s_max": 3600,
         "retention_s": 60.0,
         "retention_bytes": None,
+        "retention_s_max": None,
+        "retention_bytes_max": None,
+        "commit_keys_max": 10_000,
+        "txn_idle_s_max": 86400.0,
+        "txn_pending_max": 20,
+        "txn_segments_max": 3000,
+        "app_ids_max": 1000,
     }
     assert (shown["state"], shown["commit"], shown["segments"]) == ("ACTIVE", 0, [])
     # the document's sections this command does not know are shown as they are
     assert shown["transactions"] == [] and shown["cursors"] == []
     text = run_cli(capsys, "stream", "show", "events", "--metadata", url).out
-    assert "config.segment_bytes_max  65536" in text
-    assert "transactions" in text
+    assert re.search(r"^config.segment_bytes_max +65536$", text, re.MULTILINE)
+    assert "pending transactions: none" in text and "cursors: none" in text
 
     sealed = run_cli(capsys, "stream", "seal", "events", "--metadata", url)
     assert sealed.status == 0, sealed.err
@@ -139,6 +148,11 @@ def test_refusals_say_what_is_wrong_with_exit_status_2(
     refused(
         run_cli(capsys, "stream", "create", "x", "--metadata", url, "--ack-quorum", "4"),
     )
+    refused(
+        run_cli(capsys, "stream", "create", "x", "--metadata", url, "--app-ids-max", "9000"),
+        "app_ids_max=9000",
+        "lower some of them",
+    )
     missing = f"sqlite:///{tmp_path}/missing.db"
     refused(run_cli(capsys, "stream", "list", "--metadata", missing))
     refused(run_cli(capsys, "stream", "create", "x", "--metadata", missing))
@@ -146,7 +160,7 @@ def test_refusals_say_what_is_wrong_with_exit_status_2(
 
 
 def test_help_of_every_command(capsys: Capsys) -> None:
-    for command in ("list", "show", "create", "seal", "delete", "trim", "read", "tail"):
+    for command in ("list", "show", "create", "seal", "delete", "trim", "gc", "read", "tail"):
         with pytest.raises(SystemExit) as exit_:
             run_cli(capsys, "stream", command, "--help")
         assert exit_.value.code == 0

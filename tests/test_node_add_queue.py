@@ -129,6 +129,17 @@ async def test_a_parked_caller_cancelled_ends_its_wait_and_its_add_goes_on(
 ) -> None:
     async with pora.open_node(data_dir) as node:
         cancelled = trio.CancelScope()
+        # the turn's batch is held back until after the cancel: otherwise the journal's
+        # write thread may finish in the scheduler batch that wakes this task from
+        # wait_all_tasks_blocked, and the add completes before the cancel reaches it
+        journal = node._journal
+        submit_nowait = journal.submit_nowait
+        held: list[list[Request]] = []
+
+        def hold(batch: list[Request]) -> None:
+            held.append(batch)
+
+        journal.submit_nowait = hold  # type: ignore[method-assign]
 
         async def add_then_cancelled() -> None:
             with cancelled:
@@ -137,8 +148,12 @@ async def test_a_parked_caller_cancelled_ends_its_wait_and_its_add_goes_on(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(add_then_cancelled)
             await trio.testing.wait_all_tasks_blocked()
+            assert len(held) == 1  # submitted, and parked for its outcome
             cancelled.cancel()
         assert cancelled.cancelled_caught
+        journal.submit_nowait = submit_nowait  # type: ignore[method-assign]
+        for batch in held:
+            submit_nowait(batch)  # the cancelled caller's add goes on
         await node.add_entry(4, 1, b"after")  # journalled after the cancelled one
         assert await node.read_entry(4, 0) == b"maybe"
 

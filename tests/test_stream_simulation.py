@@ -2,7 +2,10 @@
 a live writer appending from several tasks across rollovers, a second writer taking
 over, a subscriber throughout and a reader midway, with node crashes and partitions
 timed to rollovers and to the takeover, and a document compare-and-set whose reply
-is lost after it took; the invariants of tests/simulation/stream_invariants.py
+is lost after it took; transactions from several processes committing (with a key,
+an app version, or neither), aborting, dying mid-way (collected at the end) or right
+after their commit's compare-and-set took (their batch retried), with crashes and
+partitions as they commit; the invariants of tests/simulation/stream_invariants.py
 checked after every step and at the end.
 
 A failing run names its seed; `PORA_SIM_SEED=<seed> pytest
@@ -20,6 +23,7 @@ from simulation.stream_scenarios import (
     run_stream_plan,
     stream_plan_from_seed,
 )
+from simulation.stream_txn import TxnPlan
 
 
 def test_a_writer_rolls_over_and_a_takeover_fences_it() -> None:
@@ -54,6 +58,36 @@ def test_crashes_at_a_rollover_and_during_the_takeover() -> None:
     result = run_stream_plan(plan)
     assert result.fenced
     assert result.history.acked
+
+
+def test_transactions_commit_abort_die_and_retry_around_the_live_writers() -> None:
+    partition = Fault(at_s=0.0, kind="partition", node=1, for_s=0.3, client="txn-4")
+    crash = Fault(at_s=0.0, kind="crash", node=2, for_s=0.2, client="txn-4")
+    plan = StreamPlan(
+        seed=4,
+        appends_each=6,
+        transactions=(
+            TxnPlan("txn-1", 0.01, "key:k1", segments=2),
+            TxnPlan("txn-2", 0.02, "key:k1", end="crash-after-cas"),  # races txn-1's key
+            TxnPlan("txn-3", 0.03, "version:2", end="crash-after-cas", segments=2),
+            TxnPlan("txn-4", 0.04, "version:1", faults=(partition, crash)),  # below 2
+            TxnPlan("txn-5", 0.05, "-", end="lose-reply", segments=2),
+            TxnPlan("txn-6", 0.06, "key:k2", end="abort", segments=2),
+            TxnPlan("txn-7", 0.07, "key:k3", end="crash", segments=2),
+        ),
+    )
+    result = run_stream_plan(plan)
+    attempts = result.history.attempts
+    # txn-1 and txn-2 race with k1: whichever comes second is skipped (the invariants
+    # check that no reader gets entries of both)
+    assert attempts["txn-1.1"].outcome in ("committed", "skipped")
+    assert attempts["txn-2.1"].outcome is None  # died once its compare-and-set took
+    assert attempts["txn-2.2"].outcome == "skipped"  # its retry: k1 was recorded
+    assert attempts["txn-3.2"].outcome == "skipped"
+    assert attempts["txn-5.1"].outcome == "committed"  # a keyless commit's lost reply
+    assert attempts["txn-6.1"].outcome == "aborted"
+    assert attempts["txn-7.1"].outcome == "collected"
+    assert attempts["txn-4.1"].outcome in ("skipped", "committed", None)
 
 
 def replace_node(fault: Fault, node: int) -> Fault:

@@ -5,6 +5,7 @@ two clients race; resume from another client; reads as of a commit."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -216,6 +217,61 @@ async def test_a_commit_while_a_live_segment_is_open(tmp_path: Path) -> None:
             assert await writer.append(b"live 2") == Position(2, 0)
 
 
+async def test_a_rollover_after_a_commit_acknowledges_where_the_entries_are(
+    tmp_path: Path,
+) -> None:
+    """A commit while the live segment is OPEN takes the next seq: the writer's next
+    segment comes after it, and the positions the writer returns say so."""
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("events", segment_bytes_max=SMALL)
+        payloads = [bytes([i]) * (SMALL // 4) for i in range(8)]
+        async with stream.open_writer() as writer:
+            positions = [await writer.append(payloads[0])]
+            async with stream.begin() as txn:
+                await (await txn.open_segment()).append(b"txn")
+            positions += [await writer.append(payload) for payload in payloads[1:]]
+        assert positions[0].segment == 0 and positions[-1].segment >= 2
+        assert Position(1, 0) not in positions  # the commit's segment
+        read = dict(await read_all(stream))
+        assert read[Position(1, 0)] == b"txn"
+        assert [read[position] for position in positions] == payloads
+
+
+def lose_one_reply(
+    monkeypatch: pytest.MonkeyPatch, when: Callable[[StreamDocument], bool]
+) -> list[int]:
+    """From now on the first document write for which `when` holds takes, but its
+    reply is lost (MetadataTimeout); the list gets that write's commit number."""
+    write = StreamRecord.write
+    lost: list[int] = []
+
+    async def write_then_time_out(
+        self: StreamRecord, doc: StreamDocument, expected_version: int
+    ) -> Versioned[StreamDocument]:
+        written = await write(self, doc, expected_version)
+        if when(doc) and not lost:
+            lost.append(doc.commit)
+            raise MetadataTimeout("test:", "no answer", "the reply was lost")
+        return written
+
+    monkeypatch.setattr(StreamRecord, "write", write_then_time_out)
+    return lost
+
+
+async def test_a_commit_without_key_whose_reply_is_lost_is_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The committer re-reads, finds its transaction gone and its segments visible:
+    the commit applied (not TransactionAborted)."""
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("events", segment_bytes_max=SMALL)
+        txn = await pending_with(stream, b"keyless")
+        lost = lose_one_reply(monkeypatch, lambda doc: doc.commit == 1)
+        assert await txn.commit() == 1
+        assert lost == [1]
+        assert [p for _, p in await read_all(stream)] == [b"keyless"]
+
+
 async def test_ten_thousand_keys_keep_the_document_bounded(tmp_path: Path) -> None:
     doc = new_stream("events", StreamConfig(), 0)
     doc = replace(
@@ -233,21 +289,9 @@ async def test_a_commit_whose_reply_is_lost_reports_success_once(
 ) -> None:
     """The commit's CAS takes but the store's answer times out: the committer re-reads,
     finds its key recorded and its transaction gone, and returns the commit number."""
-    write = StreamRecord.write
-    lost: list[int] = []
-
-    async def write_then_time_out(
-        self: StreamRecord, doc: StreamDocument, expected_version: int
-    ) -> Versioned[StreamDocument]:
-        written = await write(self, doc, expected_version)
-        if doc.commit_keys and not lost:
-            lost.append(doc.commit)
-            raise MetadataTimeout("test:", "no answer", "the reply was lost")
-        return written
-
     async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
         stream = await client.create_stream("events", segment_bytes_max=SMALL)
-        monkeypatch.setattr(StreamRecord, "write", write_then_time_out)
+        lost = lose_one_reply(monkeypatch, lambda doc: bool(doc.commit_keys))
         async with stream.begin() as txn:
             await (await txn.open_segment()).append(b"once")
             assert await txn.commit(key="batch-1") == 1

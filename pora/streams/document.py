@@ -32,8 +32,11 @@ from pora.meta.records import RECORD_BYTES_MAX
 from pora.streams.position import Position
 from pora.streams.stream_attributes import check_attributes, decode_attributes
 from pora.streams.transaction_fields import (
+    APP_IDS_MAX_DEFAULT,
     COMMIT_KEYS_MAX_DEFAULT,
     TXN_IDLE_S_MAX_DEFAULT,
+    TXN_PENDING_MAX_DEFAULT,
+    TXN_SEGMENTS_MAX_DEFAULT,
     AppVersion,
     CommitKey,
     PendingTransaction,
@@ -99,10 +102,22 @@ class StreamConfig:
     #: which `collect_abandoned_transactions` may remove a pending transaction
     commit_keys_max: int = COMMIT_KEYS_MAX_DEFAULT
     txn_idle_s_max: float = TXN_IDLE_S_MAX_DEFAULT
+    #: the most pending transactions, pending segments (all of them together) and app
+    #: ids the document holds; together with commit_keys_max within what the document
+    #: keeps for them (check_transaction_config)
+    txn_pending_max: int = TXN_PENDING_MAX_DEFAULT
+    txn_segments_max: int = TXN_SEGMENTS_MAX_DEFAULT
+    app_ids_max: int = APP_IDS_MAX_DEFAULT
 
     def __post_init__(self) -> None:
         check_quorums(self.ensemble_size, self.write_quorum, self.ack_quorum)
-        check_transaction_config(self.commit_keys_max, self.txn_idle_s_max)
+        check_transaction_config(
+            self.commit_keys_max,
+            self.txn_idle_s_max,
+            self.txn_pending_max,
+            self.txn_segments_max,
+            self.app_ids_max,
+        )
         if not is_int(self.segment_bytes_max):
             raise InvalidArgumentType(
                 f"segment_bytes_max must be an int, not {type(self.segment_bytes_max).__name__}"
@@ -541,6 +556,9 @@ def encode_document(doc: StreamDocument) -> bytes:
             "retention_bytes_max": config.retention_bytes_max,
             "commit_keys_max": config.commit_keys_max,
             "txn_idle_s_max": config.txn_idle_s_max,
+            "txn_pending_max": config.txn_pending_max,
+            "txn_segments_max": config.txn_segments_max,
+            "app_ids_max": config.app_ids_max,
         },
         "state": doc.state.value,
         "commit": doc.commit,
@@ -612,7 +630,13 @@ def _check_version(raw: Any) -> None:
 
 
 #: absent from documents written before transactions: the defaults apply
-_TRANSACTION_CONFIG_KEYS = ("commit_keys_max", "txn_idle_s_max")
+_TRANSACTION_CONFIG_KEYS = (
+    "commit_keys_max",
+    "txn_idle_s_max",
+    "txn_pending_max",
+    "txn_segments_max",
+    "app_ids_max",
+)
 _CONFIG_KEYS = (
     "ensemble_size",
     "write_quorum",

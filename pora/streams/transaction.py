@@ -282,9 +282,17 @@ class Transaction:
 
         def change(doc: StreamDocument) -> StreamDocument | None:
             outcome.clear()
-            dropped.clear()
             grown.clear()
             txn = pending(doc, self.id)
+            if txn is None:
+                visible = _visible_commit(doc, closed)
+                if visible is not None:
+                    # our write that timed out took (or another process committed this
+                    # transaction): committed, with or without a key; `dropped` is
+                    # what that write dropped
+                    outcome.append(visible)
+                    return None
+            dropped.clear()
             if prior_commit(doc, digest, app_version) is not None or txn is None:
                 return None  # applied meanwhile (ours, timed out, or another's)
             kept = _kept(txn, only)
@@ -420,6 +428,15 @@ def _kept(txn: PendingTransaction, only: Sequence[int] | None) -> list[int]:
             f"id (TransactionSegment.ledger_id): {ids}"
         )
     return [ledger_id for ledger_id in ids if ledger_id in set(wanted)]
+
+
+def _visible_commit(doc: StreamDocument, ledger_ids: Mapping[int, object]) -> int | None:
+    """The commit number of the visible segment on one of these ledgers (the head's:
+    a commit just made is there), or None when none is visible."""
+    for segment in reversed(doc.segments):
+        if segment.ledger_id in ledger_ids:
+            return segment.commit
+    return None
 
 
 def _touch(doc: StreamDocument, txn_id: str) -> StreamDocument | None:

@@ -25,9 +25,6 @@ from pora.streams.document import (
 )
 from pora.streams.errors import StreamSealed, TransactionAborted, WriterActive
 from pora.streams.transaction_fields import (
-    APP_IDS_MAX,
-    PENDING_SEGMENTS_MAX,
-    TRANSACTIONS_PENDING_MAX,
     AppVersion,
     CommitKey,
     PendingSegment,
@@ -64,10 +61,12 @@ def begin_transaction(doc: StreamDocument, txn_id: str, now_ms: int) -> StreamDo
     _check_active(doc)
     if pending(doc, txn_id) is not None:
         raise StreamChangeRefused(f"stream {doc.name!r}: transaction {txn_id} exists")
-    if len(doc.transactions) >= TRANSACTIONS_PENDING_MAX:
+    limit = doc.config.txn_pending_max
+    if len(doc.transactions) >= limit:
         raise StreamChangeRefused(
-            f"stream {doc.name!r} has {TRANSACTIONS_PENDING_MAX} pending transactions, the "
-            "most it holds: commit or abort some first"
+            f"stream {doc.name!r} has {limit} pending transactions, the most its config "
+            f"(txn_pending_max={limit}) lets it hold: commit or abort some first (or "
+            "collect the abandoned ones: pora stream gc)"
         )
     txn = PendingTransaction(txn_id, now_ms, now_ms)
     return _checked(replace(doc, transactions=(*doc.transactions, txn)))
@@ -79,10 +78,12 @@ def add_transaction_segment(
     """A new, invisible segment of the transaction (its activity time moves)."""
     _check_active(doc)
     txn = _pending(doc, txn_id)
-    if pending_segment_count(doc) >= PENDING_SEGMENTS_MAX:
+    limit = doc.config.txn_segments_max
+    if pending_segment_count(doc) >= limit:
         raise StreamChangeRefused(
-            f"stream {doc.name!r}: its pending transactions hold {PENDING_SEGMENTS_MAX} "
-            "segments, the most it keeps: commit or abort some first"
+            f"stream {doc.name!r}: its pending transactions hold {limit} segments, the most "
+            f"its config (txn_segments_max={limit}) lets it keep: commit or abort some "
+            "first (or collect the abandoned ones: pora stream gc)"
         )
     segments = (*txn.segments, PendingSegment(ledger_id, now_ms))
     return _checked(_with_txn(doc, replace(txn, segments=segments, active_ms=now_ms)))
@@ -161,9 +162,11 @@ def commit_transaction(
     if app_version is not None:
         app_id, version = app_version
         others = [app for app in apps if app.app_id != app_id]
-        if len(others) == len(apps) and len(apps) >= APP_IDS_MAX:
+        limit = doc.config.app_ids_max
+        if len(others) == len(apps) and len(apps) >= limit:
             raise StreamChangeRefused(
-                f"stream {doc.name!r} records {APP_IDS_MAX} app ids, the most it holds"
+                f"stream {doc.name!r} records {limit} app ids, the most its config "
+                f"(app_ids_max={limit}) lets it hold: app id {app_id!r} is not recorded"
             )
         apps = tuple(sorted([*others, AppVersion(app_id, version, commit)], key=lambda a: a.app_id))
     return _checked(

@@ -28,14 +28,24 @@ COMMIT_KEYS_MAX_DEFAULT = 10_000
 #: then stays under 1 MiB (tests/test_stream_transactions_model.py measures it)
 COMMIT_KEYS_MAX_LIMIT = 10_000
 TXN_IDLE_S_MAX_DEFAULT = 24 * 3600.0
-#: pending transactions a stream holds at once (some 60 bytes each), and pending
-#: segments all of them hold together (some 25 bytes each)
-TRANSACTIONS_PENDING_MAX = 500
-PENDING_SEGMENTS_MAX = 3000
+#: the defaults of the config's limits: pending transactions a stream holds at once,
+#: pending segments all of them hold together, and app ids recorded (one number each,
+#: kept forever)
+TXN_PENDING_MAX_DEFAULT = 500
+TXN_SEGMENTS_MAX_DEFAULT = 3000
+APP_IDS_MAX_DEFAULT = 1000
 COMMIT_KEY_CHARS_MAX = 1024
 APP_ID_CHARS_MAX = 128
-#: app ids recorded in one stream (one number each, kept forever)
-APP_IDS_MAX = 1000
+#: what one item of each limited field takes of the document at most (JSON, numbers of
+#: 19 digits, an app id of 128 ASCII characters), and what the limits together may make
+#: the transaction fields take: with the head's 1,000 segments and 200 pages and the
+#: attributes at their bound the document then stays under a metadata record's 1 MiB
+#: (tests/test_stream_transactions_model.py fills each limit's corner and measures it)
+COMMIT_KEY_BYTES = 44
+APP_ID_BYTES = 180
+PENDING_TXN_BYTES = 82
+PENDING_SEGMENT_BYTES = 44
+TRANSACTION_FIELDS_BYTES_MAX = 800_000
 _TXN_ID = re.compile(r"[0-9a-f]{32}")
 
 
@@ -115,15 +125,40 @@ def check_transaction_id(txn_id: object) -> str:
     return txn_id
 
 
-def check_transaction_config(commit_keys_max: object, txn_idle_s_max: object) -> None:
-    if not is_int(commit_keys_max):
-        raise InvalidArgumentType(
-            f"commit_keys_max must be an int, not {type(commit_keys_max).__name__}"
-        )
-    assert isinstance(commit_keys_max, int)
-    if not 0 < commit_keys_max <= COMMIT_KEYS_MAX_LIMIT:
+def check_transaction_config(
+    commit_keys_max: object,
+    txn_idle_s_max: object,
+    txn_pending_max: object = TXN_PENDING_MAX_DEFAULT,
+    txn_segments_max: object = TXN_SEGMENTS_MAX_DEFAULT,
+    app_ids_max: object = APP_IDS_MAX_DEFAULT,
+) -> None:
+    counts = {
+        "commit_keys_max": commit_keys_max,
+        "txn_pending_max": txn_pending_max,
+        "txn_segments_max": txn_segments_max,
+        "app_ids_max": app_ids_max,
+    }
+    limits: dict[str, int] = {}
+    for key, value in counts.items():
+        if not is_int(value):
+            raise InvalidArgumentType(f"{key} must be an int, not {type(value).__name__}")
+        assert isinstance(value, int)
+        if value < 1:
+            raise InvalidArgument(f"{key}={value} must be 1 or more")
+        limits[key] = value
+    if limits["commit_keys_max"] > COMMIT_KEYS_MAX_LIMIT:
         raise InvalidArgument(
             f"commit_keys_max={commit_keys_max} must be in 1..{COMMIT_KEYS_MAX_LIMIT}"
+        )
+    taken = transaction_fields_bytes(**limits)
+    if taken > TRANSACTION_FIELDS_BYTES_MAX:
+        given = ", ".join(f"{key}={value}" for key, value in counts.items())
+        raise InvalidArgument(
+            f"{given}: at their bounds the transaction fields would take {taken} bytes of "
+            f"the stream's document, over the {TRANSACTION_FIELDS_BYTES_MAX} it keeps for "
+            f"them (a commit key takes {COMMIT_KEY_BYTES}, an app id {APP_ID_BYTES}, a "
+            f"pending transaction {PENDING_TXN_BYTES}, a pending segment "
+            f"{PENDING_SEGMENT_BYTES}): lower some of them"
         )
     if not isinstance(txn_idle_s_max, int | float) or isinstance(txn_idle_s_max, bool):
         raise InvalidArgumentType(
@@ -133,22 +168,36 @@ def check_transaction_config(commit_keys_max: object, txn_idle_s_max: object) ->
         raise InvalidArgument(f"txn_idle_s_max={txn_idle_s_max} must be a finite number above 0")
 
 
+def transaction_fields_bytes(
+    commit_keys_max: int, txn_pending_max: int, txn_segments_max: int, app_ids_max: int
+) -> int:
+    """The most the transaction fields take of the document under these limits."""
+    return (
+        commit_keys_max * COMMIT_KEY_BYTES
+        + app_ids_max * APP_ID_BYTES
+        + txn_pending_max * PENDING_TXN_BYTES
+        + txn_segments_max * PENDING_SEGMENT_BYTES
+    )
+
+
 def check_transaction_fields(doc: StreamDocument, where: str) -> None:
     """The transaction fields keep their rules; InvalidMetadata naming the first broken."""
     ids = [txn.id for txn in doc.transactions]
-    if len(set(ids)) != len(ids) or len(ids) > TRANSACTIONS_PENDING_MAX:
+    if len(set(ids)) != len(ids) or len(ids) > doc.config.txn_pending_max:
         raise InvalidMetadata(f"{where}: pending transaction ids repeat or are too many")
     if any(_TXN_ID.fullmatch(txn.id) is None for txn in doc.transactions):
         raise InvalidMetadata(f"{where}: a pending transaction id is malformed")
-    if pending_segment_count(doc) > PENDING_SEGMENTS_MAX:
-        raise InvalidMetadata(f"{where}: over {PENDING_SEGMENTS_MAX} pending segments")
+    if pending_segment_count(doc) > doc.config.txn_segments_max:
+        raise InvalidMetadata(
+            f"{where}: over txn_segments_max={doc.config.txn_segments_max} pending segments"
+        )
     commits = [key.commit for key in doc.commit_keys]
     if commits != sorted(commits) or any(c > doc.commit for c in commits):
         raise InvalidMetadata(f"{where}: commit keys out of order or past commit {doc.commit}")
     if len(doc.commit_keys) > doc.config.commit_keys_max:
         raise InvalidMetadata(f"{where}: more commit keys than commit_keys_max")
     apps = [app.app_id for app in doc.app_versions]
-    if apps != sorted(set(apps)) or len(apps) > APP_IDS_MAX:
+    if apps != sorted(set(apps)) or len(apps) > doc.config.app_ids_max:
         raise InvalidMetadata(f"{where}: app versions not by app id, repeated or too many")
 
 

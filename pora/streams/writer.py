@@ -403,6 +403,7 @@ class StreamWriter:
         spare = self._spare
         assert spare is not None
         self._spare = None
+        # its seq is known once the document names it: appends to it wait for that
         new = _Segment(old.seq + 1, spare, time.monotonic(), visible=anyio.Event())
         self._segment = new  # appends from here on go to the next segment's ledger
         old.draining = True
@@ -420,6 +421,13 @@ class StreamWriter:
                 await self._roll_document(old, spare)
             except PoraError as failed:
                 error = failed
+            else:
+                # the seq the document gave it: past old.seq + 1 when a transaction
+                # committed while the old segment was OPEN (its segments came first)
+                assert self._doc is not None
+                seq = self._doc.value.writer_segment
+                assert seq is not None
+                new.seq = seq
         event = new.visible
         assert event is not None
         if error is not None:

@@ -10,7 +10,14 @@ run at the step that broke it; the end checks run once the network is healed.
 - a fenced writer is fenced: once a newer writer's takeover returned, no append the
   earlier writer starts is acknowledged, and none lands in the newer one's segments;
 - nothing visible disappears: a segment once in the document stays there, on the
-  same ledger and, once CLOSED, with the same last entry.
+  same ledger and, once CLOSED, with the same last entry;
+- no reader sees part of a commit: in every version of the document a transaction's
+  segments are all visible, under one commit number shared with no other
+  transaction's, or none is; and at the end every entry acknowledged in a segment of
+  a transaction with any entry visible is in the final read;
+- a commit with a key (or an app id and version) applies at most once: no reader
+  ever gets entries of two attempts at one key;
+- an aborted, skipped or collected transaction's entries are never visible.
 """
 
 from __future__ import annotations
@@ -22,6 +29,40 @@ import trio
 from pora.streams.document import Segment, SegmentState
 from pora.streams.position import Position
 from simulation.invariants import InvariantViolation
+
+#: a transaction's entries start with this, then "ATTEMPT|BATCH|..." (see txn_payload)
+TXN_PREFIX = b"txn|"
+#: what became of a transaction attempt: its outcome is one of these
+ENDED_INVISIBLE = frozenset({"aborted", "skipped", "collected"})
+
+
+def txn_payload(attempt: str, batch: str, segment: int, k: int, size: int) -> bytes:
+    """A transaction's entry: names its attempt and its batch (the key or app version
+    it commits with; "-" for none)."""
+    head = TXN_PREFIX + f"{attempt}|{batch}|s{segment}k{k}|".encode()
+    return (head * (size // len(head) + 1))[:size]
+
+
+def txn_of(payload: bytes) -> tuple[str, str] | None:
+    """(attempt, batch) of a transaction's entry, or None for a live writer's."""
+    if not payload.startswith(TXN_PREFIX):
+        return None
+    _, attempt, batch, *_ = payload.split(b"|", 3)
+    return attempt.decode(), batch.decode()
+
+
+@dataclass
+class TxnAttempt:
+    """One process's attempt at a transaction: the batch it commits (a key or app
+    version, "-" for none), the ledgers of the segments it opened, its acknowledged
+    entries by (ledger, entry id), and its outcome once known (None: pending or
+    unknown, e.g. a commit that failed)."""
+
+    batch: str
+    txn_id: str
+    ledgers: set[int] = field(default_factory=set)
+    acked: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    outcome: str | None = None
 
 
 @dataclass
@@ -38,6 +79,11 @@ class StreamHistory:
     #: the step a takeover returned at, the taking writer, its first segment
     takeover: tuple[int, str, int] | None = None
     failures: dict[str, int] = field(default_factory=dict)
+    #: transaction attempts by name, their ledgers' owner, and the attempt each batch's
+    #: entries were first seen from
+    attempts: dict[str, TxnAttempt] = field(default_factory=dict)
+    ledger_attempt: dict[int, str] = field(default_factory=dict)
+    batch_seen: dict[str, str] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
     step: int = 0
 
@@ -94,6 +140,86 @@ class StreamHistory:
         self.subscribed.append(position)
         self._check_bytes("subscriber", position, payload)
 
+    # -- transactions ---------------------------------------------------------------
+
+    def txn_begun(self, attempt: str, batch: str, txn_id: str) -> None:
+        self.note(f"{attempt} begins transaction {txn_id} (batch {batch})")
+        self.attempts[attempt] = TxnAttempt(batch, txn_id)
+
+    def txn_segment(self, attempt: str, ledger_id: int) -> None:
+        self.note(f"{attempt} opened a segment on ledger {ledger_id}")
+        self.attempts[attempt].ledgers.add(ledger_id)
+        self.ledger_attempt[ledger_id] = attempt
+
+    def txn_acked(self, attempt: str, ledger_id: int, entry: int, payload: bytes) -> None:
+        self.attempts[attempt].acked[(ledger_id, entry)] = payload
+
+    def txn_ended(self, attempt: str, outcome: str) -> None:
+        """`outcome`: committed, skipped (found applied already), aborted, collected."""
+        self.note(f"{attempt} {outcome}")
+        self.attempts[attempt].outcome = outcome
+        if outcome in ENDED_INVISIBLE and self._attempt_seen(attempt):
+            self.fail(f"{attempt} was {outcome}, and a reader had got its entries")
+
+    def _attempt_seen(self, attempt: str) -> bool:
+        return any(seen == attempt for seen in self.batch_seen.values())
+
+    def _check_txn_entry(self, who: str, payload: bytes) -> None:
+        named = txn_of(payload)
+        if named is None:
+            return
+        attempt, batch = named
+        known = self.attempts.get(attempt)
+        if known is not None and known.outcome in ENDED_INVISIBLE:
+            self.fail(f"{who} got an entry of {attempt}, which was {known.outcome}")
+        first = self.batch_seen.setdefault(batch if batch != "-" else attempt, attempt)
+        if first != attempt:
+            self.fail(
+                f"{who} got entries of {attempt} and of {first}, both committing batch "
+                f"{batch}: applied twice"
+            )
+
+    def _check_commits(self, who: str, segments: list[Segment]) -> None:
+        """A transaction's segments are visible all together, under one commit number
+        that no other transaction's segment has."""
+        visible = {segment.ledger_id: segment.commit for segment in segments}
+        by_commit: dict[int, str] = {}
+        for ledger_id, commit in visible.items():
+            attempt = self.ledger_attempt.get(ledger_id)
+            if attempt is None:
+                continue
+            mine = self.attempts[attempt]
+            if mine.outcome in ENDED_INVISIBLE:
+                self.fail(
+                    f"{attempt} was {mine.outcome}, and its ledger {ledger_id} is visible ({who})"
+                )
+            missing = sorted(mine.ledgers - set(visible))
+            if missing:
+                self.fail(
+                    f"part of {attempt}'s commit is visible: not its ledgers {missing} ({who})"
+                )
+            other = by_commit.setdefault(commit, attempt)
+            if other != attempt:
+                self.fail(f"commit {commit} holds segments of {other} and of {attempt} ({who})")
+
+    def check_final_transactions(self, entries: dict[Position, bytes]) -> None:
+        """At the end: a transaction with any entry in the final read has all its
+        acknowledged entries there; one that ended invisible has none."""
+        ledger_of = {seq: ledger for seq, (ledger, _) in self.segments.items()}
+        visible = {(ledger_of[p.segment], p.entry): data for p, data in entries.items()}
+        for name, attempt in sorted(self.attempts.items()):
+            shown = {key for key in visible if key[0] in attempt.ledgers}
+            if attempt.outcome in ENDED_INVISIBLE and shown:
+                self.fail(f"{name} was {attempt.outcome}, and the final read has its entries")
+            if attempt.outcome == "committed" and attempt.ledgers and not shown and attempt.acked:
+                self.fail(f"{name} committed, and the final read has none of its entries")
+            if shown or attempt.outcome == "committed":
+                for key, payload in attempt.acked.items():
+                    if visible.get(key) != payload:
+                        self.fail(
+                            f"{name}: entry {key[1]} of ledger {key[0]} is not in the final read"
+                        )
+
     def _check_bytes(self, who: str, position: Position, payload: bytes) -> None:
         seen = self.seen.get(position)
         if seen is None:
@@ -105,9 +231,11 @@ class StreamHistory:
         acked = self.acked.get(position)
         if acked is not None and acked != payload:
             self.fail(f"position {position}: {who} has other bytes than acknowledged")
+        self._check_txn_entry(who, payload)
 
     def document_seen(self, who: str, segments: list[Segment]) -> None:
         """Every segment the document lists (paged ones included), as `who` read it."""
+        self._check_commits(who, segments)
         listed = {segment.seq for segment in segments}
         for seq in self.segments:
             if seq not in listed:

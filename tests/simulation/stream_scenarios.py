@@ -9,9 +9,11 @@ watcher checks every version of the document, a reader reads midway. Node crashe
 and partitions fall at planned times, or right after the document's Nth commit (a
 rollover's, a takeover's), or when the takeover starts; and one of the document's
 compare-and-sets may take while its reply is lost (the store answers
-MetadataTimeout after committing). Then the network heals, the nodes restart, and a
-final read and the caught-up subscriber are checked against what was
-acknowledged."""
+MetadataTimeout after committing). Transaction processes (stream_txn.py) begin,
+append and commit (with a key, an app version or neither), abort, or die, beside the
+writers. Then the network heals, the nodes restart, the abandoned transactions are
+collected, and a final read and the caught-up subscriber are checked against what was
+acknowledged and committed."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import inspect
 import random
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -30,10 +32,10 @@ import trio
 from journal.errors import PoraError
 from pora import Client
 from pora.client.replication.client import client_on_store
-from pora.meta.errors import MetadataTimeout, NoSuchDocument, NoSuchLedgerMetadata
+from pora.meta.errors import NoSuchDocument, NoSuchLedgerMetadata
 from pora.meta.records import LedgerMetadata, Versioned
 from pora.meta.store import MetadataStore
-from pora.streams.document import STREAMS_SPACE, Segment
+from pora.streams.document import Segment, SegmentState
 from pora.streams.errors import WriterFenced
 from pora.streams.position import Position
 from pora.streams.records import StreamRecord
@@ -43,6 +45,13 @@ from simulation.cluster import SimCluster
 from simulation.network import SimNetwork
 from simulation.scenarios import Fault
 from simulation.stream_invariants import StreamHistory
+from simulation.stream_txn import (
+    DocumentWrites,
+    TxnPlan,
+    collect_and_check,
+    run_transaction,
+    txn_plans_from_seed,
+)
 
 STREAM = "sim-stream"
 #: the smallest segment a stream takes (64 KiB); payloads of ~8 KiB roll it every
@@ -80,6 +89,8 @@ class StreamPlan:
     lose_reply_of_commit: int | None = None
     #: the writer's pause between two appends of one task, at most (simulated s)
     append_pause_s: float = 0.03
+    #: transaction processes (tests/simulation/stream_txn.py)
+    transactions: tuple[TxnPlan, ...] = ()
 
 
 def stream_plan_from_seed(seed: int) -> StreamPlan:
@@ -109,6 +120,7 @@ def stream_plan_from_seed(seed: int) -> StreamPlan:
         takeover_at_s=round(rng.uniform(0.02, 0.2), 4) if rng.random() < 0.8 else None,
         faults=tuple(faults),
         lose_reply_of_commit=rng.randint(1, 6) if rng.random() < 0.5 else None,
+        transactions=txn_plans_from_seed(seed, nodes),
     )
 
 
@@ -216,40 +228,27 @@ def payload_for(writer: str, appender: int, k: int) -> bytes:
     return (head * (PAYLOAD_BYTES // len(head) + 1))[:PAYLOAD_BYTES]
 
 
-class _CommitHooks:
-    """The metadata store as one client sees it: each compare-and-set of the stream's
-    document that takes is counted (over every client), runs the faults planned
-    for that commit, and, for the planned one, answers MetadataTimeout although it
-    took (a reply lost on its way back)."""
+class _CommitHooks(DocumentWrites):
+    """The metadata store as a writer sees it: each compare-and-set of the stream's
+    document that takes is counted (over every writer), runs the faults planned for
+    that commit, and, for the planned one, answers MetadataTimeout although it took
+    (a reply lost on its way back)."""
 
     def __init__(self, inner: MetadataStore, run: StreamSimulation) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._run = run
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    async def update_document(
-        self, space: str, name: str, data: bytes, expected_version: int
-    ) -> Any:
-        written = await self._inner.update_document(space, name, data, expected_version)
-        if space != STREAMS_SPACE:
-            return written
+    def took(self, data: bytes, version: int) -> None:
         run = self._run
         run.commits += 1
-        run.history.note(f"document commit {run.commits} (version {written.version})")
+        run.history.note(f"document commit {run.commits} (version {version})")
         for planned in run.plan.faults:
             if planned.after_commit == run.commits:
                 run.start_fault(planned.fault)
         if run.commits == run.plan.lose_reply_of_commit:
             run.lost_replies += 1
             run.history.note(f"the reply of commit {run.commits} is lost")
-            raise MetadataTimeout(
-                self._inner.url,
-                f"the update of document {name!r} got no answer",
-                "simulated: it took, and its reply was lost",
-            )
-        return written
+            raise self.lost_reply()
 
 
 class StreamSimulation:
@@ -271,8 +270,14 @@ class StreamSimulation:
         #: set (and replaced) each time the subscriber gets an entry
         self._subscriber_moved = trio.Event()
 
+    stream_name = STREAM
+
     def hooked(self) -> MetadataStore:
         return cast(MetadataStore, _CommitHooks(self.store, self))
+
+    def client(self, store: MetadataStore, name: str) -> AbstractAsyncContextManager[Client]:
+        """A client named `name` on the simulated network, on `store`."""
+        return sim_client(store, self.network, name)
 
     def start_fault(self, fault: Fault) -> None:
         assert self._nursery is not None
@@ -320,7 +325,10 @@ class StreamSimulation:
                     if plan.takeover_at_s is not None:
                         writing.start_soon(self._writer, "writer-2", plan.takeover_at_s)
                     writing.start_soon(self._reader)
+                    for txn in plan.transactions:
+                        writing.start_soon(run_transaction, self, txn)
                 await self._heal()
+                await collect_and_check(self)
                 final = await self._final_read()
                 await self._subscriber_caught_up(final)
                 background.cancel_scope.cancel()
@@ -357,10 +365,11 @@ class StreamSimulation:
                     async with stream.open_writer() as writer:
                         opened = history.note(f"{name} open at epoch {writer.epoch}")
                         if name == "writer-2":
-                            # its own segment is the document's last until it rolls,
-                            # and it rolls only once it took appends
+                            # its own segment is the document's OPEN one until it
+                            # rolls, and it rolls only once it took appends
                             info = await stream.info()
-                            history.took_over(name, info.segments[-1].seq, opened)
+                            own = [s for s in info.segments if s.state is SegmentState.OPEN]
+                            history.took_over(name, own[-1].seq, opened)
                         await self._append_all(name, writer)
                 except WriterFenced:
                     # a takeover may fence writer-1 while it opens or closes
@@ -458,6 +467,7 @@ class StreamSimulation:
                 final[position] = payload
             history.document_seen("the final document", await self._segments(self.store))
         history.check_final_read(final)
+        history.check_final_transactions(final)
         return final
 
     async def _subscriber_caught_up(self, final: dict[Position, bytes]) -> None:

@@ -51,7 +51,13 @@ from pora.meta.store import MetadataStore, open_metadata
 from pora.streams import stream as streams
 from pora.streams.document import StreamConfig
 from pora.streams.stream import Stream, StreamInfo
-from pora.streams.transaction_fields import COMMIT_KEYS_MAX_DEFAULT, TXN_IDLE_S_MAX_DEFAULT
+from pora.streams.transaction_fields import (
+    APP_IDS_MAX_DEFAULT,
+    COMMIT_KEYS_MAX_DEFAULT,
+    TXN_IDLE_S_MAX_DEFAULT,
+    TXN_PENDING_MAX_DEFAULT,
+    TXN_SEGMENTS_MAX_DEFAULT,
+)
 
 _log = logging.getLogger("pora.client")
 
@@ -286,6 +292,9 @@ class Client:
         retention_bytes_max: int | None = None,
         commit_keys_max: int = COMMIT_KEYS_MAX_DEFAULT,
         txn_idle_s_max: float = TXN_IDLE_S_MAX_DEFAULT,
+        txn_pending_max: int = TXN_PENDING_MAX_DEFAULT,
+        txn_segments_max: int = TXN_SEGMENTS_MAX_DEFAULT,
+        app_ids_max: int = APP_IDS_MAX_DEFAULT,
     ) -> Stream:
         """A new, empty stream whose segments are ledgers with these quorums, rolled
         at `segment_bytes_max` (at least 64 KiB) or `segment_age_s_max` seconds.
@@ -294,7 +303,10 @@ class Client:
         what a cursor needs, the hard limits `retention_s_max` / `retention_bytes_max`
         do not. Transactions: the stream keeps the `commit_keys_max` newest commit keys
         (1..10,000), and `collect_abandoned_transactions` removes those idle
-        `txn_idle_s_max` seconds."""
+        `txn_idle_s_max` seconds; it holds at most `txn_pending_max` pending
+        transactions with `txn_segments_max` segments between them and records at most
+        `app_ids_max` app ids (these four limits together are bounded by what the
+        document keeps for them: InvalidArgument says which to lower)."""
         self._check_open("create a stream")
         config = StreamConfig(
             ensemble_size,
@@ -308,6 +320,9 @@ class Client:
             retention_bytes_max,
             commit_keys_max,
             txn_idle_s_max,
+            txn_pending_max,
+            txn_segments_max,
+            app_ids_max,
         )
         return await streams.create_stream(self, name, config)
 
