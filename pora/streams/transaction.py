@@ -270,10 +270,7 @@ class Transaction:
         if replace:
             without_visible(doc)  # WriterActive before anything is closed
         await _change(self._record, lambda d: _touch(d, self.id))
-        for segment in self._segments:
-            if segment.ledger_id in kept:
-                with contextlib.suppress(LedgerFenced):  # recovered elsewhere: end fixed
-                    await segment.close()
+        await self._close_own(kept)
         closed: dict[int, tuple[int, int, int]] = {}
         outcome: list[int] = []
         dropped: list[int] = []
@@ -317,18 +314,34 @@ class Transaction:
             return new
 
         while True:
-            for ledger_id in _kept(txn, only):
-                if ledger_id not in closed:
-                    last, length = await recover_segment_ledger(self._client, ledger_id)
-                    closed[ledger_id] = (ledger_id, last, length)
+            await self._recover_others(_kept(txn, only), closed)
             await _change(self._record, change)
             if outcome:
                 self.committed = outcome[0]
-                await self._delete_dropped(dropped, before[0] if replace else None)
+                # `before` is empty when the commit was found taken (a timed-out write
+                # or another process's): what it replaced is then garbage for gc
+                await self._delete_dropped(dropped, before[0] if replace and before else None)
                 return outcome[0]
             if not grown:
                 return await self._already(digest, app_version)
             txn = grown[0]
+
+    async def _close_own(self, kept: Sequence[int]) -> None:
+        """This object's segments among `kept`, closed at their last acknowledged entry."""
+        for segment in self._segments:
+            if segment.ledger_id in kept:
+                with contextlib.suppress(LedgerFenced):  # recovered elsewhere: end fixed
+                    await segment.close()
+
+    async def _recover_others(
+        self, kept: Sequence[int], closed: dict[int, tuple[int, int, int]]
+    ) -> None:
+        """The ends of `kept` segments not in `closed` yet, fixed by recovery (whoever
+        writes them elsewhere is fenced), recorded in `closed`."""
+        for ledger_id in kept:
+            if ledger_id not in closed:
+                last, length = await recover_segment_ledger(self._client, ledger_id)
+                closed[ledger_id] = (ledger_id, last, length)
 
     async def _delete_dropped(
         self, dropped: Sequence[int], replaced: StreamDocument | None = None
