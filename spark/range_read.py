@@ -1,0 +1,65 @@
+"""Reading one input partition's entries as Arrow record batches (docs/spark.md,
+"Reading"): the entries come through `stream.read(from_, to)`, range reads of up to
+`read_range_entries_max` entries or 4 MiB from the nodes that together hold every
+entry of the segment, `READ_AHEAD_ENTRIES` handed over to Spark's thread at a time;
+each is decoded with `EntryDecoder` and cast to the Arrow schema Spark expects
+(columns the entry predates come back as nulls of their type), then the pushed
+filter is applied."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pora import Position
+from spark.blocking import BlockingClient
+from spark.encoding import EntryDecoder
+
+#: entries fetched per hand-over from the client's loop: bounds what a task holds
+#: (entries are about 1 MiB of Arrow memory before zstd) while a hand-over's cost
+#: is spread over many entries
+READ_AHEAD_ENTRIES = 16
+
+
+def cast_to(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """The batch with exactly `schema` (what Spark checks before taking Arrow)."""
+    if batch.schema.equals(schema):
+        return batch
+    return pa.RecordBatch.from_arrays(
+        [batch.column(i).cast(field.type) for i, field in enumerate(schema)], schema=schema
+    )
+
+
+def read_batches(
+    pora: BlockingClient,
+    stream_name: str,
+    start: Position,
+    stop: Position,
+    schema: pa.Schema,
+    predicate: pc.Expression | None = None,
+) -> Iterator[tuple[Position, pa.RecordBatch]]:
+    """(position, rows) of each entry in [start, stop): rows in `schema`, filtered by
+    `predicate`; an entry the predicate empties yields nothing."""
+    stream = pora.call(pora.client.open_stream, stream_name)
+    decoder = EntryDecoder()
+    columns: Sequence[str] = schema.names
+    entries = pora.iterate(lambda: stream.read(from_=start, to=stop), chunk=READ_AHEAD_ENTRIES)
+    for position, payload in entries:
+        where = f"entry {position} of stream {stream_name!r}"
+        batch = cast_to(decoder.decode(payload, where, columns), schema)
+        if predicate is not None:
+            batch = batch.filter(predicate)
+            if batch.num_rows == 0:
+                continue
+        yield position, batch
+
+
+def spark_arrow_schema(spark_schema: Any) -> pa.Schema:
+    """The Arrow schema Spark's Python data source runner expects of a reader's
+    batches for `spark_schema` (it compares them with `equals`)."""
+    from pyspark.sql.pandas.types import to_arrow_schema  # noqa: PLC0415
+
+    return to_arrow_schema(spark_schema, timezone="UTC")
