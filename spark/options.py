@@ -40,6 +40,9 @@ class PoraOptions:
     fail_on_data_loss: bool = True
     #: where a streaming query starts without a checkpoint: "earliest" or "latest"
     starting_position: str = "earliest"
+    #: the durable stream cursor a streaming query advances as it commits (None: one
+    #: named when the query starts, kept in its offsets)
+    cursor: str | None = None
 
 
 _INT_OPTIONS = {
@@ -55,7 +58,7 @@ _INT_OPTIONS = {
     "maxbytespertrigger": "max_bytes_per_trigger",
 }
 _BOOL_OPTIONS = {"merge_schema": "merge_schema", "failondataloss": "fail_on_data_loss"}
-_STRING_OPTIONS = {"starting_position": "starting_position"}
+_STRING_OPTIONS = {"starting_position": "starting_position", "cursor": "cursor"}
 #: options Spark itself sets or reads, passed through to us and ignored here
 _SPARK_OPTIONS = {"path", "stream", "metadata", "checkpointlocation", "queryname"}
 

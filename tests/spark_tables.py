@@ -94,15 +94,33 @@ def commit_entries(
 
 @contextmanager
 def live_writer(
-    client: BlockingClient, name: str
+    client: BlockingClient, name: str, create: Any = None
 ) -> Iterator[Callable[[Sequence[bytes]], list[pora.Position]]]:
-    """The stream's live writer: `append(entries)` returns once they are
-    acknowledged."""
+    """The stream's live writer (the stream created first for the schema `create`
+    when given): `append(entries)` returns once they are acknowledged."""
+    if create is not None:
+        create_table_stream(client, name, create)
     stream = client.call(client.client.open_stream, name)
     portal = client._portal  # the test's own client: its loop runs the writer too
-    with portal.wrap_async_context_manager(stream.open_writer()) as writer:
+
+    async def open_writer() -> Any:
+        return stream.open_writer()  # made in the loop (it holds the loop's primitives)
+
+    with portal.wrap_async_context_manager(portal.call(open_writer)) as writer:
 
         def append(entries: Sequence[bytes]) -> list[pora.Position]:
             return portal.call(writer.append_many, list(entries))
 
         yield append
+
+
+def wait_readable(client: BlockingClient, name: str, position: pora.Position) -> None:
+    """Until readers see the entry at `position` (a live writer's last entries reach
+    them with the LAC, a moment after their acknowledgement)."""
+
+    async def wait() -> None:
+        stream = await client.client.open_stream(name)
+        async for _ in stream.subscribe(from_=position):
+            return
+
+    client.call(wait)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from spark_support import spark_cluster, spark_session, stream_name
-from spark_tables import commit_entries, create_table_stream, entries_of, live_writer, table_client
+from spark_tables import commit_entries, create_table_stream, entries_of, table_client
 
 from spark import PoraDataSource
 
@@ -56,8 +56,8 @@ def every_type_schema() -> Any:
 
 
 def every_type_rows(count: int) -> list[tuple[Any, ...]]:
-    rows = []
-    utc = datetime.timezone.utc
+    rows: list[tuple[Any, ...]] = []
+    utc = datetime.UTC
     for i in range(count):
         if i % 5 == 4:  # a row of nulls wherever nulls are allowed
             rows.append((None, None, i, *([None] * 13)))
