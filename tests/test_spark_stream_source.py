@@ -20,6 +20,7 @@ from spark_tables import (
     wait_readable,
 )
 
+from pora import Position
 from spark import PoraDataSource
 
 __all__ = ["spark_cluster", "spark_session"]  # the fixtures, used by name
@@ -139,3 +140,69 @@ def test_admission_limits_bound_each_micro_batch(
     )
     assert sum(by_bytes) == 100 and all(count <= 30 for count in by_bytes)
     assert ids_written(spark_session, tmp_path / "bytes") == list(range(100))
+
+
+def held_segments(pora: Any, name: str) -> list[int]:
+    async def segments() -> list[int]:
+        stream = await pora.client.open_stream(name)
+        return [extent.seq for extent in await stream.extents()]
+
+    return pora.call(segments)  # type: ignore[no-any-return]
+
+
+def trim(pora: Any, name: str) -> None:
+    async def trim() -> None:
+        stream = await pora.client.open_stream(name)
+        await stream.trim()
+
+    pora.call(trim)
+
+
+def test_the_cursor_pins_what_the_query_still_needs(
+    spark_session: Any, spark_cluster: str, tmp_path: Path
+) -> None:
+    name = stream_name("stream-pin")
+    schema = table_schema()
+    with table_client(spark_cluster) as pora:
+        create_table_stream(pora, name, schema, retention_bytes=1)  # keep nothing unpinned
+        for first in (0, 10):
+            commit_entries(pora, name, entries_of(schema, rows(first, 10)))
+        assert run_available_now(spark_session, spark_cluster, name, tmp_path) == [20]
+        for first in (20, 30):
+            commit_entries(pora, name, entries_of(schema, rows(first, 10)))
+        trim(pora, name)
+        # Spark commits a batch's offsets to the source when it plans the next one,
+        # so the cursor may still be before the last batch read: pinned either way
+        assert {2, 3} <= set(held_segments(pora, name))
+        run_available_now(spark_session, spark_cluster, name, tmp_path)
+        assert ids_written(spark_session, tmp_path) == list(range(40))
+        (cursor,) = pora.call(lambda: _cursors(pora, name))
+        assert cursor.next_position >= Position(1, 1)  # the first run's batch, acked
+        trim(pora, name)
+        # each segment holds one entry: those wholly before the cursor went
+        needed = [seq for seq in range(4) if Position(seq, 1) > cursor.next_position]
+        assert held_segments(pora, name) == needed
+
+
+def test_data_lost_past_a_hard_limit_fails_or_is_skipped(
+    spark_session: Any, spark_cluster: str, tmp_path: Path
+) -> None:
+    from pyspark.errors import StreamingQueryException  # noqa: PLC0415
+
+    name = stream_name("stream-loss")
+    schema = table_schema()
+    with table_client(spark_cluster) as pora:
+        create_table_stream(pora, name, schema, retention_bytes_max=1)  # cursors or not
+        commit_entries(pora, name, entries_of(schema, rows(0, 10)))
+        assert run_available_now(spark_session, spark_cluster, name, tmp_path) == [10]
+        for first in (10, 20):
+            commit_entries(pora, name, entries_of(schema, rows(first, 10)))
+        trim(pora, name)  # removes segments 1 and 2, which the query has not read
+        commit_entries(pora, name, entries_of(schema, rows(30, 10)))
+        with pytest.raises(StreamingQueryException) as failed:
+            run_available_now(spark_session, spark_cluster, name, tmp_path)
+        message = str(failed.value)
+        assert "from position 0:1 up to 3:0" in message and "failOnDataLoss" in message
+        assert ids_written(spark_session, tmp_path) == list(range(10))
+        run_available_now(spark_session, spark_cluster, name, tmp_path, failOnDataLoss="false")
+        assert ids_written(spark_session, tmp_path) == [*range(10), *range(30, 40)]
