@@ -12,9 +12,6 @@ from pyspark.sql.datasource import InputPartition
 
 from pora import Position, SegmentExtent
 
-#: payload bytes per input partition: some tens of MiB keep a task's share of a
-#: read long enough to amortize its start (a connection, a Python worker's turn)
-PARTITION_BYTES_TARGET = 32 << 20
 #: an OPEN segment's size is not recorded: its entries are taken at this size (a
 #: writer's entries are about 1 MiB of Arrow memory before zstd)
 OPEN_ENTRY_BYTES_GUESS = 512 << 10
@@ -45,9 +42,7 @@ def entry_bytes_of(extent: SegmentExtent) -> int:
     return max(1, extent.segment_bytes // extent.segment_entries)
 
 
-def plan_ranges(
-    extents: Sequence[SegmentExtent], target_bytes: int = PARTITION_BYTES_TARGET
-) -> list[EntryRange]:
+def plan_ranges(extents: Sequence[SegmentExtent], target_bytes: int) -> list[EntryRange]:
     """The extents cut into ranges of about `target_bytes` each (at least one entry),
     in stream order."""
     ranges: list[EntryRange] = []

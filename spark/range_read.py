@@ -3,8 +3,7 @@
 `read_range_entries_max` entries or 4 MiB from the nodes that together hold every
 entry of the segment, `READ_AHEAD_ENTRIES` handed over to Spark's thread at a time;
 each is decoded with `EntryDecoder` and cast to the Arrow schema Spark expects
-(columns the entry predates come back as nulls of their type), then the pushed
-filter is applied."""
+(columns the entry predates come back as nulls of their type)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pora import Position
 from spark.blocking import BlockingClient
@@ -39,22 +37,15 @@ def read_batches(
     start: Position,
     stop: Position,
     schema: pa.Schema,
-    predicate: pc.Expression | None = None,
 ) -> Iterator[tuple[Position, pa.RecordBatch]]:
-    """(position, rows) of each entry in [start, stop): rows in `schema`, filtered by
-    `predicate`; an entry the predicate empties yields nothing."""
+    """(position, rows) of each entry in [start, stop), the rows in `schema`."""
     stream = pora.call(pora.client.open_stream, stream_name)
     decoder = EntryDecoder()
     columns: Sequence[str] = schema.names
     entries = pora.iterate(lambda: stream.read(from_=start, to=stop), chunk=READ_AHEAD_ENTRIES)
     for position, payload in entries:
         where = f"entry {position} of stream {stream_name!r}"
-        batch = cast_to(decoder.decode(payload, where, columns), schema)
-        if predicate is not None:
-            batch = batch.filter(predicate)
-            if batch.num_rows == 0:
-                continue
-        yield position, batch
+        yield position, cast_to(decoder.decode(payload, where, columns), schema)
 
 
 def spark_arrow_schema(spark_schema: Any) -> pa.Schema:

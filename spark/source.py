@@ -40,9 +40,9 @@ class PoraDataSource(DataSource):
         return spark_schema_of(options.stream, attributes)
 
     def reader(self, schema: Any) -> DataSourceReader:
-        from spark.batch_reader import batch_reader  # noqa: PLC0415
+        from spark.batch_reader import PoraBatchReader  # noqa: PLC0415
 
-        return batch_reader(self._options(), schema)
+        return PoraBatchReader(self._options(), schema)
 
     def writer(self, schema: Any, overwrite: bool) -> DataSourceWriter:
         from spark.batch_writer import PoraBatchWriter  # noqa: PLC0415

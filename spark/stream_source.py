@@ -189,7 +189,7 @@ class PoraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first, stop = self._held(position_of(start)), position_of(end)
         if first >= stop:
             return []
-        return plan_ranges(self._extents(first, stop))
+        return plan_ranges(self._extents(first, stop), self._options.partition_bytes)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, EntryRange), partition

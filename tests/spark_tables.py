@@ -41,9 +41,15 @@ def table_client(url: str) -> Iterator[BlockingClient]:
 
 def create_table_stream(client: BlockingClient, name: str, schema: Any, **config: Any) -> None:
     """A new stream whose attributes record `schema` (a pyspark StructType)."""
+    client.call(lambda: client.client.create_stream(name, **config))
+    record_schema(client, name, schema)
 
-    async def create() -> None:
-        stream = await client.client.create_stream(name, **config)
+
+def record_schema(client: BlockingClient, name: str, schema: Any) -> None:
+    """`schema` recorded as the stream's table schema, as the writer records it."""
+
+    async def record() -> None:
+        stream = await client.client.open_stream(name)
         await stream.set_attributes(
             {
                 SPARK_SCHEMA_KEY: schema.json(),
@@ -51,7 +57,7 @@ def create_table_stream(client: BlockingClient, name: str, schema: Any, **config
             }
         )
 
-    client.call(create)
+    client.call(record)
 
 
 def arrow_table(schema: Any, rows: Sequence[Any]) -> pa.Table:
