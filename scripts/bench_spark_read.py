@@ -6,8 +6,11 @@ body string of 100 bytes) are put into a stream the way the Pora Spark writer pu
 them (Arrow batches of about 1 MiB, zstd level 3, in the segments of one committed
 transaction), and the same rows into Parquet on local disk. Then, alternated in the
 same session, each round: a full count and a sum over `value` through
-`spark.read.format("pora")` and through `spark.read.parquet`. Each figure is the
-median round; rows/s and Pora's rate as a multiple of Parquet's are printed.
+`spark.read.format("pora")`, through `spark.read.parquet`, and through `arrow`, a
+Python data source whose tasks read the Parquet files with pyarrow and hand Spark
+their record batches: what any PySpark 4 Python data source costs to deliver these
+rows (Spark takes every column from it, whatever the query uses). Each figure is
+the median round; rows/s and each rate as a multiple of Parquet's are printed.
 
     python scripts/bench_spark_read.py [--rows 3000000] [--rounds 3] [--segments 8]
 """
@@ -20,7 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import trio
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -110,6 +114,45 @@ def write_stream(url: str, table: pa.Table, spark_schema_: Any, segments: int) -
     return sum(len(entry) for entry in entries)
 
 
+class ArrowFilesSource(DataSource):
+    """Parquet files read by pyarrow in Python tasks, one file a partition, handed to
+    Spark as Arrow: the floor of a Python data source's read."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "arrow-files"
+
+    def schema(self) -> Any:
+        return spark_schema()
+
+    def reader(self, schema: Any) -> DataSourceReader:
+        return ArrowFilesReader(self.options["path"])
+
+
+class ArrowFilesReader(DataSourceReader):
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def partitions(self) -> list[InputPartition]:
+        return [InputPartition(str(path)) for path in sorted(Path(self.folder).iterdir())]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from pq.read_table(partition.value).to_batches(max_chunksize=8192)
+
+
+def counting(frame: Callable[[], Any], rows: int) -> Callable[[], object]:
+    def count() -> object:
+        counted = frame().count()
+        assert counted == rows, f"{counted} rows read, not {rows}"
+        return counted
+
+    return count
+
+
+def summing(frame: Callable[[], Any], functions: Any) -> Callable[[], object]:
+    return lambda: frame().agg(functions.sum("value")).collect()[0][0]
+
+
 def timed(action: Callable[[], object]) -> tuple[float, object]:
     start = time.perf_counter()
     result = action()
@@ -126,8 +169,9 @@ def run(url: str, rows: int, rounds: int, segments: int, folder: Path) -> None:
     stored = write_stream(url, table, schema, segments)
     parquet = folder / "rows.parquet"
     parquet.mkdir()
-    for index, start in enumerate(range(0, rows, -(-rows // 2))):
-        pq.write_table(table.slice(start, -(-rows // 2)), parquet / f"part-{index}.parquet")
+    part_rows = -(-rows // segments)
+    for index, start in enumerate(range(0, rows, part_rows)):
+        pq.write_table(table.slice(start, part_rows), parquet / f"part-{index}.parquet")
     parquet_bytes = sum(f.stat().st_size for f in parquet.iterdir())
     del table
     session = (
@@ -140,6 +184,7 @@ def run(url: str, rows: int, rounds: int, segments: int, folder: Path) -> None:
     )
     session.sparkContext.setLogLevel("ERROR")
     session.dataSource.register(PoraDataSource)
+    session.dataSource.register(ArrowFilesSource)
 
     def pora_df() -> Any:
         return session.read.format("pora").option("metadata", url).load(STREAM)
@@ -147,12 +192,16 @@ def run(url: str, rows: int, rounds: int, segments: int, folder: Path) -> None:
     def parquet_df() -> Any:
         return session.read.parquet(str(parquet))
 
-    loads: dict[str, Callable[[], object]] = {
-        "pora count": lambda: pora_df().count(),
-        "parquet count": lambda: parquet_df().count(),
-        "pora sum(value)": lambda: pora_df().agg(F.sum("value")).collect()[0][0],
-        "parquet sum(value)": lambda: parquet_df().agg(F.sum("value")).collect()[0][0],
-    }
+    def arrow_df() -> Any:
+        return session.read.format("arrow-files").option("path", str(parquet)).load()
+
+    frames = {"pora": pora_df, "parquet": parquet_df, "arrow": arrow_df}
+    loads: dict[str, Callable[[], object]] = {}
+    for kind, frame in frames.items():
+        loads[f"{kind} count"] = counting(frame, rows)
+    for kind, frame in frames.items():
+        loads[f"{kind} sum(value)"] = summing(frame, F)
+
     for load in loads.values():  # warm up: the JVM's classes, the Python workers
         load()
     times: dict[str, list[float]] = {name: [] for name in loads}
@@ -167,7 +216,7 @@ def run(url: str, rows: int, rounds: int, segments: int, folder: Path) -> None:
     )
     print(f"{'read':<20}{'seconds':>10}{'rows/s':>14}{'x Parquet':>12}")
     for name, seconds in median.items():
-        base = median[name.replace("pora", "parquet")]
+        base = median["parquet " + name.split(" ", 1)[1]]
         print(f"{name:<20}{seconds:>10.2f}{rows / seconds:>14,.0f}{base / seconds:>12.2f}")
 
 

@@ -1,7 +1,8 @@
 """Reading one input partition's entries as Arrow record batches (docs/spark.md,
 "Reading"): the entries come through `stream.read(from_, to)`, range reads of up to
 `read_range_entries_max` entries or 4 MiB from the nodes that together hold every
-entry of the segment, `READ_AHEAD_ENTRIES` handed over to Spark's thread at a time;
+entry of the segment, fetched ahead of the decoding, `READ_AHEAD_ENTRIES` handed
+over to Spark's thread at a time;
 each is decoded with `EntryDecoder` and cast to the Arrow schema Spark expects
 (columns the entry predates come back as nulls of their type)."""
 
@@ -16,9 +17,9 @@ from pora import Position
 from spark.blocking import BlockingClient
 from spark.encoding import EntryDecoder
 
-#: entries fetched per hand-over from the client's loop: bounds what a task holds
-#: (entries are about 1 MiB of Arrow memory before zstd) while a hand-over's cost
-#: is spread over many entries
+#: entries per hand-over from the client's loop, which fetches two such chunks ahead
+#: while the task decodes: a task holds at most four chunks (entries are about 1 MiB
+#: of Arrow memory before zstd), and a hand-over's cost is spread over many entries
 READ_AHEAD_ENTRIES = 16
 
 
@@ -42,7 +43,7 @@ def read_batches(
     stream = pora.call(pora.client.open_stream, stream_name)
     decoder = EntryDecoder()
     columns: Sequence[str] = schema.names
-    entries = pora.iterate(lambda: stream.read(from_=start, to=stop), chunk=READ_AHEAD_ENTRIES)
+    entries = pora.iterate_ahead(lambda: stream.read(from_=start, to=stop), READ_AHEAD_ENTRIES)
     for position, payload in entries:
         where = f"entry {position} of stream {stream_name!r}"
         yield position, cast_to(decoder.decode(payload, where, columns), schema)
