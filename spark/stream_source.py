@@ -85,6 +85,12 @@ class PoraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         pora_client, stream = self._client()
         return pora_client.call(lambda: stream.extents(from_=start, to=stop))
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The reader as pickled for the tasks: the options, not the driver's client."""
+        state = dict(self.__dict__)
+        state.update(_resources=ExitStack(), _pora=None, _stream=None)
+        return state
+
     def stop(self) -> None:
         self._resources.close()
         self._pora = None

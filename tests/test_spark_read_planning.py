@@ -55,3 +55,18 @@ def test_a_batch_ends_before_the_entry_that_would_pass_a_limit() -> None:
     assert admitted_end(entries, Limits(max_bytes=2 * size + 1)) == Position(0, 2)
     assert admitted_end(entries, Limits(max_rows=100, max_bytes=size)) == Position(0, 1)
     assert admitted_end([], Limits(max_rows=5)) is None
+
+
+def test_a_stream_reader_pickles_without_its_client() -> None:
+    import pickle  # noqa: PLC0415
+
+    from pyspark.sql.types import LongType, StructField, StructType  # noqa: PLC0415
+
+    from spark.options import parse_options  # noqa: PLC0415
+    from spark.stream_source import PoraStreamReader  # noqa: PLC0415
+
+    options = parse_options({"metadata": "sqlite:///nowhere.db", "path": "events"})
+    reader = PoraStreamReader(options, StructType([StructField("id", LongType())]))
+    reader._pora = object()  # type: ignore[assignment]  # as once the driver connected
+    copy = pickle.loads(pickle.dumps(reader))
+    assert copy._pora is None and copy._options == options

@@ -1,11 +1,13 @@
 """The Structured Streaming source, `session.readStream.format("pora")`, on real
-Spark and a 3-node cluster: a query reads what a live writer appends, stopped and
+Spark and a 3-node cluster: a query reads what a live writer appends (and nothing of
+a pending transaction), stopped and
 restarted from its checkpoint it reads every entry once; admission limits bound each
 micro-batch; the query's cursor pins what it still needs against retention; past a
 hard limit failOnDataLoss fails the query naming the positions, or skips them."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -98,17 +100,37 @@ def test_a_running_query_follows_a_live_writer(
             .trigger(processingTime="200 milliseconds")
             .start()
         )
+        pending = entries_of(schema, rows(1000, 10))
+        pora.call(lambda: _leave_pending(pora, name, pending))  # never offered
         try:
+            query.processAllAvailable()  # started: "latest" is fixed before any append
             for first in range(0, 60, 20):
                 last = append(entries_of(schema, rows(first, 20), rows_per_entry=5))[-1]
                 wait_readable(pora, name, last)
-                query.processAllAvailable()
+                read_up_to(spark_session, query, first + 20)
             got = sorted(r.id for r in spark_session.sql("select id from pora_live").collect())
             assert got == list(range(60))
         finally:
             query.stop()
         cursors = pora.call(lambda: _cursors(pora, name))
         assert len(cursors) == 1 and cursors[0].name.startswith("spark-")
+
+
+def read_up_to(session: Any, query: Any, count: int) -> None:
+    """Until the memory sink holds `count` rows. processAllAvailable returns once a
+    trigger finds nothing new, which one that began before the last append may do:
+    it is asked again until the rows are there."""
+    deadline = time.monotonic() + 60
+    while session.sql("select count(*) from pora_live").collect()[0][0] < count:
+        assert time.monotonic() < deadline, f"the query did not read {count} rows in 60 s"
+        query.processAllAvailable()
+
+
+async def _leave_pending(pora: Any, name: str, entries: list[bytes]) -> None:
+    stream = await pora.client.open_stream(name)
+    txn = stream.begin()
+    await txn.begin()
+    await (await txn.open_segment()).append_many(entries)
 
 
 async def _cursors(pora: Any, name: str) -> list[Any]:
