@@ -74,6 +74,7 @@ from pora.errors import (
     TransactionAborted,
     Unauthorized,
     UnindexedEntryLog,
+    WriterActive,
     WriterFenced,
 )
 from pora.node import Node, NodeStatistics, open_node
@@ -165,6 +166,7 @@ __all__ = [
     "TransactionSegment",
     "Unauthorized",
     "UnindexedEntryLog",
+    "WriterActive",
     "WriterFenced",
     "connect",
     "connect_node",

@@ -76,6 +76,7 @@ from pora.streams.errors import (
     StreamExists,
     StreamSealed,
     TransactionAborted,
+    WriterActive,
     WriterFenced,
 )
 
@@ -138,5 +139,6 @@ __all__ = [
     "TransactionAborted",
     "Unauthorized",
     "UnindexedEntryLog",
+    "WriterActive",
     "WriterFenced",
 ]

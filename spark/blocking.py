@@ -15,6 +15,7 @@ Python workers are separate processes, and a connection outlives no task.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -37,6 +38,11 @@ class BlockingClient:
     def call(self, function: Callable[..., Awaitable[T]], *args: Any) -> T:
         """`await function(*args)` in the client's loop; its result or its error."""
         return self._portal.call(function, *args)
+
+    def start(self, function: Callable[..., Awaitable[T]], *args: Any) -> Future[T]:
+        """`await function(*args)` started in the client's loop without waiting: its
+        future (several appends in flight while the caller encodes the next)."""
+        return self._portal.start_task_soon(function, *args)
 
     def iterate(self, make: Callable[[], AsyncIterator[T]], chunk: int = 256) -> Iterator[T]:
         """The items of the async iterator `make()` (made in the client's loop),

@@ -107,6 +107,21 @@ class AttributesChanged(StreamError):
         )
 
 
+class WriterActive(StreamError):
+    """A commit with `replace=True` found the live writer's OPEN segment: a replace
+    removes every visible segment, and an open one cannot be removed. Close the
+    stream's writer (leave its `open_writer()` block) and commit again."""
+
+    def __init__(self, stream: str, seq: int) -> None:
+        self.seq = seq
+        super().__init__(
+            stream,
+            f"stream {stream!r}: its live writer holds segment {seq} OPEN, so a commit "
+            "that replaces the stream's contents cannot remove it; close the writer "
+            "(leave its open_writer() block) and commit again",
+        )
+
+
 def _shown(value: str | None) -> str:
     if value is None:
         return "absent"

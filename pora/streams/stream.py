@@ -273,11 +273,11 @@ class Stream:
             except MetadataVersionConflict:
                 continue  # a writer or another trim changed it: decide again
             break
-        await _delete_removed(self._client, doc, changed, removed)
+        await delete_removed(self._client, doc, changed, removed)
         return changed.first_held
 
 
-async def _delete_removed(
+async def delete_removed(
     client: Client, before: StreamDocument, after: StreamDocument, removed: tuple[Segment, ...]
 ) -> None:
     """The pages the head no longer names and the removed segments' ledgers, best

@@ -6,6 +6,7 @@ around them, re-reading it on every conflict before it decides again."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -31,6 +32,7 @@ from pora.streams.transaction_changes import (
     prior_commit,
     remove_transaction,
     touch_transaction,
+    without_visible,
 )
 from pora.streams.transaction_fields import (
     PendingTransaction,
@@ -227,6 +229,7 @@ class Transaction:
         version: int | None = None,
         order: Sequence[int] | None = None,
         only: Sequence[int] | None = None,
+        replace: bool = False,
     ) -> int:
         """Make every segment of the transaction visible at once, in creation order (or
         `order`: the segments' ledger ids), with one compare-and-set; its commit
@@ -243,7 +246,14 @@ class Transaction:
         nothing and returns the commit number it applied as: a second commit with a
         recorded key, a version not above the app id's last, or a retry after a lost
         reply. The transaction is then removed and its ledgers deleted if it was still
-        pending. TransactionAborted when it is gone without such a record."""
+        pending. TransactionAborted when it is gone without such a record.
+
+        `replace`: the commit replaces the stream's contents: every segment visible
+        before leaves the document in the same compare-and-set (as a truncation before
+        the commit's first segment: readers of those positions get EntriesTruncated),
+        and their ledgers are deleted after it. WriterActive while the stream's live
+        writer holds a segment OPEN (nothing is changed; the transaction stays
+        pending)."""
         if self.committed is not None:
             return self.committed
         if self.aborted:
@@ -257,6 +267,8 @@ class Transaction:
             return await self._already(digest, app_version)
         kept = _kept(txn, only)  # InvalidArgument first
         commit_order(kept, order)
+        if replace:
+            without_visible(doc)  # WriterActive before anything is closed
         await _change(self._record, lambda d: _touch(d, self.id))
         for segment in self._segments:
             if segment.ledger_id in kept:
@@ -266,6 +278,7 @@ class Transaction:
         outcome: list[int] = []
         dropped: list[int] = []
         grown: list[PendingTransaction] = []
+        before: list[StreamDocument] = []  # the document the commit changed
 
         def change(doc: StreamDocument) -> StreamDocument | None:
             outcome.clear()
@@ -282,9 +295,17 @@ class Transaction:
             ends = [closed[ledger_id] for ledger_id in ordered]
             dropped.extend(s.ledger_id for s in txn.segments if s.ledger_id not in kept)
             new = commit_transaction(
-                doc, self.id, ends, digest, app_version, _now_ms(), dropped=dropped
+                doc,
+                self.id,
+                ends,
+                digest,
+                app_version,
+                _now_ms(),
+                dropped=dropped,
+                replace_all=replace,
             )
             outcome.append(new.commit)
+            before[:] = [doc]
             return new
 
         while True:
@@ -295,19 +316,39 @@ class Transaction:
             await _change(self._record, change)
             if outcome:
                 self.committed = outcome[0]
-                await self._delete_dropped(dropped)
+                await self._delete_dropped(dropped, before[0] if replace else None)
                 return outcome[0]
             if not grown:
                 return await self._already(digest, app_version)
             txn = grown[0]
 
-    async def _delete_dropped(self, dropped: Sequence[int]) -> None:
+    async def _delete_dropped(
+        self, dropped: Sequence[int], replaced: StreamDocument | None = None
+    ) -> None:
         """The ledgers of segments a commit dropped (a failed or losing attempt's:
-        never visible), their writers here stopped first."""
+        never visible), their writers here stopped first; and those of the segments
+        visible in `replaced`, the document a replacing commit changed."""
+        if replaced is not None:
+            await self._delete_replaced(replaced)
         for segment in self._segments:
             if segment.ledger_id in dropped:
                 await _delete_ledgers(self._client, self.stream, [], segment._ledger)
         await _delete_ledgers(self._client, self.stream, dropped)
+
+    async def _delete_replaced(self, before: StreamDocument) -> None:
+        """The segments a replacing commit removed (every one visible in `before`):
+        their pages' documents and their ledgers, best effort (what is left is
+        garbage for the cluster tools, as after a truncation)."""
+        from pora.streams.stream import delete_removed  # noqa: PLC0415 (it imports this)
+
+        removed = list(before.segments)
+        for ref in before.pages:
+            with contextlib.suppress(PoraError, OSError):
+                page = await self._record.read_page(ref.first_seq)
+                removed.extend(page.segments)
+        held = tuple(s for s in removed if s.seq >= before.first_held_seq)
+        after = dataclasses.replace(before, pages=())
+        await delete_removed(self._client, before, after, held)
 
     async def _already(self, digest: str | None, app_version: tuple[str, int] | None) -> int:
         """A commit that finds its key or version recorded (or its transaction gone)."""

@@ -23,7 +23,7 @@ from pora.streams.document import (
     StreamState,
     _checked,
 )
-from pora.streams.errors import StreamSealed, TransactionAborted
+from pora.streams.errors import StreamSealed, TransactionAborted, WriterActive
 from pora.streams.transaction_fields import (
     APP_IDS_MAX,
     PENDING_SEGMENTS_MAX,
@@ -120,13 +120,15 @@ def commit_transaction(
     app_version: tuple[str, int] | None,
     now_ms: int,
     dropped: Sequence[int] = (),
+    replace_all: bool = False,
 ) -> StreamDocument:
     """The transaction's segments made visible at once, in the order of `ends`
     ((ledger id, last entry, byte length) of each), after every visible segment, with
     one new commit number; the transaction removed (its `dropped` segments with it:
     every segment is named once, in `ends` or in `dropped`) and its key and app
     version recorded. Call `prior_commit` first: a recorded key or version is refused
-    here."""
+    here. `replace_all`: every segment visible before is removed in the same change
+    (`without_visible`), so the commit's segments are the stream's whole contents."""
     _check_active(doc)
     txn = _pending(doc, txn_id)
     if prior_commit(doc, key_digest, app_version) is not None:
@@ -136,6 +138,8 @@ def commit_transaction(
         raise StreamChangeRefused(
             f"stream {doc.name!r}: the commit of {txn_id} does not name each of its segments once"
         )
+    if replace_all:
+        doc = without_visible(doc)
     commit = doc.commit + 1
     created = {s.ledger_id: s.created_ms for s in txn.segments}
     added = tuple(
@@ -172,6 +176,23 @@ def commit_transaction(
             commit_keys=keys,
             app_versions=apps,
         )
+    )
+
+
+def without_visible(doc: StreamDocument) -> StreamDocument:
+    """The document with none of its visible segments (head and pages), as a
+    truncation before `next_seq` leaves it, the commit number unchanged (the commit
+    that replaces bumps it once). WriterActive while the live writer's segment is
+    OPEN: it cannot be removed. The segments' ledgers and the pages' documents are
+    deleted after the change took."""
+    current = doc.open_segment
+    if current is not None:
+        raise WriterActive(doc.name, current.seq)
+    if doc.first_seq >= doc.next_seq:
+        return doc  # nothing held
+    last = doc.segments[-1].last_entry_id if doc.segments else -1
+    return replace(
+        doc, segments=(), pages=(), first_held_seq=doc.next_seq, removed_last_entry_id=last
     )
 
 
