@@ -24,12 +24,17 @@ READ_AHEAD_ENTRIES = 16
 
 
 def cast_to(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    """The batch with exactly `schema` (what Spark checks before taking Arrow)."""
+    """The batch with exactly `schema` (what Spark checks before taking Arrow): the
+    fields' nullability and metadata as `schema` says, and only the columns of
+    another type cast (a column added after the entry was written is nulls of type
+    null). A column of the same type is never cast: Arrow refuses to cast a struct
+    with a non-nullable field whose rows include null structs, which Spark writes."""
     if batch.schema.equals(schema):
         return batch
-    return pa.RecordBatch.from_arrays(
-        [batch.column(i).cast(field.type) for i, field in enumerate(schema)], schema=schema
-    )
+    arrays = []
+    for column, field in zip(batch.columns, schema, strict=True):
+        arrays.append(column if column.type.equals(field.type) else column.cast(field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def read_batches(

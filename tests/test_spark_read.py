@@ -214,3 +214,18 @@ def test_columns_added_later_read_as_nulls(spark_session: Any, spark_cluster: st
     assert df.schema == after
     got = {row.id: row.extra for row in df.collect()}
     assert got == {**{i: None for i in range(10)}, **{i: [i] for i in range(10, 20)}}
+
+
+def test_what_the_writer_wrote_reads_back_equal(spark_session: Any, spark_cluster: str) -> None:
+    name = stream_name("read-written")
+    schema = every_type_schema()
+    spark_session.dataSource.register(PoraDataSource)
+    written = spark_session.createDataFrame(every_type_rows(40), schema).repartition(3)
+    written.write.format("pora").option("metadata", spark_cluster).mode("append").save(name)
+    written.write.format("pora").option("metadata", spark_cluster).mode("append").save(name)
+    df = reader(spark_session, spark_cluster).load(name)
+    assert df.schema == schema
+    expected = sorted(written.collect() * 2, key=lambda row: row["int"])
+    assert sorted(df.collect(), key=lambda row: row["int"]) == expected
+    as_of_first = reader(spark_session, spark_cluster).option("as_of_commit", 1).load(name)
+    assert as_of_first.count() == 40

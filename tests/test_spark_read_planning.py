@@ -70,3 +70,19 @@ def test_a_stream_reader_pickles_without_its_client() -> None:
     reader._pora = object()  # type: ignore[assignment]  # as once the driver connected
     copy = pickle.loads(pickle.dumps(reader))
     assert copy._pora is None and copy._options == options
+
+
+def test_a_batch_takes_the_schema_spark_expects_without_casting_equal_types() -> None:
+    from spark.range_read import cast_to  # noqa: PLC0415
+
+    inner = pa.struct([pa.field("a", pa.int32(), nullable=False)])
+    # a null struct row whose non-nullable child is null underneath, as Spark writes
+    structs = pa.StructArray.from_arrays(
+        [pa.array([1, None], pa.int32())], fields=list(inner), mask=pa.array([False, True])
+    )
+    batch = pa.record_batch([pa.array([1, 2]), structs], names=["id", "s"])
+    expected = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("s", inner)])
+    cast = cast_to(batch, expected)
+    assert cast.schema.equals(expected) and cast.column(1).to_pylist() == [{"a": 1}, None]
+    added = cast_to(pa.record_batch([pa.nulls(2)], names=["x"]), pa.schema([("x", pa.string())]))
+    assert added.column(0).type == pa.string() and added.column(0).null_count == 2
