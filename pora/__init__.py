@@ -81,6 +81,7 @@ from pora.node import Node, NodeStatistics, open_node
 from pora.node.config import NodeConfig
 from pora.streams.cursors import Cursor, CursorState
 from pora.streams.position import Position
+from pora.streams.reader import SegmentExtent
 from pora.streams.stream import Stream, StreamInfo
 from pora.streams.transaction import Transaction, TransactionSegment
 from pora.streams.writer import StreamWriter
@@ -153,6 +154,7 @@ __all__ = [
     "RegistrationLost",
     "RemoteError",
     "RequestTimeout",
+    "SegmentExtent",
     "StorageCorruption",
     "Stream",
     "StreamExists",

@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 import pora
@@ -73,6 +74,41 @@ class BlockingClient:
                     return
         finally:
             self._portal.call(close)
+
+    def iterate_ahead(
+        self, make: Callable[[], AsyncIterator[T]], chunk: int = 16, chunks_ahead: int = 2
+    ) -> Iterator[T]:
+        """`iterate`, with the loop fetching up to `chunks_ahead` chunks ahead while
+        the caller works on the one it has (a reader's network waits then overlap
+        its decoding); at most `chunks_ahead + 2` chunks are held."""
+
+        async def open_channel() -> tuple[Any, Any]:
+            return anyio.create_memory_object_stream[list[T]](chunks_ahead)
+
+        async def produce(send: Any) -> None:
+            async with send:
+                items: list[T] = []
+                async for item in make():
+                    items.append(item)
+                    if len(items) >= chunk:
+                        await send.send(items)
+                        items = []
+                if items:
+                    await send.send(items)
+
+        send, receive = self._portal.call(open_channel)
+        producing = self._portal.start_task_soon(produce, send)
+        try:
+            while True:
+                try:
+                    items = self._portal.call(receive.receive)
+                except anyio.EndOfStream:
+                    break
+                yield from items
+            producing.result()  # the producer's error, if it ended with one
+        finally:
+            producing.cancel()
+            self._portal.call(receive.aclose)
 
 
 @contextmanager

@@ -35,11 +35,16 @@ class PoraOptions:
     merge_schema: bool = False
     # reading
     as_of_commit: int | None = None
+    #: payload bytes per input partition of a read (a segment is cut into ranges)
+    partition_bytes: int = 32 << 20
     max_records_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     #: where a streaming query starts without a checkpoint: "earliest" or "latest"
     starting_position: str = "earliest"
+    #: the durable stream cursor a streaming query advances as it commits (None: one
+    #: named when the query starts, kept in its offsets)
+    cursor: str | None = None
 
 
 _INT_OPTIONS = {
@@ -51,11 +56,12 @@ _INT_OPTIONS = {
     "compression_level": "compression_level",
     "rows_per_entry": "rows_per_entry",
     "as_of_commit": "as_of_commit",
+    "partition_bytes": "partition_bytes",
     "maxrecordspertrigger": "max_records_per_trigger",
     "maxbytespertrigger": "max_bytes_per_trigger",
 }
 _BOOL_OPTIONS = {"merge_schema": "merge_schema", "failondataloss": "fail_on_data_loss"}
-_STRING_OPTIONS = {"starting_position": "starting_position"}
+_STRING_OPTIONS = {"starting_position": "starting_position", "cursor": "cursor"}
 #: options Spark itself sets or reads, passed through to us and ignored here
 _SPARK_OPTIONS = {"path", "stream", "metadata", "checkpointlocation", "queryname"}
 
@@ -87,6 +93,8 @@ def parse_options(options: Mapping[str, str], stream: str | None = None) -> Pora
             known = sorted([*_INT_OPTIONS, *_BOOL_OPTIONS, *_STRING_OPTIONS, *_SPARK_OPTIONS])
             raise PoraOptionError(f"unknown option {key!r} of the Pora data source; known: {known}")
     parsed = PoraOptions(metadata=metadata, stream=name, **values)  # type: ignore[arg-type]
+    if parsed.partition_bytes <= 0:
+        raise PoraOptionError(f"option partition_bytes={parsed.partition_bytes} must be above 0")
     if parsed.starting_position not in ("earliest", "latest"):
         raise PoraOptionError(
             f"option starting_position={parsed.starting_position!r}: use earliest or latest"

@@ -1,17 +1,239 @@
-"""Placeholder replaced by the readers' work in this session (docs/spark.md)."""
+"""`PoraStreamReader`: `session.readStream.format("pora")` (docs/spark.md,
+"Streaming reads").
+
+An offset is the position the next micro-batch reads from, with the name of the
+query's durable cursor: `{"position": {"segment": 3, "entry": 120}, "cursor":
+"spark-…"}`. Spark checkpoints offsets, so a query restarted from its checkpoint
+resumes at the position it stopped at and advances the same cursor. Only
+acknowledged entries of committed segments are offered: a batch ends at most at the
+live writer's LAC (what `stream.extents()` reports).
+
+The driver keeps one client for the query's life (Spark keeps this object in one
+Python worker from start to stop); the tasks open their own to read their ranges.
+"""
 
 from __future__ import annotations
 
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from typing import Any
 
-from pyspark.sql.datasource import DataSourceStreamReader
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 
+import pora
+from pora import Position
+from spark.admission import Limits, admitted_end
+from spark.blocking import BlockingClient, blocking_client
 from spark.options import PoraOptions
+from spark.planning import EntryRange, plan_ranges
+from spark.range_read import read_batches, spark_arrow_schema
+
+_log = logging.getLogger("spark.pora.stream_source")
 
 
-class PoraStreamReader(DataSourceStreamReader):
+class PoraDataLoss(RuntimeError):
+    """Entries a streaming query had yet to read were removed by retention (or a
+    truncation) and failOnDataLoss is true."""
+
+
+def offset_of(position: Position, cursor: str) -> dict[str, Any]:
+    return {"position": position.to_dict(), "cursor": cursor}
+
+
+def position_of(offset: dict[str, Any]) -> Position:
+    return Position.from_dict(offset["position"])
+
+
+def _end_of(extents: Sequence[pora.SegmentExtent]) -> Position:
+    last = extents[-1]
+    return Position(last.seq, last.last_entry + 1)
+
+
+class PoraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: PoraOptions, schema: Any) -> None:
-        raise NotImplementedError("reading a Pora stream from Spark")
+        self._options = options
+        self._arrow_schema = spark_arrow_schema(schema)
+        self._resources = ExitStack()
+        self._pora: BlockingClient | None = None
+        self._stream: Any = None
+        #: Trigger.AvailableNow: the end as of the query's start (None: the stream
+        #: was empty); unset otherwise
+        self._available_now: tuple[Position | None] | None = None
+        self._cursor_name = options.cursor
 
-    def read(self, partition: Any) -> Any:
-        raise NotImplementedError("reading a Pora stream from Spark")
+    # -- the driver's client ------------------------------------------------------
+
+    def _client(self) -> tuple[BlockingClient, Any]:
+        if self._pora is None:
+            self._pora = self._resources.enter_context(blocking_client(self._options.metadata))
+            self._stream = self._pora.call(self._pora.client.open_stream, self._options.stream)
+        return self._pora, self._stream
+
+    def _extents(
+        self, start: Position | None, stop: Position | None = None
+    ) -> list[pora.SegmentExtent]:
+        pora_client, stream = self._client()
+        return pora_client.call(lambda: stream.extents(from_=start, to=stop))
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The reader as pickled for the tasks: the options, not the driver's client."""
+        state = dict(self.__dict__)
+        state.update(_resources=ExitStack(), _pora=None, _stream=None)
+        return state
+
+    def stop(self) -> None:
+        self._resources.close()
+        self._pora = None
+
+    # -- offsets ------------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:  # noqa: N802 (Spark's)
+        """Where a query without a checkpoint starts (option starting_position), its
+        cursor created (pinning retention from there on)."""
+        name = self._cursor_name or f"spark-{uuid.uuid4().hex}"
+        self._cursor_name = name
+        pora_client, stream = self._client()
+        cursor = pora_client.call(stream.cursor, name)
+        if self._options.starting_position == "earliest":
+            start = pora_client.call(cursor.position)
+        else:
+            start = pora_client.call(stream.info).first_held
+            extents = self._extents(start)
+            if extents:
+                start = _end_of(extents)
+                pora_client.call(cursor.ack, Position(start.segment, start.entry - 1))
+        return offset_of(start, name)
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 (Spark's)
+        """One limit from the options (Spark takes one kind); latestOffset applies
+        both options whenever Spark does not ask for everything."""
+        if self._options.max_records_per_trigger is not None:
+            return ReadMaxRows(self._options.max_records_per_trigger)
+        if self._options.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self._options.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 (Spark's)
+        extents = self._extents(None)
+        self._available_now = (_end_of(extents) if extents else None,)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
+        name = self._named(start)
+        first = self._held(position_of(start))
+        stop: Position | None = None
+        if self._available_now is not None:
+            stop = self._available_now[0]
+            if stop is None or stop <= first:
+                return start
+        extents = self._extents(first, stop)
+        if not extents:
+            return start
+        limits = self._limits(limit)
+        if limits.unlimited:
+            return offset_of(_end_of(extents), name)
+        pora_client, stream = self._client()
+        end = admitted_end(
+            pora_client.iterate(lambda: stream.read(from_=first, to=_end_of(extents)), chunk=16),
+            limits,
+        )
+        return start if end is None else offset_of(end, name)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:  # noqa: N802 (Spark's)
+        if self._cursor_name is None:
+            return None
+        extents = self._extents(None)
+        return offset_of(_end_of(extents), self._cursor_name) if extents else None
+
+    def _named(self, offset: dict[str, Any]) -> str:
+        name: str = offset["cursor"]
+        self._cursor_name = name
+        return name
+
+    def _limits(self, limit: ReadLimit) -> Limits:
+        """What `limit` and the options allow (Spark's ReadAllAvailable: everything,
+        as Trigger.AvailableNow and Once ask)."""
+        if isinstance(limit, ReadAllAvailable):
+            return Limits()
+        rows = self._options.max_records_per_trigger
+        size = self._options.max_bytes_per_trigger
+        if isinstance(limit, ReadMaxRows):
+            rows = limit.max_rows if rows is None else min(rows, limit.max_rows)
+        if isinstance(limit, ReadMaxBytes):
+            size = limit.max_bytes if size is None else min(size, limit.max_bytes)
+        return Limits(rows, size)
+
+    def _held(self, position: Position) -> Position:
+        """`position`, or with failOnDataLoss=false the first position held when
+        retention removed it; PoraDataLoss otherwise."""
+        pora_client, stream = self._client()
+        first_held: Position = pora_client.call(stream.info).first_held
+        if position >= first_held or not self._removed(position, first_held):
+            return position
+        lost(self._options, position, first_held)
+        return first_held
+
+    def _removed(self, position: Position, first_held: Position) -> bool:
+        try:
+            self._extents(position, first_held)
+        except pora.EntriesTruncated:
+            return True
+        return False
+
+    # -- micro-batches --------------------------------------------------------------
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        first, stop = self._held(position_of(start)), position_of(end)
+        if first >= stop:
+            return []
+        return plan_ranges(self._extents(first, stop), self._options.partition_bytes)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, EntryRange), partition
+        with blocking_client(self._options.metadata) as pora_client:
+            try:
+                for _, batch in read_batches(
+                    pora_client,
+                    self._options.stream,
+                    partition.start,
+                    partition.stop,
+                    self._arrow_schema,
+                ):
+                    yield batch
+            except pora.EntriesTruncated as error:
+                lost(self._options, error.requested, error.first_held)  # type: ignore[arg-type]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark has processed everything before `end`: the cursor moves there, and
+        retention may remove what is before it."""
+        position = position_of(end)
+        if position.entry == 0:
+            return  # nothing read yet in this segment: the cursor stays before it
+        pora_client, stream = self._client()
+        cursor = pora_client.call(stream.cursor, self._named(end))
+        pora_client.call(cursor.ack, Position(position.segment, position.entry - 1))
+
+
+def lost(options: PoraOptions, requested: Position, first_held: Position) -> None:
+    """Entries from `requested` up to `first_held` are gone: PoraDataLoss, or with
+    failOnDataLoss=false a warning naming the positions (the query goes on)."""
+    message = (
+        f"stream {options.stream!r}: the entries from position {requested} up to "
+        f"{first_held} were removed by retention or truncation before this query read "
+        "them"
+    )
+    if options.fail_on_data_loss:
+        raise PoraDataLoss(
+            f"{message}; to skip them and go on from {first_held}, set option "
+            'failOnDataLoss to "false"'
+        )
+    _log.warning("%s; skipped (failOnDataLoss=false), reading on from %s", message, first_held)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import anyio
@@ -62,6 +63,19 @@ async def end_position(client: Client, doc: StreamDocument) -> Position:
         await reader.aclose()
 
 
+async def _bounds(
+    client: Client, doc: StreamDocument, from_: Start, to: Position | None, as_of_commit: int | None
+) -> tuple[Position, Position]:
+    """Where a read of `doc` starts and stops (exclusive)."""
+    if as_of_commit is not None and as_of_commit > doc.commit:
+        raise InvalidArgument(
+            f"as_of_commit={as_of_commit} is past stream {doc.name!r}'s commit {doc.commit}"
+        )
+    start = await _resolve(client, doc, from_)
+    stop = to if to is not None else await end_position(client, doc)
+    return start, stop
+
+
 async def read_stream(
     client: Client,
     record: StreamRecord,
@@ -70,12 +84,7 @@ async def read_stream(
     as_of_commit: int | None = None,
 ) -> AsyncIterator[tuple[Position, bytes]]:
     doc = (await record.read()).value
-    if as_of_commit is not None and as_of_commit > doc.commit:
-        raise InvalidArgument(
-            f"as_of_commit={as_of_commit} is past stream {doc.name!r}'s commit {doc.commit}"
-        )
-    start = await _resolve(client, doc, from_)
-    stop = to if to is not None else await end_position(client, doc)
+    start, stop = await _bounds(client, doc, from_, to, as_of_commit)
     position = start
     try:
         async for segment in record.segments_from(doc, start.segment):
@@ -103,6 +112,61 @@ async def read_stream(
     except (NoSuchLedger, NoSuchStream) as error:
         await _raise_if_truncated(record, position, error)
         raise
+
+
+@dataclass(frozen=True)
+class SegmentExtent:
+    """The entries `first_entry..last_entry` (inclusive) of segment `seq` that a read
+    would return, with the whole segment's size as the document records it, for a
+    reader planning parallel range reads (the Spark reader's partitions)."""
+
+    seq: int
+    first_entry: int
+    last_entry: int
+    #: a CLOSED segment's entries and payload bytes; None for the OPEN one (growing)
+    segment_entries: int | None
+    segment_bytes: int | None
+
+    @property
+    def entries(self) -> int:
+        return self.last_entry - self.first_entry + 1
+
+
+async def stream_extents(
+    client: Client,
+    record: StreamRecord,
+    from_: Start,
+    to: Position | None,
+    as_of_commit: int | None = None,
+) -> list[SegmentExtent]:
+    """What `read_stream` with the same arguments would read, segment by segment,
+    without reading it: the same start (EntriesTruncated for a removed one), the same
+    end (the OPEN segment's LAC as of the call), empty segments left out."""
+    doc = (await record.read()).value
+    start, stop = await _bounds(client, doc, from_, to, as_of_commit)
+    extents: list[SegmentExtent] = []
+    async for segment in record.segments_from(doc, start.segment):
+        if Position(segment.seq, 0) >= stop or (
+            as_of_commit is not None and segment.commit > as_of_commit
+        ):
+            break
+        first = start.entry if segment.seq == start.segment else 0
+        if segment.state is SegmentState.CLOSED:
+            last = segment.last_entry_id
+            entries: int | None = segment.last_entry_id + 1
+            size: int | None = segment.byte_length
+        else:
+            reader = await _open_reader(client, segment)
+            try:
+                last = reader.last_add_confirmed
+            finally:
+                await reader.aclose()
+            entries = size = None
+        if segment.seq == stop.segment:
+            last = min(last, stop.entry - 1)
+        if first <= last:
+            extents.append(SegmentExtent(segment.seq, first, last, entries, size))
+    return extents
 
 
 async def _raise_if_truncated(record: StreamRecord, position: Position, error: Exception) -> None:

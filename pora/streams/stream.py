@@ -43,7 +43,13 @@ from pora.streams.document import (
 )
 from pora.streams.errors import NoSuchStream, StreamExists
 from pora.streams.position import Position
-from pora.streams.reader import Start, read_stream, subscribe_stream
+from pora.streams.reader import (
+    SegmentExtent,
+    Start,
+    read_stream,
+    stream_extents,
+    subscribe_stream,
+)
 from pora.streams.records import StreamRecord
 from pora.streams.retention import trim_count, wholly_before
 from pora.streams.stream_attributes import change_attributes, check_changes
@@ -119,6 +125,11 @@ class Stream:
         """(position, payload) from `from_` (None: the beginning, "end": the end) up to
         `to` (exclusive; None: the end as of the call), acknowledged entries only; with
         `as_of_commit=n`, only the segments of commits up to n."""
+        self._check_read_arguments(to, as_of_commit)
+        return read_stream(self._client, self._record, _checked_start(from_), to, as_of_commit)
+
+    @staticmethod
+    def _check_read_arguments(to: object, as_of_commit: object) -> None:
         if to is not None and not isinstance(to, Position):
             raise InvalidArgumentType(
                 f"to must be a pora.Position or None, not {type(to).__name__}"
@@ -128,9 +139,20 @@ class Stream:
                 raise InvalidArgumentType(
                     f"as_of_commit must be an int or None, not {type(as_of_commit).__name__}"
                 )
+            assert isinstance(as_of_commit, int)
             if as_of_commit < 0:
                 raise InvalidArgument(f"as_of_commit={as_of_commit} must be 0 or above")
-        return read_stream(self._client, self._record, _checked_start(from_), to, as_of_commit)
+
+    async def extents(
+        self, from_: Start = None, to: Position | None = None, as_of_commit: int | None = None
+    ) -> list[SegmentExtent]:
+        """What `read` with these arguments would read, per segment (seq, its first and
+        last entry, the segment's entries and bytes when CLOSED), without reading it:
+        for planning range reads in parallel, each then a `read(from_, to)`."""
+        self._check_read_arguments(to, as_of_commit)
+        return await stream_extents(
+            self._client, self._record, _checked_start(from_), to, as_of_commit
+        )
 
     def begin(self, txn_id: str | None = None) -> Transaction:
         """A new transaction, for `async with` (it begins on entry; `await
