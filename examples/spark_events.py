@@ -42,7 +42,9 @@ def main(url: str) -> None:
     print(f"batch: {back.count()} rows, sum(value) = {total}")
     # foreachPartition: each partition commits once under (job, partition)
     df.foreachPartition(partition_writer(url, events, schema=df.schema))
-    print(f"after foreachPartition: {back.count()} rows")
+    # a loaded DataFrame keeps the commit it was planned at: load again for later ones
+    again = spark.read.format("pora").option("metadata", url).load(events)
+    print(f"after foreachPartition: {again.count()} rows (the first DataFrame: {back.count()})")
     # a streaming query from the beginning of the stream, to the end as of now
     with tempfile.TemporaryDirectory() as checkpoint:
         query = (

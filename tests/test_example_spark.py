@@ -34,6 +34,6 @@ async def test_the_spark_example_writes_and_reads_a_stream(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr.decode()[-3000:]
     assert result.stdout.decode().splitlines() == [
         "batch: 1000 rows, sum(value) = 249750.0",
-        "after foreachPartition: 2000 rows",
+        "after foreachPartition: 2000 rows (the first DataFrame: 1000)",
         "streaming: 2000 rows",
     ]
