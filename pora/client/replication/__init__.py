@@ -1,5 +1,5 @@
 """The replicating client (`pora.connect`): ledgers written to and read from ensembles
-of nodes under the rules R1..R26 of docs/replication.md; each function names the rule
+of nodes under the rules R1..R27 of docs/replication.md; each function names the rule
 it serves.
 
 The decisions are pure modules that do no I/O, never await and read no clock (time
