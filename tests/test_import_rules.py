@@ -1,4 +1,4 @@
-"""The import direction of the house (DESIGN.md, "Import direction"), checked by
+"""The import direction of the rooms (docs/architecture.md, "The rooms"), checked by
 walking every module's imports with `ast`: bottom to top, `journal`, `ledger` and
 `netio` know nothing of `pora` nor of each other's internals; `pora.node` composes
 journal and ledger and knows no wire format; `pora.client` speaks `netio` and never

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -268,12 +269,13 @@ def test_values_that_would_fail_later_are_refused_before_starting(
     assert not data_dir.exists()  # refused before the node touched anything
 
 
-def refused_start(*argv: str, user: list[str] | None = None) -> str:
+def refused_start(*argv: str, pora_command: list[str] | None = None) -> str:
     """Run `pora serve` that must refuse to start: exit status 2 and one error line,
-    no traceback. Returns that line."""
+    no traceback. Returns that line. `pora_command` is what runs `pora` (by default
+    this interpreter, as this user)."""
     result = subprocess.run(
-        [*(user or []), sys.executable, "-m", "pora.cli", "serve", "--log-format", "logfmt",
-         *argv],
+        [*(pora_command or [sys.executable, "-m", "pora.cli"]), "serve",
+         "--log-format", "logfmt", *argv],
         capture_output=True, text=True, timeout=60, check=False, cwd="/",
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
@@ -311,24 +313,49 @@ def test_a_listen_address_not_on_this_machine_is_refused(data_dir: Path) -> None
     assert "(--metrics-listen)" in line
 
 
+#: `pora` run as another user (argv: uid, gid, then pora's arguments). The interpreter
+#: starts as root and imports every module of the node's packages (the command imports
+#: some of them lazily) before it drops to that user's ids and parses its arguments: the
+#: user never reads the checkout, which may lie in a folder only root can enter (a home
+#: directory, a `mktemp -d` folder), while the data dir check runs with that user's
+#: rights alone (`os.access` asks about the real uid: it is the user's too).
+PORA_AS_ANOTHER_USER = """
+import importlib, os, pkgutil, sys
+import journal, ledger, netio, pora, pora.cli
+for package in (journal, ledger, netio, pora):
+    for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        if not module.name.endswith(".__main__"):  # (that one runs the command)
+            importlib.import_module(module.name)
+parser = pora.cli.build_parser()
+uid, gid = int(sys.argv[1]), int(sys.argv[2])
+os.setgroups([])
+os.setgid(gid)
+os.setuid(uid)  # from root to another uid: every capability goes too
+assert (os.getuid(), os.geteuid()) == (uid, uid)
+args = parser.parse_args(sys.argv[3:])
+sys.exit(args.run(args))
+"""
+
+
 @pytest.fixture
-def unwritable_dir() -> Iterator[tuple[Path, list[str]]]:
-    """A folder the node's user cannot write, and the command prefix to run as that
-    user: `nobody` under setpriv when the tests run as root, else the tests' user."""
+def unwritable_dir() -> Iterator[tuple[Path, list[str], str]]:
+    """A folder the node's user cannot write, the command that runs `pora` as that
+    user, and the user's name: `nobody` when the tests run as root (root may write
+    anywhere), else the tests' own user."""
     parent = Path(tempfile.mkdtemp(prefix="pora-unwritable-"))
     parent.chmod(0o755)  # reachable by another user (pytest's tmp_path is not)
     folder = parent / "data"
     folder.mkdir()
     folder.chmod(0o555)
-    prefix: list[str] = []
+    command = [sys.executable, "-m", "pora.cli"]
+    user = pwd.getpwuid(os.geteuid()).pw_name
     if os.geteuid() == 0:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            shutil.rmtree(parent)
-            pytest.skip("running as root without setpriv: cannot run the node as another user")
-        prefix = [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+        nobody = pwd.getpwnam("nobody")
+        command = [sys.executable, "-c", PORA_AS_ANOTHER_USER]
+        command += [str(nobody.pw_uid), str(nobody.pw_gid)]
+        user = nobody.pw_name
     try:
-        yield folder, prefix
+        yield folder, command, user
     finally:
         folder.chmod(0o755)
         shutil.rmtree(parent)
@@ -336,16 +363,18 @@ def unwritable_dir() -> Iterator[tuple[Path, list[str]]]:
 
 @pytest.mark.slow
 def test_a_data_dir_this_user_cannot_write_is_refused(
-    unwritable_dir: tuple[Path, list[str]],
+    unwritable_dir: tuple[Path, list[str], str],
 ) -> None:
-    folder, user = unwritable_dir
-    line = refused_start("--data-dir", str(folder), "--listen", "127.0.0.1:0", user=user)
-    assert f"the data dir ({folder}) is not writable by " in line
+    folder, pora_command, user = unwritable_dir
+    argv = ("--listen", "127.0.0.1:0")
+    line = refused_start("--data-dir", str(folder), *argv, pora_command=pora_command)
+    assert f"the data dir ({folder}) is not writable by {user} (uid " in line
     assert "with mode 555" in line
     assert "Run the node as the user that owns the data dir" in line
     # a data dir to be made inside it: the folder it would be made in is named
-    line = refused_start("--data-dir", str(folder / "new"), "--listen", "127.0.0.1:0", user=user)
-    assert f"the folder in which to make data dir {folder / 'new'} ({folder})" in line
+    new = folder / "new"
+    line = refused_start("--data-dir", str(new), *argv, pora_command=pora_command)
+    assert f"the folder in which to make data dir {new} ({folder})" in line
 
 
 @pytest.mark.parametrize("command", ["serve", "bench"])

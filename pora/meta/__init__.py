@@ -1,5 +1,7 @@
-"""The cluster's metadata store: ledger ids, ledger metadata, node registrations and
-streams, behind one interface with an embedded SQLite and a ZooKeeper backend."""
+"""The cluster's metadata store, behind one interface (`store.py`) with an embedded
+SQLite and a ZooKeeper backend: ledger ids, ledger records, node registrations, the
+cluster's identity and its nodes' marks, and named, versioned documents in spaces, in
+which `pora.streams` keeps its streams, their pages and cursors (docs/metadata.md)."""
 
 from pora.meta.errors import (
     DocumentExists,

@@ -1,7 +1,14 @@
-"""The replicating client's deterministic core: the replicated entry format,
-placement, quorum bookkeeping and the ledger records a writer or a recovery builds.
+"""The replicating client (`pora.connect`): ledgers written to and read from ensembles
+of nodes under the rules R1..R27 of docs/replication.md; each function names the rule
+it serves.
 
-Nothing here does I/O, awaits or reads a clock (time is passed in), so the I/O layer
-and a seeded simulation drive the same code. The rules it implements (R1..R25) are
-in docs/replication.md; each function names the rule it serves.
+The decisions are pure modules that do no I/O, never await and read no clock (time
+is passed in), so that tests and a seeded simulation drive them without sockets:
+`quorum.py` (write sets, acknowledgements), `placement.py`, `recovery_votes.py`,
+`ledger_records.py`, `entry_format.py`, `arguments.py`, `config.py` and `errors.py`.
+The rest does the I/O around them on anyio: `client.py` (`connect`, `Client`),
+`writer.py`, `sender.py` and `node_senders.py` (the write path), `ensemble_change.py`,
+`recovery.py` and `recovery_adds.py`, `reader.py`, `replica_reads.py` and `tail.py`,
+`node_pool.py` (one channel per node) and `budget.py`. docs/architecture.md walks an
+append through them.
 """
