@@ -16,6 +16,7 @@ A full channel makes `submit` wait: that is the node's backpressure.
 from __future__ import annotations
 
 import collections
+import enum
 import errno
 import logging
 from collections.abc import Awaitable, Callable
@@ -463,6 +464,12 @@ class Journal:
             # the write rolls to a new segment, which closes the old one: no sync of
             # the old one may still be running
             await previous.wait()
+        # before writing: the encoder numbered the group from where the journal is
+        assert group[0].seq == first_seq and group[-1].seq == first_seq + len(group) - 1, (
+            first_seq,
+            group[0].seq,
+            group[-1].seq,
+        )
         self._next_seq += len(group)
         try:
             if rolls:
@@ -536,30 +543,33 @@ class Journal:
             sync_seconds = unsynced.sync.outcome()
         except OSError as exc:
             self._fail(group, exc)
-        else:
-            if self._failure is not None:
-                # an earlier group failed: this one was written after it, and a sync
-                # after a failed one proves nothing
-                for request in group:
-                    request.fail(self._failure)
-            else:
-                dispatch_nowait = self._dispatch_nowait
-                if dispatch_nowait is None or not dispatch_nowait(group):
-                    return sync_seconds
-                self._count_commit(unsynced, sync_seconds)
-        unsynced.done.set()
-        unsynced.sync_slots.release()
+            unsynced.settle(GroupState.FAILED)
+            return None
+        if self._failure is not None:
+            # an earlier group failed: this one was written after it, and a sync
+            # after a failed one proves nothing
+            for request in group:
+                request.fail(self._failure)
+            unsynced.settle(GroupState.FAILED)
+            return None
+        dispatch_nowait = self._dispatch_nowait
+        if dispatch_nowait is None or not dispatch_nowait(group):
+            unsynced.move_to(GroupState.WAITING_FOR_LEDGERS)
+            return sync_seconds
+        self._count_commit(unsynced, sync_seconds)
+        unsynced.settle(GroupState.HANDED_OVER)
         return None
 
     async def _hand_over_later(self, unsynced: _Unsynced, sync_seconds: float) -> None:
         """The hand-over of one group that waits for room in a ledger channel (the
         ledgers' backpressure); the groups after it wait for it."""
+        handed_over = False
         try:
             await self._dispatch(unsynced.group)
             self._count_commit(unsynced, sync_seconds)
+            handed_over = True
         finally:
-            unsynced.done.set()
-            unsynced.sync_slots.release()
+            unsynced.settle(GroupState.HANDED_OVER if handed_over else GroupState.CANCELLED)
             self._handing_over_later = False
         self._hand_over_synced()
 
@@ -576,7 +586,10 @@ class Journal:
         self._sync_seconds_max = max(self._sync_seconds_max, sync_seconds)
         for listener in self._commit_listeners:
             listener(operations, unsynced.written, sync_seconds)
-        self._dispatched_seq = group[-1].seq + 1
+        dispatched_seq = group[-1].seq + 1
+        # groups are handed over in journal order, each once
+        assert dispatched_seq > self._dispatched_seq, (dispatched_seq, self._dispatched_seq)
+        self._dispatched_seq = dispatched_seq
 
     def _fail(self, group: list[Request], exc: OSError) -> None:
         """A journal write failed: nothing more can be acknowledged safely.
@@ -638,10 +651,42 @@ def _mib(count: int) -> str:
     return f"{count / (1 << 20):.1f} MiB"
 
 
+class GroupState(enum.Enum):
+    """Where a written group is on its way to the ledgers. A group is made WRITTEN
+    (its fdatasync started); every other state is reached once, along `_NEXT_STATES`,
+    and the last three end it: its slot is given back and `done` set."""
+
+    #: written into the page cache; its fdatasync runs or has ended unread
+    WRITTEN = "written"
+    #: synced, and waiting for room in a ledger channel (the ledgers' backpressure)
+    WAITING_FOR_LEDGERS = "waiting for the ledgers"
+    #: handed to the ledgers, which complete its requests
+    HANDED_OVER = "handed over"
+    #: its write or sync failed, or one before it did: its requests failed
+    FAILED = "failed"
+    #: its wait for the ledgers was cancelled (the node stops): its requests are
+    #: neither completed nor failed by the journal
+    CANCELLED = "cancelled"
+
+
+_NEXT_STATES: dict[GroupState, frozenset[GroupState]] = {
+    GroupState.WRITTEN: frozenset(
+        {GroupState.WAITING_FOR_LEDGERS, GroupState.HANDED_OVER, GroupState.FAILED}
+    ),
+    GroupState.WAITING_FOR_LEDGERS: frozenset({GroupState.HANDED_OVER, GroupState.CANCELLED}),
+    GroupState.HANDED_OVER: frozenset(),
+    GroupState.FAILED: frozenset(),
+    GroupState.CANCELLED: frozenset(),
+}
+_ENDED: frozenset[GroupState] = frozenset(
+    {GroupState.HANDED_OVER, GroupState.FAILED, GroupState.CANCELLED}
+)
+
+
 class _Unsynced:
     """A group written to the journal and not yet handed over."""
 
-    __slots__ = ("done", "group", "sync", "sync_slots", "written")
+    __slots__ = ("done", "group", "state", "sync", "sync_slots", "written")
 
     def __init__(
         self,
@@ -657,3 +702,19 @@ class _Unsynced:
         #: set once the group is handed over (or failed)
         self.done = done
         self.sync_slots = sync_slots
+        self.state = GroupState.WRITTEN
+
+    def move_to(self, state: GroupState) -> None:
+        """Enter `state`; only the moves of `_NEXT_STATES` are allowed."""
+        assert state in _NEXT_STATES[self.state], (
+            f"a {self.state.value} group cannot become {state.value}"
+        )
+        self.state = state
+
+    def settle(self, state: GroupState) -> None:
+        """End the group in `state` (one of `_ENDED`): its sync slot is given back and
+        the groups waiting for it are told, exactly once."""
+        assert state in _ENDED, state
+        self.move_to(state)
+        self.done.set()
+        self.sync_slots.release()
