@@ -16,7 +16,6 @@ A full channel makes `submit` wait: that is the node's backpressure.
 from __future__ import annotations
 
 import collections
-import enum
 import errno
 import logging
 from collections.abc import Awaitable, Callable
@@ -27,11 +26,12 @@ import trio
 
 from journal.errors import JournalError, JournalNoSpace
 from journal.format import UNSYNCED_BATCHES_LIMIT
+from journal.groups import GroupState, WrittenGroup
 from journal.mounts import describe, free_bytes
 from journal.request import Request
 from journal.segment import SegmentInfo, SegmentWriter, encode_batch
 from journal.spares import SpareSegments, usable_spares
-from journal.syncs import Sync, SyncInThread
+from journal.syncs import SyncInThread
 
 _log = logging.getLogger("pora.journal")
 Dispatch = Callable[[list[Request]], Awaitable[None]]
@@ -152,7 +152,7 @@ class Journal:
         self._spare_failed_in: SegmentInfo | None = None
         self._failure: JournalError | None = None
         #: groups written, in journal order, not yet handed over
-        self._unsynced: collections.deque[_Unsynced] = collections.deque()
+        self._unsynced: collections.deque[WrittenGroup] = collections.deque()
         #: set when a sync ends; renewed by whoever waits for the next one
         self._a_sync_ended = trio.Event()
         #: a hand-over is waiting (a full ledger channel): the groups after it wait too
@@ -503,7 +503,7 @@ class Journal:
         # the sync starts now, not when some task first runs (a turn later); its end
         # calls `_hand_over_synced`, which gives the slot back once handed over
         sync = SyncInThread(writer, self._on_sync_end)
-        self._unsynced.append(_Unsynced(group, written, sync, done, sync_slots))
+        self._unsynced.append(WrittenGroup(group, written, sync, done, sync_slots))
         return done
 
     def _on_sync_end(self) -> None:
@@ -534,7 +534,7 @@ class Journal:
                 assert self._nursery is not None
                 self._nursery.start_soon(self._hand_over_later, head, sync_seconds)
 
-    def _hand_over_now(self, unsynced: _Unsynced) -> float | None:
+    def _hand_over_now(self, unsynced: WrittenGroup) -> float | None:
         """Settle one synced group without waiting. Returns None when settled, or the
         sync's seconds when a ledger channel is full and the hand-over must wait
         (then nothing was done)."""
@@ -560,7 +560,7 @@ class Journal:
         unsynced.settle(GroupState.HANDED_OVER)
         return None
 
-    async def _hand_over_later(self, unsynced: _Unsynced, sync_seconds: float) -> None:
+    async def _hand_over_later(self, unsynced: WrittenGroup, sync_seconds: float) -> None:
         """The hand-over of one group that waits for room in a ledger channel (the
         ledgers' backpressure); the groups after it wait for it."""
         handed_over = False
@@ -573,7 +573,7 @@ class Journal:
             self._handing_over_later = False
         self._hand_over_synced()
 
-    def _count_commit(self, unsynced: _Unsynced, sync_seconds: float) -> None:
+    def _count_commit(self, unsynced: WrittenGroup, sync_seconds: float) -> None:
         group = unsynced.group
         # counted in operations (each entry of a run is one), not in journal
         # records: what a user of the figures means by "records per group commit"
@@ -649,72 +649,3 @@ def _failure_advice(directory: Path, exc: OSError) -> str:
 
 def _mib(count: int) -> str:
     return f"{count / (1 << 20):.1f} MiB"
-
-
-class GroupState(enum.Enum):
-    """Where a written group is on its way to the ledgers. A group is made WRITTEN
-    (its fdatasync started); every other state is reached once, along `_NEXT_STATES`,
-    and the last three end it: its slot is given back and `done` set."""
-
-    #: written into the page cache; its fdatasync runs or has ended unread
-    WRITTEN = "written"
-    #: synced, and waiting for room in a ledger channel (the ledgers' backpressure)
-    WAITING_FOR_LEDGERS = "waiting for the ledgers"
-    #: handed to the ledgers, which complete its requests
-    HANDED_OVER = "handed over"
-    #: its write or sync failed, or one before it did: its requests failed
-    FAILED = "failed"
-    #: its wait for the ledgers was cancelled (the node stops): its requests are
-    #: neither completed nor failed by the journal
-    CANCELLED = "cancelled"
-
-
-_NEXT_STATES: dict[GroupState, frozenset[GroupState]] = {
-    GroupState.WRITTEN: frozenset(
-        {GroupState.WAITING_FOR_LEDGERS, GroupState.HANDED_OVER, GroupState.FAILED}
-    ),
-    GroupState.WAITING_FOR_LEDGERS: frozenset({GroupState.HANDED_OVER, GroupState.CANCELLED}),
-    GroupState.HANDED_OVER: frozenset(),
-    GroupState.FAILED: frozenset(),
-    GroupState.CANCELLED: frozenset(),
-}
-_ENDED: frozenset[GroupState] = frozenset(
-    {GroupState.HANDED_OVER, GroupState.FAILED, GroupState.CANCELLED}
-)
-
-
-class _Unsynced:
-    """A group written to the journal and not yet handed over."""
-
-    __slots__ = ("done", "group", "state", "sync", "sync_slots", "written")
-
-    def __init__(
-        self,
-        group: list[Request],
-        written: int,
-        sync: Sync,
-        done: trio.Event,
-        sync_slots: trio.Semaphore,
-    ) -> None:
-        self.group = group
-        self.written = written
-        self.sync = sync
-        #: set once the group is handed over (or failed)
-        self.done = done
-        self.sync_slots = sync_slots
-        self.state = GroupState.WRITTEN
-
-    def move_to(self, state: GroupState) -> None:
-        """Enter `state`; only the moves of `_NEXT_STATES` are allowed."""
-        assert state in _NEXT_STATES[self.state], (
-            f"a {self.state.value} group cannot become {state.value}"
-        )
-        self.state = state
-
-    def settle(self, state: GroupState) -> None:
-        """End the group in `state` (one of `_ENDED`): its sync slot is given back and
-        the groups waiting for it are told, exactly once."""
-        assert state in _ENDED, state
-        self.move_to(state)
-        self.done.set()
-        self.sync_slots.release()

@@ -7,8 +7,8 @@ import pytest
 import trio
 
 from journal.format import RecordKind
+from journal.groups import GroupState, WrittenGroup
 from journal.request import Request
-from journal.task import GroupState, _Unsynced
 
 
 class _Ended:
@@ -47,10 +47,10 @@ def test_a_replayed_run_settles_once() -> None:
         run.fail(OSError("x"))
 
 
-def _group() -> tuple[_Unsynced, trio.Semaphore]:
+def _group() -> tuple[WrittenGroup, trio.Semaphore]:
     slots = trio.Semaphore(1, max_value=1)
     slots.acquire_nowait()
-    return _Unsynced([request()], 512, _Ended(), trio.Event(), slots), slots
+    return WrittenGroup([request()], 512, _Ended(), trio.Event(), slots), slots
 
 
 async def test_a_group_handed_over_at_once_gives_its_slot_back_once() -> None:
