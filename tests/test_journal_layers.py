@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from test_journal_reader import flip_bit
 
 from journal.continuity import SegmentChain
 from journal.errors import JournalCorruption, JournalGap
@@ -42,6 +43,17 @@ def batch_starts(directory: Path) -> tuple[Path, list[int]]:
     """The one segment, and where each of its batches starts."""
     starts = [batch[0].offset - BATCH_HEADER_SIZE for batch in JournalScanner(directory).batches()]
     return list_segments(directory)[0].path, starts
+
+
+def damaged_header(
+    directory: Path, sizes: list[int], index: int, byte: int, *, unsynced_batches_max: int = 1
+) -> list[int]:
+    """Write batches of `sizes`, flip a bit of byte `byte` of batch `index`'s header;
+    where the batches start."""
+    write_batches(directory, sizes, unsynced_batches_max=unsynced_batches_max)
+    path, starts = batch_starts(directory)
+    flip_bit(path, starts[index] + byte)
+    return starts
 
 
 def read_all(directory: Path) -> tuple[list[int], JournalScanner]:
@@ -80,9 +92,7 @@ def test_a_file_ending_at_a_batch_boundary_is_a_clean_end(tmp_path: Path) -> Non
 def test_damage_at_any_byte_of_the_last_batch_header_is_a_torn_tail(
     tmp_path: Path, byte: int
 ) -> None:
-    write_batches(tmp_path, [2, 2])
-    path, starts = batch_starts(tmp_path)
-    _flip(path, starts[-1] + byte)
+    starts = damaged_header(tmp_path, [2, 2], -1, byte)
     seqs, scanner = read_all(tmp_path)
     torn = scanner.summary.torn_tail
     assert seqs == [0, 1]
@@ -94,9 +104,7 @@ def test_damage_at_any_byte_of_the_last_batch_header_is_a_torn_tail(
 def test_damage_at_any_byte_of_a_batch_header_with_a_batch_after_it_is_corruption(
     tmp_path: Path, byte: int
 ) -> None:
-    write_batches(tmp_path, [2, 2])
-    path, starts = batch_starts(tmp_path)
-    _flip(path, starts[0] + byte)
+    starts = damaged_header(tmp_path, [2, 2], 0, byte)
     with pytest.raises(JournalCorruption) as raised:
         read_all(tmp_path)
     assert raised.value.offset == starts[0]
@@ -108,23 +116,13 @@ def test_a_batch_written_while_the_damaged_one_synced_is_dropped_with_it(
     tmp_path: Path, byte: int
 ) -> None:
     # the writer overlapped two batches: the first may be torn with the second whole
-    write_batches(tmp_path, [2, 2, 2], unsynced_batches_max=2)
-    path, starts = batch_starts(tmp_path)
-    _flip(path, starts[1] + byte)
+    starts = damaged_header(tmp_path, [2, 2, 2], 1, byte, unsynced_batches_max=2)
     seqs, scanner = read_all(tmp_path)
     torn = scanner.summary.torn_tail
     assert seqs == [0, 1]
     assert torn is not None
     assert (torn.offset, torn.batches_after, torn.first_seq_dropped) == (starts[1], 1, 2)
     assert torn.records_dropped == 4  # its two, known from the next batch's seq, and two
-
-
-def _flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as file:
-        file.seek(offset)
-        byte = file.read(1)[0]
-        file.seek(offset)
-        file.write(bytes([byte ^ 0x01]))
 
 
 # --- the segment chain --------------------------------------------------------------------
@@ -161,20 +159,21 @@ def test_the_next_seq_only_rises(tmp_path: Path) -> None:
 # --- the record layer -------------------------------------------------------------------
 
 
-def mapped_batch(tmp_path: Path, requests: list[Request], first_seq: int) -> mmap.mmap:
+def mapped(tmp_path: Path, data: bytes) -> mmap.mmap:
+    """`data` in a file, mapped as the reader maps a segment."""
     path = tmp_path / "batch"
-    path.write_bytes(encode_batch(requests, first_seq))
+    path.write_bytes(data)
     with open(path, "rb") as file:
         return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-def _frame(mapped: mmap.mmap, from_seq: int) -> list[Framed]:
-    """The records of the batch at the start of `mapped`, framed from `from_seq`."""
-    _magic, _crc, records_length, count, first_seq = BATCH_HEADER.unpack_from(mapped)
-    view = memoryview(mapped)
+def _frame(segment: mmap.mmap, from_seq: int) -> list[Framed]:
+    """The records of the batch at the start of `segment`, framed from `from_seq`."""
+    _magic, _crc, records_length, count, first_seq = BATCH_HEADER.unpack_from(segment)
+    view = memoryview(segment)
     try:
         return frame_records(
-            mapped,
+            segment,
             view,
             BATCH_HEADER_SIZE,
             BATCH_HEADER_SIZE + records_length,
@@ -188,28 +187,25 @@ def _frame(mapped: mmap.mmap, from_seq: int) -> list[Framed]:
 
 def test_records_below_from_seq_are_checked_but_not_framed(tmp_path: Path) -> None:
     requests = [Request(RecordKind.ENTRY, 3, i, PAYLOAD) for i in range(4)]
-    mapped = mapped_batch(tmp_path, requests, 100)
-    framed = _frame(mapped, 102)
-    assert [record.seq for record in journal_records(framed, mapped, tmp_path)] == [102, 103]
+    batch = mapped(tmp_path, encode_batch(requests, 100))
+    framed = _frame(batch, 102)
+    assert [record.seq for record in journal_records(framed, batch, tmp_path)] == [102, 103]
     tally = ReplayTally()
-    replayed = replay_requests(framed, mapped, {3: 102}, tally)
+    replayed = replay_requests(framed, batch, {3: 102}, tally)
     assert [(r.seq, r.entry_id, r.on_done) for r in replayed] == [(103, 3, None)]
     assert bytes(replayed[0].payload) == PAYLOAD
     assert (tally.records_scanned, tally.records_selected, tally.ledgers_selected) == (2, 1, {3})
-    mapped.close()
+    batch.close()
 
 
 def test_a_damaged_record_below_from_seq_is_still_damage(tmp_path: Path) -> None:
     requests = [Request(RecordKind.ENTRY, 3, i, PAYLOAD) for i in range(2)]
-    path = tmp_path / "batch"
     data = bytearray(encode_batch(requests, 0))
     data[BATCH_HEADER_SIZE + RECORD_PREFIX_SIZE + 40] ^= 0x01  # the first record's payload
-    path.write_bytes(bytes(data))
-    with open(path, "rb") as file:
-        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    batch = mapped(tmp_path, bytes(data))
     with pytest.raises(BatchDamage, match="record 0 at byte 24: body crc mismatch"):
-        _frame(mapped, 1)
-    mapped.close()
+        _frame(batch, 1)
+    batch.close()
 
 
 def test_the_prefix_crc_covers_the_body_crc_field(tmp_path: Path) -> None:
@@ -219,10 +215,7 @@ def test_the_prefix_crc_covers_the_body_crc_field(tmp_path: Path) -> None:
     other = Request(RecordKind.ENTRY, 3, 0, b"r" * len(PAYLOAD)).bodies[0]
     body_at = BATCH_HEADER_SIZE + RECORD_PREFIX_SIZE
     data[body_at : body_at + len(other)] = other
-    path = tmp_path / "batch"
-    path.write_bytes(bytes(data))
-    with open(path, "rb") as file:
-        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    batch = mapped(tmp_path, bytes(data))
     with pytest.raises(BatchDamage, match="prefix crc mismatch"):
-        _frame(mapped, 0)
-    mapped.close()
+        _frame(batch, 0)
+    batch.close()
