@@ -193,7 +193,7 @@ def replay_requests(
     """The requests to replay of a whole batch: records past their ledger's durable
     seq (-1 if absent from `durable_seqs`), seq and bodies set, no owner. Counts
     what it scanned and selected in `tally`."""
-    new_single = Request.replayed
+    new_request = Request
     new_run = Request.entry_run
     durable_seq = durable_seqs.get
     scanned = scanned_bytes = selected = selected_bytes = 0
@@ -220,11 +220,13 @@ def replay_requests(
         if bodies is None:
             # the payload is not copied out again: the ledger workers take the body,
             # and the few that look at the payload take a view of it
-            append(new_single(kind, ledger_id, entry_id, flags, lac, mapped[body_start:end], seq))
+            request = new_request(
+                kind, ledger_id, entry_id, b"", flags, None, lac, None, mapped[body_start:end]
+            )
         else:
             request = new_run(ledger_id, entry_id, bodies, lac, flags, None, None, [])
-            request.seq = seq
-            append(request)
+        request.seq = seq
+        append(request)
         selected += body_count
         selected_bytes += payload_bytes
     tally.records_scanned += scanned

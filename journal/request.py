@@ -146,25 +146,6 @@ class Request:
         request.on_done = on_done
         return request
 
-    @classmethod
-    def replayed(
-        cls,
-        kind: RecordKind,
-        ledger_id: int,
-        entry_id: int,
-        flags: RecordFlag,
-        lac: int,
-        body: bytes,
-        seq: int,
-    ) -> Request:
-        """A one-body request read back from the journal by replay: its body as
-        journalled, its seq, no owner and no key to check (checked when written).
-        Made without `__init__`'s defaults and encoding: replay makes one per record."""
-        request = cls.entry_run(ledger_id, entry_id, [body], lac, flags, None, None, _NO_TAGS)
-        request.kind = kind
-        request.seq = seq
-        return request
-
     @property
     def count(self) -> int:
         """How many bodies (entries, for an ENTRY run) the request carries."""
