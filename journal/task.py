@@ -8,7 +8,9 @@ worker thread: journal/syncs.py). While it runs, the event loop
 keeps accepting requests, so the next group gathers during the sync: the sync cost
 is shared by everything that arrived in the meantime. When a sync ends, the code
 that learns of it hands the group to the ledgers (`dispatch_nowait`, else
-`dispatch` in a task), in journal order, and they complete each request.
+`dispatch` in a task), in journal order, and they complete each request. A
+written group's way there is a `WrittenGroup` whose state moves only as
+journal/groups.py allows, and ends once.
 
 A full channel makes `submit` wait: that is the node's backpressure.
 """
