@@ -243,20 +243,9 @@ def journal_records(framed: list[Framed], mapped: mmap.mmap, path: Path) -> list
     new_record = _new_record
     records: list[JournalRecord] = []
     append = records.append
-    for (
-        seq,
-        kind,
-        flags,
-        ledger_id,
-        entry_id,
-        lac,
-        position,
-        body_start,
-        end,
-        bodies,
-        _payload_bytes,
-        _body_count,
-    ) in framed:
+    for record in framed:
+        # (the tools' path: a slice per record costs nothing that matters here)
+        seq, kind, flags, ledger_id, entry_id, lac, position, body_start, end, bodies = record[:10]
         single = bodies is None
         for index, body in enumerate([mapped[body_start:end]] if bodies is None else bodies):
             append(
