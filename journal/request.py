@@ -61,6 +61,7 @@ class Request:
         "on_done",
         "result",
         "seq",
+        "settled",
         "tag",
         "tags",
     )
@@ -108,6 +109,8 @@ class Request:
         self.entry_errors: list[BaseException | None] | None = None
         #: an operation's result where it has one (the last entry id, for a fence)
         self.result: int | None = None
+        #: completed or failed: each happens once (asserted)
+        self.settled = False
         self.on_done = on_done
 
     @classmethod
@@ -139,6 +142,7 @@ class Request:
         request.error = None
         request.entry_errors = None
         request.result = None
+        request.settled = False
         request.on_done = on_done
         return request
 
@@ -163,12 +167,16 @@ class Request:
 
     def complete(self, result: int | None = None) -> None:
         """Mark the request done successfully and notify its owner."""
+        assert not self.settled, f"{self!r} completed after it was settled"
+        self.settled = True
         self.result = result
         if self.on_done is not None:
             self.on_done(self)
 
     def fail(self, error: BaseException) -> None:
         """Mark the request failed with `error` and notify its owner."""
+        assert not self.settled, f"{self!r} failed after it was settled"
+        self.settled = True
         self.error = error
         if self.on_done is not None:
             self.on_done(self)

@@ -308,6 +308,11 @@ class SegmentWriter:
             # overwrites it): a recycled spare holds its earlier life's bytes there,
             # and a reader must not take them for a torn batch (journal/spares.py)
             parts = [*parts, _END_OF_DATA_BLOCK]
+        # before writing (cheap, once per batch): the batch fills whole blocks from a
+        # block boundary, and its header claims the seqs the writer is at; the
+        # reader's torn-tail rule counts on both
+        assert self._offset % BLOCK_SIZE == 0 and length % BLOCK_SIZE == 0, (self._offset, length)
+        assert BATCH_HEADER.unpack_from(parts[0])[3:] == (record_count, first_seq), first_seq
         pwritev_all(self._fd, parts, self._offset)
         # only now: after a failed write the next batch goes to the same place
         self._offset += length

@@ -8,7 +8,9 @@ worker thread: journal/syncs.py). While it runs, the event loop
 keeps accepting requests, so the next group gathers during the sync: the sync cost
 is shared by everything that arrived in the meantime. When a sync ends, the code
 that learns of it hands the group to the ledgers (`dispatch_nowait`, else
-`dispatch` in a task), in journal order, and they complete each request.
+`dispatch` in a task), in journal order, and they complete each request. A
+written group's way there is a `WrittenGroup` whose state moves only as
+journal/groups.py allows, and ends once.
 
 A full channel makes `submit` wait: that is the node's backpressure.
 """
@@ -26,11 +28,12 @@ import trio
 
 from journal.errors import JournalError, JournalNoSpace
 from journal.format import UNSYNCED_BATCHES_LIMIT
+from journal.groups import GroupState, WrittenGroup
 from journal.mounts import describe, free_bytes
 from journal.request import Request
 from journal.segment import SegmentInfo, SegmentWriter, encode_batch
 from journal.spares import SpareSegments, usable_spares
-from journal.syncs import Sync, SyncInThread
+from journal.syncs import SyncInThread
 
 _log = logging.getLogger("pora.journal")
 Dispatch = Callable[[list[Request]], Awaitable[None]]
@@ -151,7 +154,7 @@ class Journal:
         self._spare_failed_in: SegmentInfo | None = None
         self._failure: JournalError | None = None
         #: groups written, in journal order, not yet handed over
-        self._unsynced: collections.deque[_Unsynced] = collections.deque()
+        self._unsynced: collections.deque[WrittenGroup] = collections.deque()
         #: set when a sync ends; renewed by whoever waits for the next one
         self._a_sync_ended = trio.Event()
         #: a hand-over is waiting (a full ledger channel): the groups after it wait too
@@ -463,6 +466,12 @@ class Journal:
             # the write rolls to a new segment, which closes the old one: no sync of
             # the old one may still be running
             await previous.wait()
+        # before writing: the encoder numbered the group from where the journal is
+        assert group[0].seq == first_seq and group[-1].seq == first_seq + len(group) - 1, (
+            first_seq,
+            group[0].seq,
+            group[-1].seq,
+        )
         self._next_seq += len(group)
         try:
             if rolls:
@@ -496,7 +505,7 @@ class Journal:
         # the sync starts now, not when some task first runs (a turn later); its end
         # calls `_hand_over_synced`, which gives the slot back once handed over
         sync = SyncInThread(writer, self._on_sync_end)
-        self._unsynced.append(_Unsynced(group, written, sync, done, sync_slots))
+        self._unsynced.append(WrittenGroup(group, written, sync, done, sync_slots))
         return done
 
     def _on_sync_end(self) -> None:
@@ -527,7 +536,7 @@ class Journal:
                 assert self._nursery is not None
                 self._nursery.start_soon(self._hand_over_later, head, sync_seconds)
 
-    def _hand_over_now(self, unsynced: _Unsynced) -> float | None:
+    def _hand_over_now(self, unsynced: WrittenGroup) -> float | None:
         """Settle one synced group without waiting. Returns None when settled, or the
         sync's seconds when a ledger channel is full and the hand-over must wait
         (then nothing was done)."""
@@ -536,34 +545,37 @@ class Journal:
             sync_seconds = unsynced.sync.outcome()
         except OSError as exc:
             self._fail(group, exc)
-        else:
-            if self._failure is not None:
-                # an earlier group failed: this one was written after it, and a sync
-                # after a failed one proves nothing
-                for request in group:
-                    request.fail(self._failure)
-            else:
-                dispatch_nowait = self._dispatch_nowait
-                if dispatch_nowait is None or not dispatch_nowait(group):
-                    return sync_seconds
-                self._count_commit(unsynced, sync_seconds)
-        unsynced.done.set()
-        unsynced.sync_slots.release()
+            unsynced.settle(GroupState.FAILED)
+            return None
+        if self._failure is not None:
+            # an earlier group failed: this one was written after it, and a sync
+            # after a failed one proves nothing
+            for request in group:
+                request.fail(self._failure)
+            unsynced.settle(GroupState.FAILED)
+            return None
+        dispatch_nowait = self._dispatch_nowait
+        if dispatch_nowait is None or not dispatch_nowait(group):
+            unsynced.move_to(GroupState.WAITING_FOR_LEDGERS)
+            return sync_seconds
+        self._count_commit(unsynced, sync_seconds)
+        unsynced.settle(GroupState.HANDED_OVER)
         return None
 
-    async def _hand_over_later(self, unsynced: _Unsynced, sync_seconds: float) -> None:
+    async def _hand_over_later(self, unsynced: WrittenGroup, sync_seconds: float) -> None:
         """The hand-over of one group that waits for room in a ledger channel (the
         ledgers' backpressure); the groups after it wait for it."""
+        handed_over = False
         try:
             await self._dispatch(unsynced.group)
             self._count_commit(unsynced, sync_seconds)
+            handed_over = True
         finally:
-            unsynced.done.set()
-            unsynced.sync_slots.release()
+            unsynced.settle(GroupState.HANDED_OVER if handed_over else GroupState.CANCELLED)
             self._handing_over_later = False
         self._hand_over_synced()
 
-    def _count_commit(self, unsynced: _Unsynced, sync_seconds: float) -> None:
+    def _count_commit(self, unsynced: WrittenGroup, sync_seconds: float) -> None:
         group = unsynced.group
         # counted in operations (each entry of a run is one), not in journal
         # records: what a user of the figures means by "records per group commit"
@@ -576,7 +588,10 @@ class Journal:
         self._sync_seconds_max = max(self._sync_seconds_max, sync_seconds)
         for listener in self._commit_listeners:
             listener(operations, unsynced.written, sync_seconds)
-        self._dispatched_seq = group[-1].seq + 1
+        dispatched_seq = group[-1].seq + 1
+        # groups are handed over in journal order, each once
+        assert dispatched_seq > self._dispatched_seq, (dispatched_seq, self._dispatched_seq)
+        self._dispatched_seq = dispatched_seq
 
     def _fail(self, group: list[Request], exc: OSError) -> None:
         """A journal write failed: nothing more can be acknowledged safely.
@@ -636,24 +651,3 @@ def _failure_advice(directory: Path, exc: OSError) -> str:
 
 def _mib(count: int) -> str:
     return f"{count / (1 << 20):.1f} MiB"
-
-
-class _Unsynced:
-    """A group written to the journal and not yet handed over."""
-
-    __slots__ = ("done", "group", "sync", "sync_slots", "written")
-
-    def __init__(
-        self,
-        group: list[Request],
-        written: int,
-        sync: Sync,
-        done: trio.Event,
-        sync_slots: trio.Semaphore,
-    ) -> None:
-        self.group = group
-        self.written = written
-        self.sync = sync
-        #: set once the group is handed over (or failed)
-        self.done = done
-        self.sync_slots = sync_slots
