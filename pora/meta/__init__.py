@@ -1,6 +1,8 @@
 """The cluster's metadata store: ledger ids, ledger metadata, node registrations and
 streams, behind one interface with an embedded SQLite and a ZooKeeper backend."""
 
+from pora.meta.backends import open_metadata
+from pora.meta.config import MetadataConfig
 from pora.meta.errors import (
     DocumentExists,
     InvalidMetadata,
@@ -24,7 +26,7 @@ from pora.meta.records import (
     NodeRegistration,
     Versioned,
 )
-from pora.meta.store import MetadataConfig, MetadataStore, open_metadata
+from pora.meta.store import MetadataStore
 
 __all__ = [
     "DocumentExists",
