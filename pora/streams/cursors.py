@@ -26,7 +26,8 @@ from pora.meta.errors import (
 )
 from pora.meta.records import Versioned
 from pora.meta.store import MetadataStore
-from pora.streams.document import _int, check_stream_name
+from pora.streams.document import check_stream_name
+from pora.streams.document_codec import decoded_int
 from pora.streams.errors import NoSuchCursor
 from pora.streams.position import Position
 
@@ -78,7 +79,7 @@ def decode_cursor(data: bytes) -> CursorState:
     try:
         raw: Any = json.loads(data)
         _check_cursor_version(raw["format_version"])
-        created = _int(raw["created_ms"])
+        created = decoded_int(raw["created_ms"])
         return CursorState(
             check_stream_name(raw["stream"]),
             check_stream_name(raw["name"]),

@@ -30,6 +30,7 @@ from pora.streams.document import (
     StreamConfig,
     StreamDocument,
     StreamState,
+    change_attributes,
     check_stream_name,
     close_segment,
     decode_document,
@@ -52,7 +53,7 @@ from pora.streams.reader import (
 )
 from pora.streams.records import StreamRecord
 from pora.streams.retention import trim_count, wholly_before
-from pora.streams.stream_attributes import change_attributes, check_changes
+from pora.streams.stream_attributes import check_changes
 from pora.streams.transaction import Transaction, collect_abandoned, resume_transaction
 from pora.streams.transaction_fields import PendingTransaction, check_transaction_id
 from pora.streams.writer import StreamWriter, recover_segment_ledger
