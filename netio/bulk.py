@@ -35,7 +35,7 @@ from netio.framing import (
     _short_frame,
 )
 from netio.messages import ResponseMessage
-from netio.request_codec import encode_add_entry, encode_add_run
+from netio.request_encoding import encode_add_entry, encode_add_run
 from netio.response_codec import ResponseDecoder, _decode_response
 
 #: An OK ADD_ENTRY response: its first 8 bytes (length 28, version, opcode, RESPONSE

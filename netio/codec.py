@@ -13,8 +13,8 @@ generator in `netio.bulk`.
 """
 
 from netio.framing import RECEIVE_BYTES_DEFAULT
-from netio.request_codec import (
-    RequestDecoder,
+from netio.request_codec import RequestDecoder
+from netio.request_encoding import (
     encode_add_batch,
     encode_add_entry,
     encode_add_run,

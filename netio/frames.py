@@ -29,6 +29,15 @@ HEADER: Final = struct.Struct(">IBBBBQ")
 HEADER_BYTES: Final = HEADER.size  # 16
 #: what `length` counts at least: the header after the length field
 LENGTH_MIN: Final = HEADER_BYTES - 4  # 12
+#: where the status byte lies in a frame: after length u32, version, opcode, flags
+STATUS_OFFSET: Final = 7
+
+
+def status_byte(frame: bytes | bytearray) -> int:
+    """The status of an encoded frame, read without decoding it (a server counts
+    its responses by status as it sends them)."""
+    return frame[STATUS_OFFSET]
+
 
 #: A frame's `length` may not exceed this unless configured otherwise: 4 MiB of
 #: payload (the engine's default entry_bytes_max) plus room for the headers.

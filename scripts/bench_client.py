@@ -130,7 +130,7 @@ async def registered_node(parent: Path) -> AsyncIterator[tuple[str, str]]:
 
 
 async def _wait_registered(url: str, nodes: int) -> None:
-    from pora.meta.store import open_metadata  # noqa: PLC0415
+    from pora.meta.backends import open_metadata  # noqa: PLC0415
 
     async with open_metadata(url) as store:
         # the store has a watch, but a poll is simpler here and only runs at startup

@@ -33,8 +33,8 @@ from pora.bench.schedule import run_on_schedule
 from pora.client.channel import NodeChannel
 from pora.client.replication.client import connect
 from pora.client.replication.writer import LedgerWriter
+from pora.meta.backends import open_metadata
 from pora.meta.records import NodeRegistration
-from pora.meta.store import open_metadata
 from pora.server.gc_tuning import GC_YOUNG_THRESHOLD_DEFAULT, freeze_and_tune
 
 if TYPE_CHECKING:  # by name only: the script also runs against builds without them

@@ -21,7 +21,7 @@ import trio
 from test_cli_cluster import free_base_port, kill_leftover_nodes
 
 import pora
-from pora.meta.store import open_metadata
+from pora.meta.backends import open_metadata
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0

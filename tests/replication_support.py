@@ -29,8 +29,9 @@ from journal.errors import PoraError
 from netio.errors import ConnectionLost
 from pora.client.channel import LocalChannel, NodeChannel, NodeIdentity, RangeAnswer
 from pora.client.node_channel import AddAnswer, AddRequest, add_entries_each
+from pora.meta.backends import open_metadata
 from pora.meta.records import NodeRegistration
-from pora.meta.store import MetadataStore, open_metadata
+from pora.meta.store import MetadataStore
 from pora.node.node import Node
 
 #: registrations outlive any test: nothing renews them

@@ -22,7 +22,7 @@ from zookeeper_support import fresh_zk_url
 
 import pora
 from pora.cli import main
-from pora.meta.store import open_metadata
+from pora.meta.backends import open_metadata
 from pora.node.datadir import read_cluster_id
 
 START_TIMEOUT_S = 60.0

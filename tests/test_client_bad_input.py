@@ -18,8 +18,8 @@ from writer_support import client_on
 from zookeeper_support import fresh_zk_url
 
 import pora
+from pora.meta.backends import open_metadata
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata
-from pora.meta.store import open_metadata
 
 
 async def set_up(url: str) -> str:

@@ -17,8 +17,9 @@ from test_node_registration import metadata_url
 from zookeeper_support import fresh_zk_url
 
 import pora
+from pora.meta.backends import open_metadata
 from pora.meta.errors import InvalidMetadata
-from pora.meta.store import MetadataStore, open_metadata
+from pora.meta.store import MetadataStore
 from pora.node.datadir import CLUSTER_NAME, open_data_dir, read_cluster_id
 from pora.server.membership import ForeignMetadataStore, check_mark, join_cluster
 from pora.server.registration import NodeRegistrar, NodeState

@@ -18,8 +18,8 @@ from test_node_registration import serve, stop
 from waiting import wait_until
 
 import pora
+from pora.meta.backends import open_metadata
 from pora.meta.errors import NoSuchLedgerMetadata
-from pora.meta.store import open_metadata
 
 WRITER_SCRIPT = Path(__file__).with_name("replication_writer_process.py")
 WRITER_TASKS = 64

@@ -21,10 +21,11 @@ from serve_helpers import http_get, samples
 from waiting import wait_until_true
 from zookeeper_support import fresh_zk_url
 
+from pora.meta.backends import open_metadata
 from pora.meta.errors import MetadataUnavailable
 from pora.meta.local_zookeeper import LocalZooKeeper
 from pora.meta.records import NodeRegistration
-from pora.meta.store import MetadataStore, open_metadata
+from pora.meta.store import MetadataStore
 from pora.node.datadir import open_data_dir
 from pora.server.registration import NodeRegistrar, NodeState
 

@@ -1110,3 +1110,17 @@ def test_the_well_formed_bodies_of_the_wrong_size_cases_decode() -> None:
         ListLedgersResponse(7, [], False),
         InfoResponse(7, _V, None, 1 << 20, 1 << 16, 3, "0.1.0"),
     ]
+
+
+@pytest.mark.parametrize("status", [s for s in f.Status if s is not f.Status.OK])
+def test_the_status_byte_of_an_encoded_response_is_its_status(status: f.Status) -> None:
+    """What the server counts its responses by, without decoding them."""
+    error = codec.encode_error(7, f.Opcode.READ_ENTRY, status, "why")
+    assert f.status_byte(error) == status
+    decoder = codec.ResponseDecoder()
+    decoder.receive_data(error)
+    (response,) = decoder.next_responses()
+    assert isinstance(response, ErrorResponse)
+    assert response.status == status
+    ok = codec.encode_add_run_responses([((1, 2), 5, 0)], f.PROTOCOL_VERSION)
+    assert f.status_byte(ok) == f.Status.OK

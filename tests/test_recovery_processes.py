@@ -28,8 +28,8 @@ from test_replication_processes import (
 from waiting import wait_until
 from zookeeper_support import fresh_zk_url
 
+from pora.meta.backends import open_metadata
 from pora.meta.records import LedgerState
-from pora.meta.store import open_metadata
 
 RECOVERY_SCRIPT = Path(__file__).with_name("recovery_process.py")
 WRITER_SCRIPT = Path(__file__).with_name("replication_writer_process.py")

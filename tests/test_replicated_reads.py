@@ -36,8 +36,8 @@ from pora.client.replication.entry_format import encode_entry
 from pora.client.replication.errors import EntryLost
 from pora.client.replication.ledger_records import closed_at, new_ledger
 from pora.client.replication.reader import LedgerReader, open_ledger
+from pora.meta.backends import open_metadata
 from pora.meta.records import EnsembleMember, LedgerMetadata, LedgerState, Versioned
-from pora.meta.store import open_metadata
 
 CONFIG = ClientConfig(node_timeout_s=5.0, speculative_read_delay_s=0.05, tail_poll_wait_s=2.0)
 

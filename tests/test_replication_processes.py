@@ -24,8 +24,8 @@ from zookeeper_support import fresh_zk_url
 import pora
 from pora.client.replication.entry_format import decode_entry
 from pora.client.replication.quorum import entry_write_set
+from pora.meta.backends import open_metadata
 from pora.meta.records import LedgerMetadata, LedgerState
-from pora.meta.store import open_metadata
 
 WRITER_SCRIPT = Path(__file__).with_name("replication_writer_process.py")
 NODES = 5

@@ -21,8 +21,8 @@ from test_replication_processes import read_log, wait_for_acks, writer_process
 
 import pora
 from pora.client.replication.config import ClientConfig
+from pora.meta.backends import open_metadata
 from pora.meta.records import LedgerState
-from pora.meta.store import open_metadata
 from pora.node.datadir import open_data_dir
 
 #: acknowledgements before C is stopped, and after (all on A and B)

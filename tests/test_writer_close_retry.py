@@ -15,9 +15,9 @@ from writer_support import client_on
 
 from ledger.errors import LedgerClosed, LedgerFenced
 from pora.client.replication.ledger_records import in_recovery
+from pora.meta.config import MetadataConfig
 from pora.meta.errors import MetadataTimeout
 from pora.meta.records import LedgerMetadata, LedgerState, Versioned
-from pora.meta.store import MetadataConfig
 
 #: a close that loops on a locked store instead of failing is cut off here
 CLOSE_PATIENCE_S = 20.0

@@ -138,8 +138,8 @@ def run(args: argparse.Namespace) -> int:
         _fail("--metadata is empty: give a store's URL, or leave it out for a local one")
         return EXIT_REFUSED
     if args.metadata is not None:
+        from pora.meta.backends import check_metadata_url  # noqa: PLC0415
         from pora.meta.errors import MetadataUnavailable  # noqa: PLC0415 (keeps --help light)
-        from pora.meta.store import check_metadata_url  # noqa: PLC0415
 
         try:
             check_metadata_url(args.metadata)  # before anything is made in --dir
@@ -188,8 +188,8 @@ class Cluster:
         self.clean = True
 
     async def main(self) -> int:
+        from pora.meta.backends import open_metadata  # noqa: PLC0415
         from pora.meta.errors import MetadataUnavailable  # noqa: PLC0415 (keeps --help light)
-        from pora.meta.store import open_metadata  # noqa: PLC0415
 
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             try:

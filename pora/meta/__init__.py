@@ -3,6 +3,8 @@ SQLite and a ZooKeeper backend: ledger ids, ledger records, node registrations, 
 cluster's identity and its nodes' marks, and named, versioned documents in spaces, in
 which `pora.streams` keeps its streams, their pages and cursors (docs/metadata.md)."""
 
+from pora.meta.backends import open_metadata
+from pora.meta.config import MetadataConfig
 from pora.meta.errors import (
     DocumentExists,
     InvalidMetadata,
@@ -26,7 +28,7 @@ from pora.meta.records import (
     NodeRegistration,
     Versioned,
 )
-from pora.meta.store import MetadataConfig, MetadataStore, open_metadata
+from pora.meta.store import MetadataStore
 
 __all__ = [
     "DocumentExists",

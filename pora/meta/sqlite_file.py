@@ -25,6 +25,7 @@ from typing import TypeVar
 import anyio
 import anyio.to_thread
 
+from pora.meta.config import MetadataConfig
 from pora.meta.errors import (
     MetadataError,
     MetadataStoreGone,
@@ -32,7 +33,6 @@ from pora.meta.errors import (
     MetadataUnavailable,
 )
 from pora.meta.sqlite_writer import BatchWriter, Write
-from pora.meta.store import MetadataConfig
 
 R = TypeVar("R")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import anyio
 
+from pora.meta.config import MetadataConfig
 from pora.meta.errors import (
     LedgerExists,
     MetadataError,
@@ -19,7 +20,6 @@ from pora.meta.errors import (
 )
 from pora.meta.records import LedgerMetadata, Versioned
 from pora.meta.sqlite_file import SqliteFile, poll_versions
-from pora.meta.store import MetadataConfig
 
 
 class SqliteLedgerRecords(SqliteFile):

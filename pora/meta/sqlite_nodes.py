@@ -16,10 +16,10 @@ import sqlite3
 import time
 from pathlib import Path
 
+from pora.meta.config import DEFAULT_LEASE_S, MetadataConfig
 from pora.meta.errors import MetadataError, NodeAddressTaken, RegistrationLost
 from pora.meta.records import NodeRegistration
 from pora.meta.sqlite_file import SqliteFile
-from pora.meta.store import DEFAULT_LEASE_S, MetadataConfig
 
 _log = logging.getLogger("pora.meta")
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pora.meta.config import MetadataConfig
 from pora.meta.sqlite_documents import SqliteDocuments
 from pora.meta.sqlite_file import sqlite_path
 from pora.meta.sqlite_identity import SqliteClusterIdentity
 from pora.meta.sqlite_ledgers import SqliteLedgerRecords
 from pora.meta.sqlite_nodes import SqliteNodeRegistry
 from pora.meta.sqlite_writer import BatchWriter
-from pora.meta.store import MetadataConfig
 
 
 class SqliteMetadataStore(

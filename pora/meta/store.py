@@ -1,5 +1,5 @@
-"""The metadata store's interface, `MetadataStore`, and `open_metadata(url)`, which
-picks a backend by URL.
+"""The metadata store's interface, `MetadataStore`. `open_metadata(url)`
+(backends.py) picks a backend by URL; `MetadataConfig` (config.py) tunes them.
 
 The interface is shaped so that SQLite and ZooKeeper (kazoo) behave the same: every
 record carries a version and every change names the version it read (ZooKeeper's
@@ -18,33 +18,10 @@ only by compare-and-set; pora/meta/documents.py holds the rules for their names.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Protocol
 
-from pora.meta.errors import MetadataUnavailable
-from pora.meta.records import RECORD_BYTES_MAX, LedgerMetadata, NodeRegistration, Versioned
-
-DEFAULT_LEASE_S = 5.0
-DEFAULT_SESSION_TIMEOUT_S = 6.0
-
-
-@dataclass(frozen=True)
-class MetadataConfig:
-    call_timeout_s: float = 10.0
-    record_bytes_max: int = RECORD_BYTES_MAX
-    #: ledger ids a process reserves with one transaction and hands out from memory
-    id_block_size: int = 100
-    watch_poll_min_s: float = 0.01
-    watch_poll_max_s: float = 0.5
-    #: worker threads (and SQLite connections) a store uses at most
-    threads_max: int = 4
-    #: ZooKeeper: the session timeout asked for (the server bounds it); a node's
-    #: registration disappears this long after its process stops answering
-    session_timeout_s: float = DEFAULT_SESSION_TIMEOUT_S
-    #: SQLite: writes queued for the writer thread's next transactions at most;
-    #: callers wait for room (within their call timeout)
-    write_queue_max: int = 1024
+from pora.meta.config import DEFAULT_LEASE_S
+from pora.meta.records import LedgerMetadata, NodeRegistration, Versioned
 
 
 class MetadataStore(Protocol):
@@ -173,56 +150,3 @@ class MetadataStore(Protocol):
         ...
 
     async def aclose(self) -> None: ...
-
-
-def check_metadata_url(url: str) -> None:
-    """MetadataUnavailable, saying what a URL looks like, for one that cannot name a
-    store (an unknown scheme, a sqlite URL without a path, a zk:// host list with a
-    bad port or bracket); nothing is opened. Commands check their `--metadata` with
-    it before they start anything."""
-    if url.startswith("sqlite:"):
-        from pora.meta.sqlite_file import sqlite_path  # noqa: PLC0415
-
-        sqlite_path(url)
-    elif url.startswith("zk://"):
-        from pora.meta.zk_layout import parse_zk_url  # noqa: PLC0415
-
-        parse_zk_url(url)
-    else:
-        raise MetadataUnavailable(
-            url,
-            "unknown URL scheme",
-            "use sqlite:///abs/path.db, sqlite:relative/path.db or zk://host:port,.../chroot",
-        )
-
-
-@asynccontextmanager
-async def open_metadata(
-    url: str, config: MetadataConfig | None = None, *, create: bool = True
-) -> AsyncIterator[MetadataStore]:
-    """Open the store `url` names: `sqlite:///abs/path.db`, `sqlite:relative/path.db`
-    or ZooKeeper's `zk://host:port,.../chroot`.
-
-    `create`: set up a missing store (the SQLite file and schema, ZooKeeper's layout
-    under the chroot). False opens only a store already set up and raises
-    `MetadataUnavailable`, naming the path, for one that is not: clients
-    (`pora.connect`) and the inspection commands pass False, so a mistyped URL never
-    leaves a fresh empty store behind for the nodes to find. The default stays True
-    because this call is the low-level one the node's path and tools set up stores
-    with. Opening a store already set up reads only (no write lock) either way."""
-    config = config or MetadataConfig()
-    check_metadata_url(url)
-    if url.startswith("sqlite:"):
-        from pora.meta.sqlite_store import SqliteMetadataStore, sqlite_path  # noqa: PLC0415
-
-        store: MetadataStore = await SqliteMetadataStore.open(
-            url, sqlite_path(url), config, create=create
-        )
-    else:
-        from pora.meta.zk_store import ZooKeeperMetadataStore  # noqa: PLC0415
-
-        store = await ZooKeeperMetadataStore.open(url, config, create=create)
-    try:
-        yield store
-    finally:
-        await store.aclose()

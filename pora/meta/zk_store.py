@@ -39,6 +39,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 
+from pora.meta.config import DEFAULT_LEASE_S, MetadataConfig
 from pora.meta.documents import (
     check_document_data,
     check_document_key,
@@ -60,7 +61,6 @@ from pora.meta.errors import (
 )
 from pora.meta.identity import check_node_mark, new_cluster_id
 from pora.meta.records import LedgerMetadata, NodeRegistration, Versioned
-from pora.meta.store import DEFAULT_LEASE_S, MetadataConfig
 from pora.meta.zk_layout import (
     LAYOUT_VERSION,
     ZNODE_DATA_BYTES_MAX,

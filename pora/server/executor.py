@@ -7,17 +7,19 @@ tasks of the connection, so responses go out in completion order, matched by
 request id. Past the node-wide limit of requests in flight a request is answered
 OVERLOADED at once.
 
-It owns the connection's read-response budget (bytes reserved by reads under way
-and held by their responses until sent), the cancel scopes of its long polls,
-and whether the connection is stopping. It may touch the server's counters and
-node-wide read budget, the connection's `InFlight` (the bytes of what it admits),
-and it queues responses on the writer.
+It owns the count of requests in the node (`ServerCounters.inflight`, one count
+for every connection): it admits requests under `inflight_node_max` and takes
+them off when the node completes them. It is built with what it touches: the
+node, the config, the server's counters, the connection's `InFlight` (the bytes
+of what it admits), its `ReadBytes` (reads reserve their responses' bytes
+there), its `LongPolls`, the writer it queues responses on, and the connection's
+nursery its requests other than adds run in.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import trio
 
@@ -58,12 +60,11 @@ from netio.messages import (
     WriteLacResponse,
 )
 from netio.status import status_of
-from pora.server.read_budget import ByteBudget
+from pora.node.node import Node
+from pora.server.config import ServerConfig
+from pora.server.counters import ServerCounters
+from pora.server.in_flight import InFlight, ReadBytes
 from pora.server.writer import ResponseWriter, error_frame
-
-if TYPE_CHECKING:
-    from pora.server.connection import InFlight
-    from pora.server.server import Server
 
 _log = logging.getLogger("pora.server")
 
@@ -122,31 +123,53 @@ class _Held:
         self.bytes = 0
 
 
+class LongPolls:
+    """The long-poll reads of one connection waiting now, and whether it stops:
+    shutdown ends them at once (they could wait a minute; their clients can retry
+    elsewhere) so that the drain is quick."""
+
+    __slots__ = ("scopes", "stopping")
+
+    def __init__(self) -> None:
+        self.scopes: set[trio.CancelScope] = set()
+        self.stopping = False
+
+    def stop(self) -> None:
+        self.stopping = True
+        for scope in self.scopes:
+            scope.cancel()
+
+
 class RequestExecutor:
     """Admits and performs the requests of one connection."""
 
     def __init__(
         self,
-        server: Server,
+        node: Node,
+        config: ServerConfig,
+        counters: ServerCounters,
+        *,
         in_flight: InFlight,
+        read_bytes: ReadBytes,
+        long_polls: LongPolls,
         writer: ResponseWriter,
         decoder: RequestDecoder,
+        nursery: trio.Nursery,
     ) -> None:
-        self.server = server
-        self.node = server.node
-        self.config = server.config
+        self.node = node
+        self.config = config
+        self.counters = counters
         self.in_flight = in_flight
+        self.read_bytes = read_bytes
+        self.long_polls = long_polls
         self.writer = writer
         #: the reader's decoder, read here for the protocol version only
         self.decoder = decoder
-        #: the connection's tasks: requests other than adds run here (set by the
-        #: connection when it starts, before any request is read)
-        self.nursery: trio.Nursery
-        #: bytes of read responses this connection holds (see ServerConfig)
-        self.read_budget = ByteBudget(self.config.read_bytes_per_connection_max)
-        #: cancel scopes of the long-poll reads waiting now
-        self.long_polls: set[trio.CancelScope] = set()
-        self.stopping = False
+        #: the connection's tasks: requests other than adds run here
+        self.nursery = nursery
+        # one bound method for every add and run (the node calls them on completion)
+        self.on_add_done = self._on_add_done
+        self.on_run_done = self._on_run_done
 
     @property
     def version(self) -> int:
@@ -156,18 +179,21 @@ class RequestExecutor:
     def _encode(self, message: ResponseMessage) -> bytes:
         return encode_response(message, self.version)
 
-    def stop(self) -> None:
-        """Shutdown: end long polls now (they could wait a minute; their clients can
-        retry elsewhere) so the drain is quick."""
-        self.stopping = True
-        for scope in self.long_polls:
-            scope.cancel()
+    def _on_add_done(self, request: Request) -> None:
+        # runs in a ledger worker. The node-wide count drops at completion, not when
+        # the response is sent: the connection may be gone by then
+        self.counters.inflight -= len(request.tags)
+        self.writer.add_done(request)
+
+    def _on_run_done(self, request: Request) -> None:
+        self.counters.inflight -= 1
+        self.writer.run_done(request)
 
     async def dispatch(self, requests: list[RequestMessage | WireAdd | Refused]) -> None:
-        server = self.server
+        counters = self.counters
         node = self.node
-        counts = server.requests_by_opcode
-        room = server.config.inflight_node_max - server.inflight
+        counts = counters.requests_by_opcode
+        room = self.config.inflight_node_max - counters.inflight
         adds: list[WireAdd] = []
         runs: list[Request] = []
         for message in requests:
@@ -195,10 +221,10 @@ class RequestExecutor:
                 self._overloaded(message.request_id, opcode)
                 continue
             room -= 1
-            server.inflight += 1
+            counters.inflight += 1
             self.nursery.start_soon(self._perform, message, opcode)
         if runs:
-            server.inflight += len(runs)
+            counters.inflight += len(runs)
             self.in_flight.bytes += sum([run.payload_bytes for run in runs])
         batch = runs
         if adds:
@@ -216,16 +242,16 @@ class RequestExecutor:
         """The node's requests for the adds of one read, those past the node-wide
         limit (`room` left) answered OVERLOADED and those the node refuses answered
         with their error."""
-        server = self.server
-        server.requests_by_opcode[Opcode.ADD_ENTRY] += len(adds)
+        counters = self.counters
+        counters.requests_by_opcode[Opcode.ADD_ENTRY] += len(adds)
         if len(adds) > room:  # past the node-wide limit: refuse the rest
             for add in adds[max(room, 0) :]:
                 self._overloaded(add[0], Opcode.ADD_ENTRY)
             adds = adds[: max(room, 0)]
-        add_batch, refused = self.node.entry_requests(adds, self.writer.on_add_done)
+        add_batch, refused = self.node.entry_requests(adds, self.on_add_done)
         for request_id, error in refused:
             self.writer.queue(error_frame(request_id, Opcode.ADD_ENTRY, error, self.version), 1)
-        server.inflight += len(adds) - len(refused)
+        counters.inflight += len(adds) - len(refused)
         self.in_flight.bytes += sum([request.payload_bytes for request in add_batch])
         return add_batch
 
@@ -251,7 +277,7 @@ class RequestExecutor:
                 master_key=message.master_key,
                 recovery=message.recovery,
                 last_add_confirmed=message.last_add_confirmed,
-                on_done=self.writer.on_run_done,
+                on_done=self.on_run_done,
             )
         except PoraError as error:
             self.writer.queue(
@@ -267,7 +293,7 @@ class RequestExecutor:
                 request_id,
                 opcode,
                 Status.OVERLOADED,
-                f"the node has {self.server.config.inflight_node_max} requests in flight "
+                f"the node has {self.config.inflight_node_max} requests in flight "
                 "(inflight_node_max); retry later",
                 version=self.version,
             ),
@@ -299,43 +325,20 @@ class RequestExecutor:
             read_bytes = 0
             if held.bytes:  # a read: its response holds its own size until sent
                 read_bytes = len(frame)
-                self._resize_read(held.bytes, read_bytes)
+                self.read_bytes.resize(held.bytes, read_bytes)
                 held.bytes = 0
         finally:
-            self.server.inflight -= 1
+            self.counters.inflight -= 1
             if held.bytes:  # cancelled: the connection is ending
-                self.release_read(held.bytes)
+                self.read_bytes.release(held.bytes)
         self.writer.queue(frame, 1, read_bytes)
 
     # --- read-response bytes -----------------------------------------------------------------
 
     async def _reserve_read(self, held: _Held, size: int) -> None:
-        """Reserve `size` bytes for a read's response, under the connection's limit
-        and then the node's, waiting in line for each."""
-        await self.read_budget.acquire(size)
-        try:
-            await self.server.read_budget.acquire(size)
-        except BaseException:
-            self._release_connection_read(size)
-            raise
+        """Reserve `size` bytes for a read's response (see `ReadBytes.reserve`)."""
+        await self.read_bytes.reserve(size)
         held.bytes += size
-
-    def _release_connection_read(self, size: int) -> None:
-        self.read_budget.release(size)
-        self.in_flight.open()  # the reader may read the socket again
-
-    def release_read(self, size: int) -> None:
-        self.server.read_budget.release(size)
-        self._release_connection_read(size)
-
-    def _resize_read(self, reserved: int, size: int) -> None:
-        """Hold `size` bytes instead of the `reserved` ones (a response is rarely
-        larger than reserved: then it is in memory already, and counts as it is)."""
-        if size < reserved:
-            self.release_read(reserved - size)
-        elif size > reserved:
-            self.read_budget.force(size - reserved)
-            self.server.read_budget.force(size - reserved)
 
     def _entry_response_bytes_max(self) -> int:
         return self.node.config.entry_bytes_max + ENTRY_RESPONSE_OVERHEAD
@@ -358,7 +361,7 @@ class RequestExecutor:
             return await node.read_entry(message.ledger_id, message.entry_id)
         except (NoSuchEntry, NoSuchLedger):
             pass
-        self.release_read(held.bytes)
+        self.read_bytes.release(held.bytes)
         held.bytes = 0
         wait_s = min(message.wait_ms, LONG_POLL_MS_MAX) / 1000.0
         payload = await self._long_poll(message, wait_s)
@@ -369,29 +372,31 @@ class RequestExecutor:
     async def _long_poll(self, message: ReadEntry, wait_s: float) -> bytes:
         """A read that may wait for its entry; shutdown ends the wait at once (the
         client may retry on another node), answering SHUTTING_DOWN."""
-        if not self.stopping:
+        long_polls = self.long_polls
+        if not long_polls.stopping:
             with trio.CancelScope() as scope:
-                self.long_polls.add(scope)
+                long_polls.scopes.add(scope)
                 try:
                     return await self.node.read_entry(
                         message.ledger_id, message.entry_id, wait_s=wait_s
                     )
                 finally:
-                    self.long_polls.discard(scope)
+                    long_polls.scopes.discard(scope)
         raise NodeClosed("the node is shutting down; read from another node, or retry")
 
     async def _long_poll_lac(self, message: ReadLac, wait_s: float) -> tuple[int, int]:
         """A LAC read that may wait for the LAC to pass `known_lac`; shutdown ends the
         wait at once, answering SHUTTING_DOWN (as `_long_poll`)."""
-        if not self.stopping:
+        long_polls = self.long_polls
+        if not long_polls.stopping:
             with trio.CancelScope() as scope:
-                self.long_polls.add(scope)
+                long_polls.scopes.add(scope)
                 try:
                     return await self.node.read_lac(
                         message.ledger_id, known_lac=message.known_lac, wait_s=wait_s
                     )
                 finally:
-                    self.long_polls.discard(scope)
+                    long_polls.scopes.discard(scope)
         raise NodeClosed("the node is shutting down; read from another node, or retry")
 
     async def _read_lac(self, message: ReadLac, held: _Held) -> bytes:

@@ -2,9 +2,11 @@
 
 A `RequestReader` owns the connection's decoder (its buffer, and the protocol
 version the first frame chose), when bytes last came in, and the cancel scope of
-reading. It may touch the connection's `InFlight` (it counts the requests it
-hands on, and waits for room) and the server's shared receive buffer and byte
-counter; it hands each batch of requests to the executor.
+reading. It is built with what it touches: the connection's `InFlight` (it
+counts the requests it hands on, and waits for room), the connection's
+read-response budget (it does not read while that is full), the server's shared
+receive buffer and its counters (bytes received); `run` hands each batch of
+requests to the function it is given (the executor's `dispatch`).
 
 The loop reads a plain TCP socket with `os.readv` into the server's one shared
 buffer and copies the bytes out before it awaits anything: one event loop, so no
@@ -17,16 +19,19 @@ before waiting: the rest of a big frame is usually there already.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 import trio
 
 from netio.codec import RequestDecoder
+from netio.messages import Refused, RequestMessage, WireAdd
+from pora.server.config import ServerConfig
+from pora.server.counters import ServerCounters
+from pora.server.in_flight import InFlight
+from pora.server.read_budget import ByteBudget
 
-if TYPE_CHECKING:
-    from pora.server.connection import InFlight
-    from pora.server.executor import RequestExecutor
-    from pora.server.server import Server
+#: what the reader hands each batch of requests to
+Dispatch = Callable[[list[RequestMessage | WireAdd | Refused]], Awaitable[None]]
 
 
 class RequestReader:
@@ -34,46 +39,53 @@ class RequestReader:
 
     def __init__(
         self,
-        server: Server,
         stream: trio.abc.Stream,
-        in_flight: InFlight,
-        executor: RequestExecutor,
         decoder: RequestDecoder,
+        *,
+        config: ServerConfig,
+        counters: ServerCounters,
+        in_flight: InFlight,
+        read_budget: ByteBudget,
+        receive_buffer: bytearray,
     ) -> None:
-        self.server = server
         self.stream = stream
-        self.in_flight = in_flight
-        self.executor = executor
         self.decoder = decoder
+        self.config = config
+        self.counters = counters
+        self.in_flight = in_flight
+        #: the connection's read-response bytes: past its limit, stop reading
+        self.read_budget = read_budget
+        #: the server's one receive buffer (see `_read_loop`)
+        self.receive_buffer = receive_buffer
         #: when the last bytes came in; the server's idle sweeper reads it
         self.last_received = trio.current_time()
         self.scope = trio.CancelScope()
         #: the socket's fd, read with os.readv; -1 for TLS (read through the ssl module)
         self.raw_fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
 
-    async def run(self) -> None:
-        """Read and hand on requests until the peer closes its side (returns), the
-        scope is cancelled, or the bytes are not the protocol (ProtocolError)."""
+    async def run(self, dispatch: Dispatch) -> None:
+        """Read and hand on requests to `dispatch` until the peer closes its side
+        (returns), the scope is cancelled, or the bytes are not the protocol
+        (ProtocolError)."""
         with self.scope:
-            await self._read_loop()
+            await self._read_loop(dispatch)
 
-    async def _read_loop(self) -> None:
-        server = self.server
-        config = server.config
+    async def _read_loop(self, dispatch: Dispatch) -> None:
+        counters = self.counters
+        config = self.config
         per_connection_max = config.inflight_per_connection_max
         bytes_max = config.inflight_bytes_per_connection_max
         receive_max = config.receive_bytes_max
         stream = self.stream
         decoder = self.decoder
         in_flight = self.in_flight
-        dispatch = self.executor.dispatch
-        shared = server.receive_buffer
+        shared = self.receive_buffer
         into = [shared]
         view = memoryview(shared)
         #: the last read left the socket empty: wait for it before reading again,
         #: rather than spend a system call to learn it is still empty
         drained = False
-        reads = self.executor.read_budget
+        reads = self.read_budget
         while True:
             budget = per_connection_max - in_flight.count
             if budget <= 0 or in_flight.bytes >= bytes_max or reads.used >= reads.limit:
@@ -108,7 +120,7 @@ class RequestReader:
             if not data:
                 return  # the peer closed its side; answer what is in flight
             self.last_received = trio.current_time()
-            server.bytes_received += len(data)
+            counters.bytes_received += len(data)
             decoder.receive_data(data if type(data) is bytes else bytes(data))
             if drained and decoder.buffered_bytes:
                 # the read ended inside a frame: the rest of a big one (a run) is

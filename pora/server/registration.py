@@ -28,6 +28,8 @@ from typing import Final
 
 import trio
 
+from pora.meta.backends import open_metadata
+from pora.meta.config import MetadataConfig
 from pora.meta.errors import (
     MetadataError,
     MetadataStoreGone,
@@ -36,7 +38,7 @@ from pora.meta.errors import (
     RegistrationLost,
 )
 from pora.meta.records import NodeRegistration
-from pora.meta.store import MetadataConfig, MetadataStore, open_metadata
+from pora.meta.store import MetadataStore
 from pora.server.diskwatch import ReadOnlySwitch
 from pora.server.settings import Address, Settings
 

@@ -10,17 +10,19 @@ buffer and sends it with one `send_all`. Other operations (reads that may
 long-poll, fences, closes, ...) run as tasks of the connection, so responses go
 out in completion order, matched by request id.
 
-Limits (all in `ServerConfig`): connections, requests and request bytes in flight
+Limits (all in `ServerConfig`, config.py): connections, requests and request bytes in flight
 per connection (past them the connection's reader stops reading: TCP pushes back
 on the peer), requests in flight node-wide (past it: OVERLOADED), frame size
 (refused on its length prefix), an idle timeout. A malformed frame gets a
 bad-request response when its request id is known, then its connection is
 closed; other connections never notice.
 
-This module holds the listener, the limits and the statistics; each connection is
-a `Connection` (connection.py) made of a reader (reader.py), an executor that
-admits requests and maps them to Node calls (executor.py), and a writer
-(writer.py). `netio.status` maps engine errors to status codes; the rest of the
+This module holds the listener and the statistics; the server owns the counters
+(counters.py), the node-wide read budget and the shared receive buffer, and
+hands them to each connection. A connection is a `Connection` (connection.py)
+made of a reader (reader.py), an executor that admits requests and maps them to
+Node calls (executor.py), and a writer (writer.py), none of which knows the
+`Server`. `netio.status` maps engine errors to status codes; the rest of the
 protocol (`netio`) knows nothing of the engine.
 """
 
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -41,88 +42,17 @@ from netio.codec import (
 )
 from netio.frames import Opcode, Status
 from pora.node.node import Node
+from pora.server.config import ServerConfig
 from pora.server.connection import Connection
+from pora.server.counters import ServerCounters
 from pora.server.read_budget import ByteBudget
+
+__all__ = ["Server", "ServerConfig", "ServerStatistics"]
 
 _log = logging.getLogger("pora.server")
 
 # an ADD_RUN frame becomes one run request of the node: the wire's bound must fit it
 assert f.RUN_ENTRIES_MAX <= RUN_ENTRIES_MAX
-
-
-@dataclass(frozen=True, slots=True)
-class ServerConfig:
-    """How the network workers listen and what they bound. Defaults suit one node
-    on a developer machine; `pora serve` maps its flags and config file onto these.
-
-    Memory the network layer can be made to hold, at most: per connection, one
-    receive buffer (`frame_bytes_max + receive_bytes_max`) plus the adds and other
-    responses in flight (`inflight_bytes_per_connection_max`, overshot by at most
-    one read); times `connections_max`; plus read responses, at most
-    `read_bytes_node_max` over all connections (or one response, if larger). A
-    connection that begins a frame and stalls is closed after `idle_timeout_s`.
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 3181
-    connections_max: int = 1024
-    #: requests read from one connection and not yet answered
-    inflight_per_connection_max: int = 4096
-    #: payload bytes of those requests (a few huge entries count as much as many small)
-    inflight_bytes_per_connection_max: int = 64 * 1024 * 1024
-    #: requests in the node from all connections; past it new ones get OVERLOADED
-    inflight_node_max: int = 65_536
-    #: bytes of read responses (READ_ENTRY, READ_RANGE, LIST_LEDGERS) one connection
-    #: may hold: a read reserves the most its response can take before it reads, and
-    #: holds the response's bytes until its socket took them. Past it the connection's reads
-    #: wait and its socket is not read (TCP pushes back on a peer that does not read
-    #: its responses); a single response larger than this is still served, alone
-    read_bytes_per_connection_max: int = 16 * 1024 * 1024
-    #: the same over all connections: past it new reads wait
-    read_bytes_node_max: int = 256 * 1024 * 1024
-    frame_bytes_max: int = f.FRAME_BYTES_MAX_DEFAULT
-    #: bytes asked of a socket at a time, into one buffer the server's plain-TCP
-    #: connections share (TLS ones read through the ssl module): an ADD_RUN of
-    #: 64 x 1 KiB takes one read
-    receive_bytes_max: int = 256 * 1024
-    #: a connection with nothing in flight and no bytes for this long is closed
-    idle_timeout_s: float = 600.0
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in (
-            "connections_max",
-            "inflight_per_connection_max",
-            "inflight_bytes_per_connection_max",
-            "inflight_node_max",
-            "read_bytes_per_connection_max",
-            "read_bytes_node_max",
-            "receive_bytes_max",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ServerConfig.{name} must be at least 1")
-        if not self.idle_timeout_s > 0:
-            raise ValueError("ServerConfig.idle_timeout_s must be positive")
-        if self.frame_bytes_max < 64:
-            raise ValueError("ServerConfig.frame_bytes_max must be at least 64")
-        if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("TLS needs both tls_cert_file and tls_key_file, or neither")
-
-    def ssl_context(self) -> ssl.SSLContext | None:
-        """The server's TLS context, or None when TLS is off."""
-        if self.tls_cert_file is None or self.tls_key_file is None:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        try:
-            context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
-        except (OSError, ssl.SSLError) as error:
-            raise ValueError(
-                f"cannot load the TLS certificate {self.tls_cert_file} and key "
-                f"{self.tls_key_file}: {error}; check the paths (PEM files) and that the "
-                "key belongs to the certificate"
-            ) from error
-        return context
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,15 +94,7 @@ class Server:
         self._stopped = trio.Event()
         self._drained = trio.Event()
         self._shutting_down = False
-        self.inflight = 0
-        self.connections_accepted = 0
-        self.connections_refused = 0
-        self.protocol_errors = 0
-        self.requests_by_opcode = [0] * 256
-        self.responses_by_status = [0] * 256
-        self.bytes_received = 0
-        self.bytes_sent = 0
-        self.sends_backed_up = 0
+        self.counters = ServerCounters()
         #: bytes of read responses held by all connections
         self.read_budget = ByteBudget(self.config.read_bytes_node_max)
         #: what every plain-TCP connection reads into, then copies out of before it
@@ -221,7 +143,7 @@ class Server:
                 _log.warning("accept failed: %s; retrying in 0.1 s", error)
                 await trio.sleep(0.1)
                 continue
-            self.connections_accepted += 1
+            self.counters.connections_accepted += 1
             connections.start_soon(self._serve, stream)
 
     async def _sweep_idle_connections(self) -> None:
@@ -236,7 +158,7 @@ class Server:
     async def _serve(self, stream: trio.abc.Stream) -> None:
         try:
             if len(self._connections) >= self.config.connections_max:
-                self.connections_refused += 1
+                self.counters.connections_refused += 1
                 frame = encode_error(
                     0,
                     Opcode.INFO,
@@ -247,7 +169,14 @@ class Server:
                 with trio.move_on_after(1.0):
                     await stream.send_all(frame)
                 return
-            connection = Connection(self, stream)
+            connection = Connection(
+                stream,
+                node=self.node,
+                config=self.config,
+                counters=self.counters,
+                node_read_budget=self.read_budget,
+                receive_buffer=self.receive_buffer,
+            )
             self._connections.add(connection)
             try:
                 await connection.run()
@@ -276,20 +205,21 @@ class Server:
         await self._stopped.wait()
 
     def statistics(self) -> ServerStatistics:
+        counters = self.counters
         return ServerStatistics(
             connections_open=len(self._connections),
-            connections_accepted=self.connections_accepted,
-            connections_refused=self.connections_refused,
-            protocol_errors=self.protocol_errors,
-            requests_inflight=self.inflight,
-            requests_by_opcode={op.name.lower(): self.requests_by_opcode[op] for op in Opcode},
+            connections_accepted=counters.connections_accepted,
+            connections_refused=counters.connections_refused,
+            protocol_errors=counters.protocol_errors,
+            requests_inflight=counters.inflight,
+            requests_by_opcode={op.name.lower(): counters.requests_by_opcode[op] for op in Opcode},
             responses_by_status={
-                status.name.lower(): self.responses_by_status[status] for status in Status
+                status.name.lower(): counters.responses_by_status[status] for status in Status
             },
-            bytes_received=self.bytes_received,
-            bytes_sent=self.bytes_sent,
+            bytes_received=counters.bytes_received,
+            bytes_sent=counters.bytes_sent,
             bytes_buffered=sum(c.decoder.buffered_bytes for c in self._connections),
-            sends_backed_up=self.sends_backed_up,
+            sends_backed_up=counters.sends_backed_up,
             read_bytes_held=self.read_budget.used,
             reads_waiting=self.read_budget.waiting
             + sum(c.read_budget.waiting for c in self._connections),

@@ -27,8 +27,8 @@ from typing import Any, Final, Literal
 
 from journal.task import GroupCommitConfig
 from ledger.storage import LedgerConfig
+from pora.meta.backends import check_metadata_url
 from pora.meta.errors import MetadataUnavailable
-from pora.meta.store import check_metadata_url
 from pora.node.config import NodeConfig
 from pora.server.gc_tuning import GC_YOUNG_THRESHOLD_DEFAULT
 
@@ -311,7 +311,7 @@ def node_option_types() -> dict[str, type]:
 
 def server_option_types() -> dict[str, type]:
     """Every option of the network server's `ServerConfig`, with its type."""
-    from pora.server.server import ServerConfig  # noqa: PLC0415 (loaded only when used)
+    from pora.server.config import ServerConfig  # noqa: PLC0415 (loaded only when used)
 
     types: dict[str, type] = {}
     for f in dataclasses.fields(ServerConfig):
@@ -447,7 +447,7 @@ def _options(
 def _check_server_options(options: Mapping[str, Any], sources: Mapping[str, str]) -> None:
     """Refuse what `ServerConfig` would refuse once the node is up, now, naming
     where each option involved came from."""
-    from pora.server.server import ServerConfig  # noqa: PLC0415 (loaded only when used)
+    from pora.server.config import ServerConfig  # noqa: PLC0415 (loaded only when used)
 
     if not options:
         return

@@ -4,9 +4,10 @@ A `ResponseWriter` owns what waits to be sent: the finished adds and runs whose
 responses are not encoded yet (`adds_done`, `runs_done`), the encoded frames
 (`outgoing`, with how many requests and bytes they answer), the read-response
 bytes those frames hold, and the socket's send side (`raw_fd`, `sending_since`,
-the writer task's wake-up). It may touch the connection's `InFlight` (to retire
-what it sent), the executor's read budget (to give back the bytes of read
-responses once sent) and the server's counters.
+the writer task's wake-up). It is built with what it touches: the connection's
+`InFlight` (to retire what it sent), the connection's `ReadBytes` (to give back
+the bytes of read responses once sent) and the server's counters (responses by
+status, bytes sent).
 
 Two ways out, both deliberate (the hot path of adds):
 - `_respond`, called by the ledger worker that completed an add, encodes every
@@ -22,7 +23,6 @@ Two ways out, both deliberate (the hot path of adds):
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -33,13 +33,10 @@ from netio.codec import (
     encode_add_run_responses,
     encode_error,
 )
-from netio.frames import PROTOCOL_VERSION, Opcode
+from netio.frames import PROTOCOL_VERSION, Opcode, status_byte
 from netio.status import status_of
-
-if TYPE_CHECKING:
-    from pora.server.connection import InFlight
-    from pora.server.executor import RequestExecutor
-    from pora.server.server import Server
+from pora.server.counters import ServerCounters
+from pora.server.in_flight import InFlight, ReadBytes
 
 
 def error_frame(request_id: int, opcode: int, error: BaseException, version: int) -> bytes:
@@ -60,19 +57,20 @@ class ResponseWriter:
 
     def __init__(
         self,
-        server: Server,
         stream: trio.abc.Stream,
-        in_flight: InFlight,
         decoder: RequestDecoder,
+        *,
+        counters: ServerCounters,
+        in_flight: InFlight,
+        read_bytes: ReadBytes,
     ) -> None:
-        self.server = server
         self.stream = stream
-        self.in_flight = in_flight
-        #: the executor whose read-response bytes the sent frames give back (set by
-        #: the connection once both halves exist)
-        self.executor: RequestExecutor | None = None
         #: the reader's decoder, read here for the protocol version only
         self.decoder = decoder
+        self.counters = counters
+        self.in_flight = in_flight
+        #: the connection's read-response bytes, given back as their frames are sent
+        self.read_bytes = read_bytes
         #: responses ready to send, and how many requests they answer
         self.outgoing: list[bytes | bytearray] = []
         self.outgoing_count = 0
@@ -96,8 +94,6 @@ class ResponseWriter:
         self.raw_fd = -1
         if type(stream) is trio.SocketStream:
             self.raw_fd = stream.socket.fileno()
-        self.on_add_done = self._on_add_done  # one bound method for every add
-        self.on_run_done = self._on_run_done
 
     @property
     def version(self) -> int:
@@ -106,16 +102,14 @@ class ResponseWriter:
 
     # --- completions (called by ledger workers) ----------------------------------------------
 
-    def _on_add_done(self, request: Request) -> None:
-        # runs in a ledger worker: keep it tiny, the writer does the rest. The node-wide
-        # count drops here, not in the writer: the connection may be gone already.
-        self.server.inflight -= len(request.tags)
+    def add_done(self, request: Request) -> None:
+        """An add the node completed (called in a ledger worker: kept tiny, the
+        encoding waits for `_respond` or the writer task)."""
         self.adds_done.append(request)
         self._respond()
 
-    def _on_run_done(self, request: Request) -> None:
-        # as _on_add_done, for a run that answers one frame
-        self.server.inflight -= 1
+    def run_done(self, request: Request) -> None:
+        """As `add_done`, for a run that answers one ADD_RUN frame."""
         self.runs_done.append(request)
         self._respond()
 
@@ -148,8 +142,8 @@ class ResponseWriter:
         except OSError:
             self.wake()  # its send_all meets the error and ends the connection
             return
-        server = self.server
-        server.bytes_sent += sent
+        counters = self.counters
+        counters.bytes_sent += sent
         in_flight = self.in_flight
         in_flight.count -= self.outgoing_count
         self.outgoing_count = 0
@@ -158,12 +152,12 @@ class ResponseWriter:
             in_flight.bytes -= self.outgoing_bytes
             self.outgoing_bytes = 0
             if self.outgoing_read_bytes:
-                self._release_read(self.outgoing_read_bytes)
+                self.read_bytes.release(self.outgoing_read_bytes)
                 self.outgoing_read_bytes = 0
             if not in_flight.reading:
                 self.wake()  # it ends the connection once nothing is in flight
         else:
-            server.sends_backed_up += 1
+            counters.sends_backed_up += 1
             rest = bytes(memoryview(data)[sent:])
             self.outgoing = [rest]
             in_flight.bytes -= self.outgoing_bytes - len(rest)
@@ -183,17 +177,12 @@ class ResponseWriter:
         # responses waiting to be sent count as bytes in flight until they are
         self.outgoing_bytes += len(frame)
         self.in_flight.bytes += len(frame)
-        self.server.responses_by_status[frame[7]] += 1
+        self.counters.responses_by_status[status_byte(frame)] += 1
         self.wake()
 
     def wake(self) -> None:
         if not self.wakeup.is_set():
             self.wakeup.set()
-
-    def _release_read(self, size: int) -> None:
-        executor = self.executor
-        assert executor is not None
-        executor.release_read(size)
 
     def release_held(self) -> None:
         """The connection ended: responses never sent give their read bytes back
@@ -202,14 +191,14 @@ class ResponseWriter:
         held = self.outgoing_read_bytes + self.sending_read_bytes
         self.outgoing_read_bytes = self.sending_read_bytes = 0
         if held:
-            self._release_read(held)
+            self.read_bytes.release(held)
 
     # --- encoding ----------------------------------------------------------------------------
 
     def _encode_adds_done(self) -> None:
         done = self.adds_done
         self.adds_done = []
-        statuses = self.server.responses_by_status
+        statuses = self.counters.responses_by_status
         answered = sum([len(request.tags) for request in done])
         ok = done
         failed = [r for r in done if r.error is not None or r.entry_errors is not None]
@@ -232,7 +221,7 @@ class ResponseWriter:
         alone, if any), or the error that failed the whole run."""
         done = self.runs_done
         self.runs_done = []
-        statuses = self.server.responses_by_status
+        statuses = self.counters.responses_by_status
         outgoing = self.outgoing
         version = self.version
         for run in done:
@@ -252,12 +241,12 @@ class ResponseWriter:
                     run.tag, run.ledger_id, run.entry_id, run.count, failures, version
                 )
             outgoing.append(frame)
-            statuses[frame[7]] += 1
+            statuses[status_byte(frame)] += 1
         self.outgoing_count += len(done)
         self.in_flight.bytes -= sum([run.payload_bytes for run in done])
 
     def _encode_failed_run(self, request: Request) -> None:
-        statuses = self.server.responses_by_status
+        statuses = self.counters.responses_by_status
         for index, tag in enumerate(request.tags):
             error = request.error_of(index)
             if error is None:
@@ -269,7 +258,7 @@ class ResponseWriter:
             else:
                 frame = error_frame(tag, Opcode.ADD_ENTRY, error, self.version)
             self.outgoing.append(frame)
-            statuses[frame[7]] += 1
+            statuses[status_byte(frame)] += 1
 
     # --- the writer task ---------------------------------------------------------------------
 
@@ -277,7 +266,7 @@ class ResponseWriter:
         """Send what is queued until the reader stopped and nothing is in flight;
         cancel the connection (`cancel_connection`) if the peer is gone."""
         stream = self.stream
-        server = self.server
+        counters = self.counters
         in_flight = self.in_flight
         while True:
             if self.adds_done:
@@ -306,10 +295,10 @@ class ResponseWriter:
                 cancel_connection.cancel()  # the peer is gone: nobody to answer
                 return
             self.sending_since = None
-            server.bytes_sent += len(data)
+            counters.bytes_sent += len(data)
             in_flight.count -= count
             in_flight.bytes -= sent_bytes
             if sending_read_bytes:
                 self.sending_read_bytes = 0
-                self._release_read(sending_read_bytes)
+                self.read_bytes.release(sending_read_bytes)
             in_flight.open()

@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from journal.errors import PoraError
 from ledger.errors import InvalidArgumentType
@@ -26,12 +26,11 @@ from pora.meta.errors import (
 )
 from pora.meta.records import Versioned
 from pora.meta.store import MetadataStore
-from pora.streams.document import _int, check_stream_name
+from pora.streams.document import check_stream_name
+from pora.streams.document_codec import decoded_int
 from pora.streams.errors import NoSuchCursor
 from pora.streams.position import Position
-
-if TYPE_CHECKING:
-    from pora.streams.stream import Stream
+from pora.streams.reader import Start
 
 #: the metadata store's space for cursors (named "STREAM/CURSOR")
 CURSORS_SPACE = "stream-cursors"
@@ -78,7 +77,7 @@ def decode_cursor(data: bytes) -> CursorState:
     try:
         raw: Any = json.loads(data)
         _check_cursor_version(raw["format_version"])
-        created = _int(raw["created_ms"])
+        created = decoded_int(raw["created_ms"])
         return CursorState(
             check_stream_name(raw["stream"]),
             check_stream_name(raw["name"]),
@@ -147,11 +146,24 @@ async def cursor_states(store: MetadataStore, stream: str) -> AsyncIterator[Curs
         after = names[-1]
 
 
+class CursorStream(Protocol):
+    """What a cursor reads through: its `Stream` (stream.py, which makes cursors
+    and so is named here rather than imported)."""
+
+    name: str
+
+    def read(
+        self, from_: Start = None, to: Position | None = None, as_of_commit: int | None = None
+    ) -> AsyncIterator[tuple[Position, bytes]]: ...
+
+    def subscribe(self, from_: Start = None) -> AsyncIterator[tuple[Position, bytes]]: ...
+
+
 class Cursor:
     """A durable, named reader position of a stream: `read` (or `subscribe`) from
     just after what was acked, `ack` to move it forward; it pins retention."""
 
-    def __init__(self, stream: Stream, record: CursorRecord) -> None:
+    def __init__(self, stream: CursorStream, record: CursorRecord) -> None:
         self.stream = stream
         self.name = record.name
         self._record = record

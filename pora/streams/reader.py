@@ -29,7 +29,7 @@ from pora.streams.position import Position
 from pora.streams.records import StreamRecord
 
 if TYPE_CHECKING:
-    from pora.client.replication.client import Client
+    from pora.streams.ledger_client import LedgerClient
 
 _log = logging.getLogger("pora.streams.reader")
 
@@ -40,7 +40,7 @@ def _first_position(doc: StreamDocument) -> Position:
     return Position(doc.first_seq, 0)
 
 
-async def _open_reader(client: Client, segment: Segment) -> LedgerReader:
+async def _open_reader(client: LedgerClient, segment: Segment) -> LedgerReader:
     """A reader of the segment's ledger that never fences it; a CLOSED segment's
     entries, up to the end the document fixes, were acknowledged, whatever LAC the
     nodes know of yet."""
@@ -50,7 +50,7 @@ async def _open_reader(client: Client, segment: Segment) -> LedgerReader:
     return reader
 
 
-async def end_position(client: Client, doc: StreamDocument) -> Position:
+async def end_position(client: LedgerClient, doc: StreamDocument) -> Position:
     """The position the next acknowledged entry will have (for all the writer
     knows): after the OPEN segment's LAC, or the next segment's first."""
     current = doc.open_segment
@@ -64,7 +64,11 @@ async def end_position(client: Client, doc: StreamDocument) -> Position:
 
 
 async def _bounds(
-    client: Client, doc: StreamDocument, from_: Start, to: Position | None, as_of_commit: int | None
+    client: LedgerClient,
+    doc: StreamDocument,
+    from_: Start,
+    to: Position | None,
+    as_of_commit: int | None,
 ) -> tuple[Position, Position]:
     """Where a read of `doc` starts and stops (exclusive)."""
     if as_of_commit is not None and as_of_commit > doc.commit:
@@ -77,7 +81,7 @@ async def _bounds(
 
 
 async def read_stream(
-    client: Client,
+    client: LedgerClient,
     record: StreamRecord,
     from_: Start,
     to: Position | None,
@@ -133,7 +137,7 @@ class SegmentExtent:
 
 
 async def stream_extents(
-    client: Client,
+    client: LedgerClient,
     record: StreamRecord,
     from_: Start,
     to: Position | None,
@@ -188,7 +192,7 @@ def _held_start(name: str, doc: StreamDocument, position: Position) -> Position:
     return max(position, doc.first_held)
 
 
-async def _resolve(client: Client, doc: StreamDocument, from_: Start) -> Position:
+async def _resolve(client: LedgerClient, doc: StreamDocument, from_: Start) -> Position:
     if from_ is None:
         return _first_position(doc)
     if from_ == "end":
@@ -197,7 +201,7 @@ async def _resolve(client: Client, doc: StreamDocument, from_: Start) -> Positio
 
 
 async def subscribe_stream(
-    client: Client, record: StreamRecord, from_: Start
+    client: LedgerClient, record: StreamRecord, from_: Start
 ) -> AsyncIterator[tuple[Position, bytes]]:
     """Every acknowledged entry from `from_` on, in position order, exactly once;
     never ends (NoSuchStream when the stream is deleted)."""
@@ -244,7 +248,7 @@ async def subscribe_stream(
 
 
 async def _segment_and_reader(
-    client: Client,
+    client: LedgerClient,
     pages: _PageCache,
     doc: StreamDocument,
     position: Position,

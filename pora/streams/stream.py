@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from journal.errors import PoraError
-from ledger.errors import InvalidArgument, InvalidArgumentType, NoSuchLedger
+from ledger.errors import InvalidArgument, InvalidArgumentType
 from pora.client.replication.arguments import is_int
 from pora.meta.errors import DocumentExists, MetadataVersionConflict, NoSuchDocument
 from pora.streams.cursors import (
@@ -30,6 +30,7 @@ from pora.streams.document import (
     StreamConfig,
     StreamDocument,
     StreamState,
+    change_attributes,
     check_stream_name,
     close_segment,
     decode_document,
@@ -51,14 +52,15 @@ from pora.streams.reader import (
     subscribe_stream,
 )
 from pora.streams.records import StreamRecord
+from pora.streams.removal import delete_owned_ledgers, delete_removed
 from pora.streams.retention import trim_count, wholly_before
-from pora.streams.stream_attributes import change_attributes, check_changes
+from pora.streams.stream_attributes import check_changes
 from pora.streams.transaction import Transaction, collect_abandoned, resume_transaction
 from pora.streams.transaction_fields import PendingTransaction, check_transaction_id
 from pora.streams.writer import StreamWriter, recover_segment_ledger
 
 if TYPE_CHECKING:
-    from pora.client.replication.client import Client
+    from pora.streams.ledger_client import LedgerClient
 
 _log = logging.getLogger("pora.streams")
 
@@ -101,7 +103,7 @@ class StreamInfo:
 class Stream:
     """A named stream: `open_writer`, `read`, `subscribe`, `seal`."""
 
-    def __init__(self, client: Client, name: str) -> None:
+    def __init__(self, client: LedgerClient, name: str) -> None:
         self._client = client
         self.name = name
         self._record = StreamRecord(client.store, name)
@@ -277,25 +279,6 @@ class Stream:
         return changed.first_held
 
 
-async def delete_removed(
-    client: Client, before: StreamDocument, after: StreamDocument, removed: tuple[Segment, ...]
-) -> None:
-    """The pages the head no longer names and the removed segments' ledgers, best
-    effort (what is left is garbage for the cluster tools)."""
-    kept = {ref.first_seq for ref in after.pages}
-    for ref in before.pages:
-        if ref.first_seq in kept:
-            continue
-        name = page_name(before.name, ref.first_seq)
-        try:
-            page = await client.store.read_document(PAGES_SPACE, name)
-            await client.store.delete_document(PAGES_SPACE, name, page.version)
-        except (PoraError, OSError) as error:
-            _log.warning("stream %r truncated, but not its page %s: %s", before.name, name, error)
-    owned = [(segment.ledger_id, f"segment {segment.seq}") for segment in removed]
-    await _delete_ledgers(client, before.name, owned, "truncated")
-
-
 def _now_ms() -> int:
     """The wall clock in ms: segments' close times are wall-clock times."""
     return int(time.time() * 1000)
@@ -316,7 +299,7 @@ def _checked_start(from_: object) -> Start:
     )
 
 
-async def create_stream(client: Client, name: str, config: StreamConfig) -> Stream:
+async def create_stream(client: LedgerClient, name: str, config: StreamConfig) -> Stream:
     doc = new_stream(check_stream_name(name), config, int(time.time() * 1000))
     try:
         await client.store.create_document(STREAMS_SPACE, name, encode_document(doc))
@@ -325,12 +308,12 @@ async def create_stream(client: Client, name: str, config: StreamConfig) -> Stre
     return Stream(client, name)
 
 
-async def open_stream(client: Client, name: str) -> Stream:
+async def open_stream(client: LedgerClient, name: str) -> Stream:
     await StreamRecord(client.store, check_stream_name(name)).read()  # NoSuchStream
     return Stream(client, name)
 
 
-async def list_streams(client: Client) -> AsyncIterator[StreamInfo]:
+async def list_streams(client: LedgerClient) -> AsyncIterator[StreamInfo]:
     """Every stream, by name (a page of names at a time; one deleted meanwhile is
     left out)."""
     after = ""
@@ -347,7 +330,7 @@ async def list_streams(client: Client) -> AsyncIterator[StreamInfo]:
         after = names[-1]
 
 
-async def delete_stream(client: Client, name: str) -> None:
+async def delete_stream(client: LedgerClient, name: str) -> None:
     """The document first (the stream is gone for every reader and writer), then its
     segments' ledgers, best effort: a ledger left behind is garbage for the cluster
     tools (its record names the stream under `pora.stream`)."""
@@ -384,24 +367,4 @@ async def delete_stream(client: Client, name: str) -> None:
         for txn in doc.value.transactions
         for s in txn.segments
     ]
-    await _delete_ledgers(client, name, owned, "deleted")
-
-
-async def _delete_ledgers(
-    client: Client, name: str, owned: Iterable[tuple[int, str]], what: str
-) -> None:
-    """Delete each (ledger id, what owned it) of the stream, best effort."""
-    for ledger_id, owner in owned:
-        try:
-            await client.delete_ledger(ledger_id)
-        except NoSuchLedger:
-            pass
-        except (PoraError, OSError) as error:
-            _log.warning(
-                "stream %r %s, but ledger %d of its %s was not (%s): garbage for the cluster tools",
-                name,
-                what,
-                ledger_id,
-                owner,
-                error,
-            )
+    await delete_owned_ledgers(client, name, owned, "deleted")

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ledger.errors import InvalidArgument, InvalidArgumentType
 from pora.meta.errors import InvalidMetadata
-from pora.streams.errors import AttributesChanged
 
 if TYPE_CHECKING:
-    from pora.streams.document import StreamDocument
+    pass
 
 ATTRIBUTES_MAX = 64
 ATTRIBUTE_KEY_CHARS_MAX = 128
@@ -77,38 +75,3 @@ def check_changes(changes: object, what: str) -> dict[str, str | None]:
             )
         checked[_check_key(key)] = value
     return checked
-
-
-def change_attributes(
-    doc: StreamDocument, changes: Mapping[str, str | None], expected: Mapping[str, str | None]
-) -> StreamDocument | None:
-    """The document with `changes` applied (None: the key removed), if every key of
-    `expected` has the value given there (None: absent); AttributesChanged naming the
-    first that does not. None when nothing would change."""
-    current = dict(doc.attributes)
-    for key, value in expected.items():
-        if current.get(key) != value:
-            raise AttributesChanged(doc.name, key, value, current.get(key))
-    new = dict(current)
-    for key, value in changes.items():
-        if value is None:
-            new.pop(key, None)
-        else:
-            new[key] = value
-    if new == current:
-        return None
-    attributes = tuple(sorted(new.items()))
-    if len(attributes) > ATTRIBUTES_MAX:
-        raise InvalidArgument(
-            f"stream {doc.name!r} would have {len(attributes)} attributes, over the "
-            f"{ATTRIBUTES_MAX} it keeps"
-        )
-    size = attributes_bytes(attributes)
-    if size > ATTRIBUTES_BYTES_MAX:
-        raise InvalidArgument(
-            f"stream {doc.name!r}: its attributes would take {size} bytes, over the "
-            f"{ATTRIBUTES_BYTES_MAX} it keeps"
-        )
-    from pora.streams.document import _checked  # noqa: PLC0415 (document.py imports this)
-
-    return _checked(replace(doc, attributes=attributes))

@@ -22,6 +22,7 @@ from pora.meta.records import Versioned
 from pora.streams.document import StreamDocument
 from pora.streams.errors import TransactionAborted
 from pora.streams.records import StreamRecord
+from pora.streams.removal import delete_removed
 from pora.streams.transaction_changes import (
     abandoned_transactions,
     add_transaction_segment,
@@ -43,7 +44,7 @@ from pora.streams.transaction_fields import (
 from pora.streams.writer import STREAM_KEY, recover_segment_ledger
 
 if TYPE_CHECKING:
-    from pora.client.replication.client import Client
+    from pora.streams.ledger_client import LedgerClient
 
 _log = logging.getLogger("pora.streams.transaction")
 
@@ -121,7 +122,7 @@ class Transaction:
 
     def __init__(
         self,
-        client: Client,
+        client: LedgerClient,
         record: StreamRecord,
         txn_id: str | None = None,
         *,
@@ -360,8 +361,6 @@ class Transaction:
         """The segments a replacing commit removed (every one visible in `before`):
         their pages' documents and their ledgers, best effort (what is left is
         garbage for the cluster tools, as after a truncation)."""
-        from pora.streams.stream import delete_removed  # noqa: PLC0415 (it imports this)
-
         removed = list(before.segments)
         for ref in before.pages:
             with contextlib.suppress(PoraError, OSError):
@@ -457,7 +456,7 @@ def _touch(doc: StreamDocument, txn_id: str) -> StreamDocument | None:
 
 
 async def _delete_ledgers(
-    client: Client, stream: str, ledger_ids: Sequence[int], writer: LedgerWriter | None = None
+    client: LedgerClient, stream: str, ledger_ids: Sequence[int], writer: LedgerWriter | None = None
 ) -> None:
     if writer is not None:
         with contextlib.suppress(PoraError, OSError):
@@ -477,7 +476,9 @@ async def _delete_ledgers(
             )
 
 
-async def resume_transaction(client: Client, record: StreamRecord, txn_id: str) -> Transaction:
+async def resume_transaction(
+    client: LedgerClient, record: StreamRecord, txn_id: str
+) -> Transaction:
     txn_id = check_transaction_id(txn_id)
     doc = (await record.read()).value
     if pending(doc, txn_id) is None:
@@ -488,7 +489,7 @@ async def resume_transaction(client: Client, record: StreamRecord, txn_id: str) 
 
 
 async def collect_abandoned(
-    client: Client, record: StreamRecord, idle_s: float | None
+    client: LedgerClient, record: StreamRecord, idle_s: float | None
 ) -> list[str]:
     """Abort every pending transaction idle for `idle_s` (None: the stream's
     txn_idle_s_max); the ids aborted."""

@@ -21,7 +21,8 @@ from pora.streams.document import (
     StreamChangeRefused,
     StreamDocument,
     StreamState,
-    _checked,
+    checked_document,
+    pending_segment_count,
 )
 from pora.streams.errors import StreamSealed, TransactionAborted, WriterActive
 from pora.streams.transaction_fields import (
@@ -29,7 +30,6 @@ from pora.streams.transaction_fields import (
     CommitKey,
     PendingSegment,
     PendingTransaction,
-    pending_segment_count,
 )
 
 
@@ -69,7 +69,7 @@ def begin_transaction(doc: StreamDocument, txn_id: str, now_ms: int) -> StreamDo
             "collect the abandoned ones: pora stream gc)"
         )
     txn = PendingTransaction(txn_id, now_ms, now_ms)
-    return _checked(replace(doc, transactions=(*doc.transactions, txn)))
+    return checked_document(replace(doc, transactions=(*doc.transactions, txn)))
 
 
 def add_transaction_segment(
@@ -86,13 +86,13 @@ def add_transaction_segment(
             "first (or collect the abandoned ones: pora stream gc)"
         )
     segments = (*txn.segments, PendingSegment(ledger_id, now_ms))
-    return _checked(_with_txn(doc, replace(txn, segments=segments, active_ms=now_ms)))
+    return checked_document(_with_txn(doc, replace(txn, segments=segments, active_ms=now_ms)))
 
 
 def touch_transaction(doc: StreamDocument, txn_id: str, now_ms: int) -> StreamDocument:
     """The transaction's activity time moved to now (a commit attempt)."""
     txn = _pending(doc, txn_id)
-    return _checked(_with_txn(doc, replace(txn, active_ms=max(txn.active_ms, now_ms))))
+    return checked_document(_with_txn(doc, replace(txn, active_ms=max(txn.active_ms, now_ms))))
 
 
 def prior_commit(
@@ -169,7 +169,7 @@ def commit_transaction(
                 f"(app_ids_max={limit}) lets it hold: app id {app_id!r} is not recorded"
             )
         apps = tuple(sorted([*others, AppVersion(app_id, version, commit)], key=lambda a: a.app_id))
-    return _checked(
+    return checked_document(
         replace(
             doc,
             commit=commit,
@@ -204,7 +204,9 @@ def remove_transaction(doc: StreamDocument, txn_id: str) -> StreamDocument:
     after this change took. A transaction not pending: the document as it is."""
     if pending(doc, txn_id) is None:
         return doc
-    return _checked(replace(doc, transactions=tuple(t for t in doc.transactions if t.id != txn_id)))
+    return checked_document(
+        replace(doc, transactions=tuple(t for t in doc.transactions if t.id != txn_id))
+    )
 
 
 def abandoned_transactions(doc: StreamDocument, idle_ms: int, now_ms: int) -> list[str]:

@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from ledger.errors import InvalidArgument, InvalidArgumentType
 from pora.client.replication.arguments import is_int
-from pora.meta.errors import InvalidMetadata
 
 if TYPE_CHECKING:
-    from pora.streams.document import StreamDocument
+    pass
 
 COMMIT_KEYS_MAX_DEFAULT = 10_000
 #: the most commit_keys_max may be: with every other field at its bound the document
@@ -46,7 +45,7 @@ APP_ID_BYTES = 180
 PENDING_TXN_BYTES = 82
 PENDING_SEGMENT_BYTES = 44
 TRANSACTION_FIELDS_BYTES_MAX = 800_000
-_TXN_ID = re.compile(r"[0-9a-f]{32}")
+TXN_ID_PATTERN = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -118,7 +117,7 @@ def check_app_version(app_id: object, version: object) -> tuple[str, int] | None
 def check_transaction_id(txn_id: object) -> str:
     if not isinstance(txn_id, str):
         raise InvalidArgumentType(f"a transaction id must be a str, not {type(txn_id).__name__}")
-    if _TXN_ID.fullmatch(txn_id) is None:
+    if TXN_ID_PATTERN.fullmatch(txn_id) is None:
         raise InvalidArgument(
             f"{txn_id!r} is not a transaction id: pass the `id` of a Transaction (32 hex digits)"
         )
@@ -178,47 +177,6 @@ def transaction_fields_bytes(
         + txn_pending_max * PENDING_TXN_BYTES
         + txn_segments_max * PENDING_SEGMENT_BYTES
     )
-
-
-def check_transaction_fields(doc: StreamDocument, where: str) -> None:
-    """The transaction fields keep their rules; InvalidMetadata naming the first broken."""
-    ids = [txn.id for txn in doc.transactions]
-    if len(set(ids)) != len(ids) or len(ids) > doc.config.txn_pending_max:
-        raise InvalidMetadata(f"{where}: pending transaction ids repeat or are too many")
-    if any(_TXN_ID.fullmatch(txn.id) is None for txn in doc.transactions):
-        raise InvalidMetadata(f"{where}: a pending transaction id is malformed")
-    if pending_segment_count(doc) > doc.config.txn_segments_max:
-        raise InvalidMetadata(
-            f"{where}: over txn_segments_max={doc.config.txn_segments_max} pending segments"
-        )
-    commits = [key.commit for key in doc.commit_keys]
-    if commits != sorted(commits) or any(c > doc.commit for c in commits):
-        raise InvalidMetadata(f"{where}: commit keys out of order or past commit {doc.commit}")
-    if len(doc.commit_keys) > doc.config.commit_keys_max:
-        raise InvalidMetadata(f"{where}: more commit keys than commit_keys_max")
-    apps = [app.app_id for app in doc.app_versions]
-    if apps != sorted(set(apps)) or len(apps) > doc.config.app_ids_max:
-        raise InvalidMetadata(f"{where}: app versions not by app id, repeated or too many")
-
-
-def pending_segment_count(doc: StreamDocument) -> int:
-    return sum(len(txn.segments) for txn in doc.transactions)
-
-
-def encode_transaction_fields(doc: StreamDocument) -> dict[str, Any]:
-    return {
-        "transactions": [
-            [
-                txn.id,
-                txn.created_ms,
-                txn.active_ms,
-                [[s.ledger_id, s.created_ms] for s in txn.segments],
-            ]
-            for txn in doc.transactions
-        ],
-        "commit_keys": [[key.digest, key.commit] for key in doc.commit_keys],
-        "app_versions": [[app.app_id, app.version, app.commit] for app in doc.app_versions],
-    }
 
 
 def decode_transaction_fields(raw: Any) -> dict[str, Any]:

@@ -50,7 +50,7 @@ from pora.streams.position import Position
 from pora.streams.records import StreamRecord
 
 if TYPE_CHECKING:
-    from pora.client.replication.client import Client
+    from pora.streams.ledger_client import LedgerClient
 
 _log = logging.getLogger("pora.streams.writer")
 
@@ -95,7 +95,7 @@ class _Segment:
     draining: bool = False
 
 
-async def recover_segment_ledger(client: Client, ledger_id: int) -> tuple[int, int]:
+async def recover_segment_ledger(client: LedgerClient, ledger_id: int) -> tuple[int, int]:
     """Recover (fence and close) a segment's ledger: its (last entry, byte length)."""
     reader = await client.open_ledger(ledger_id, recover=True)
     try:
@@ -107,7 +107,7 @@ async def recover_segment_ledger(client: Client, ledger_id: int) -> tuple[int, i
 class StreamWriter:
     """Returned by `Stream.open_writer()`; use it as an async context manager."""
 
-    def __init__(self, client: Client, record: StreamRecord) -> None:
+    def __init__(self, client: LedgerClient, record: StreamRecord) -> None:
         self._client = client
         self._record = record
         self.stream = record.name

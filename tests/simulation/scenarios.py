@@ -28,9 +28,10 @@ from pora.client.replication.client import client_on_store
 from pora.client.replication.entry_format import decode_entry
 from pora.client.replication.node_senders import Batch, LedgerTurns
 from pora.client.replication.quorum import entry_write_set
+from pora.meta.backends import open_metadata
 from pora.meta.errors import NoSuchLedgerMetadata
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState, Versioned
-from pora.meta.store import MetadataStore, open_metadata
+from pora.meta.store import MetadataStore
 from simulation import invariants
 from simulation.clock import SimTime, counted_threads, counting_store, tasks_in_order
 from simulation.cluster import SimCluster, sim_cluster

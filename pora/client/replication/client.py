@@ -45,9 +45,10 @@ from pora.client.replication.reader import LedgerReader, open_ledger
 from pora.client.replication.recovery import Recovery
 from pora.client.replication.writer import LedgerWriter
 from pora.client.waiting import event_factory
+from pora.meta.backends import open_metadata
 from pora.meta.errors import MetadataTimeout, MetadataVersionConflict, NoSuchLedgerMetadata
 from pora.meta.records import EnsembleMember, LedgerMetadata, LedgerState, Versioned
-from pora.meta.store import MetadataStore, open_metadata
+from pora.meta.store import MetadataStore
 from pora.streams import stream as streams
 from pora.streams.document import StreamConfig
 from pora.streams.stream import Stream, StreamInfo

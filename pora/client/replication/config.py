@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pora.meta.store import MetadataConfig
+from pora.meta.config import MetadataConfig
 
 
 @dataclass(frozen=True)

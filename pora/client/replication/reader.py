@@ -32,6 +32,7 @@ from pora.client.replication.replica_reads import (
     ReplicaAnswer,
     read_from_write_set,
 )
+from pora.client.replication.tail import tail_ledger
 from pora.meta.errors import NoSuchLedgerMetadata
 from pora.meta.records import EnsembleMember, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore
@@ -297,8 +298,6 @@ class LedgerReader:
     def tail(self, from_entry_id: int = 0) -> AsyncIterator[tuple[int, bytes]]:
         """R25: `(entry_id, payload)` from `from_entry_id` on, as the LAC confirms them;
         ends after the last entry of a closed ledger."""
-        from pora.client.replication.tail import tail_ledger  # noqa: PLC0415 (a cycle)
-
         self._check_open()
         return tail_ledger(self, from_entry_id)
 

@@ -9,26 +9,31 @@ the tail returns it with no second round trip. An entry above the answer's LAC i
 dropped, never returned (R23).
 
 No task group is open across a `yield`: each wait runs its polls and its watch in a
-group of its own that ends before the next entry is returned."""
+group of its own that ends before the next entry is returned.
+
+The tail follows a `FollowedLedger`: what it needs of a `LedgerReader` (reader.py,
+whose `tail` is built on this module), named here so that this module does not
+import the reader that imports it."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 import anyio
 
 from journal.errors import PoraError
+from pora.client.replication.config import ClientConfig
 from pora.client.replication.entry_format import decode_entry
 from pora.client.replication.errors import EntryDamaged
 from pora.client.replication.ledger_records import why_fenced
 from pora.client.replication.quorum import entry_write_set
+from pora.client.replication.replica_reads import ChannelFor
 from pora.meta.errors import NoSuchLedgerMetadata
-from pora.meta.records import EnsembleMember
-
-if TYPE_CHECKING:
-    from pora.client.replication.reader import LedgerReader
+from pora.meta.records import EnsembleMember, LedgerMetadata, Versioned
+from pora.meta.store import MetadataStore
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +41,33 @@ log = logging.getLogger(__name__)
 POLL_RETRY_DELAY_S = 0.1
 
 
-async def tail_ledger(reader: LedgerReader, from_entry_id: int) -> AsyncIterator[tuple[int, bytes]]:
+class FollowedLedger(Protocol):
+    """What the tail reads and tells of the ledger it follows (a `LedgerReader`)."""
+
+    store: MetadataStore
+    channel_for: ChannelFor
+    config: ClientConfig
+    record: Versioned[LedgerMetadata]
+    #: damaged replicas seen (R24): (address, damage)
+    damaged: list[tuple[str, EntryDamaged]]
+
+    @property
+    def ledger_id(self) -> int: ...
+    @property
+    def metadata(self) -> LedgerMetadata: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def last_add_confirmed(self) -> int: ...
+    def learn(self, record: Versioned[LedgerMetadata]) -> None: ...
+    def learn_lac(self, last_add_confirmed: int) -> None: ...
+    def read_entries(self, first: int, last: int) -> AsyncIterator[tuple[int, bytes]]: ...
+    def closed_client_guard(self) -> AbstractContextManager[None]: ...
+
+
+async def tail_ledger(
+    reader: FollowedLedger, from_entry_id: int
+) -> AsyncIterator[tuple[int, bytes]]:
     next_id = max(0, from_entry_id)
     #: entries the long polls brought, confirmed by the LAC they came with
     polled: dict[int, bytes] = {}
@@ -58,7 +89,7 @@ async def tail_ledger(reader: LedgerReader, from_entry_id: int) -> AsyncIterator
             await wait_for_progress(reader, next_id, polled)
 
 
-async def wait_for_progress(reader: LedgerReader, next_id: int, polled: dict[int, bytes]) -> None:
+async def wait_for_progress(reader: FollowedLedger, next_id: int, polled: dict[int, bytes]) -> None:
     """Until the LAC passes `next_id - 1`, the record changes, or a poll's wait ends.
     A poll that brings entry `next_id` with a LAC covering it leaves it in `polled`.
     Streams' subscribers wait on it too, beside a watch of their stream's document."""

@@ -1,0 +1,59 @@
+"""Deleting what a change to a stream left behind: the pages its head no longer
+names and the ledgers of its removed segments, best effort (what is left is
+garbage for the cluster tools). Truncation and deletion (stream.py) and a
+replacing commit (transaction.py) all end with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from journal.errors import PoraError
+from ledger.errors import NoSuchLedger
+from pora.streams.document import PAGES_SPACE, Segment, StreamDocument, page_name
+from pora.streams.ledger_client import LedgerClient
+
+_log = logging.getLogger("pora.streams")
+
+
+async def delete_removed(
+    client: LedgerClient,
+    before: StreamDocument,
+    after: StreamDocument,
+    removed: tuple[Segment, ...],
+) -> None:
+    """The pages the head no longer names and the removed segments' ledgers, best
+    effort (what is left is garbage for the cluster tools)."""
+    kept = {ref.first_seq for ref in after.pages}
+    for ref in before.pages:
+        if ref.first_seq in kept:
+            continue
+        name = page_name(before.name, ref.first_seq)
+        try:
+            page = await client.store.read_document(PAGES_SPACE, name)
+            await client.store.delete_document(PAGES_SPACE, name, page.version)
+        except (PoraError, OSError) as error:
+            _log.warning("stream %r truncated, but not its page %s: %s", before.name, name, error)
+    owned = [(segment.ledger_id, f"segment {segment.seq}") for segment in removed]
+    await delete_owned_ledgers(client, before.name, owned, "truncated")
+
+
+async def delete_owned_ledgers(
+    client: LedgerClient, name: str, owned: Iterable[tuple[int, str]], what: str
+) -> None:
+    """Delete each (ledger id, what owned it) of the stream, best effort."""
+    for ledger_id, owner in owned:
+        try:
+            await client.delete_ledger(ledger_id)
+        except NoSuchLedger:
+            pass
+        except (PoraError, OSError) as error:
+            _log.warning(
+                "stream %r %s, but ledger %d of its %s was not (%s): garbage for the cluster tools",
+                name,
+                what,
+                ledger_id,
+                owner,
+                error,
+            )
