@@ -29,8 +29,8 @@ import trio
 import trio.testing
 
 import pora
+from pora.meta import open_metadata
 from pora.meta.records import NodeRegistration
-from pora.meta.store import open_metadata
 from pora.node.node import Node
 from pora.server.server import Server, ServerConfig
 
