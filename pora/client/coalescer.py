@@ -32,7 +32,7 @@ from netio.messages import (
     ErrorResponse,
     ResponseMessage,
 )
-from netio.status import error_type_of
+from pora.client.remote_errors import error_from_response
 from pora.client.waiting import Event, trio_running
 
 #: What an ADD_BATCH frame costs besides its key and entries, and per entry besides
@@ -190,7 +190,7 @@ class AddFrame:
         """Settle every caller of the frame from its one response."""
         members = self.members
         if isinstance(response, ErrorResponse):
-            error = error_of(response)
+            error = error_from_response(response)
             for position, (call, index) in enumerate(members):
                 call.settle(index, error if position == 0 else clone(error))
             return
@@ -214,7 +214,7 @@ class AddFrame:
             return
         failed: dict[int, PoraError] = {}
         for entry_id, status, message in response.failures:
-            failed[entry_id] = error_of(
+            failed[entry_id] = error_from_response(
                 ErrorResponse(
                     response.request_id, self.opcode, status, self.ledger_id, entry_id, message
                 )
@@ -225,20 +225,6 @@ class AddFrame:
     def fail(self, error: PoraError) -> None:
         for call, _index in self.members:
             call.fail(error)
-
-
-def error_of(response: ErrorResponse) -> PoraError:
-    """An error response as the engine's exception."""
-    # (the client's `error_from_response`, without importing the client)
-    error_type = error_type_of(response.status)
-    error = error_type.__new__(error_type)
-    Exception.__init__(error, response.message)
-    error.ledger_id = response.ledger_id  # type: ignore[attr-defined]
-    error.entry_id = response.entry_id  # type: ignore[attr-defined]
-    if isinstance(error, ProtocolError):
-        error.status = response.status
-        error.request_id = response.request_id
-    return error
 
 
 def frames_for(

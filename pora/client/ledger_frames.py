@@ -32,8 +32,9 @@ from netio.messages import (
     ErrorResponse,
     ResponseMessage,
 )
-from pora.client.coalescer import BYTES_PER_ENTRY, FRAME_BASE, ID_MAX, error_of
+from pora.client.coalescer import BYTES_PER_ENTRY, FRAME_BASE, ID_MAX
 from pora.client.node_channel import AddRequest
+from pora.client.remote_errors import error_from_response
 from pora.client.waiting import Event
 
 #: one request's outcomes: None when every entry of it was stored, else one each
@@ -105,7 +106,7 @@ class BatchFrame:
                 self._entries_failed(response.request_id, response.failures)
         elif kind is ErrorResponse:
             assert isinstance(response, ErrorResponse)
-            error = error_of(response)
+            error = error_from_response(response)
             outcomes = self.call.outcomes_of(self.index)
             for position in range(self.start, self.stop):
                 outcomes[position] = error if position == self.start else clone(error)
@@ -124,7 +125,7 @@ class BatchFrame:
         for entry_id, status, message in failures:
             position = where.get(entry_id)
             if position is not None:
-                outcomes[position] = error_of(
+                outcomes[position] = error_from_response(
                     ErrorResponse(
                         request_id, self.opcode, status, self.ledger_id, entry_id, message
                     )
