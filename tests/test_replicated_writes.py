@@ -20,8 +20,7 @@ import pora
 from journal.errors import PoraError
 from ledger.errors import EntryTooLarge, LedgerClosed, NoSuchEntry, NoSuchLedger, Unauthorized
 from netio.security import master_key_from_password
-from pora.client.channel import NodeChannel
-from pora.client.node_channel import AddAnswer, AddRequest, add_entries_each
+from pora.client.node_channel import AddAnswer, AddRequest, NodeChannel, add_entries_each
 from pora.client.replication.budget import Budget
 from pora.client.replication.errors import NotEnoughNodes
 from pora.client.replication.quorum import entry_write_set
