@@ -27,7 +27,7 @@ from pora.server.reader import RequestReader
 from pora.server.writer import ResponseWriter
 
 if TYPE_CHECKING:
-    from pora.server.read_budget import ByteBudget
+    from netio.budget import Budget
     from pora.server.server import Server
 
 _log = logging.getLogger("pora.server")
@@ -70,7 +70,7 @@ class Connection:
         self.scope = trio.CancelScope()
 
     @property
-    def read_budget(self) -> ByteBudget:
+    def read_budget(self) -> Budget:
         return self.executor.read_budget
 
     def close_if_idle(self, now: float) -> None:

@@ -26,6 +26,7 @@ from journal.errors import PoraError
 from journal.request import Request
 from ledger.errors import EntryConflict, NodeClosed, NoSuchEntry, NoSuchLedger, StorageCorruption
 from netio import frames
+from netio.budget import Budget
 from netio.codec import RequestDecoder, encode_error, encode_response
 from netio.frames import Opcode, Status
 from netio.messages import (
@@ -58,7 +59,6 @@ from netio.messages import (
     WriteLacResponse,
 )
 from netio.status import status_of
-from pora.server.read_budget import ByteBudget
 from pora.server.writer import ResponseWriter, error_frame
 
 if TYPE_CHECKING:
@@ -143,7 +143,11 @@ class RequestExecutor:
         #: connection when it starts, before any request is read)
         self.nursery: trio.Nursery
         #: bytes of read responses this connection holds (see ServerConfig)
-        self.read_budget = ByteBudget(self.config.read_bytes_per_connection_max)
+        self.read_budget = Budget(
+            self.config.read_bytes_per_connection_max,
+            "read-response bytes of a connection",
+            trio.Event,
+        )
         #: cancel scopes of the long-poll reads waiting now
         self.long_polls: set[trio.CancelScope] = set()
         self.stopping = False
@@ -312,20 +316,20 @@ class RequestExecutor:
     async def _reserve_read(self, held: _Held, size: int) -> None:
         """Reserve `size` bytes for a read's response, under the connection's limit
         and then the node's, waiting in line for each."""
-        await self.read_budget.acquire(size)
+        await self.read_budget.take(size)
         try:
-            await self.server.read_budget.acquire(size)
+            await self.server.read_budget.take(size)
         except BaseException:
             self._release_connection_read(size)
             raise
         held.bytes += size
 
     def _release_connection_read(self, size: int) -> None:
-        self.read_budget.release(size)
+        self.read_budget.give(size)
         self.in_flight.open()  # the reader may read the socket again
 
     def release_read(self, size: int) -> None:
-        self.server.read_budget.release(size)
+        self.server.read_budget.give(size)
         self._release_connection_read(size)
 
     def _resize_read(self, reserved: int, size: int) -> None:

@@ -36,13 +36,13 @@ import trio
 
 from journal.request import RUN_ENTRIES_MAX
 from netio import frames as f
+from netio.budget import Budget
 from netio.codec import (
     encode_error,
 )
 from netio.frames import Opcode, Status
 from pora.node.node import Node
 from pora.server.connection import Connection
-from pora.server.read_budget import ByteBudget
 
 _log = logging.getLogger("pora.server")
 
@@ -174,7 +174,9 @@ class Server:
         self.bytes_sent = 0
         self.sends_backed_up = 0
         #: bytes of read responses held by all connections
-        self.read_budget = ByteBudget(self.config.read_bytes_node_max)
+        self.read_budget = Budget(
+            self.config.read_bytes_node_max, "read-response bytes of the node", trio.Event
+        )
         #: what every plain-TCP connection reads into, then copies out of before it
         #: awaits anything (one event loop: no two reads overlap). `recv` would
         #: allocate `receive_bytes_max` per call instead: past glibc's mmap threshold
