@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -433,25 +433,48 @@ class Node:
         reader's way to follow a ledger without polling."""
         _check_id("ledger_id", ledger_id)
         _check_id("entry_id", entry_id)
+        registry = self._registry
         if wait_s <= 0:
-            return await self._registry.read_entry(ledger_id, entry_id)
+            return await registry.read_entry(ledger_id, entry_id)
+        found: list[bytes] = []
+        missing: list[PoraError] = []
+
+        async def stored() -> bool:
+            try:
+                found.append(await registry.read_entry(ledger_id, entry_id))
+            except (NoSuchEntry, NoSuchLedger) as error:
+                meta = registry.metas.get(ledger_id)
+                if meta is not None and meta.state is LedgerState.CLOSED:
+                    raise  # nothing more will come
+                if meta is None:
+                    self._arrivals.wait_for_unknown_ledger(ledger_id, error)
+                missing[:] = [error]
+                return False
+            return True
+
+        await self._long_poll(ledger_id, wait_s, stored)
+        if found:
+            return found[0]
+        raise missing[0]
+
+    async def _long_poll(
+        self, ledger_id: int, wait_s: float, answered: Callable[[], Awaitable[bool]]
+    ) -> None:
+        """Ask `answered` now and again after each arrival on the ledger (an add, a
+        fence, a close, the ledger's first entry), until it says yes or `wait_s`
+        passes. The next arrival's event is taken before each question, so that an
+        arrival during it is not missed."""
         deadline = trio.current_time() + wait_s
         arrivals = self._arrivals
         with arrivals.waiting(ledger_id):
             while True:
                 arrived = arrivals.next_arrival(ledger_id)
-                try:
-                    return await self._registry.read_entry(ledger_id, entry_id)
-                except (NoSuchEntry, NoSuchLedger) as error:
-                    meta = self._registry.metas.get(ledger_id)
-                    if meta is not None and meta.state is LedgerState.CLOSED:
-                        raise  # nothing more will come
-                    if meta is None:
-                        arrivals.wait_for_unknown_ledger(ledger_id, error)
-                    with trio.move_on_at(deadline):
-                        await arrived.wait()
-                        continue
-                    raise
+                if await answered():
+                    return
+                with trio.move_on_at(deadline):
+                    await arrived.wait()
+                    continue
+                return
 
     async def read_range(
         self,
@@ -466,13 +489,8 @@ class Node:
         payload)`: at most `max_entries`, and stopping before `max_bytes` of payload
         is passed (but always at least one entry when there is one). Ids that are not
         stored here (striping leaves gaps) are simply absent."""
-        _check_id("ledger_id", ledger_id)
-        _check_id("first_entry_id", first_entry_id)
-        _check_id("last_entry_id", last_entry_id)
-        if max_entries < 1 or max_bytes < 1:
-            raise InvalidArgument("max_entries and max_bytes must be >= 1")
-        entries, _more = await self._registry.read_range(
-            ledger_id, first_entry_id, last_entry_id, max_entries, max_bytes
+        entries, _more = await self.read_range_page(
+            ledger_id, first_entry_id, last_entry_id, max_entries=max_entries, max_bytes=max_bytes
         )
         return entries
 
@@ -509,20 +527,15 @@ class Node:
         _check_id("ledger_id", ledger_id)
         metas = self._registry.metas
         if wait_s > 0:
-            deadline = trio.current_time() + wait_s
-            arrivals = self._arrivals
-            with arrivals.waiting(ledger_id):
-                while True:
-                    arrived = arrivals.next_arrival(ledger_id)
-                    meta = metas.get(ledger_id)
-                    if meta is None:
-                        arrivals.wait_for_unknown_ledger(ledger_id, NoSuchLedger(ledger_id))
-                    elif meta.lac > known_lac or meta.fenced or meta.state is LedgerState.CLOSED:
-                        break
-                    with trio.move_on_at(deadline):
-                        await arrived.wait()
-                        continue
-                    break
+
+            async def answered() -> bool:
+                meta = metas.get(ledger_id)
+                if meta is None:
+                    self._arrivals.wait_for_unknown_ledger(ledger_id, NoSuchLedger(ledger_id))
+                    return False
+                return meta.lac > known_lac or meta.fenced or meta.state is LedgerState.CLOSED
+
+            await self._long_poll(ledger_id, wait_s, answered)
         else:
             await trio.lowlevel.checkpoint()
         meta = self._registry.meta(ledger_id)
