@@ -4,9 +4,9 @@ Python costs per message, not per byte: a frame, a socket write and a wake-up pe
 add bound a client of many tasks that each await one add. So `NodeClient` queues
 each caller's adds (an `AddCall`) on the connection, and its writer task turns
 everything queued in one scheduler turn into frames with `frames_for`: per
-(ledger, key, recovery flag), entries by id, cut into ADD_RUN frames (consecutive
-ids), ADD_BATCH frames (other increasing ids) or a lone ADD_ENTRY, each within
-RUN_ENTRIES_MAX entries and the frame limit. Each frame's response is matched
+(ledger, key, recovery flag), entries by id, cut by `frame_cuts.cut_frames` into
+ADD_RUN frames (consecutive ids), ADD_BATCH frames (other increasing ids) or a lone
+ADD_ENTRY, each within RUN_ENTRIES_MAX entries and the frame limit. Each frame's response is matched
 once (`AddFrame.deliver`) and completes every caller it holds: each its own
 outcome, an entry's failure going to the caller of that entry only.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Awaitable, Callable
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
 import anyio
 import trio
@@ -32,15 +32,9 @@ from netio.messages import (
     ErrorResponse,
     ResponseMessage,
 )
+from pora.client.frame_cuts import BATCH_FRAME_BASE, cut_frames
 from pora.client.remote_errors import error_from_response
 from pora.client.waiting import Event, trio_running
-
-#: What an ADD_BATCH frame costs besides its key and entries, and per entry besides
-#: its payload (its id and size); an ADD_RUN costs less, so this bounds both.
-FRAME_BASE: Final = f.LENGTH_MIN + f.ADD_BATCH_REQUEST_FIXED.size
-BYTES_PER_ENTRY: Final = f.BATCH_ITEM.size
-#: the highest entry id a frame carries (the wire's i64)
-ID_MAX: Final = 2**63 - 1
 
 
 class AddCall:
@@ -234,45 +228,33 @@ def frames_for(
     entry_bytes_max: int,
 ) -> list[tuple[int, bytes, AddFrame]]:
     """The frames that carry `queued`, as `(request_id, frame, AddFrame)`: per ledger,
-    key and recovery flag, entries in id order, each frame within RUN_ENTRIES_MAX
-    entries and `frame_bytes_max` bytes. Two adds of one id (a retry racing its
-    original) go in separate frames. An entry the node refuses by itself (over its
-    `entry_bytes_max`, or a bad id) goes alone: in a shared frame its refusal would
-    refuse its neighbours, other callers' entries."""
+    key and recovery flag, entries in id order, cut by `frame_cuts.cut_frames`. Two
+    adds of one id (a retry racing its original) go in separate frames; an entry the
+    node refuses by itself goes alone, so that its refusal refuses none of its
+    neighbours, other callers' entries."""
     groups: dict[tuple[int, bytes, bool], list[QueuedAdd]] = {}
-    out: list[tuple[int, bytes, AddFrame]] = []
     for add in queued:
-        if not (0 <= add.entry_id <= ID_MAX and len(add.payload) <= entry_bytes_max):
-            out.append(_frame(new_id(), add.ledger_id, add.master_key, add.recovery, [add]))
-            continue
         key = (add.ledger_id, add.master_key, add.recovery)
         group = groups.get(key)
         if group is None:
             groups[key] = [add]
         else:
             group.append(add)
+    out: list[tuple[int, bytes, AddFrame]] = []
     for (ledger_id, master_key, recovery), group in groups.items():
-        budget = frame_bytes_max - FRAME_BASE - len(master_key)
-        rest = sorted(group, key=_entry_id_of) if len(group) > 1 else group
-        while rest:
-            leftover: list[QueuedAdd] = []
-            chunk: list[QueuedAdd] = []
-            used = 0
-            last = -2
-            for add in rest:
-                if add.entry_id == last:
-                    leftover.append(add)
-                    continue
-                cost = BYTES_PER_ENTRY + len(add.payload)
-                if chunk and (len(chunk) == f.RUN_ENTRIES_MAX or used + cost > budget):
-                    out.append(_frame(new_id(), ledger_id, master_key, recovery, chunk))
-                    chunk = []
-                    used = 0
-                chunk.append(add)
-                used += cost
-                last = add.entry_id
-            out.append(_frame(new_id(), ledger_id, master_key, recovery, chunk))
-            rest = leftover
+        if len(group) == 1:  # a lone add is one frame, however it is cut
+            out.append(_frame(new_id(), ledger_id, master_key, recovery, group))
+            continue
+        group.sort(key=_entry_id_of)
+        chunks = cut_frames(
+            list(map(_entry_id_of, group)),
+            [len(add.payload) for add in group],
+            frame_bytes_max - BATCH_FRAME_BASE - len(master_key),
+            runs=False,
+            entry_bytes_max=entry_bytes_max,
+        )
+        for start, stop in chunks:
+            out.append(_frame(new_id(), ledger_id, master_key, recovery, group[start:stop]))
     return out
 
 
