@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 import anyio
-import trio
 
 from journal.errors import PoraError
 from netio import frames as f
@@ -34,7 +33,7 @@ from netio.messages import (
 )
 from pora.client.frame_cuts import BATCH_FRAME_BASE, cut_frames
 from pora.client.remote_errors import error_from_response
-from pora.client.waiting import Event, trio_running
+from pora.client.waiting import Event, OneParked, trio_running
 
 
 class AddCall:
@@ -61,44 +60,6 @@ class AddCall:
         self.outcomes[index] = outcome
         self.remaining -= 1
         if self.remaining == 0:
-            self.event.set()
-
-    def fail(self, error: PoraError) -> None:
-        if self.error is None and self.remaining:
-            self.error = error
-            self.event.set()
-
-    def time_out(self) -> None:
-        if self.error is None and self.remaining and not self.timed_out:
-            self.timed_out = True
-            self.event.set()
-
-    def wait(self) -> Awaitable[object]:
-        """What to await for the outcomes: an awaitable, not a coroutine of its own
-        (each level of coroutines is resumed again at every wake-up)."""
-        return self.event.wait()
-
-
-class ParkedAddCall(AddCall):
-    """An `AddCall` under trio: the caller's task parks on the call itself and is
-    rescheduled directly by its last outcome (no event object per call: with one
-    add per task, the wake-up is most of what an add costs the client)."""
-
-    __slots__ = ("_task", "_woken")
-
-    def __init__(self, count: int, deadline: float) -> None:
-        self.remaining = count
-        self.deadline = deadline
-        self.outcomes = [None] * count
-        self.error = None
-        self.timed_out = False
-        self._task: trio.lowlevel.Task | None = None
-        self._woken = False
-
-    def settle(self, index: int, outcome: PoraError | None) -> None:
-        self.outcomes[index] = outcome
-        self.remaining -= 1
-        if self.remaining == 0:
             self._wake()
 
     def fail(self, error: PoraError) -> None:
@@ -112,23 +73,31 @@ class ParkedAddCall(AddCall):
             self._wake()
 
     def _wake(self) -> None:
-        if self._woken:
-            return
-        self._woken = True
-        task = self._task
-        if task is not None:
-            self._task = None
-            trio.lowlevel.reschedule(task)
+        self.event.set()
 
     def wait(self) -> Awaitable[object]:
-        if self._woken:
-            return trio.lowlevel.checkpoint()  # noqa: ASYNC105 (awaited by the caller)
-        self._task = trio.lowlevel.current_task()
-        return trio.lowlevel.wait_task_rescheduled(self._abort)  # noqa: ASYNC105 (as above)
+        """What to await for the outcomes: an awaitable, not a coroutine of its own
+        (each level of coroutines is resumed again at every wake-up)."""
+        return self.event.wait()
 
-    def _abort(self, _raise_cancel: object) -> trio.lowlevel.Abort:
+
+class ParkedAddCall(OneParked, AddCall):
+    """An `AddCall` under trio: the caller's task parks on the call itself and is
+    rescheduled directly by its last outcome (no event object per call: with one
+    add per task, the wake-up is most of what an add costs the client)."""
+
+    __slots__ = ("_task", "_woken")
+
+    def __init__(self, count: int, deadline: float) -> None:
+        self.remaining = count
+        self.deadline = deadline
+        self.outcomes = [None] * count
+        self.error = None
+        self.timed_out = False
         self._task = None
-        return trio.lowlevel.Abort.SUCCEEDED
+        self._woken = False
+
+    wait = OneParked._park
 
 
 def add_call_type() -> Callable[[int, float], AddCall]:
