@@ -24,6 +24,7 @@ from journal.request import (
     RUN_ENTRIES_MAX,
     Add,
     Request,
+    add_is_plain,
     entry_run_request,
     entry_runs,
     merged_runs,
@@ -175,27 +176,11 @@ class Node:
         last_add_confirmed: int = -1,
     ) -> Request:
         """A checked add request for `submit` (raises InvalidArgument, EntryTooLarge)."""
-        if not (
-            type(ledger_id) is int
-            and type(entry_id) is int
-            and 0 <= ledger_id <= ID_MAX
-            and 0 <= entry_id <= ID_MAX
-        ):
-            _check_id("ledger_id", ledger_id)
-            _check_id("entry_id", entry_id)
-        if len(payload) > self.config.entry_bytes_max:
-            raise EntryTooLarge(ledger_id, len(payload), self.config.entry_bytes_max, entry_id)
-        if type(payload) is not bytes:  # the journal keeps it: it must not change
-            payload = bytes(payload)
-        if last_add_confirmed != -1 and not -1 <= last_add_confirmed <= ID_MAX:
-            raise InvalidArgument(f"last_add_confirmed must be >= -1, got {last_add_confirmed}")
-        if len(master_key) > MASTER_KEY_BYTES_MAX:
-            raise InvalidArgument(f"a master key has at most {MASTER_KEY_BYTES_MAX} bytes")
         return Request(
             RecordKind.ENTRY,
             ledger_id,
             entry_id,
-            payload,
+            self._taken_payload(ledger_id, entry_id, payload, last_add_confirmed, master_key),
             RecordFlag.RECOVERY_ADD if recovery else RecordFlag.NONE,
             None,
             last_add_confirmed,
@@ -221,20 +206,58 @@ class Node:
 
     def _refusal(self, add: Add) -> PoraError | None:
         """What is wrong with an add that failed `entry_runs`' quick checks (None:
-        nothing, take it): the one-at-a-time checks of `entry_request`."""
-        _tag, ledger_id, entry_id, lac, master_key, payload, recovery = add
+        nothing, take it: another bytes-like payload, say)."""
+        _tag, ledger_id, entry_id, lac, master_key, payload, _recovery = add
         try:
-            self.entry_request(
-                ledger_id,
-                entry_id,
-                payload,
-                master_key=master_key,
-                recovery=recovery,
-                last_add_confirmed=lac,
-            )
+            self._check_adds(ledger_id, entry_id, (payload,), lac, master_key)
         except PoraError as error:
             return error
         return None
+
+    def _taken_payload(
+        self, ledger_id: int, entry_id: int, payload: bytes, last_add_confirmed: int, key: bytes
+    ) -> bytes:
+        """The payload of one add the node takes, or the add's typed error raised. A
+        bytes-like payload other than `bytes` is copied: the journal keeps it, and
+        it must not change."""
+        if add_is_plain(
+            ledger_id, entry_id, last_add_confirmed, key, payload, self.config.entry_bytes_max
+        ):
+            return payload
+        self._check_adds(ledger_id, entry_id, (payload,), last_add_confirmed, key)
+        return bytes(payload)
+
+    def _check_adds(
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        payloads: Sequence[bytes],
+        last_add_confirmed: int,
+        master_key: bytes,
+    ) -> None:
+        """Raise what the node refuses in adds of entries first_entry_id,
+        first_entry_id + 1, ... (one add, or a run): InvalidArgument, or EntryTooLarge
+        naming the entry. The rules of an add, stated once with their errors;
+        `add_is_plain` only tells that an add keeps them all."""
+        count = len(payloads)
+        if not 1 <= count <= RUN_ENTRIES_MAX:
+            raise InvalidArgument(f"a run carries 1 to {RUN_ENTRIES_MAX} entries, got {count}")
+        _check_id("ledger_id", ledger_id)
+        _check_id("entry_id", first_entry_id)
+        if first_entry_id > ID_MAX - count + 1:
+            raise InvalidArgument(
+                f"a run of {count} entries from {first_entry_id} passes the largest entry "
+                f"id {ID_MAX}"
+            )
+        entry_bytes_max = self.config.entry_bytes_max
+        if max(map(len, payloads)) > entry_bytes_max:  # (a run's whole check at C speed)
+            index, size = next(
+                (i, len(p)) for i, p in enumerate(payloads) if len(p) > entry_bytes_max
+            )
+            raise EntryTooLarge(ledger_id, size, entry_bytes_max, first_entry_id + index)
+        if not -1 <= last_add_confirmed <= ID_MAX:
+            raise InvalidArgument(f"last_add_confirmed must be >= -1, got {last_add_confirmed}")
+        _check_master_key(master_key)
 
     def run_request(
         self,
@@ -253,26 +276,7 @@ class Node:
         record and applied at once. Raises InvalidArgument or EntryTooLarge, naming
         the entry, if any entry is unfit: then nothing of the run is taken.
         """
-        count = len(payloads)
-        if not 1 <= count <= RUN_ENTRIES_MAX:
-            raise InvalidArgument(f"a run carries 1 to {RUN_ENTRIES_MAX} entries, got {count}")
-        _check_id("ledger_id", ledger_id)
-        _check_id("entry_id", first_entry_id)
-        if first_entry_id > ID_MAX - count + 1:
-            raise InvalidArgument(
-                f"a run of {count} entries from {first_entry_id} passes the largest entry "
-                f"id {ID_MAX}"
-            )
-        if not -1 <= last_add_confirmed <= ID_MAX:
-            raise InvalidArgument(f"last_add_confirmed must be >= -1, got {last_add_confirmed}")
-        if len(master_key) > MASTER_KEY_BYTES_MAX:
-            raise InvalidArgument(f"a master key has at most {MASTER_KEY_BYTES_MAX} bytes")
-        entry_bytes_max = self.config.entry_bytes_max
-        if max(map(len, payloads)) > entry_bytes_max:
-            index, size = next(
-                (i, len(p)) for i, p in enumerate(payloads) if len(p) > entry_bytes_max
-            )
-            raise EntryTooLarge(ledger_id, size, entry_bytes_max, first_entry_id + index)
+        self._check_adds(ledger_id, first_entry_id, payloads, last_add_confirmed, master_key)
         return entry_run_request(
             ledger_id,
             first_entry_id,
@@ -304,26 +308,7 @@ class Node:
         ledger's consecutive adds as one run (pora/node/add_queue.py); each caller
         gets its own entry's outcome.
         """
-        if not (
-            type(ledger_id) is int
-            and type(entry_id) is int
-            and type(payload) is bytes
-            and 0 <= ledger_id <= ID_MAX
-            and 0 <= entry_id <= ID_MAX
-            and len(payload) <= self.config.entry_bytes_max
-            and -1 <= last_add_confirmed <= ID_MAX
-            and len(master_key) <= MASTER_KEY_BYTES_MAX
-        ):
-            # rare: the one-at-a-time checks raise what is wrong (or take the add)
-            self.entry_request(
-                ledger_id,
-                entry_id,
-                payload,
-                master_key=master_key,
-                recovery=recovery,
-                last_add_confirmed=last_add_confirmed,
-            )
-            payload = bytes(payload)  # the journal keeps it: it must not change
+        payload = self._taken_payload(ledger_id, entry_id, payload, last_add_confirmed, master_key)
         await trio.lowlevel.checkpoint_if_cancelled()
         await self._adds.add(ledger_id, entry_id, last_add_confirmed, master_key, payload, recovery)
 
