@@ -54,7 +54,7 @@ class Budget:
         """Take `amount` when it fits now and nobody waits before it."""
         if self._waiting:
             return False
-        if self.used == 0 or self.used + amount <= self.limit:
+        if self.used + amount <= self.limit or self.used == 0:  # (the usual answer first)
             self.used += amount
             return True
         return False
