@@ -308,7 +308,12 @@ class Node:
         ledger's consecutive adds as one run (pora/node/add_queue.py); each caller
         gets its own entry's outcome.
         """
-        payload = self._taken_payload(ledger_id, entry_id, payload, last_add_confirmed, master_key)
+        limit = self.config.entry_bytes_max
+        if not add_is_plain(ledger_id, entry_id, last_add_confirmed, master_key, payload, limit):
+            # rare (a call less for the usual add: this is the in-process hot path)
+            payload = self._taken_payload(
+                ledger_id, entry_id, payload, last_add_confirmed, master_key
+            )
         await trio.lowlevel.checkpoint_if_cancelled()
         await self._adds.add(ledger_id, entry_id, last_add_confirmed, master_key, payload, recovery)
 
