@@ -6,6 +6,9 @@ the decoded messages, `netio.codec` the encoders and the bounded decoders (reque
 `netio.framing`), `netio.status` the status codes' error types, and
 `netio.security` the master-key derivation. The server (`pora.server`) and the client
 (`pora.client.node_client`) drive this codec over trio and anyio streams.
+
+`netio.budget` is the first-come-first-served budget both ends bound what they hold
+in flight with; it waits on the caller's own event type, and so imports no event loop.
 """
 
 from netio.codec import RequestDecoder, ResponseDecoder

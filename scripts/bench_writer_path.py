@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, cast
 import trio
 
 from pora.bench.schedule import run_on_schedule
-from pora.client.channel import NodeChannel
+from pora.client.node_channel import NodeChannel
 from pora.client.replication.client import connect
 from pora.client.replication.writer import LedgerWriter
 from pora.meta.backends import open_metadata

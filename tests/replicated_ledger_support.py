@@ -17,8 +17,14 @@ from replication_support import LocalCluster
 
 from ledger.errors import StorageCorruption
 from netio.security import master_key_from_password
-from pora.client.channel import NodeChannel, NodeIdentity, RangeAnswer
-from pora.client.node_channel import AddAnswer, AddRequest, add_entries_each
+from pora.client.node_channel import (
+    AddAnswer,
+    AddRequest,
+    NodeChannel,
+    NodeIdentity,
+    RangeAnswer,
+    add_entries_each,
+)
 from pora.client.replication.entry_format import encode_entry
 from pora.client.replication.ledger_records import new_ledger, with_ensemble_change
 from pora.client.replication.quorum import entry_write_set

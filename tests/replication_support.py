@@ -27,8 +27,15 @@ import trio
 import pora
 from journal.errors import PoraError
 from netio.errors import ConnectionLost
-from pora.client.channel import LocalChannel, NodeChannel, NodeIdentity, RangeAnswer
-from pora.client.node_channel import AddAnswer, AddRequest, add_entries_each
+from pora.client.local_channel import LocalChannel
+from pora.client.node_channel import (
+    AddAnswer,
+    AddRequest,
+    NodeChannel,
+    NodeIdentity,
+    RangeAnswer,
+    add_entries_each,
+)
 from pora.meta.backends import open_metadata
 from pora.meta.records import NodeRegistration
 from pora.meta.store import MetadataStore

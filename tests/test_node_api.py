@@ -96,6 +96,32 @@ async def test_long_poll_on_a_closed_ledger_fails_at_once(data_dir: Path) -> Non
                 await node.read_entry(8, 1, wait_s=60)
 
 
+async def test_lac_long_poll_answers_when_the_lac_passes_or_the_wait_ends(
+    data_dir: Path, mock_clock: trio.testing.MockClock
+) -> None:
+    mock_clock.autojump_threshold = 0.1  # (the journal's fdatasync runs in a thread)
+    async with pora.open_node(data_dir) as node:
+        await node.add_entry(5, 0, b"a", last_add_confirmed=-1)
+        got: list[tuple[int, int]] = []
+
+        async def follow() -> None:
+            got.append(await node.read_lac(5, known_lac=-1, wait_s=30))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(follow)
+            await trio.sleep(5)
+            assert got == []  # the LAC is still -1
+            await node.add_entry(5, 1, b"b", last_add_confirmed=0)
+        assert got == [(0, 1)]
+        started = trio.current_time()
+        assert await node.read_lac(5, known_lac=0, wait_s=10) == (0, 1)  # the current values
+        assert trio.current_time() - started == pytest.approx(10, abs=0.5)
+        started = trio.current_time()
+        with pytest.raises(pora.NoSuchLedger):
+            await node.read_lac(6, wait_s=10)  # not here: said after the wait
+        assert trio.current_time() - started == pytest.approx(10, abs=0.5)
+
+
 async def test_read_range_merges_memory_and_disk_and_honours_limits(data_dir: Path) -> None:
     async with pora.open_node(data_dir, memtable_flush_bytes=4096) as node:
         # even ids only (striping), enough to flush some of them to the entry log

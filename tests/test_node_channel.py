@@ -12,8 +12,10 @@ import trio
 from net_helpers import serving
 
 import pora
-from pora.client.channel import LocalChannel, NodeChannel, RangeAnswer, TcpChannel
+from pora.client.local_channel import LocalChannel
+from pora.client.node_channel import NodeChannel, RangeAnswer
 from pora.client.node_client import connect_node
+from pora.client.tcp_channel import TcpChannel
 from pora.server.server import Server, ServerConfig
 
 KEY = b"k" * 32

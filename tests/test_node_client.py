@@ -67,8 +67,12 @@ async def test_every_error_status_raises_the_engine_exception(data_dir: Path) ->
             await client.fence_ledger(1, password="wrong")
         with pytest.raises(pora.Unauthorized):
             await client.close_ledger(1, password="wrong")
-        with pytest.raises(pora.EntryTooLarge, match="entry_bytes_max"):
+        with pytest.raises(pora.EntryTooLarge, match="entry_bytes_max") as too_large:
             await client.add_entry(1, 1, b"x" * 2000, password="right")
+        # the node's message names the sizes; the error's fields say they are unknown
+        too_large_fields = (too_large.value.ledger_id, too_large.value.entry_id)
+        assert too_large_fields == (1, 1)
+        assert (too_large.value.size, too_large.value.limit) == (-1, -1)
         with pytest.raises(pora.InvalidArgument):
             await client.add_entry(-1, 0, b"")
         await client.add_entry(2, 0, b"a")

@@ -130,6 +130,7 @@ async def test_an_entry_over_entry_bytes_max_refuses_its_whole_run(data_dir: Pat
             assert isinstance(outcome, pora.EntryTooLarge)
             assert outcome.entry_id == 5  # every entry of the run names the culprit
             assert "entry_bytes_max" in str(outcome)
+            assert (outcome.size, outcome.limit) == (-1, -1)  # in the message, not the wire
         assert [e for e, _ in await node.read_range(6, 0, 30)] == [20, 21, 22]
 
 

@@ -15,7 +15,7 @@ from replication_support import local_cluster
 
 import pora
 from netio.errors import ConnectionLost
-from pora.client.channel import NodeChannel
+from pora.client.node_channel import NodeChannel
 from pora.client.replication.node_pool import NodePool
 
 

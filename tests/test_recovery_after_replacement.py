@@ -20,7 +20,7 @@ from test_recovery import CONFIG, assert_on_every_replica, recover
 
 from journal.errors import PoraError
 from netio.errors import ConnectionLost
-from pora.client.channel import NodeChannel
+from pora.client.node_channel import NodeChannel
 from pora.client.replication.errors import RecoveryFailed
 from pora.client.replication.recovery import READ_AHEAD, recover_ledger
 from pora.meta.records import LedgerState

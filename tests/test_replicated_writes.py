@@ -20,9 +20,7 @@ import pora
 from journal.errors import PoraError
 from ledger.errors import EntryTooLarge, LedgerClosed, NoSuchEntry, NoSuchLedger, Unauthorized
 from netio.security import master_key_from_password
-from pora.client.channel import NodeChannel
-from pora.client.node_channel import AddAnswer, AddRequest, add_entries_each
-from pora.client.replication.budget import Budget
+from pora.client.node_channel import AddAnswer, AddRequest, NodeChannel, add_entries_each
 from pora.client.replication.errors import NotEnoughNodes
 from pora.client.replication.quorum import entry_write_set
 from pora.meta.errors import NoSuchLedgerMetadata
@@ -204,36 +202,6 @@ async def test_pending_bytes_per_client_are_bounded(tmp_path: Path) -> None:
             admitted = sum(ledger._tracker.next_entry_id for ledger in ledgers)
             assert admitted == 2  # 80 bytes pending; a third 40 would pass 100
             nursery.cancel_scope.cancel()
-
-
-async def test_budget_hands_room_out_in_order_and_takes_back_a_cancelled_wait() -> None:
-    budget = Budget(10, "test")
-    assert budget.try_take(8)
-    assert not budget.try_take(3)
-    order: list[str] = []
-
-    async def take(name: str, amount: int) -> None:
-        await budget.take(amount)
-        order.append(name)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(take, "first", 5)
-        await trio.testing.wait_all_tasks_blocked()
-        with trio.CancelScope() as scope:
-            scope.cancel()
-            await budget.take(1)  # cancelled while waiting: takes nothing
-        nursery.start_soon(take, "second", 1)
-        await trio.testing.wait_all_tasks_blocked()
-        assert order == []  # "second" would fit but queues behind "first"
-        budget.give(3)
-        await trio.testing.wait_all_tasks_blocked()
-        assert order == ["first"]  # 10 taken: "second" waits on
-        budget.give(5)
-    assert order == ["first", "second"]
-    assert budget.used == 6
-    assert budget.try_take(100) is False
-    budget.give(6)
-    assert budget.try_take(100)  # over the limit, but alone: never stuck
 
 
 async def test_pora_exports_the_client() -> None:

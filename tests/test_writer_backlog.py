@@ -14,8 +14,7 @@ from typing import Any
 import trio
 from replication_support import FaultyChannel, LocalCluster, local_cluster
 
-from pora.client.channel import NodeChannel
-from pora.client.node_channel import AddAnswer, AddRequest
+from pora.client.node_channel import AddAnswer, AddRequest, NodeChannel
 from pora.client.replication.client import Client, connect
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.entry_format import HEADER_BYTES

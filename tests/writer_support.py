@@ -12,7 +12,7 @@ import trio
 from replication_support import LocalCluster
 
 from ledger.errors import NoSuchEntry, NoSuchLedger
-from pora.client.channel import NodeChannel
+from pora.client.node_channel import NodeChannel
 from pora.client.replication.client import Client, connect
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.entry_format import HEADER_BYTES, decode_entry

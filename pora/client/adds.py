@@ -5,7 +5,8 @@ frames with every other add of the same scheduler turn (see pora.client.coalesce
 `add_batches_many` (several ledgers' batches as one caller, the replicating
 writer's call per node) encodes its batches straight into frames (see
 pora.client.ledger_frames); `add_run` sends one ADD_RUN frame; `add_entries` cuts
-its entries into runs that fit a frame (pora.client.runs) and sends them pipelined.
+its entries into runs that fit a frame (pora.client.frame_cuts) and sends them
+pipelined.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from netio import frames as f
 from netio.codec import encode_add_run
 from netio.errors import RequestTimeout
 from pora.client.coalescer import AddCall, QueuedAdd
+from pora.client.frame_cuts import RUN_FRAME_BASE, cut_frames
 from pora.client.ledger_frames import BatchCall, Outcomes, encode_batches
 from pora.client.node_channel import AddRequest
 from pora.client.remote_errors import clone_error
 from pora.client.requests import RequestClient
-from pora.client.runs import run_outcomes, split_runs
+from pora.client.runs import run_outcomes
 from pora.client.session import Session
 
 
@@ -308,7 +310,14 @@ class AddClient(RequestClient):
         if not entries:
             return []
         key = self._key(master_key, password)
-        runs = split_runs(entries, len(key), await self._frame_limit(timeout_s))
+        room = await self._frame_limit(timeout_s) - RUN_FRAME_BASE - len(key)
+        runs = cut_frames(
+            [entry_id for entry_id, _ in entries],
+            [len(payload) for _, payload in entries],
+            room,
+            runs=True,
+            entry_bytes_max=None,  # (an unfit entry refuses its run, as documented)
+        )
         request_ids = self._ids(len(runs))
         frames = [
             encode_add_run(

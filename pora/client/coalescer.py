@@ -4,9 +4,9 @@ Python costs per message, not per byte: a frame, a socket write and a wake-up pe
 add bound a client of many tasks that each await one add. So `NodeClient` queues
 each caller's adds (an `AddCall`) on the connection, and its writer task turns
 everything queued in one scheduler turn into frames with `frames_for`: per
-(ledger, key, recovery flag), entries by id, cut into ADD_RUN frames (consecutive
-ids), ADD_BATCH frames (other increasing ids) or a lone ADD_ENTRY, each within
-RUN_ENTRIES_MAX entries and the frame limit. Each frame's response is matched
+(ledger, key, recovery flag), entries by id, cut by `frame_cuts.cut_frames` into
+ADD_RUN frames (consecutive ids), ADD_BATCH frames (other increasing ids) or a lone
+ADD_ENTRY, each within RUN_ENTRIES_MAX entries and the frame limit. Each frame's response is matched
 once (`AddFrame.deliver`) and completes every caller it holds: each its own
 outcome, an entry's failure going to the caller of that entry only.
 """
@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Awaitable, Callable
-from typing import Final, NamedTuple
+from typing import NamedTuple
 
 import anyio
-import trio
 
 from journal.errors import PoraError
 from netio import frames as f
@@ -32,15 +31,9 @@ from netio.messages import (
     ErrorResponse,
     ResponseMessage,
 )
-from netio.status import error_type_of
-from pora.client.waiting import Event, trio_running
-
-#: What an ADD_BATCH frame costs besides its key and entries, and per entry besides
-#: its payload (its id and size); an ADD_RUN costs less, so this bounds both.
-FRAME_BASE: Final = f.LENGTH_MIN + f.ADD_BATCH_REQUEST_FIXED.size
-BYTES_PER_ENTRY: Final = f.BATCH_ITEM.size
-#: the highest entry id a frame carries (the wire's i64)
-ID_MAX: Final = 2**63 - 1
+from pora.client.frame_cuts import BATCH_FRAME_BASE, cut_frames
+from pora.client.remote_errors import error_from_response
+from pora.client.waiting import Event, OneParked, trio_running
 
 
 class AddCall:
@@ -67,44 +60,6 @@ class AddCall:
         self.outcomes[index] = outcome
         self.remaining -= 1
         if self.remaining == 0:
-            self.event.set()
-
-    def fail(self, error: PoraError) -> None:
-        if self.error is None and self.remaining:
-            self.error = error
-            self.event.set()
-
-    def time_out(self) -> None:
-        if self.error is None and self.remaining and not self.timed_out:
-            self.timed_out = True
-            self.event.set()
-
-    def wait(self) -> Awaitable[object]:
-        """What to await for the outcomes: an awaitable, not a coroutine of its own
-        (each level of coroutines is resumed again at every wake-up)."""
-        return self.event.wait()
-
-
-class ParkedAddCall(AddCall):
-    """An `AddCall` under trio: the caller's task parks on the call itself and is
-    rescheduled directly by its last outcome (no event object per call: with one
-    add per task, the wake-up is most of what an add costs the client)."""
-
-    __slots__ = ("_task", "_woken")
-
-    def __init__(self, count: int, deadline: float) -> None:
-        self.remaining = count
-        self.deadline = deadline
-        self.outcomes = [None] * count
-        self.error = None
-        self.timed_out = False
-        self._task: trio.lowlevel.Task | None = None
-        self._woken = False
-
-    def settle(self, index: int, outcome: PoraError | None) -> None:
-        self.outcomes[index] = outcome
-        self.remaining -= 1
-        if self.remaining == 0:
             self._wake()
 
     def fail(self, error: PoraError) -> None:
@@ -118,23 +73,31 @@ class ParkedAddCall(AddCall):
             self._wake()
 
     def _wake(self) -> None:
-        if self._woken:
-            return
-        self._woken = True
-        task = self._task
-        if task is not None:
-            self._task = None
-            trio.lowlevel.reschedule(task)
+        self.event.set()
 
     def wait(self) -> Awaitable[object]:
-        if self._woken:
-            return trio.lowlevel.checkpoint()  # noqa: ASYNC105 (awaited by the caller)
-        self._task = trio.lowlevel.current_task()
-        return trio.lowlevel.wait_task_rescheduled(self._abort)  # noqa: ASYNC105 (as above)
+        """What to await for the outcomes: an awaitable, not a coroutine of its own
+        (each level of coroutines is resumed again at every wake-up)."""
+        return self.event.wait()
 
-    def _abort(self, _raise_cancel: object) -> trio.lowlevel.Abort:
+
+class ParkedAddCall(OneParked, AddCall):
+    """An `AddCall` under trio: the caller's task parks on the call itself and is
+    rescheduled directly by its last outcome (no event object per call: with one
+    add per task, the wake-up is most of what an add costs the client)."""
+
+    __slots__ = ("_task", "_woken")
+
+    def __init__(self, count: int, deadline: float) -> None:
+        self.remaining = count
+        self.deadline = deadline
+        self.outcomes = [None] * count
+        self.error = None
+        self.timed_out = False
         self._task = None
-        return trio.lowlevel.Abort.SUCCEEDED
+        self._woken = False
+
+    wait = OneParked._park
 
 
 def add_call_type() -> Callable[[int, float], AddCall]:
@@ -190,7 +153,7 @@ class AddFrame:
         """Settle every caller of the frame from its one response."""
         members = self.members
         if isinstance(response, ErrorResponse):
-            error = error_of(response)
+            error = error_from_response(response)
             for position, (call, index) in enumerate(members):
                 call.settle(index, error if position == 0 else clone(error))
             return
@@ -214,7 +177,7 @@ class AddFrame:
             return
         failed: dict[int, PoraError] = {}
         for entry_id, status, message in response.failures:
-            failed[entry_id] = error_of(
+            failed[entry_id] = error_from_response(
                 ErrorResponse(
                     response.request_id, self.opcode, status, self.ledger_id, entry_id, message
                 )
@@ -227,20 +190,6 @@ class AddFrame:
             call.fail(error)
 
 
-def error_of(response: ErrorResponse) -> PoraError:
-    """An error response as the engine's exception."""
-    # (the client's `error_from_response`, without importing the client)
-    error_type = error_type_of(response.status)
-    error = error_type.__new__(error_type)
-    Exception.__init__(error, response.message)
-    error.ledger_id = response.ledger_id  # type: ignore[attr-defined]
-    error.entry_id = response.entry_id  # type: ignore[attr-defined]
-    if isinstance(error, ProtocolError):
-        error.status = response.status
-        error.request_id = response.request_id
-    return error
-
-
 def frames_for(
     queued: list[QueuedAdd],
     new_id: Callable[[], int],
@@ -248,45 +197,33 @@ def frames_for(
     entry_bytes_max: int,
 ) -> list[tuple[int, bytes, AddFrame]]:
     """The frames that carry `queued`, as `(request_id, frame, AddFrame)`: per ledger,
-    key and recovery flag, entries in id order, each frame within RUN_ENTRIES_MAX
-    entries and `frame_bytes_max` bytes. Two adds of one id (a retry racing its
-    original) go in separate frames. An entry the node refuses by itself (over its
-    `entry_bytes_max`, or a bad id) goes alone: in a shared frame its refusal would
-    refuse its neighbours, other callers' entries."""
+    key and recovery flag, entries in id order, cut by `frame_cuts.cut_frames`. Two
+    adds of one id (a retry racing its original) go in separate frames; an entry the
+    node refuses by itself goes alone, so that its refusal refuses none of its
+    neighbours, other callers' entries."""
     groups: dict[tuple[int, bytes, bool], list[QueuedAdd]] = {}
-    out: list[tuple[int, bytes, AddFrame]] = []
     for add in queued:
-        if not (0 <= add.entry_id <= ID_MAX and len(add.payload) <= entry_bytes_max):
-            out.append(_frame(new_id(), add.ledger_id, add.master_key, add.recovery, [add]))
-            continue
         key = (add.ledger_id, add.master_key, add.recovery)
         group = groups.get(key)
         if group is None:
             groups[key] = [add]
         else:
             group.append(add)
+    out: list[tuple[int, bytes, AddFrame]] = []
     for (ledger_id, master_key, recovery), group in groups.items():
-        budget = frame_bytes_max - FRAME_BASE - len(master_key)
-        rest = sorted(group, key=_entry_id_of) if len(group) > 1 else group
-        while rest:
-            leftover: list[QueuedAdd] = []
-            chunk: list[QueuedAdd] = []
-            used = 0
-            last = -2
-            for add in rest:
-                if add.entry_id == last:
-                    leftover.append(add)
-                    continue
-                cost = BYTES_PER_ENTRY + len(add.payload)
-                if chunk and (len(chunk) == f.RUN_ENTRIES_MAX or used + cost > budget):
-                    out.append(_frame(new_id(), ledger_id, master_key, recovery, chunk))
-                    chunk = []
-                    used = 0
-                chunk.append(add)
-                used += cost
-                last = add.entry_id
-            out.append(_frame(new_id(), ledger_id, master_key, recovery, chunk))
-            rest = leftover
+        if len(group) == 1:  # a lone add is one frame, however it is cut
+            out.append(_frame(new_id(), ledger_id, master_key, recovery, group))
+            continue
+        group.sort(key=_entry_id_of)
+        chunks = cut_frames(
+            list(map(_entry_id_of, group)),
+            [len(add.payload) for add in group],
+            frame_bytes_max - BATCH_FRAME_BASE - len(master_key),
+            runs=False,
+            entry_bytes_max=entry_bytes_max,
+        )
+        for start, stop in chunks:
+            out.append(_frame(new_id(), ledger_id, master_key, recovery, group[start:stop]))
     return out
 
 

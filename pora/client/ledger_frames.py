@@ -16,9 +16,7 @@ in flight is a `BatchFrame` in the connection's pending requests, answered by
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Sequence
-from itertools import islice
 
 from journal.errors import PoraError
 from netio import frames as f
@@ -32,8 +30,9 @@ from netio.messages import (
     ErrorResponse,
     ResponseMessage,
 )
-from pora.client.coalescer import BYTES_PER_ENTRY, FRAME_BASE, ID_MAX, error_of
+from pora.client.frame_cuts import BATCH_FRAME_BASE, cut_frames
 from pora.client.node_channel import AddRequest
+from pora.client.remote_errors import error_from_response
 from pora.client.waiting import Event
 
 #: one request's outcomes: None when every entry of it was stored, else one each
@@ -105,7 +104,7 @@ class BatchFrame:
                 self._entries_failed(response.request_id, response.failures)
         elif kind is ErrorResponse:
             assert isinstance(response, ErrorResponse)
-            error = error_of(response)
+            error = error_from_response(response)
             outcomes = self.call.outcomes_of(self.index)
             for position in range(self.start, self.stop):
                 outcomes[position] = error if position == self.start else clone(error)
@@ -124,7 +123,7 @@ class BatchFrame:
         for entry_id, status, message in failures:
             position = where.get(entry_id)
             if position is not None:
-                outcomes[position] = error_of(
+                outcomes[position] = error_from_response(
                     ErrorResponse(
                         request_id, self.opcode, status, self.ledger_id, entry_id, message
                     )
@@ -155,54 +154,12 @@ def encode_batches(
             continue
         ids = [entry[0] for entry in entries]
         payloads = [entry[1] for entry in entries]
-        count = len(ids)
-        budget = frame_bytes_max - FRAME_BASE - len(request.master_key)
-        if (
-            count <= f.RUN_ENTRIES_MAX
-            and ids[0] >= 0
-            and ids[-1] <= ID_MAX
-            and max(map(len, payloads)) <= entry_bytes_max
-            and sum(map(len, payloads)) + count * BYTES_PER_ENTRY <= budget
-            and all(map(operator.lt, ids, islice(ids, 1, None)))
-        ):  # the common case: the whole batch is one frame
-            chunks = [(0, count)]
-        else:
-            chunks = _cut(ids, payloads, budget, entry_bytes_max)
+        room = frame_bytes_max - BATCH_FRAME_BASE - len(request.master_key)
+        sizes = list(map(len, payloads))
+        chunks = cut_frames(ids, sizes, room, runs=False, entry_bytes_max=entry_bytes_max)
         for start, stop in chunks:
             out.append(_frame(call, index, request, ids, payloads, start, stop, new_id()))
     return out
-
-
-def _cut(
-    ids: list[int], payloads: list[bytes], budget: int, entry_bytes_max: int
-) -> list[tuple[int, int]]:
-    """Where to cut a batch that is not one frame: at RUN_ENTRIES_MAX entries, at the
-    frame budget, where ids stop increasing; an entry the node refuses by itself
-    (over `entry_bytes_max`, or a bad id) goes alone."""
-    chunks: list[tuple[int, int]] = []
-    start = 0
-    used = 0
-    last = -1
-    for position, (entry_id, payload) in enumerate(zip(ids, payloads, strict=True)):
-        cost = BYTES_PER_ENTRY + len(payload)
-        unfit = not (0 <= entry_id <= ID_MAX and len(payload) <= entry_bytes_max)
-        if position > start and (
-            unfit
-            or entry_id <= last
-            or position - start == f.RUN_ENTRIES_MAX
-            or used + cost > budget
-        ):
-            chunks.append((start, position))
-            start, used = position, 0
-        if unfit:
-            chunks.append((position, position + 1))
-            start, used, last = position + 1, 0, -1
-            continue
-        used += cost
-        last = entry_id
-    if start < len(ids):
-        chunks.append((start, len(ids)))
-    return chunks
 
 
 def _frame(

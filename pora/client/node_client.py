@@ -120,12 +120,15 @@ class NodeClient(AddClient):
     ) -> list[tuple[int, bytes]]:
         """The entries stored in [first, last], in order, up to the limits (the node
         may return fewer: ask again after the last one returned)."""
-        request_id = self._new_id()
-        frame = encode_request(
-            ReadRange(request_id, ledger_id, first_entry_id, last_entry_id, max_entries, max_bytes)
+        entries, _lac, _more = await self.read_range_page(
+            ledger_id,
+            first_entry_id,
+            last_entry_id,
+            max_entries=max_entries,
+            max_bytes=max_bytes,
+            timeout_s=timeout_s,
         )
-        response = await self._call_one(frame, request_id, timeout_s, ReadRangeResponse)
-        return response.entries
+        return entries
 
     async def last_add_confirmed(self, ledger_id: int, *, timeout_s: float | None = None) -> int:
         request_id = self._new_id()

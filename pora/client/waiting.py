@@ -9,7 +9,9 @@ loop runs (`trio_running`, through sniffio) and picks the waiter:
   `TrioEvent` under trio, `asyncio.Event` under asyncio, else anyio's.
 - `wakeup_factory`: an event with one waiter (a request's caller): `TrioWakeup`
   under trio, else anyio's.
-- `trio_running`: for waiters that park on themselves (`coalescer.ParkedAddCall`).
+- `OneParked`: the parking of one task on the object it waits on, under trio
+  (`TrioWakeup`, and `coalescer.ParkedAddCall`, which parks on itself).
+- `trio_running`: for waiters that park on themselves.
 
 Call the factories in a task, once per client.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import sniffio
@@ -72,41 +74,56 @@ class TrioEvent:
         return trio.lowlevel.wait_task_rescheduled(abort)  # noqa: ASYNC105 (as above)
 
 
-class TrioWakeup:
-    """An event with one waiter, under trio: the waiting task parked and rescheduled
-    directly, without the parking lot of a `trio.Event` (each caller of the client
-    waits on its own, once per request: this is part of the per-add cost)."""
+class OneParked:
+    """One task parked on an object under trio until the object wakes it, once:
+    rescheduled directly, without the parking lot of a `trio.Event` (each caller of
+    the client waits on its own, once per request: this is part of the per-add
+    cost). Mixed into what a caller waits on (`TrioWakeup`, `ParkedAddCall`), which
+    holds its two slots, `_task` and `_woken` (both start None and False)."""
 
-    __slots__ = ("_flag", "_task")
+    if not TYPE_CHECKING:  # (mypy would refuse the slots its subclasses hold)
+        __slots__ = ()
 
-    def __init__(self) -> None:
-        self._flag = False
-        self._task: trio.lowlevel.Task | None = None
+    _task: trio.lowlevel.Task | None
+    _woken: bool
 
-    def set(self) -> None:
-        if self._flag:
+    def _wake(self) -> None:
+        if self._woken:
             return
-        self._flag = True
+        self._woken = True
         task = self._task
         if task is not None:
             self._task = None
             trio.lowlevel.reschedule(task)
 
-    def is_set(self) -> bool:
-        return self._flag
-
-    def wait(self) -> Awaitable[object]:
+    def _park(self) -> Awaitable[object]:
         """What to await (trio's trap itself, as `TrioEvent.wait`)."""
-        if self._flag:
+        if self._woken:
             return trio.lowlevel.checkpoint()  # noqa: ASYNC105 (awaited by the caller)
         if self._task is not None:
-            raise RuntimeError("a TrioWakeup has one waiter at most")
+            raise RuntimeError(f"a {type(self).__name__} has one waiter at most")
         self._task = trio.lowlevel.current_task()
         return trio.lowlevel.wait_task_rescheduled(self._abort)  # noqa: ASYNC105 (as above)
 
     def _abort(self, _raise_cancel: object) -> trio.lowlevel.Abort:
         self._task = None
         return trio.lowlevel.Abort.SUCCEEDED
+
+
+class TrioWakeup(OneParked):
+    """An event with one waiter, under trio (see `OneParked`)."""
+
+    __slots__ = ("_task", "_woken")
+
+    def __init__(self) -> None:
+        self._woken = False
+        self._task = None
+
+    set = OneParked._wake
+    wait = OneParked._park
+
+    def is_set(self) -> bool:
+        return self._woken
 
 
 def event_factory() -> Callable[[], Event]:
@@ -128,4 +145,12 @@ def wakeup_factory() -> Callable[[], Event]:
     return anyio.Event
 
 
-__all__ = ["Event", "TrioEvent", "TrioWakeup", "event_factory", "trio_running", "wakeup_factory"]
+__all__ = [
+    "Event",
+    "OneParked",
+    "TrioEvent",
+    "TrioWakeup",
+    "event_factory",
+    "trio_running",
+    "wakeup_factory",
+]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -24,6 +24,7 @@ from journal.request import (
     RUN_ENTRIES_MAX,
     Add,
     Request,
+    add_is_plain,
     entry_run_request,
     entry_runs,
     merged_runs,
@@ -175,27 +176,11 @@ class Node:
         last_add_confirmed: int = -1,
     ) -> Request:
         """A checked add request for `submit` (raises InvalidArgument, EntryTooLarge)."""
-        if not (
-            type(ledger_id) is int
-            and type(entry_id) is int
-            and 0 <= ledger_id <= ID_MAX
-            and 0 <= entry_id <= ID_MAX
-        ):
-            _check_id("ledger_id", ledger_id)
-            _check_id("entry_id", entry_id)
-        if len(payload) > self.config.entry_bytes_max:
-            raise EntryTooLarge(ledger_id, len(payload), self.config.entry_bytes_max, entry_id)
-        if type(payload) is not bytes:  # the journal keeps it: it must not change
-            payload = bytes(payload)
-        if last_add_confirmed != -1 and not -1 <= last_add_confirmed <= ID_MAX:
-            raise InvalidArgument(f"last_add_confirmed must be >= -1, got {last_add_confirmed}")
-        if len(master_key) > MASTER_KEY_BYTES_MAX:
-            raise InvalidArgument(f"a master key has at most {MASTER_KEY_BYTES_MAX} bytes")
         return Request(
             RecordKind.ENTRY,
             ledger_id,
             entry_id,
-            payload,
+            self._taken_payload(ledger_id, entry_id, payload, last_add_confirmed, master_key),
             RecordFlag.RECOVERY_ADD if recovery else RecordFlag.NONE,
             None,
             last_add_confirmed,
@@ -221,20 +206,58 @@ class Node:
 
     def _refusal(self, add: Add) -> PoraError | None:
         """What is wrong with an add that failed `entry_runs`' quick checks (None:
-        nothing, take it): the one-at-a-time checks of `entry_request`."""
-        _tag, ledger_id, entry_id, lac, master_key, payload, recovery = add
+        nothing, take it: another bytes-like payload, say)."""
+        _tag, ledger_id, entry_id, lac, master_key, payload, _recovery = add
         try:
-            self.entry_request(
-                ledger_id,
-                entry_id,
-                payload,
-                master_key=master_key,
-                recovery=recovery,
-                last_add_confirmed=lac,
-            )
+            self._check_adds(ledger_id, entry_id, (payload,), lac, master_key)
         except PoraError as error:
             return error
         return None
+
+    def _taken_payload(
+        self, ledger_id: int, entry_id: int, payload: bytes, last_add_confirmed: int, key: bytes
+    ) -> bytes:
+        """The payload of one add the node takes, or the add's typed error raised. A
+        bytes-like payload other than `bytes` is copied: the journal keeps it, and
+        it must not change."""
+        if add_is_plain(
+            ledger_id, entry_id, last_add_confirmed, key, payload, self.config.entry_bytes_max
+        ):
+            return payload
+        self._check_adds(ledger_id, entry_id, (payload,), last_add_confirmed, key)
+        return bytes(payload)
+
+    def _check_adds(
+        self,
+        ledger_id: int,
+        first_entry_id: int,
+        payloads: Sequence[bytes],
+        last_add_confirmed: int,
+        master_key: bytes,
+    ) -> None:
+        """Raise what the node refuses in adds of entries first_entry_id,
+        first_entry_id + 1, ... (one add, or a run): InvalidArgument, or EntryTooLarge
+        naming the entry. The rules of an add, stated once with their errors;
+        `add_is_plain` only tells that an add keeps them all."""
+        count = len(payloads)
+        if not 1 <= count <= RUN_ENTRIES_MAX:
+            raise InvalidArgument(f"a run carries 1 to {RUN_ENTRIES_MAX} entries, got {count}")
+        _check_id("ledger_id", ledger_id)
+        _check_id("entry_id", first_entry_id)
+        if first_entry_id > ID_MAX - count + 1:
+            raise InvalidArgument(
+                f"a run of {count} entries from {first_entry_id} passes the largest entry "
+                f"id {ID_MAX}"
+            )
+        entry_bytes_max = self.config.entry_bytes_max
+        if max(map(len, payloads)) > entry_bytes_max:  # (a run's whole check at C speed)
+            index, size = next(
+                (i, len(p)) for i, p in enumerate(payloads) if len(p) > entry_bytes_max
+            )
+            raise EntryTooLarge(ledger_id, size, entry_bytes_max, first_entry_id + index)
+        if not -1 <= last_add_confirmed <= ID_MAX:
+            raise InvalidArgument(f"last_add_confirmed must be >= -1, got {last_add_confirmed}")
+        _check_master_key(master_key)
 
     def run_request(
         self,
@@ -253,26 +276,7 @@ class Node:
         record and applied at once. Raises InvalidArgument or EntryTooLarge, naming
         the entry, if any entry is unfit: then nothing of the run is taken.
         """
-        count = len(payloads)
-        if not 1 <= count <= RUN_ENTRIES_MAX:
-            raise InvalidArgument(f"a run carries 1 to {RUN_ENTRIES_MAX} entries, got {count}")
-        _check_id("ledger_id", ledger_id)
-        _check_id("entry_id", first_entry_id)
-        if first_entry_id > ID_MAX - count + 1:
-            raise InvalidArgument(
-                f"a run of {count} entries from {first_entry_id} passes the largest entry "
-                f"id {ID_MAX}"
-            )
-        if not -1 <= last_add_confirmed <= ID_MAX:
-            raise InvalidArgument(f"last_add_confirmed must be >= -1, got {last_add_confirmed}")
-        if len(master_key) > MASTER_KEY_BYTES_MAX:
-            raise InvalidArgument(f"a master key has at most {MASTER_KEY_BYTES_MAX} bytes")
-        entry_bytes_max = self.config.entry_bytes_max
-        if max(map(len, payloads)) > entry_bytes_max:
-            index, size = next(
-                (i, len(p)) for i, p in enumerate(payloads) if len(p) > entry_bytes_max
-            )
-            raise EntryTooLarge(ledger_id, size, entry_bytes_max, first_entry_id + index)
+        self._check_adds(ledger_id, first_entry_id, payloads, last_add_confirmed, master_key)
         return entry_run_request(
             ledger_id,
             first_entry_id,
@@ -304,26 +308,12 @@ class Node:
         ledger's consecutive adds as one run (pora/node/add_queue.py); each caller
         gets its own entry's outcome.
         """
-        if not (
-            type(ledger_id) is int
-            and type(entry_id) is int
-            and type(payload) is bytes
-            and 0 <= ledger_id <= ID_MAX
-            and 0 <= entry_id <= ID_MAX
-            and len(payload) <= self.config.entry_bytes_max
-            and -1 <= last_add_confirmed <= ID_MAX
-            and len(master_key) <= MASTER_KEY_BYTES_MAX
-        ):
-            # rare: the one-at-a-time checks raise what is wrong (or take the add)
-            self.entry_request(
-                ledger_id,
-                entry_id,
-                payload,
-                master_key=master_key,
-                recovery=recovery,
-                last_add_confirmed=last_add_confirmed,
+        limit = self.config.entry_bytes_max
+        if not add_is_plain(ledger_id, entry_id, last_add_confirmed, master_key, payload, limit):
+            # rare (a call less for the usual add: this is the in-process hot path)
+            payload = self._taken_payload(
+                ledger_id, entry_id, payload, last_add_confirmed, master_key
             )
-            payload = bytes(payload)  # the journal keeps it: it must not change
         await trio.lowlevel.checkpoint_if_cancelled()
         await self._adds.add(ledger_id, entry_id, last_add_confirmed, master_key, payload, recovery)
 
@@ -433,25 +423,48 @@ class Node:
         reader's way to follow a ledger without polling."""
         _check_id("ledger_id", ledger_id)
         _check_id("entry_id", entry_id)
+        registry = self._registry
         if wait_s <= 0:
-            return await self._registry.read_entry(ledger_id, entry_id)
+            return await registry.read_entry(ledger_id, entry_id)
+        found: list[bytes] = []
+        missing: list[PoraError] = []
+
+        async def stored() -> bool:
+            try:
+                found.append(await registry.read_entry(ledger_id, entry_id))
+            except (NoSuchEntry, NoSuchLedger) as error:
+                meta = registry.metas.get(ledger_id)
+                if meta is not None and meta.state is LedgerState.CLOSED:
+                    raise  # nothing more will come
+                if meta is None:
+                    self._arrivals.wait_for_unknown_ledger(ledger_id, error)
+                missing[:] = [error]
+                return False
+            return True
+
+        await self._long_poll(ledger_id, wait_s, stored)
+        if found:
+            return found[0]
+        raise missing[0]
+
+    async def _long_poll(
+        self, ledger_id: int, wait_s: float, answered: Callable[[], Awaitable[bool]]
+    ) -> None:
+        """Ask `answered` now and again after each arrival on the ledger (an add, a
+        fence, a close, the ledger's first entry), until it says yes or `wait_s`
+        passes. The next arrival's event is taken before each question, so that an
+        arrival during it is not missed."""
         deadline = trio.current_time() + wait_s
         arrivals = self._arrivals
         with arrivals.waiting(ledger_id):
             while True:
                 arrived = arrivals.next_arrival(ledger_id)
-                try:
-                    return await self._registry.read_entry(ledger_id, entry_id)
-                except (NoSuchEntry, NoSuchLedger) as error:
-                    meta = self._registry.metas.get(ledger_id)
-                    if meta is not None and meta.state is LedgerState.CLOSED:
-                        raise  # nothing more will come
-                    if meta is None:
-                        arrivals.wait_for_unknown_ledger(ledger_id, error)
-                    with trio.move_on_at(deadline):
-                        await arrived.wait()
-                        continue
-                    raise
+                if await answered():
+                    return
+                with trio.move_on_at(deadline):
+                    await arrived.wait()
+                    continue
+                return
 
     async def read_range(
         self,
@@ -466,13 +479,8 @@ class Node:
         payload)`: at most `max_entries`, and stopping before `max_bytes` of payload
         is passed (but always at least one entry when there is one). Ids that are not
         stored here (striping leaves gaps) are simply absent."""
-        _check_id("ledger_id", ledger_id)
-        _check_id("first_entry_id", first_entry_id)
-        _check_id("last_entry_id", last_entry_id)
-        if max_entries < 1 or max_bytes < 1:
-            raise InvalidArgument("max_entries and max_bytes must be >= 1")
-        entries, _more = await self._registry.read_range(
-            ledger_id, first_entry_id, last_entry_id, max_entries, max_bytes
+        entries, _more = await self.read_range_page(
+            ledger_id, first_entry_id, last_entry_id, max_entries=max_entries, max_bytes=max_bytes
         )
         return entries
 
@@ -509,20 +517,15 @@ class Node:
         _check_id("ledger_id", ledger_id)
         metas = self._registry.metas
         if wait_s > 0:
-            deadline = trio.current_time() + wait_s
-            arrivals = self._arrivals
-            with arrivals.waiting(ledger_id):
-                while True:
-                    arrived = arrivals.next_arrival(ledger_id)
-                    meta = metas.get(ledger_id)
-                    if meta is None:
-                        arrivals.wait_for_unknown_ledger(ledger_id, NoSuchLedger(ledger_id))
-                    elif meta.lac > known_lac or meta.fenced or meta.state is LedgerState.CLOSED:
-                        break
-                    with trio.move_on_at(deadline):
-                        await arrived.wait()
-                        continue
-                    break
+
+            async def answered() -> bool:
+                meta = metas.get(ledger_id)
+                if meta is None:
+                    self._arrivals.wait_for_unknown_ledger(ledger_id, NoSuchLedger(ledger_id))
+                    return False
+                return meta.lac > known_lac or meta.fenced or meta.state is LedgerState.CLOSED
+
+            await self._long_poll(ledger_id, wait_s, answered)
         else:
             await trio.lowlevel.checkpoint()
         meta = self._registry.meta(ledger_id)

@@ -19,6 +19,7 @@ import logging
 
 import trio
 
+from netio.budget import Budget
 from netio.codec import RequestDecoder, encode_error
 from netio.errors import ProtocolError
 from pora.node.node import Node
@@ -26,7 +27,6 @@ from pora.server.config import ServerConfig
 from pora.server.counters import ServerCounters
 from pora.server.executor import LongPolls, RequestExecutor
 from pora.server.in_flight import InFlight, ReadBytes
-from pora.server.read_budget import ByteBudget
 from pora.server.reader import RequestReader
 from pora.server.writer import ResponseWriter
 
@@ -43,7 +43,7 @@ class Connection:
         node: Node,
         config: ServerConfig,
         counters: ServerCounters,
-        node_read_budget: ByteBudget,
+        node_read_budget: Budget,
         receive_buffer: bytearray,
     ) -> None:
         self.stream = stream
@@ -53,7 +53,9 @@ class Connection:
         self.decoder = RequestDecoder(config.frame_bytes_max, config.receive_bytes_max)
         self.in_flight = in_flight = InFlight()
         #: bytes of read responses this connection holds (see ServerConfig)
-        self.read_budget = ByteBudget(config.read_bytes_per_connection_max)
+        self.read_budget = Budget(
+            config.read_bytes_per_connection_max, "read-response bytes of a connection", trio.Event
+        )
         self.read_bytes = ReadBytes(self.read_budget, node_read_budget, in_flight)
         self.long_polls = LongPolls()
         self.writer = ResponseWriter(

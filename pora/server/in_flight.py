@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import trio
 
-from pora.server.read_budget import ByteBudget
+from netio.budget import Budget
 
 
 class InFlight:
@@ -44,7 +44,7 @@ class ReadBytes:
 
     __slots__ = ("connection", "in_flight", "node")
 
-    def __init__(self, connection: ByteBudget, node: ByteBudget, in_flight: InFlight) -> None:
+    def __init__(self, connection: Budget, node: Budget, in_flight: InFlight) -> None:
         self.connection = connection
         self.node = node
         self.in_flight = in_flight
@@ -52,15 +52,15 @@ class ReadBytes:
     async def reserve(self, size: int) -> None:
         """Reserve `size` bytes under the connection's limit and then the node's,
         waiting in line for each."""
-        await self.connection.acquire(size)
+        await self.connection.take(size)
         try:
-            await self.node.acquire(size)
+            await self.node.take(size)
         except BaseException:
             self._release_connection(size)
             raise
 
     def release(self, size: int) -> None:
-        self.node.release(size)
+        self.node.give(size)
         self._release_connection(size)
 
     def resize(self, reserved: int, size: int) -> None:
@@ -73,5 +73,5 @@ class ReadBytes:
             self.node.force(size - reserved)
 
     def _release_connection(self, size: int) -> None:
-        self.connection.release(size)
+        self.connection.give(size)
         self.in_flight.open()  # the reader may read the socket again

@@ -23,12 +23,12 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+from netio.budget import Budget
 from netio.codec import RequestDecoder
 from netio.messages import Refused, RequestMessage, WireAdd
 from pora.server.config import ServerConfig
 from pora.server.counters import ServerCounters
 from pora.server.in_flight import InFlight
-from pora.server.read_budget import ByteBudget
 
 #: what the reader hands each batch of requests to
 Dispatch = Callable[[list[RequestMessage | WireAdd | Refused]], Awaitable[None]]
@@ -45,7 +45,7 @@ class RequestReader:
         config: ServerConfig,
         counters: ServerCounters,
         in_flight: InFlight,
-        read_budget: ByteBudget,
+        read_budget: Budget,
         receive_buffer: bytearray,
     ) -> None:
         self.stream = stream

@@ -37,6 +37,7 @@ import trio
 
 from journal.request import RUN_ENTRIES_MAX
 from netio import frames as f
+from netio.budget import Budget
 from netio.codec import (
     encode_error,
 )
@@ -45,7 +46,6 @@ from pora.node.node import Node
 from pora.server.config import ServerConfig
 from pora.server.connection import Connection
 from pora.server.counters import ServerCounters
-from pora.server.read_budget import ByteBudget
 
 __all__ = ["Server", "ServerConfig", "ServerStatistics"]
 
@@ -96,7 +96,9 @@ class Server:
         self._shutting_down = False
         self.counters = ServerCounters()
         #: bytes of read responses held by all connections
-        self.read_budget = ByteBudget(self.config.read_bytes_node_max)
+        self.read_budget = Budget(
+            self.config.read_bytes_node_max, "read-response bytes of the node", trio.Event
+        )
         #: what every plain-TCP connection reads into, then copies out of before it
         #: awaits anything (one event loop: no two reads overlap). `recv` would
         #: allocate `receive_bytes_max` per call instead: past glibc's mmap threshold

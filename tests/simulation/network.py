@@ -33,8 +33,15 @@ import outcome
 import trio
 
 from netio.errors import ConnectionLost
-from pora.client.channel import LocalChannel, NodeChannel, NodeIdentity, RangeAnswer
-from pora.client.node_channel import AddAnswer, AddRequest, add_entries_each
+from pora.client.local_channel import LocalChannel
+from pora.client.node_channel import (
+    AddAnswer,
+    AddRequest,
+    NodeChannel,
+    NodeIdentity,
+    RangeAnswer,
+    add_entries_each,
+)
 from pora.client.replication.node_pool import ChannelOpener
 from simulation.cluster import SimCluster
 from simulation.history import History

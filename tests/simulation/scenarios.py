@@ -23,7 +23,7 @@ import trio
 from journal.errors import PoraError
 from ledger.errors import NoSuchEntry, NoSuchLedger
 from pora import Client, ClientConfig, LedgerFenced, LedgerWriter
-from pora.client.channel import LocalChannel
+from pora.client.local_channel import LocalChannel
 from pora.client.replication.client import client_on_store
 from pora.client.replication.entry_format import decode_entry
 from pora.client.replication.node_senders import Batch, LedgerTurns

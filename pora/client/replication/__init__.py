@@ -9,6 +9,7 @@ is passed in), so that tests and a seeded simulation drive them without sockets:
 The rest does the I/O around them on anyio: `client.py` (`connect`, `Client`),
 `writer.py`, `sender.py` and `node_senders.py` (the write path), `ensemble_change.py`,
 `recovery.py` and `recovery_adds.py`, `reader.py`, `replica_reads.py` and `tail.py`,
-`node_pool.py` (one channel per node) and `budget.py`. docs/architecture.md walks an
+and `node_pool.py` (one channel per node); the byte budgets are netio's
+(`netio/budget.py`). docs/architecture.md walks an
 append through them.
 """

@@ -24,6 +24,7 @@ import anyio.abc
 
 from journal.errors import PoraError
 from ledger.errors import NoSuchLedger
+from netio.budget import Budget
 from netio.security import master_key_from_password
 from pora.client.lone_errors import lone_error_unwrapped
 from pora.client.replication.arguments import (
@@ -32,7 +33,6 @@ from pora.client.replication.arguments import (
     check_url,
     ledger_id_in_range,
 )
-from pora.client.replication.budget import Budget
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.ensemble_change import WriterContext
 from pora.client.replication.errors import ClientClosed, DeleteFailed, RecoveryFailed
@@ -82,7 +82,7 @@ class Client:
         self._pool = pool
         self._task_group = task_group
         new_event = event_factory()
-        pending_bytes = Budget(config.pending_bytes_max, "the client's pending bytes")
+        pending_bytes = Budget(config.pending_bytes_max, "the client's pending bytes", new_event)
         senders = self._senders = NodeSenders(pool, config, pending_bytes, new_event)
         task_group.start_soon(senders.run)
         self._context = WriterContext(

@@ -18,7 +18,7 @@ import anyio
 
 from journal.errors import PoraError
 from ledger.errors import LedgerFenced, NoSuchLedger
-from pora.client.replication.budget import Budget
+from netio.budget import Budget
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.errors import NotEnoughNodes
 from pora.client.replication.ledger_records import (

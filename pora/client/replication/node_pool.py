@@ -19,10 +19,11 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import anyio
 import anyio.abc
 
-from pora.client.channel import NodeChannel, TcpChannel
+from pora.client.node_channel import NodeChannel
 from pora.client.node_client import connect_node
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.errors import ClientClosed
+from pora.client.tcp_channel import TcpChannel
 
 ChannelOpener = Callable[[str], AbstractAsyncContextManager[NodeChannel]]
 

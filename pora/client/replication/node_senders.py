@@ -34,8 +34,8 @@ import anyio
 import anyio.abc
 
 from journal.errors import PoraError
+from netio.budget import Budget
 from pora.client.node_channel import AddAnswer, AddRequest
-from pora.client.replication.budget import Budget
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.node_pool import NodePool
 from pora.client.waiting import Event

@@ -16,7 +16,7 @@ import anyio
 
 from journal.errors import PoraError
 from ledger.errors import NoSuchEntry, NoSuchLedger
-from pora.client.channel import NodeChannel
+from pora.client.node_channel import NodeChannel
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.entry_format import ReplicatedEntry, decode_entry
 from pora.client.replication.errors import EntryDamaged, EntryUnreadable

@@ -33,7 +33,7 @@ from ledger.errors import (
     LedgerDeleted,
     LedgerFenced,
 )
-from pora.client.replication.budget import Budget
+from netio.budget import Budget
 from pora.client.replication.ensemble_change import EnsembleChanger, WriterContext
 from pora.client.replication.entry_format import HEADER_BYTES, LENGTH_MAX, encode_checked_entry
 from pora.client.replication.errors import ClientClosed
@@ -74,7 +74,9 @@ class LedgerWriter:
         config = context.config
         self._payload_max = config.payload_bytes_max
         self._room = Budget(
-            config.pending_appends_per_ledger_max, f"ledger {self.ledger_id}'s pending appends"
+            config.pending_appends_per_ledger_max,
+            f"ledger {self.ledger_id}'s pending appends",
+            context.new_event,
         )
         self._entries: dict[int, tuple[bytes, int]] = {}  # pending id -> (entry, length_after)
         self._length = 0  # length_after of the last entry added

@@ -1,0 +1,107 @@
+"""`Budget`: a bounded amount (bytes, or a count) that holders take from and give
+back, handed out first come first served, so that what is held in flight never
+grows without bound.
+
+Both ends of the wire bound what they hold with it: the client its pending
+appends and their bytes, the server the bytes of read responses a connection,
+or the whole node, holds until the socket takes them.
+
+- Taking is free when there is room and nobody waits in line: no await and no
+  checkpoint (the append path takes once per append).
+- A taker finding no room waits in line; a later, smaller taker does not pass it.
+- A budget holding nothing grants any one amount, so that an amount over the
+  whole limit is served alone rather than stuck.
+
+The waiting is done with an event of the caller's event loop (`new_event`:
+`trio.Event`, `anyio.Event`, ...), so the budget itself imports none and fits
+this room, which does no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from ledger.errors import InvalidArgument
+
+
+class Event(Protocol):
+    """What the budget needs of an event: trio's, anyio's and asyncio's all fit."""
+
+    def set(self) -> object: ...
+    def is_set(self) -> bool: ...
+    def wait(self) -> Awaitable[object]: ...
+
+
+class Budget:
+    """`used` of `limit`, and the takers waiting for room, in order."""
+
+    __slots__ = ("_new_event", "_waiting", "limit", "used", "what")
+
+    def __init__(self, limit: int, what: str, new_event: Callable[[], Event]) -> None:
+        if limit < 1:
+            raise InvalidArgument(f"{what}: the limit must be at least 1, not {limit}")
+        self.limit = limit
+        #: what the budget bounds, for the messages of those who report on it
+        self.what = what
+        self.used = 0
+        self._new_event = new_event
+        #: (amount asked, the event set once it is granted)
+        self._waiting: deque[tuple[int, Event]] = deque()
+
+    def try_take(self, amount: int) -> bool:
+        """Take `amount` when it fits now and nobody waits before it."""
+        if self._waiting:
+            return False
+        if self.used + amount <= self.limit or self.used == 0:  # (the usual answer first)
+            self.used += amount
+            return True
+        return False
+
+    async def take(self, amount: int) -> None:
+        """Take `amount`, waiting in line until it fits. A taker cancelled while it
+        waits takes nothing, and one granted as it was cancelled gives it back."""
+        if self.try_take(amount):
+            return
+        granted = self._new_event()
+        ticket = (amount, granted)
+        self._waiting.append(ticket)
+        try:
+            await granted.wait()
+        except BaseException:
+            if granted.is_set():
+                self.give(amount)
+            else:
+                self._waiting.remove(ticket)
+                self._grant()  # the next in line may fit where this one did not
+            raise
+
+    def force(self, amount: int) -> None:
+        """Take `amount` now, over the limit if need be: for what is already in
+        memory (a response a little larger than its reservation)."""
+        self.used += amount
+
+    def give(self, amount: int) -> None:
+        """Give back `amount`, and grant those waiting in line what now fits."""
+        self.used -= amount
+        if self._waiting:
+            self._grant()
+
+    def _grant(self) -> None:
+        waiting = self._waiting
+        while waiting:
+            amount, granted = waiting[0]
+            if self.used != 0 and self.used + amount > self.limit:
+                return
+            waiting.popleft()
+            self.used += amount
+            granted.set()
+
+    @property
+    def waiting(self) -> int:
+        """Takers waiting in line for room."""
+        return len(self._waiting)
+
+
+__all__ = ["Budget", "Event"]
