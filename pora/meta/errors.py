@@ -22,6 +22,12 @@ class MetadataTimeout(MetadataUnavailable):
     so a caller reads the record again before retrying it."""
 
 
+class MetadataStalled(MetadataUnavailable):
+    """Every write of a change timed out for longer than its caller retries (a process
+    frozen while it holds SQLite's write lock, say: docs/metadata.md); the change was
+    given up. Not a MetadataTimeout, so that retry loops end on it."""
+
+
 class MetadataStoreGone(MetadataUnavailable):
     """The store's file was removed or replaced since this process opened it: the
     process stops using it (whatever it wrote there no other process would see), and

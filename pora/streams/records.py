@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 
 from pora.meta.errors import (
     DocumentExists,
+    MetadataStalled,
     MetadataTimeout,
     MetadataVersionConflict,
     NoSuchDocument,
@@ -26,14 +28,20 @@ from pora.streams.document import (
 )
 from pora.streams.errors import NoSuchStream
 
+#: a change of a stream gives up when its writes have timed out this long in a row
+STALL_S_DEFAULT = 30.0
+
 
 class StreamRecord:
     """One stream's document: reads decode it, writes are compare-and-sets naming the
     version read (MetadataVersionConflict when another client changed it first)."""
 
-    def __init__(self, store: MetadataStore, name: str) -> None:
+    def __init__(self, store: MetadataStore, name: str, stall_s: float = STALL_S_DEFAULT) -> None:
         self.store = store
         self.name = name
+        #: writes that time out in a row for this long end in MetadataStalled
+        self.stall_s = stall_s
+        self._timing_out_since: float | None = None
 
     async def read(self) -> Versioned[StreamDocument]:
         try:
@@ -43,12 +51,29 @@ class StreamRecord:
         return Versioned(decode_document(record.value), record.version)
 
     async def write(self, doc: StreamDocument, expected_version: int) -> Versioned[StreamDocument]:
+        """MetadataStalled once writes have timed out for `stall_s` in a row: the retry
+        loops around this (which re-read and decide again after a MetadataTimeout) end
+        then, rather than wait for a stalled store forever."""
         try:
             record = await self.store.update_document(
                 STREAMS_SPACE, self.name, encode_document(doc), expected_version
             )
         except NoSuchDocument as gone:
             raise NoSuchStream(self.name) from gone
+        except MetadataTimeout as timeout:
+            now = time.monotonic()
+            if self._timing_out_since is None:
+                self._timing_out_since = now
+            elif now - self._timing_out_since >= self.stall_s:
+                self._timing_out_since = None
+                raise MetadataStalled(
+                    timeout.url,
+                    f"every write of stream {self.name!r} timed out for {self.stall_s:.0f} s",
+                    "a process frozen while it holds SQLite's write lock? nothing more of "
+                    "this change was made: retry once the store answers",
+                ) from timeout
+            raise
+        self._timing_out_since = None
         return Versioned(doc, record.version)
 
     async def change(
