@@ -51,6 +51,15 @@ def _grew_or_ended(log_path: Path, lines: int, process: trio.Process) -> bool:
     return process.returncode is not None or _lines(log_path) > lines
 
 
+async def _nodes_writable(client: pora.Client, count: int) -> None:
+    """Polls (no event tells of a renewed lease) until `count` nodes are writable."""
+    with trio.fail_after(WAIT_S):
+        while True:
+            if len(await client.store.list_nodes(writable_only=True)) >= count:
+                return
+            await trio.sleep(0.1)
+
+
 def _lines(log_path: Path) -> int:
     return log_path.read_bytes().count(b"\n")
 
@@ -80,14 +89,18 @@ async def takeover_of_a_process(url: str, log_path: Path, stop_signal: signal.Si
                                 payload = b"second %d" % k
                                 second_acks[await second.append(payload)] = payload
                         break
-                    except pora.MetadataStalled:
+                    except (pora.MetadataUnavailable, pora.NotEnoughNodes):
                         # stopped while it held SQLite's write lock (docs/metadata.md,
-                        # "A stalled SQLite writer"): let it run past its transaction
+                        # "A stalled SQLite writer": every write times out, the nodes'
+                        # leases lapse): let it run past its transaction, wait for the
+                        # nodes to renew, stop it again and take over again
                         assert stop_signal is signal.SIGSTOP
                         lines = _lines(log_path)
                         writer.send_signal(signal.SIGCONT)
                         await wait_until(partial(_grew_or_ended, log_path, lines, writer), WAIT_S)
-                        writer.send_signal(signal.SIGSTOP)
+                        await _nodes_writable(client, 3)
+                        if writer.returncode is None:
+                            writer.send_signal(signal.SIGSTOP)
                 if stop_signal is signal.SIGSTOP:
                     writer.send_signal(signal.SIGCONT)
                     with trio.fail_after(WAIT_S):
