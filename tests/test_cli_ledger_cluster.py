@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -43,6 +44,12 @@ async def pora_cli(*argv: str, check: bool = True) -> subprocess.CompletedProces
     if check:
         assert result.returncode == 0, result.stderr.decode()
     return result
+
+
+async def cluster_status(url: str) -> dict[str, Any]:
+    result = await pora_cli("status", "--metadata", url, "--json")
+    status: dict[str, Any] = json.loads(result.stdout)
+    return status
 
 
 def json_lines(output: bytes) -> list[dict[str, object]]:
@@ -85,6 +92,18 @@ async def test_a_ledger_with_one_node_killed_reads_in_full(tmp_path: Path) -> No
         assert set(show["ensembles"][0]["addresses"]) == {node.address for node in nodes}
         text = (await pora_cli("ledger", "show", ledger_id, *common)).stdout.decode()
         assert "CLOSED" in text and "ensemble from 0" in text
+
+        # once the killed node's lease ran out, `pora status` counts its copy missing
+        with trio.fail_after(30):
+            while (status := await cluster_status(url))["nodes"]["live"] != 2:  # noqa: ASYNC110 - no event crosses processes
+                await trio.sleep(0.1)
+        risk = status["under_replicated"]
+        assert (risk["fragments"], risk["ledgers"], risk["missing_replicas"]) == (1, 1, 1)
+        (fragment,) = risk["list"]
+        assert fragment["ledger_id"] == ledger.ledger_id
+        assert (fragment["first_entry_id"], fragment["last_entry_id"]) == (0, 29)
+        assert fragment["missing"][0]["address"] == nodes[2].address
+        assert fragment["copies_left"] == 2
 
         wrong = await pora_cli("ledger", "read", ledger_id, "--metadata", url, check=False)
         assert wrong.returncode == 2, wrong.stderr
