@@ -50,6 +50,10 @@ class LedgerKeys:
         """Whether this node deleted the ledger (ask only where it would be created)."""
         return ledger_id in self._deleting or self._tombstoned(ledger_id)
 
+    def key_of(self, ledger_id: int) -> bytes:
+        """The ledger's master key; empty when it has none (no keyed request yet)."""
+        return self._keys.get(ledger_id, b"")
+
     def matches(self, ledger_id: int, claimed: bytes) -> bool:
         """True unless the ledger has a key and `claimed` is not it."""
         known = self._keys.get(ledger_id)

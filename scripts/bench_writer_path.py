@@ -10,9 +10,10 @@ time, as (1) and (2) of scripts/bench_client.py. Open loop (`--rate`): appends
 started on a schedule, `--rate` per second spread over 8 E=3 Qw=3 Qa=2 ledgers for
 `--duration-s`, each timed from its scheduled start: the low-batch case, where a
 turn carries few appends and the per-turn costs dominate. Compare builds by
-alternating runs (PYTHONPATH=...).
+alternating runs (PYTHONPATH=...). `--metrics`: the client keeps its Prometheus
+metrics (`pora.connect(..., metrics=registry)`), to weigh them against a run without.
 
-    python scripts/bench_writer_path.py [--appends 200] [--rate 2000] [--label A]
+    python scripts/bench_writer_path.py [--appends 200] [--rate 2000] [--label A] [--metrics]
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
@@ -42,6 +43,13 @@ if TYPE_CHECKING:  # by name only: the script also runs against builds without t
 
 TASKS = 512
 LEDGERS = 8
+#: with --metrics, makes the registry each client keeps its metrics in (none by
+#: default, so that the script runs against builds without the option)
+METRICS_REGISTRY: list[Callable[[], Any]] = []
+
+
+def _connect_options() -> dict[str, Any]:
+    return {"metrics": METRICS_REGISTRY[0]()} if METRICS_REGISTRY else {}
 
 
 class _AnsweringChannel:
@@ -80,7 +88,9 @@ async def cpu_per_append(quorums: tuple[int, int, int], appends: int) -> tuple[f
                 registration = NodeRegistration(f"127.0.0.1:{9001 + index}", f"stand-in-{index}")
                 await store.register_node(registration, lease_s=600)
         payload = os.urandom(1024)
-        async with connect(url, open_channel=_open_channel, rng=random.Random(1)) as client:
+        async with connect(
+            url, open_channel=_open_channel, rng=random.Random(1), **_connect_options()
+        ) as client:
             ledgers = [
                 await client.create_ledger(*quorums, password="")  # E, Qw, Qa
                 for _ in range(LEDGERS)
@@ -125,7 +135,9 @@ async def open_loop(rate: float, duration_s: float) -> tuple[float, float, float
                 await store.register_node(registration, lease_s=600)
         payload = os.urandom(1024)
         latencies: list[float] = []
-        async with connect(url, open_channel=_open_channel, rng=random.Random(1)) as client:
+        async with connect(
+            url, open_channel=_open_channel, rng=random.Random(1), **_connect_options()
+        ) as client:
             ledgers = [await client.create_ledger(3, 3, 2, password="") for _ in range(LEDGERS)]
 
             count = 0
@@ -158,7 +170,12 @@ def main() -> None:
     )
     parser.add_argument("--duration-s", type=float, default=3.0, help="open loop: how long")
     parser.add_argument("--open-only", action="store_true", help="skip the closed loops")
+    parser.add_argument("--metrics", action="store_true", help="the client keeps its metrics")
     args = parser.parse_args()
+    if args.metrics:
+        from prometheus_client import CollectorRegistry  # noqa: PLC0415 (only when asked)
+
+        METRICS_REGISTRY.append(CollectorRegistry)
     freeze_and_tune(GC_YOUNG_THRESHOLD_DEFAULT)  # as the benchmarks' load clients do
     if args.rate > 0:
         cpu, achieved, p50, p99 = trio.run(open_loop, args.rate, args.duration_s)

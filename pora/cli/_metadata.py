@@ -1,5 +1,6 @@
 """What the commands that read the cluster's metadata store share: the `--metadata URL`
-option and running a query against the store, its errors turned into exit statuses."""
+option, running a query against the store and running a client (`pora.connect`) on
+the cluster, their errors turned into exit statuses."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from typing import TypeVar
 
 import trio
 
+import pora
+from ledger.errors import InvalidArgument, InvalidArgumentType
 from pora.cli._common import EXIT_PROBLEMS, EXIT_REFUSED, CommandError
+from pora.client.replication.client import Client
 from pora.meta import MetadataError, MetadataStore, MetadataUnavailable, open_metadata
 
 T = TypeVar("T")
@@ -44,3 +48,28 @@ def query_metadata(url: str, query: Callable[[MetadataStore], Awaitable[T]]) -> 
         raise CommandError(str(error), EXIT_REFUSED) from error
     except MetadataError as error:
         raise CommandError(f"metadata store {url}: {error}", EXIT_PROBLEMS) from error
+
+
+def run_client(
+    url: str,
+    body: Callable[[Client], Awaitable[T]],
+    refusals: tuple[type[BaseException], ...] = (),
+) -> T:
+    """Connect to the cluster at `url` and run `body`. A bad argument, an unreachable
+    store, or one of the command's `refusals` (a missing ledger or stream, say) ends
+    the command with exit status 2 and what the error says."""
+
+    async def main() -> T:
+        async with pora.connect(url) as client:
+            return await body(client)
+
+    refused: tuple[type[BaseException], ...] = (
+        MetadataUnavailable,
+        InvalidArgument,
+        InvalidArgumentType,
+        *refusals,
+    )
+    try:
+        return trio.run(main)
+    except refused as error:
+        raise CommandError(str(error), EXIT_REFUSED) from error

@@ -15,9 +15,8 @@ from typing import TypeVar
 
 import trio
 
-import pora
 from journal.errors import PoraError
-from ledger.errors import InvalidArgument, InvalidArgumentType, NoSuchLedger
+from ledger.errors import NoSuchLedger
 from pora.cli._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -27,10 +26,10 @@ from pora.cli._common import (
     print_json,
 )
 from pora.cli._entries import RawPayloads, check_raw_target, print_entry
+from pora.cli._metadata import run_client
 from pora.cli._stream_arguments import CONFIG_OPTIONS, parse_start, parse_stop, stream_name
 from pora.cli._stream_views import config_dict, time_text
 from pora.client.replication.client import Client
-from pora.meta import MetadataUnavailable
 from pora.meta.records import LedgerMetadata
 from pora.streams.document import StreamDocument
 from pora.streams.errors import NoSuchStream, StreamExists
@@ -53,17 +52,7 @@ T = TypeVar("T")
 
 def _with_client(url: str, body: Callable[[Client], Awaitable[T]]) -> T:
     """Connect to the cluster at `url`, run `body`; refusals become exit status 2."""
-
-    async def main() -> T:
-        async with pora.connect(url) as client:
-            return await body(client)
-
-    try:
-        return trio.run(main)
-    except (NoSuchStream, StreamExists, MetadataUnavailable) as error:
-        raise CommandError(str(error), EXIT_REFUSED) from error
-    except (InvalidArgument, InvalidArgumentType) as error:
-        raise CommandError(str(error), EXIT_REFUSED) from error
+    return run_client(url, body, (NoSuchStream, StreamExists))
 
 
 @command

@@ -1,5 +1,6 @@
 """`pora ledger list | show | read`: what a stopped node stores, from its index and
-entry logs.
+entry logs; with `--metadata URL`, the cluster's records, and `show | read | tail |
+recover` of one ledger through the cluster (`_ledger_cluster.py`).
 
 The index and entry logs hold what was flushed; records still only in the journal
 (a node that crashed and was not recovered yet) are not there. These commands scan
@@ -18,6 +19,7 @@ from typing import Final, NoReturn
 from journal.errors import JournalError
 from ledger.index import Index
 from ledger.state import NO_ENTRY, LedgerMeta
+from pora.cli import _ledger_cluster as cluster
 from pora.cli._common import (
     DEFAULT_DATA_DIR,
     EXIT_OK,
@@ -69,8 +71,9 @@ _LIST_COLUMNS = (
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "ledger",
-        help="inspect ledgers (list, show, read)",
-        description="Inspect the ledgers of a stopped node, from its index and entry logs.",
+        help="inspect ledgers (list, show, read, tail, recover)",
+        description="Inspect the ledgers of a stopped node, from its index and entry logs "
+        "(--data-dir), or of the cluster through its metadata store (--metadata).",
     )
     commands = parser.add_subparsers(dest="ledger_command", metavar="COMMAND")
     parser.set_defaults(run=lambda _args: _usage(parser))
@@ -92,11 +95,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show = commands.add_parser(
         "show",
         help="one ledger's metadata",
-        description="Print one ledger's metadata as the index stores it.",
+        description="Print one ledger's metadata as a stopped node's index stores it "
+        "(--data-dir), or as the metadata store records it with the last entry its nodes "
+        "confirm (--metadata URL; never fences a writer).",
     )
     add_common_arguments(show)
+    cluster.add_cluster_arguments(show, required=False)
     show.add_argument("ledger_id", type=int, metavar="ID")
-    show.set_defaults(run=run_show)
+    # --data-dir's default applies only when --metadata is not given either
+    show.set_defaults(run=run_show, data_dir=None)
 
     read = commands.add_parser(
         "read",
@@ -105,9 +112,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "with its id, size and payload as hex; or --raw FILE to write the payloads' raw "
         "bytes (concatenated, in entry order) to FILE; or --json for JSON lines with the "
         "payload in base64. Every record is checked against its checksum. Refuses when the "
-        "journal holds records of the ledger not yet replayed (run `pora recover` first).",
+        "journal holds records of the ledger not yet replayed (run `pora recover` first). "
+        "With --metadata URL, reads the replicated ledger through the cluster (any live "
+        "replica of each entry; an open ledger up to the last entry its nodes confirm, "
+        "never fencing its writer).",
     )
     add_common_arguments(read)
+    cluster.add_cluster_arguments(read, required=False)
     read.add_argument("ledger_id", type=int, metavar="ID")
     read.add_argument("--from", dest="first", type=int, default=0, metavar="N")
     read.add_argument("--to", dest="last", type=int, metavar="M", help="inclusive")
@@ -117,7 +128,35 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="read what is stored even if the journal holds newer records of the ledger",
     )
-    read.set_defaults(run=run_read)
+    read.set_defaults(run=run_read, data_dir=None)
+
+    tail = commands.add_parser(
+        "tail",
+        help="follow a ledger through the cluster as entries are confirmed",
+        description="Print a ledger's entries from --from on as its nodes confirm them, "
+        "in the output of `read`, each line flushed as it comes; ends after the last "
+        "entry of a closed ledger, after --count entries, or on Ctrl-C (exit 130). Never "
+        "fences the writer.",
+    )
+    cluster.add_cluster_arguments(tail, required=True)
+    tail.add_argument("ledger_id", type=int, metavar="ID")
+    tail.add_argument("--from", dest="first", type=int, default=0, metavar="N")
+    tail.add_argument("--count", type=int, metavar="N", help="stop after N entries")
+    tail.add_argument("--json", action="store_true", help="print JSON lines")
+    tail.set_defaults(run=run_tail)
+
+    recover = commands.add_parser(
+        "recover",
+        help="fence, recover and close a ledger whose writer died",
+        description="Recover a ledger through the cluster: fence its last ensemble (its "
+        "writer, if alive, can append no more), find the last entry an ack quorum may "
+        "have acknowledged, write it to a quorum and close the ledger there. Prints the "
+        "closed ledger as `show` does, with `recovered` false when it was closed already.",
+    )
+    cluster.add_cluster_arguments(recover, required=True)
+    recover.add_argument("ledger_id", type=int, metavar="ID")
+    recover.add_argument("--json", action="store_true", help="print JSON")
+    recover.set_defaults(run=run_recover)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -223,7 +262,11 @@ def _meta_or_fail(index: Index, ledger_id: int, plan: ReplayPlan | None) -> Ledg
 
 @command
 def run_show(args: argparse.Namespace) -> int:
-    with offline_data_dir(args.data_dir) as directory, open_index(directory) as index:
+    _check_id("ledger id", args.ledger_id)
+    if cluster.check_source(args):
+        return cluster.run_show(args)
+    data_dir = DEFAULT_DATA_DIR if args.data_dir is None else args.data_dir
+    with offline_data_dir(data_dir) as directory, open_index(directory) as index:
         metas = _load_metas(index)
         plan = _pending(directory, metas)
         meta = _meta_or_fail(index, args.ledger_id, plan)
@@ -249,7 +292,10 @@ def run_show(args: argparse.Namespace) -> int:
 @command
 def run_read(args: argparse.Namespace) -> int:
     _check_read_args(args)
-    with offline_data_dir(args.data_dir) as directory, open_index(directory) as index:
+    if cluster.check_source(args):
+        return cluster.run_read(args)
+    data_dir = DEFAULT_DATA_DIR if args.data_dir is None else args.data_dir
+    with offline_data_dir(data_dir) as directory, open_index(directory) as index:
         metas = _load_metas(index)
         plan = _pending(directory, metas)
         meta = _meta_or_fail(index, args.ledger_id, plan)
@@ -278,6 +324,19 @@ def run_read(args: argparse.Namespace) -> int:
             if log is not None:
                 log.close()
     return EXIT_OK
+
+
+@command
+def run_tail(args: argparse.Namespace) -> int:
+    _check_id("ledger id", args.ledger_id)
+    _check_id("--from", args.first)
+    return cluster.run_tail(args)
+
+
+@command
+def run_recover(args: argparse.Namespace) -> int:
+    _check_id("ledger id", args.ledger_id)
+    return cluster.run_recover(args)
 
 
 def _check_read_args(args: argparse.Namespace) -> None:

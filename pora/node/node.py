@@ -415,6 +415,12 @@ class Node:
             raise Unauthorized(ledger_id)
         await self._perform_one(Request(RecordKind.DELETE, ledger_id, -1, master_key=master_key))
 
+    async def collect_ledger(self, ledger_id: int) -> None:
+        """Delete a ledger on the node's own behalf: its garbage collection found that
+        the cluster no longer knows it. The same durable delete (and tombstone) as
+        `delete_ledger`, with the ledger's own master key, which only the owner knows."""
+        await self.delete_ledger(ledger_id, master_key=self._keys.key_of(ledger_id))
+
     # --- reads -------------------------------------------------------------------------------
 
     async def read_entry(self, ledger_id: int, entry_id: int, *, wait_s: float = 0.0) -> bytes:
@@ -569,6 +575,12 @@ class Node:
 
     def ledger_info(self, ledger_id: int) -> LedgerInfo:
         return self._registry.meta(ledger_id).info()
+
+    def stored_bytes(self) -> tuple[int, int]:
+        """Payload bytes and entry-log bytes over every ledger on the node: a pass over
+        them all, for metrics at scrape time."""
+        metas = self._registry.metas.values()
+        return sum(m.payload_bytes for m in metas), sum(m.log_end for m in metas)
 
     def ledgers(
         self, *, after_ledger_id: int = -1, count_max: int | None = None

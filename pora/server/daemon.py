@@ -11,7 +11,8 @@ Lifecycle:
    against its instance's mark (membership.py): another cluster's store refuses the
    start (exit 2), a data dir behind its mark starts as a new instance. It then registers
    its advertised address in that store (registration.py) and keeps the lease alive;
-   an address another live instance holds refuses the start (exit 2).
+   an address another live instance holds refuses the start (exit 2). It runs the
+   ledger garbage collection (ledger_gc.py) on that store.
 4. On the first signal: stop accepting, let in-flight requests finish (up to
    `drain_timeout_s`), remove the registration, then leave `open_node`, which
    writes what is queued, flushes every ledger and closes the node. A second
@@ -38,6 +39,7 @@ import pora
 from journal.errors import PoraError
 from pora.server.diskwatch import DiskMonitor, DiskThresholds
 from pora.server.gc_tuning import freeze_and_tune
+from pora.server.ledger_gc import LedgerCollector, LedgerGcConfig
 from pora.server.membership import check_mark, join_cluster, refuse_missing_store
 from pora.server.metrics import NodeMetrics, serve_metrics
 from pora.server.registration import (
@@ -199,11 +201,22 @@ async def _run_node(
             open_registration_store(settings) as store,
             pora.open_node(settings.data_dir, **settings.node_options) as node,
         ):
+            collector: LedgerCollector | None = None
             if store is not None:
                 # before any client can reach the node: the instance id it serves
                 # under is settled here
-                await join_cluster(store, node.data_dir)
+                cluster_id = await join_cluster(store, node.data_dir)
                 node.data_dir = await check_mark(store, node.data_dir, _journal_position(node))
+                collector = LedgerCollector(
+                    node,
+                    store,
+                    cluster_id,
+                    LedgerGcConfig(
+                        settings.ledger_gc_interval_s,
+                        settings.ledger_gc_deletions_per_s,
+                        settings.ledger_gc_grace_s,
+                    ),
+                )
             server = _make_server(node, settings)
             read_only_switch = ReadOnlyNotifier(node)
             monitor = DiskMonitor(
@@ -222,6 +235,7 @@ async def _run_node(
                 server.statistics,
                 disk_space=lambda: monitor.last_by_folder,
                 registration=lambda: None if registrar is None else registrar.status,
+                ledger_gc=lambda: None if collector is None else collector.statistics,
             )
             node.add_commit_listener(metrics.commits.on_commit)
             async with trio.open_nursery() as nursery:
@@ -259,6 +273,8 @@ async def _run_node(
                     nursery.start_soon(registrar.run)
                     ready["metadata"] = store.url
                     ready["advertise"] = registrar.address
+                if collector is not None:
+                    nursery.start_soon(collector.run)
                 stopper.started = True
                 # everything made so far lives as long as the process (gc_tuning.py)
                 freeze_and_tune(settings.gc_young_threshold)

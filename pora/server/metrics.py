@@ -125,6 +125,7 @@ class RegistrationFigures(Protocol):
     registered: bool
     renew_failures: int
     address_taken: int
+    reregistrations: int
 
 
 def _registration_metrics(status: RegistrationFigures) -> Iterable[Metric]:
@@ -145,6 +146,40 @@ def _registration_metrics(status: RegistrationFigures) -> Iterable[Metric]:
         "Attempts to register again refused: another live instance holds the address",
         status.address_taken,
     )
+    yield _counter(
+        "pora_registration_reregistrations",
+        "Registrations made again after the lease ran out (a metadata store outage)",
+        status.reregistrations,
+    )
+
+
+class LedgerGcFigures(Protocol):
+    """What the node's ledger garbage collection did (ledger_gc.py)."""
+
+    passes: int
+    passes_skipped: int
+    ledgers_deleted: int
+    bytes_deleted: int
+    delete_failures: int
+
+
+def _ledger_gc_metrics(figures: LedgerGcFigures) -> Iterable[Metric]:
+    for name, documentation, value in (
+        ("passes", "Passes of the ledger garbage collection started", figures.passes),
+        (
+            "passes_skipped",
+            "Passes cut short: the metadata store could not be read or is another cluster's",
+            figures.passes_skipped,
+        ),
+        (
+            "deleted_ledgers",
+            "Ledgers deleted because the metadata store no longer knows them",
+            figures.ledgers_deleted,
+        ),
+        ("deleted_bytes", "Payload bytes of the ledgers deleted", figures.bytes_deleted),
+        ("delete_failures", "Deletions the node refused", figures.delete_failures),
+    ):
+        yield _counter(f"pora_ledger_gc_{name}", documentation, value)
 
 
 class NodeCollector(Collector):
@@ -157,12 +192,14 @@ class NodeCollector(Collector):
         server_statistics: Callable[[], object] | None = None,
         disk_space: Callable[[], Mapping[str, FreeSpace]] | None = None,
         registration: Callable[[], RegistrationFigures | None] | None = None,
+        ledger_gc: Callable[[], LedgerGcFigures | None] | None = None,
     ) -> None:
         self.node = node
         self.journal_dir = journal_dir
         self.server_statistics = server_statistics
         self.disk_space = disk_space
         self.registration = registration
+        self.ledger_gc = ledger_gc
 
     def collect(self) -> Iterable[Metric]:
         stats = self.node.statistics()
@@ -180,6 +217,15 @@ class NodeCollector(Collector):
         )
         yield _counter("pora_journal_commits", "Group commits (fdatasyncs)", journal.commits)
         yield _gauge("pora_ledgers", "Ledgers on the node", ledgers.ledgers)
+        stored_bytes = getattr(self.node, "stored_bytes", None)
+        if stored_bytes is not None:
+            payload, logged = stored_bytes()
+            yield _gauge(
+                "pora_ledger_payload_bytes", "Payload bytes of the ledgers stored", payload
+            )
+            yield _gauge(
+                "pora_entry_log_bytes", "Bytes of the entry logs (records with headers)", logged
+            )
         yield _gauge(
             "pora_open_ledgers", "Ledgers with a running worker (open)", ledgers.active_workers
         )
@@ -216,6 +262,9 @@ class NodeCollector(Collector):
         status = None if self.registration is None else self.registration()
         if status is not None:
             yield from _registration_metrics(status)
+        gc_figures = None if self.ledger_gc is None else self.ledger_gc()
+        if gc_figures is not None:
+            yield from _ledger_gc_metrics(gc_figures)
 
 
 def _disk_metrics(by_folder: Mapping[str, FreeSpace]) -> Iterable[Metric]:
@@ -315,12 +364,13 @@ class NodeMetrics:
         server_statistics: Callable[[], object] | None = None,
         disk_space: Callable[[], Mapping[str, FreeSpace]] | None = None,
         registration: Callable[[], RegistrationFigures | None] | None = None,
+        ledger_gc: Callable[[], LedgerGcFigures | None] | None = None,
     ) -> None:
         self.node = node
         self.registry = CollectorRegistry(auto_describe=False)
         self.commits = CommitMetrics(self.registry)
         self.registry.register(
-            NodeCollector(node, journal_dir, server_statistics, disk_space, registration)
+            NodeCollector(node, journal_dir, server_statistics, disk_space, registration, ledger_gc)
         )
 
     def render(self) -> bytes:

@@ -289,6 +289,15 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     Setting("rack", None, _parse_optional_label,
             "rack (or zone) label registered with the node, for placing replicas apart",
             "LABEL", "none"),
+    Setting("ledger_gc_interval_s", 600.0, _parse_float,
+            "with --metadata: seconds between two passes of the node's ledger garbage "
+            "collection (deleting the ledgers the metadata store no longer knows)",
+            "SECONDS", "600"),
+    Setting("ledger_gc_deletions_per_s", 20.0, _parse_float,
+            "ledger garbage collection: deletions a second at most", "COUNT", "20"),
+    Setting("ledger_gc_grace_s", 3600.0, _parse_float,
+            "ledger garbage collection: a ledger created on this node less than this long "
+            "ago is never collected", "SECONDS", "3600"),
     Setting("gc_young_threshold", GC_YOUNG_THRESHOLD_DEFAULT, _parse_int,
             "container allocations between collections of Python's youngest garbage "
             "collector generation (Python's own default: 700; 0 turns the cyclic "
@@ -362,6 +371,9 @@ class Settings:
     advertise: Address | None = None
     registration_lease_s: float = DEFAULT_REGISTRATION_LEASE_S
     rack: str | None = None
+    ledger_gc_interval_s: float = 600.0
+    ledger_gc_deletions_per_s: float = 20.0
+    ledger_gc_grace_s: float = 3600.0
     gc_young_threshold: int = GC_YOUNG_THRESHOLD_DEFAULT
     #: options for `open_node`, by name
     node_options: Mapping[str, Any] = field(default_factory=dict)
@@ -385,6 +397,15 @@ class Settings:
             raise SettingsError(
                 "registration_lease_s must be at least 0.5 seconds (it is renewed every "
                 f"third of it), got {self.registration_lease_s}"
+            )
+        for name in ("ledger_gc_interval_s", "ledger_gc_deletions_per_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise SettingsError(f"{name} must be a finite number > 0, got {value}")
+        if not (math.isfinite(self.ledger_gc_grace_s) and self.ledger_gc_grace_s >= 0):
+            raise SettingsError(
+                f"ledger_gc_grace_s must be a finite number of seconds >= 0, "
+                f"got {self.ledger_gc_grace_s}"
             )
         if self.gc_young_threshold < 0:
             raise SettingsError("gc_young_threshold must be >= 0 (0 turns the collector off)")

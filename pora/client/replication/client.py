@@ -18,6 +18,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -62,6 +63,11 @@ from pora.streams.transaction_fields import (
 
 _log = logging.getLogger("pora.client")
 
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from pora.client.replication.metrics import ClientMetrics
+
 #: ledger records read per page by `list_ledgers`
 _LIST_PAGE = 1000
 #: a delete re-reads and retries this many times when the record keeps changing
@@ -76,6 +82,7 @@ class Client:
         task_group: anyio.abc.TaskGroup,
         config: ClientConfig,
         rng: random.Random,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
         self.store = store
         self.config = config
@@ -93,6 +100,7 @@ class Client:
             pending_bytes,
             senders,
             new_event,
+            None if metrics is None else _client_metrics(metrics, pending_bytes),
         )
         #: the writers not closed yet (the client fails their pending appends on exit)
         self._writers: set[LedgerWriter] = set()
@@ -165,6 +173,7 @@ class Client:
                 ledger_id,
                 password,
                 recover,
+                self._context.metrics,
             )
         self._readers.add(reader)
         return reader
@@ -361,10 +370,13 @@ async def connect(
     *,
     open_channel: ChannelOpener | None = None,
     rng: random.Random | None = None,
+    metrics: CollectorRegistry | None = None,
 ) -> AsyncIterator[Client]:
     """A replicating client on the metadata store at `url` (`sqlite:...`, `zk://...`),
     for the block. `open_channel` replaces the TCP connections to the nodes (tests:
-    in-process nodes); `rng` seeds placement's choices (a simulation replays them).
+    in-process nodes); `rng` seeds placement's choices (a simulation replays them);
+    `metrics`, a `prometheus_client.CollectorRegistry`, gets the client's metrics
+    (`pora_client_*`, metrics.py; one client per registry).
 
     An error leaving the block comes out as itself (`except pora.NoSuchLedger` around
     the block catches it), not wrapped in the ExceptionGroup of the client's task
@@ -378,7 +390,11 @@ async def connect(
             # a client never sets up a store: a wrong URL is an error, not a new empty cluster
             open_metadata(url, config.metadata, create=False) as store,
             client_on_store(
-                store, open_channel or tcp_channels(config), config, rng or random.Random()
+                store,
+                open_channel or tcp_channels(config),
+                config,
+                rng or random.Random(),
+                metrics,
             ) as client,
         ):
             yield client
@@ -386,17 +402,29 @@ async def connect(
 
 @asynccontextmanager
 async def client_on_store(
-    store: MetadataStore, open_channel: ChannelOpener, config: ClientConfig, rng: random.Random
+    store: MetadataStore,
+    open_channel: ChannelOpener,
+    config: ClientConfig,
+    rng: random.Random,
+    metrics: CollectorRegistry | None = None,
 ) -> AsyncIterator[Client]:
     """A client on a store already open, for the block (`connect`, and the simulation
     with its own store and channels): its task group, its node pool, and on the way out
     its writers abandoned and its connections closed."""
     async with anyio.create_task_group() as tasks:
         pool = NodePool(tasks, open_channel)
-        client = Client(store, pool, tasks, config, rng)
+        client = Client(store, pool, tasks, config, rng, metrics)
         try:
             yield client
         finally:
             with anyio.CancelScope(shield=True):
                 await client._abandon_writers()
                 await pool.aclose()
+
+
+def _client_metrics(registry: CollectorRegistry, pending_bytes: Budget) -> ClientMetrics:
+    """The client's metrics in `registry`; prometheus_client is imported only here, so
+    a client without metrics never loads it."""
+    from pora.client.replication.metrics import ClientMetrics  # noqa: PLC0415
+
+    return ClientMetrics(registry, pending_bytes)

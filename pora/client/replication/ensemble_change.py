@@ -13,6 +13,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -43,6 +44,9 @@ from pora.meta.errors import (
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore
 
+if TYPE_CHECKING:  # prometheus_client is imported only when the application asks
+    from pora.client.replication.metrics import ClientMetrics
+
 _log = logging.getLogger("pora.client.writer")
 
 #: R12: the first wait before listing the nodes again for a replacement; it doubles
@@ -64,6 +68,8 @@ class WriterContext:
     senders: NodeSenders
     #: the event type appends wait on, the cheapest of the running loop (waiters.py)
     new_event: Callable[[], Event] = field(default=anyio.Event)
+    #: the application's metrics, when it asked for them (metrics.py)
+    metrics: ClientMetrics | None = None
 
 
 class EnsembleChanger:
@@ -213,6 +219,7 @@ class EnsembleChanger:
                         self._fail(error)
                         break
                 else:
+                    self._count_change()
                     return True
                 reread = await self._reread()
                 if reread is None:
@@ -224,8 +231,13 @@ class EnsembleChanger:
                     return False
                 self.record = reread
                 if verdict is WriterRetry.APPLIED:
+                    self._count_change()
                     return True
         return False
+
+    def _count_change(self) -> None:
+        if self._context.metrics is not None:
+            self._context.metrics.ensemble_changed()
 
     async def _reread(self) -> Versioned[LedgerMetadata] | None:
         try:

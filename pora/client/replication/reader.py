@@ -8,6 +8,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.lowlevel
@@ -37,6 +38,9 @@ from pora.meta.errors import NoSuchLedgerMetadata
 from pora.meta.records import EnsembleMember, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore
 
+if TYPE_CHECKING:  # prometheus_client is imported only when the application asks
+    from pora.client.replication.metrics import ClientMetrics
+
 log = logging.getLogger(__name__)
 
 
@@ -48,6 +52,7 @@ async def open_ledger(
     ledger_id: int,
     password: str | bytes,
     recover: bool = True,
+    metrics: ClientMetrics | None = None,
 ) -> LedgerReader:
     """A reader of the ledger. `Unauthorized` for a wrong password. An open ledger is
     recovered and closed first (`recover=True`, R16..R22), or read as it is, never past
@@ -57,7 +62,9 @@ async def open_ledger(
     check_password(record.value, master_key)
     if recover and record.value.state is not LedgerState.CLOSED:
         record = await recover_ledger(store, channel_for, config, ledger_id, master_key, rng)
-    reader = LedgerReader(store, channel_for, config, rng, record)
+        if metrics is not None:
+            metrics.recovered()
+    reader = LedgerReader(store, channel_for, config, rng, record, metrics)
     if record.value.state is not LedgerState.CLOSED:
         await reader.refresh_last_add_confirmed()
     return reader
@@ -71,8 +78,11 @@ class LedgerReader:
         config: ClientConfig,
         rng: random.Random,
         record: Versioned[LedgerMetadata],
+        metrics: ClientMetrics | None = None,
     ) -> None:
         self.store = store
+        #: counts the speculative reads (R24) when the application asked for metrics
+        self._on_speculative = None if metrics is None else metrics.speculative_read
         self.channel_for = channel_for
         self.config = config
         self.rng = rng
@@ -208,6 +218,7 @@ class LedgerReader:
             entry_write_set(self.metadata, entry_id),
             on_damaged=self._report_damage,
             token=self.metadata.token,
+            on_speculative=self._on_speculative,
         )
 
     def _report_damage(self, address: str, damage: EntryDamaged) -> None:

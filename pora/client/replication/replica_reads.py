@@ -60,6 +60,7 @@ async def read_from_write_set(
     on_damaged: Callable[[str, EntryDamaged], None] | None = None,
     *,
     token: int = 0,
+    on_speculative: Callable[[], None] | None = None,
 ) -> ReplicaAnswer:
     """R24, the copies checked against the record's `token` (an entry of another
     incarnation of the ledger id is a damaged copy). Raises AllAnsweredNoSuchEntry
@@ -98,6 +99,8 @@ async def read_from_write_set(
                 failures[members[index].address] = outcome
                 continue
             # no answer within the delay: a speculative read to the next member too
+            if on_speculative is not None:
+                on_speculative()
             group.start_soon(ask, launched)
             launched, outstanding = launched + 1, outstanding + 1
     if all(absent for _, absent in failures.values()):

@@ -53,6 +53,8 @@ class _TurnWaiter:
 
     last: int
     event: Event
+    #: when the turn's first append was made (metrics' clock; set only with metrics)
+    started: float = 0.0
 
 
 class LedgerWriter:
@@ -304,6 +306,8 @@ class LedgerWriter:
         turn = self._turn
         if turn is None:
             turn = self._turn = _TurnWaiter(entry_id, self._context.new_event())
+            if self._context.metrics is not None:
+                turn.started = self._context.metrics.clock()
             self._waiters.append(turn)
         else:
             turn.last = entry_id
@@ -331,10 +335,16 @@ class LedgerWriter:
         self._context.pending_bytes.give(size)
         lac = acked[-1]
         waiters = self._waiters
+        metrics = self._context.metrics
+        if metrics is not None:
+            metrics.acknowledged(len(acked), size)
+            now = metrics.clock()
         while waiters and waiters[0].last <= lac:
             waiter = waiters.popleft()
             if waiter is self._turn:
                 self._turn = None
+            if metrics is not None:
+                metrics.turn_acknowledged(waiter.started, now)
             waiter.event.set()
         self._lac_dirty.set()
 
@@ -349,6 +359,8 @@ class LedgerWriter:
             error = why_fenced(self.ledger_id, None)
         self._error = error
         _log.warning("ledger %d: writer stopped: %s", self.ledger_id, error)
+        if self._context.metrics is not None:
+            self._context.metrics.writer_stopped(error)
         failed = self._tracker.fence()
         size = 0
         for entry_id in failed:
