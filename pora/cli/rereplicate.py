@@ -89,6 +89,12 @@ def positive(text: str) -> float:
     return value
 
 
+def count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number above 0")
+    return int(text)
+
+
 def rate(text: str) -> float:
     try:
         value = float(text)
@@ -128,6 +134,10 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "--deep", action="store_true",
         help="also refill live members that miss entries (found by range reads)",
     )  # fmt: skip
+    parser.add_argument(
+        "--batch-entries", type=count, default=1000, metavar="N",
+        help="entry ids per batch: one range read, one add call (default 1000)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print JSON lines for scripts")
 
 
@@ -139,6 +149,7 @@ def worker_options(args: argparse.Namespace) -> WorkerOptions:
         open_grace_s=args.open_grace_s,
         lock_lease_s=args.lock_lease_s,
         deep=args.deep,
+        batch_entries=args.batch_entries,
     )
 
 

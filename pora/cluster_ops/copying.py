@@ -54,12 +54,13 @@ async def copy_fragment(
     master_key: bytes,
     throttle: Throttle,
     count: CopyCount,
+    batch_entries: int,
 ) -> None:
     """Put every entry of the fragment that a replaced position should hold on its
     replacement. CopyFailed when an entry is on no source or a replacement refuses."""
     fragment = job.fragment
     assert fragment.last_entry_id is not None, "an open end is copied only once closed"
-    chunk = config.read_range_entries_max
+    chunk = max(1, batch_entries)
     first = fragment.first_entry_id
     while first <= fragment.last_entry_id:
         last = min(fragment.last_entry_id, first + chunk - 1)

@@ -65,6 +65,8 @@ class WorkerOptions:
     lock_lease_s: float = 10.0
     #: also repair live members that miss entries (A1 with --deep), in place
     deep: bool = False
+    #: entry ids per batch (one range read per source, one add call per replacement)
+    batch_entries: int = 1000
     holder: str = field(default_factory=default_holder)
 
 
@@ -290,7 +292,13 @@ class Rereplicator:
         count = CopyCount()
         try:
             await copy_fragment(
-                self._channel_for, self._config, job, self._master_key, self._throttle, count
+                self._channel_for,
+                self._config,
+                job,
+                self._master_key,
+                self._throttle,
+                count,
+                self._options.batch_entries,
             )
         except CopyFailed as error:
             self._event("failed", ledger_id, **where, why=str(error))
