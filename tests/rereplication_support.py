@@ -20,6 +20,7 @@ from typing import Any
 from test_node_registration import LEASE_S, Node, nodes_in, serve, stop
 from waiting import wait_until_true
 
+import pora
 from pora.client.replication.entry_format import decode_entry
 from pora.cluster_ops.fragments import entries_held, fragments_of
 from pora.cluster_ops.session import cluster_session
@@ -68,6 +69,17 @@ def pora_cli(*argv: str, timeout_s: float = 120.0) -> subprocess.CompletedProces
         timeout=timeout_s,
         env=os.environ,
         check=False,
+    )
+
+
+def start_cli(*argv: str) -> subprocess.Popen[str]:
+    """`pora ARGV...` started, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pora.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ,
     )
 
 
@@ -133,3 +145,23 @@ async def check_every_replica(url: str, written: dict[int, dict[int, bytes]]) ->
                         )
                         copies += 1
     return copies
+
+
+async def closed_ledgers_on(
+    url: str, victim: str | None, count: int, entries: int
+) -> tuple[str, dict[int, dict[int, bytes]]]:
+    """`count` closed ledgers (E=Qw=3, Qa=2) of `entries` entries, each with a member
+    at `victim` (the first ledger's first member when None)."""
+    written: dict[int, dict[int, bytes]] = {}
+    async with pora.connect(url) as client:
+        while len(written) < count:
+            ledger = await client.create_ledger(3, 3, 2)
+            members = {m.address for m in ledger.metadata.ensembles[0].members}
+            victim = victim or ledger.metadata.ensembles[0].members[0].address
+            if victim in members:
+                payloads = [os.urandom(200) for _ in range(entries)]
+                ids = await ledger.append_many(payloads)
+                written[ledger.ledger_id] = dict(zip(ids, payloads, strict=True))
+            await ledger.close()
+    assert victim is not None
+    return victim, written

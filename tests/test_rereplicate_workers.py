@@ -5,10 +5,8 @@ another worker to finish (reusing what the first one copied)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,10 +14,12 @@ import trio
 from rereplication_support import (
     audit_json,
     check_every_replica,
+    closed_ledgers_on,
     five_nodes,
     json_lines,
     pora_cli,
     records,
+    start_cli,
 )
 from test_node_registration import metadata_url  # noqa: F401 - the fixture
 from waiting import wait_until_true
@@ -28,38 +28,12 @@ import pora
 from pora.cluster_ops.session import cluster_session
 
 
-async def closed_ledgers_on(
-    url: str, victim: str | None, count: int, entries: int
-) -> tuple[str, dict[int, dict[int, bytes]]]:
-    """`count` closed ledgers (E=Qw=3, Qa=2) of `entries` entries, each with a member
-    at `victim` (the first ledger's first member when None)."""
-    written: dict[int, dict[int, bytes]] = {}
-    async with pora.connect(url) as client:
-        while len(written) < count:
-            ledger = await client.create_ledger(3, 3, 2)
-            members = {m.address for m in ledger.metadata.ensembles[0].members}
-            victim = victim or ledger.metadata.ensembles[0].members[0].address
-            if victim in members:
-                payloads = [os.urandom(200) for _ in range(entries)]
-                ids = await ledger.append_many(payloads)
-                written[ledger.ledger_id] = dict(zip(ids, payloads, strict=True))
-            await ledger.close()
-    assert victim is not None
-    return victim, written
-
-
 def finish(worker: subprocess.Popen[str]) -> tuple[str, str]:
     return worker.communicate(timeout=120)
 
 
 def start_worker(url: str, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pora.cli", "rereplicate", "--metadata", url, "--json", *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=os.environ,
-    )
+    return start_cli("rereplicate", "--metadata", url, "--json", *extra)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from pora.meta.documents import NODE_DRAINING_SPACE
 from pora.meta.errors import DocumentExists, NoSuchDocument
 from pora.meta.records import LedgerMetadata, NodeRegistration, Versioned
 from pora.meta.store import MetadataStore
@@ -20,7 +21,7 @@ from pora.streams.document_model import STREAMS_SPACE, SegmentState
 log = logging.getLogger("pora.cluster_ops")
 
 #: the document space of draining marks: one document per address (A14)
-DRAINING_SPACE = "node-draining"
+DRAINING_SPACE = NODE_DRAINING_SPACE
 _PAGE = 1000
 
 

@@ -25,7 +25,7 @@ from pora.client.replication.reader import open_ledger
 from pora.client.replication.replica_reads import ChannelFor
 from pora.cluster_ops.audit import short_members
 from pora.cluster_ops.copying import CopyCount, CopyFailed, CopyJob, copy_fragment
-from pora.cluster_ops.fragments import MISSING_ENTRIES, LostMember, lost_members
+from pora.cluster_ops.fragments import DRAINING, MISSING_ENTRIES, LostMember, lost_members
 from pora.cluster_ops.inventory import (
     StreamLedger,
     all_ledgers,
@@ -152,6 +152,15 @@ class Rereplicator:
         open_end = [m for m in lost if m.fragment.is_open_end]
         if len(open_end) < len(lost):
             await self._repair_ledger(ledger_id)
+        if any(m.why == DRAINING for m in open_end):
+            # the node still works, and so does the writer on it: nothing to fence
+            self._event(
+                "skipped",
+                ledger_id,
+                why="the open last fragment is on a draining node: repaired once the "
+                "ledger is closed (A14)",
+            )
+        open_end = [m for m in open_end if m.why != DRAINING]
         if not open_end:
             return
         if stream is not None and stream.open:
@@ -287,8 +296,12 @@ class Rereplicator:
         replacements = {p: chosen[m] for p, m in lost.items()} | in_place
         bad = set(replacements)
         sources = tuple((p, m) for p, m in enumerate(fragment.ensemble.members) if p not in bad)
-        shift = ledger_id % max(1, len(sources))  # spread the reads over the survivors
-        job = CopyJob(record, fragment, replacements, sources[shift:] + sources[:shift])
+        # a draining member still holds its copies: the last source to ask
+        sources += tuple((m.position, m.member) for m in members if m.why == DRAINING)
+        survivors = len(sources) - sum(m.why == DRAINING for m in members)
+        shift = ledger_id % max(1, survivors)  # spread the reads over the survivors
+        spread = sources[shift:survivors] + sources[:shift] + sources[survivors:]
+        job = CopyJob(record, fragment, replacements, spread)
         count = CopyCount()
         try:
             await copy_fragment(

@@ -583,7 +583,7 @@ class ZooKeeperMetadataStore:
 
     async def list_nodes(self, writable_only: bool = False) -> list[NodeRegistration]:
         nodes = await self._call(self._registry.list_all, retry_reads=True)
-        return [n for n in nodes if not (writable_only and n.read_only)]
+        return [n for n in nodes if not (writable_only and (n.read_only or n.draining))]
 
     # --- locks: ephemeral znodes of this session (ZkLocks); the lease is the session's
 
