@@ -96,8 +96,9 @@ async def lose(node: Node, url: str) -> None:
             await trio.sleep(0.1)  # the lease runs out in the store: nothing to wait on
 
 
-async def write_data(url: str, mib: int, on: str) -> int:
-    """`mib` MiB of 1 KiB entries in ledgers that each have a copy on `on`."""
+async def write_data(url: str, mib: int, on: str) -> list[int]:
+    """`mib` MiB of 1 KiB entries in ledgers that each have a copy on `on`; their ids."""
+    ids = []
     payload = os.urandom(ENTRY_BYTES)
     left = mib * 1024
     async with pora.connect(url) as client:
@@ -108,22 +109,23 @@ async def write_data(url: str, mib: int, on: str) -> int:
                 for start in range(0, count, 1000):
                     await ledger.append_many([payload] * min(1000, count - start))
                 left -= count
+                ids.append(ledger.ledger_id)
             await ledger.close()
-    return mib * 1024
+    return ids
 
 
-async def raw_copy(url: str, batch: int) -> float:
-    """(1): every ledger's entries read from one member and added to a node outside
-    its ensemble under a scratch id, batch by batch in turn. Returns the seconds."""
+async def raw_copy(url: str, ids: list[int], batch: int, scratch_base: int) -> float:
+    """(1): every ledger's entries read from one member and added to another live node
+    under a scratch id (`scratch_base` + its id), batch by batch in turn. Returns the
+    seconds."""
     async with open_metadata(url, create=False) as store:
-        ledgers = [v.value for v in await store.list_ledgers() if v.value.last_entry_id >= 0]
+        ledgers = [(await store.read_ledger(ledger_id)).value for ledger_id in ids]
         addresses = [n.address for n in await store.list_nodes()]
     start = time.perf_counter()
     async with cluster_session(url) as cluster:
         for record in ledgers:
-            members = {m.address for m in record.ensembles[0].members}
-            source = record.ensembles[0].members[1]
-            target = await cluster.channel_for(next(a for a in addresses if a not in members))
+            source = record.ensembles[-1].members[1]
+            target = await cluster.channel_for(next(a for a in addresses if a != source.address))
             channel = await cluster.channel_for(source.address)
             for first in range(0, record.last_entry_id + 1, batch):
                 last = min(record.last_entry_id, first + batch - 1)
@@ -131,7 +133,7 @@ async def raw_copy(url: str, batch: int) -> float:
                     record.ledger_id, first, last, max_entries=batch, max_bytes=64 << 20
                 )
                 await target.add_entries(
-                    SCRATCH_ID_BASE + record.ledger_id,
+                    scratch_base + record.ledger_id,
                     answer.entries,
                     master_key=SCRATCH_KEY,
                     last_add_confirmed=last,
@@ -147,17 +149,26 @@ class Foreground:
     phase: str = "idle"
     latencies: dict[str, list[float]] = field(default_factory=dict)
     stop: bool = False
+    #: the foreground ledger's nodes: never the lost ones, so its latency shows the
+    #: repair's cost, not its own ensemble change's
+    members: set[str] = field(default_factory=set)
+    started: trio.Event = field(default_factory=trio.Event)
 
     def p99_ms(self, phase: str) -> float:
         found = sorted(self.latencies.get(phase, []))
         return found[int(len(found) * 0.99)] * 1000 if found else float("nan")
 
 
-async def foreground(url: str, rate: float, state: Foreground) -> None:
+async def foreground(url: str, rate: float, state: Foreground, avoid: str) -> None:
     payload = os.urandom(ENTRY_BYTES)
     config = ClientConfig(node_timeout_s=2.0)
     async with pora.connect(url, config) as client:
         ledger = await client.create_ledger(3, 3, 2)
+        while avoid in {m.address for m in ledger.metadata.ensembles[0].members}:
+            await ledger.close()
+            ledger = await client.create_ledger(3, 3, 2)
+        state.members = {m.address for m in ledger.metadata.ensembles[0].members}
+        state.started.set()
 
         async def append(due: float) -> None:
             phase = state.phase
@@ -193,13 +204,16 @@ async def run(args: argparse.Namespace) -> None:
         url = f"sqlite:///{folder}/meta.db"
         async with five_nodes(Path(folder), url) as nodes:
             lost_a = nodes[0]
-            entries = await write_data(url, args.mib, lost_a.address)
+            ids = await write_data(url, args.mib, lost_a.address)
+            entries = args.mib * 1024
             mb = entries * ENTRY_BYTES / 1e6
-            raw_s = await raw_copy(url, args.batch_entries)
-            print(f"raw copy: {mb / raw_s:.1f} MB/s, {entries / raw_s:.0f} entries/s")
+            # the raw copy before and after the repairs: the load of the machine moves
+            raw_before = await raw_copy(url, ids, args.batch_entries, SCRATCH_ID_BASE)
+            print(f"raw copy: {mb / raw_before:.1f} MB/s, {entries / raw_before:.0f} entries/s")
             state = Foreground()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(foreground, url, args.foreground_rate, state)
+                nursery.start_soon(foreground, url, args.foreground_rate, state, lost_a.address)
+                await state.started.wait()
                 await trio.sleep(args.idle_s)
                 state.phase = "repair"
                 await lose(lost_a, url)
@@ -210,19 +224,22 @@ async def run(args: argparse.Namespace) -> None:
                 state.phase = "idle after"
                 await trio.sleep(1)
                 state.phase = "throttled"
-                async with open_metadata(url, create=False) as store:
-                    ledgers = [v.value for v in await store.list_ledgers()]
-                # the live node with the most fragments goes next
-                lost_b = max(nodes[1:], key=lambda node: naming(ledgers, node.address))
+                lost_b = next(
+                    n for n in nodes if n is not lost_a and n.address not in state.members
+                )
                 await lose(lost_b, url)
                 limit = nbytes / seconds / 4
                 t_seconds, t_copied, t_bytes = await repair(url, limit)
                 state.stop = True
+            raw_after = await raw_copy(url, ids, args.batch_entries, 2 * SCRATCH_ID_BASE)
+            raw_s = (raw_before + raw_after) / 2
             load = os.getloadavg()
             result = {
                 "mib": args.mib,
                 "entries": entries,
-                "raw_copy": {"s": raw_s, "mb_s": mb / raw_s, "entries_s": entries / raw_s},
+                "raw_copy": {
+                    "s": [raw_before, raw_after], "mb_s": mb / raw_s, "entries_s": entries / raw_s,
+                },
                 "repair": {
                     "s": seconds, "entries": copied, "mb_s": nbytes / 1e6 / seconds,
                     "entries_s": copied / seconds,

@@ -60,24 +60,53 @@ async def copy_fragment(
     replacement. CopyFailed when an entry is on no source or a replacement refuses."""
     fragment = job.fragment
     assert fragment.last_entry_id is not None, "an open end is copied only once closed"
+    end = fragment.last_entry_id
     chunk = max(1, batch_entries)
-    first = fragment.first_entry_id
-    while first <= fragment.last_entry_id:
-        last = min(fragment.last_entry_id, first + chunk - 1)
-        await _copy_chunk(channel_for, config, job, master_key, throttle, count, first, last)
-        first = last + 1
+    # two stages: the next batch is read while this one is added (one batch ahead:
+    # memory stays at two batches)
+    send, receive = anyio.create_memory_object_stream[Batches | CopyFailed](1)
+
+    async def read_ahead() -> None:
+        async with send:
+            for first in range(fragment.first_entry_id, end + 1, chunk):
+                try:
+                    batches = await _gather(
+                        channel_for, config, job, first, min(end, first + chunk - 1)
+                    )
+                except CopyFailed as error:
+                    await send.send(error)
+                    return
+                await send.send(batches)
+
+    failure: CopyFailed | None = None
+    async with anyio.create_task_group() as group, receive:
+        group.start_soon(read_ahead)
+        try:
+            async for item in receive:
+                if isinstance(item, CopyFailed):
+                    raise item
+                for member, batch in item:
+                    size = sum(len(data) for _, data in batch)
+                    await throttle.take(len(batch), size)
+                    await _add(channel_for, config, job.record, member, master_key, batch)
+                    count.entries += len(batch)
+                    count.bytes += size
+        except CopyFailed as error:
+            failure = error  # raised outside the group, as itself
+        group.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
 
 
-async def _copy_chunk(
-    channel_for: ChannelFor,
-    config: ClientConfig,
-    job: CopyJob,
-    master_key: bytes,
-    throttle: Throttle,
-    count: CopyCount,
-    first: int,
-    last: int,
-) -> None:
+#: what one batch of ids brings: for each replacement, its (entry id, bytes) in order
+Batches = list[tuple[EnsembleMember, list[tuple[int, bytes]]]]
+
+
+async def _gather(
+    channel_for: ChannelFor, config: ClientConfig, job: CopyJob, first: int, last: int
+) -> Batches:
+    """The copies each replacement lacks of ids first..last, read from the sources.
+    CopyFailed when one is on no source."""
     record = job.record
     e, qw = record.ensemble_size, record.write_quorum
     wanted = {
@@ -89,7 +118,7 @@ async def _copy_chunk(
         wanted[position].difference_update(held)
     needed = set().union(*wanted.values())
     if not needed:
-        return
+        return []
     found: dict[int, bytes] = {}
     for _, source in job.sources:
         left = needed.difference(found)
@@ -107,14 +136,11 @@ async def _copy_chunk(
             f"entries {sorted(missing)[:10]}{' ...' if len(missing) > 10 else ''} are on no "
             "surviving member: lost; the record is left as it is",
         )
-    for position, member in job.replacements.items():
-        batch = [(i, found[i]) for i in sorted(wanted[position])]
-        if batch:
-            size = sum(len(data) for _, data in batch)
-            await throttle.take(len(batch), size)
-            await _add(channel_for, config, record, member, master_key, batch)
-            count.entries += len(batch)
-            count.bytes += size
+    return [
+        (member, [(i, found[i]) for i in sorted(wanted[position])])
+        for position, member in job.replacements.items()
+        if wanted[position]
+    ]
 
 
 async def read_held(
