@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import argparse
 
-from pora.cli._common import EXIT_OK, EXIT_PROBLEMS, CommandError, command, print_json_line
+from pora.cli._common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    EXIT_REFUSED,
+    CommandError,
+    command,
+    print_json_line,
+)
 from pora.cli._metadata import add_metadata_argument
 from pora.cli.rereplicate import add_worker_arguments, event_printer, in_cluster, worker_options
 from pora.cluster_ops.inventory import live_nodes
@@ -62,7 +69,8 @@ def run_decommission(args: argparse.Namespace) -> int:
         ):
             raise CommandError(
                 f"no node is registered at {address} and no ledger names it: check the "
-                "address (`pora nodes --metadata URL` lists them)"
+                "address (`pora nodes --metadata URL` lists them)",
+                EXIT_REFUSED,
             )
         return await decommission(cluster, address, worker_options(args), event_printer(args.json))
 

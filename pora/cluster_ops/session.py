@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import anyio
 
+from pora.client.lone_errors import lone_error_unwrapped
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.node_pool import NodePool, tcp_channels
 from pora.client.replication.replica_reads import ChannelFor
@@ -35,16 +36,19 @@ async def cluster_session(url: str, config: ClientConfig | None = None) -> Async
     """The store at `url` (never created: a wrong URL is an error) and connections to
     the nodes, opened on first use, for the block."""
     config = config or ClientConfig()
-    async with (
-        open_metadata(url, config.metadata, create=False) as store,
-        anyio.create_task_group() as tasks,
-    ):
-        pool = NodePool(tasks, tcp_channels(config))
-        try:
-            yield Cluster(store, pool.channel, config)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await pool.aclose()
+    # the group's own tasks (the connections' holders) end without raising: an error
+    # leaving the block comes out as itself
+    with lone_error_unwrapped():
+        async with (
+            open_metadata(url, config.metadata, create=False) as store,
+            anyio.create_task_group() as tasks,
+        ):
+            pool = NodePool(tasks, tcp_channels(config))
+            try:
+                yield Cluster(store, pool.channel, config)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await pool.aclose()
 
 
 async def audit_cluster(cluster: Cluster, deep: bool) -> AuditReport:

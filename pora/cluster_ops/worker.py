@@ -17,6 +17,7 @@ import anyio
 from journal.errors import PoraError
 from ledger.errors import Unauthorized
 from netio.security import master_key_from_password
+from pora.client.lone_errors import lone_error_unwrapped
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.errors import NotEnoughNodes
 from pora.client.replication.ledger_records import check_password
@@ -198,25 +199,9 @@ class Rereplicator:
             return
         lost_lock: list[LockLost] = []
         try:
-            async with anyio.create_task_group() as group:
-
-                async def keep_lock() -> None:
-                    while True:
-                        await anyio.sleep(lease_s / 3)
-                        try:
-                            await store.renew_lock(name, holder, lease_s)
-                        except LockLost as error:
-                            lost_lock.append(error)
-                            group.cancel_scope.cancel()
-                            return
-                        except MetadataError as error:  # unreachable a moment: try again
-                            log.warning("re-replication: renewing %s: %s", name, error)
-
-                group.start_soon(keep_lock)
-                try:
-                    await self._repair_locked(ledger_id, recover_first)
-                finally:
-                    group.cancel_scope.cancel()
+            # the lock keeper ends without raising: an error of the repair is itself
+            with lone_error_unwrapped():
+                await self._repair_holding(ledger_id, recover_first, name, lost_lock)
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.node_timeout_s):
                 try:
@@ -225,6 +210,31 @@ class Rereplicator:
                     log.warning("re-replication: releasing %s: %s", name, error)
         if lost_lock:
             self._event("failed", ledger_id, why=str(lost_lock[0]))
+
+    async def _repair_holding(
+        self, ledger_id: int, recover_first: bool, name: str, lost_lock: list[LockLost]
+    ) -> None:
+        """The repair, with a task renewing the lock; LockLost cancels the repair."""
+        store, holder, lease_s = self._store, self._options.holder, self._options.lock_lease_s
+        async with anyio.create_task_group() as group:
+
+            async def keep_lock() -> None:
+                while True:
+                    await anyio.sleep(lease_s / 3)
+                    try:
+                        await store.renew_lock(name, holder, lease_s)
+                    except LockLost as error:
+                        lost_lock.append(error)
+                        group.cancel_scope.cancel()
+                        return
+                    except MetadataError as error:  # unreachable a moment: try again
+                        log.warning("re-replication: renewing %s: %s", name, error)
+
+            group.start_soon(keep_lock)
+            try:
+                await self._repair_locked(ledger_id, recover_first)
+            finally:
+                group.cancel_scope.cancel()
 
     async def _repair_locked(self, ledger_id: int, recover_first: bool) -> None:
         if recover_first:
@@ -269,9 +279,12 @@ class Rereplicator:
         for member in lost:
             by_fragment.setdefault(member.fragment.first_entry_id, []).append(member)
         for members in by_fragment.values():
-            await self._repair_fragment(versioned.version, record, members, live, draining)
-            # the next fragment's compare-and-set re-reads on the version this one made
-            versioned = await self._store.read_ledger(ledger_id)
+            await self._repair_fragment(versioned.version, record, members, draining)
+            # the next fragment's compare-and-set goes on the version this one made
+            try:
+                versioned = await self._store.read_ledger(ledger_id)
+            except NoSuchLedgerMetadata:
+                return  # deleted meanwhile: nothing left to keep
             record = versioned.value
 
     async def _repair_fragment(
@@ -279,7 +292,6 @@ class Rereplicator:
         version: int,
         record: LedgerMetadata,
         members: list[LostMember],
-        live: Mapping[str, NodeRegistration],
         draining: set[str],
     ) -> None:
         fragment = members[0].fragment
