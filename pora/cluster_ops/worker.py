@@ -108,6 +108,8 @@ class Rereplicator:
         self.totals = Totals()
         #: A10: open ledgers whose last fragment is lost -> when this worker first saw it
         self._open_lost_since: dict[int, float] = {}
+        #: the round's filter (A13): a ledger's members not yet lost long enough wait
+        self._ready: Ready = lambda _: True
 
     def _event(self, event: str, ledger_id: int, **details: object) -> None:
         if event == "skipped":
@@ -119,6 +121,7 @@ class Rereplicator:
     async def run_once(self, ready: Ready = lambda _: True) -> None:
         """One pass over every ledger: each with a lost member `ready` is repaired,
         or reported skipped and why. Open ledgers past their grace are recovered."""
+        self._ready = ready
         live = await live_nodes(self._store)
         draining = await draining_addresses(self._store)
         streams = await stream_ledgers(self._store)
@@ -272,7 +275,11 @@ class Rereplicator:
             return
         live = await live_nodes(self._store)
         draining = await draining_addresses(self._store)
-        lost = [m for m in lost_members(record, live, draining) if not m.fragment.is_open_end]
+        lost = [
+            m
+            for m in lost_members(record, live, draining)
+            if not m.fragment.is_open_end and self._ready(m)
+        ]
         if self._options.deep:
             lost += await short_members(record, live, lost, self._channel_for, self._config)
         by_fragment: dict[int, list[LostMember]] = {}
