@@ -39,7 +39,6 @@ import trio
 
 import pora
 from pora.bench.schedule import run_on_schedule
-from pora.client.replication.config import ClientConfig
 from pora.cluster_ops.fragments import fragments_of
 from pora.cluster_ops.session import cluster_session
 from pora.cluster_ops.worker import Rereplicator, WorkerOptions
@@ -161,8 +160,7 @@ class Foreground:
 
 async def foreground(url: str, rate: float, state: Foreground, avoid: str) -> None:
     payload = os.urandom(ENTRY_BYTES)
-    config = ClientConfig(node_timeout_s=2.0)
-    async with pora.connect(url, config) as client:
+    async with pora.connect(url) as client:
         ledger = await client.create_ledger(3, 3, 2)
         while avoid in {m.address for m in ledger.metadata.ensembles[0].members}:
             await ledger.close()
