@@ -190,7 +190,11 @@ class Rereplicator:
             return
         live = await live_nodes(self._store)
         draining = await draining_addresses(self._store)
-        still = [m for m in lost_members(record, live, draining) if m.fragment.is_open_end]
+        still = [
+            m
+            for m in lost_members(record, live, draining)
+            if m.fragment.is_open_end and m.why != DRAINING  # a draining node still works
+        ]
         if record.state is LedgerState.OPEN and still:
             await self._repair_ledger(ledger_id, recover_first=True)
 
