@@ -9,11 +9,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import trio
+from replicated_ledger_support import PASSWORD, length_after, make_ledger, put, stored_bytes
 from replication_support import local_cluster
 from writer_support import client_on
 
 from pora.client.replication.config import ClientConfig
+from pora.client.replication.ledger_records import closed_at
+from pora.cluster_ops.audit import audit
 from pora.cluster_ops.fragments import (
+    MISSING_ENTRIES,
     OTHER_INSTANCE,
     UNREGISTERED,
     count_held,
@@ -151,3 +155,40 @@ async def test_a_live_writer_keeps_a_repair_made_under_it(tmp_path: Path) -> Non
         assert current[1] not in closed.ensembles[-1].members
         reader = await client.open_ledger(ledger.ledger_id)
         assert [p async for _, p in reader.read_entries(0, 59)] == payloads
+
+
+async def test_deep_audit_finds_a_live_member_short_of_entries_and_refills_it(
+    tmp_path: Path,
+) -> None:
+    """A1 with --deep: a member registered with its own instance id that lacks entries
+    its position holds is listed (the plain audit cannot see it), and a deep worker
+    copies them to it in place, the record unchanged."""
+    async with local_cluster(tmp_path, nodes=4) as cluster:
+        a, b, c, _ = cluster.addresses
+        made = await make_ledger(cluster, [a, b, c], write_quorum=3, ack_quorum=2)
+        await put(cluster, made.value, range(30))
+        await put(cluster, made.value, range(30, 40), on=[a, b])  # c never got them
+        closed = await cluster.store.update_ledger(
+            closed_at(made.value, 39, length_after(39)), made.version
+        )
+        assert (await audit(cluster.store)).findings == []
+        deep = await audit(cluster.store, deep=True, channel_for=cluster.channel_for)
+        assert [
+            (f.lost.member.address, f.lost.why, f.lost.entries_at_risk, f.lost.copies_left)
+            for f in deep.findings
+        ] == [(c, MISSING_ENTRIES, 10, 2)]
+        events: list[dict[str, object]] = []
+        options = WorkerOptions(password=PASSWORD, deep=True)
+        worker = Rereplicator(
+            cluster.store, cluster.channel_for, ClientConfig(), options, events.append
+        )
+        await worker.run_once()
+        assert [(e["event"], e["refilled"], e["entries_copied"]) for e in events] == [
+            ("repaired", [c], 10)
+        ]
+        assert (await cluster.store.read_ledger(made.value.ledger_id)) == closed
+        again = await audit(cluster.store, deep=True, channel_for=cluster.channel_for)
+        assert again.findings == []
+        for entry_id in range(30, 40):
+            data = await cluster.nodes[c].read_entry(made.value.ledger_id, entry_id)
+            assert bytes(data) == stored_bytes(made.value.ledger_id, entry_id)
