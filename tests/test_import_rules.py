@@ -133,6 +133,16 @@ RULES: dict[str, Callable[[Import], bool]] = {
         and _within(i.imported, "journal", "ledger")
         and i.imported not in ERROR_MODULES
     ),
+    "pora.cluster_ops works through the client and the store, never a node's insides": (
+        lambda i: (
+            _within(i.importer, "pora.cluster_ops")
+            and _within(i.imported, "pora.node", "pora.server", "pora.cli", "pora.tools")
+        )
+    ),
+    "nothing below pora.cluster_ops imports it": lambda i: (
+        _within(i.imported, "pora.cluster_ops")
+        and not _within(i.importer, "pora.cluster_ops", "pora.cli")
+    ),
     "spark uses only the public client": lambda i: (
         _within(i.importer, "spark")
         and (

@@ -39,6 +39,12 @@ def query_metadata(url: str, query: Callable[[MetadataStore], Awaitable[T]]) -> 
         async with open_metadata(url, create=False) as store:
             return await query(store)
 
+    return run_on_metadata(url, main)
+
+
+def run_on_metadata(url: str, main: Callable[[], Awaitable[T]]) -> T:
+    """Run `main` under trio for a command on the store at `url`: an unreachable or
+    missing store ends the command with exit status 2, another store error with 1."""
     # kazoo logs each failed connection attempt; the command's own error says it once
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)
 

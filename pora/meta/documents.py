@@ -9,6 +9,9 @@ from pora.meta.errors import InvalidMetadata, MetadataRecordTooLarge
 
 #: a space or a name holds at most this many bytes once encoded as UTF-8
 DOCUMENT_KEY_BYTES_MAX = 200
+#: the space of the nodes' draining marks: one document named after each draining
+#: node's address (docs/rereplication.md, A14); `list_nodes` reads it
+NODE_DRAINING_SPACE = "node-draining"
 #: the characters a znode name keeps as they are; every other byte is percent-encoded
 _ZNODE_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
@@ -137,6 +140,7 @@ def _not_escaped(znode: str) -> InvalidMetadata:
 
 __all__ = [
     "DOCUMENT_KEY_BYTES_MAX",
+    "NODE_DRAINING_SPACE",
     "check_document_data",
     "check_document_key",
     "check_page",

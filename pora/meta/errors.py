@@ -123,3 +123,16 @@ class RegistrationLost(MetadataError):
         super().__init__(
             f"node {address} (instance {instance_id}) is no longer registered; register again"
         )
+
+
+class LockLost(MetadataError):
+    """A lock this holder took is no longer its own (its lease ran out, or its
+    ZooKeeper session ended): the work it guarded must stop before its next write."""
+
+    def __init__(self, name: str, holder: str) -> None:
+        self.name = name
+        self.holder = holder
+        super().__init__(
+            f"lock {name!r} is no longer held by {holder!r} (its lease ran out or its "
+            "session ended); stop the work it guarded and take the lock again"
+        )

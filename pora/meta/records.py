@@ -265,6 +265,10 @@ class NodeRegistration:
     free_bytes: int = 0
     rack: str | None = None
     last_seen_ms: int = 0
+    #: marked draining by `pora node decommission` (docs/rereplication.md, A14): filled
+    #: in by `list_nodes` from the store's draining marks, never part of the encoding;
+    #: `list_nodes(writable_only=True)` leaves such a node out, so nothing new goes there
+    draining: bool = False
 
     def validate(self) -> None:
         if not self.address or not self.instance_id:

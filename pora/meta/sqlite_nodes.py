@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from pora.meta.config import DEFAULT_LEASE_S, MetadataConfig
+from pora.meta.documents import NODE_DRAINING_SPACE
 from pora.meta.errors import MetadataError, NodeAddressTaken, RegistrationLost
 from pora.meta.records import NodeRegistration
 from pora.meta.sqlite_file import SqliteFile
@@ -151,12 +152,35 @@ class SqliteNodeRegistry(SqliteFile):
                 (now, int(not writable_only)),
             ).fetchall()
 
+        def draining(conn: sqlite3.Connection) -> set[str]:
+            try:
+                rows = conn.execute(
+                    "SELECT name FROM documents WHERE space = ?", (NODE_DRAINING_SPACE,)
+                ).fetchall()
+            except sqlite3.OperationalError as error:
+                if "no such table" in str(error):
+                    return set()  # no document was ever created in this store
+                raise
+            return {row[0] for row in rows}
+
+        def both(
+            conn: sqlite3.Connection,
+        ) -> tuple[list[tuple[str, str, int, int, str | None, int, int]], set[str]]:
+            return live(conn), draining(conn)
+
         nodes = []
-        for address, instance, read_only, free, rack, seen, expires in await self._call(live):
+        rows, marked = await self._call(both)
+        for address, instance, read_only, free, rack, seen, expires in rows:
             if _from_the_future(now, seen, expires):
                 self._distrust(address, instance, seen - now)
                 continue
-            nodes.append(NodeRegistration(address, instance, bool(read_only), free, rack, seen))
+            if writable_only and address in marked:
+                continue
+            nodes.append(
+                NodeRegistration(
+                    address, instance, bool(read_only), free, rack, seen, address in marked
+                )
+            )
         return nodes
 
 

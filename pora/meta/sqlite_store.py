@@ -15,17 +15,19 @@ from pora.meta.sqlite_documents import SqliteDocuments
 from pora.meta.sqlite_file import sqlite_path
 from pora.meta.sqlite_identity import SqliteClusterIdentity
 from pora.meta.sqlite_ledgers import SqliteLedgerRecords
+from pora.meta.sqlite_locks import SqliteLocks
 from pora.meta.sqlite_nodes import SqliteNodeRegistry
 from pora.meta.sqlite_writer import BatchWriter
 
 
 class SqliteMetadataStore(
-    SqliteLedgerRecords, SqliteNodeRegistry, SqliteClusterIdentity, SqliteDocuments
+    SqliteLedgerRecords, SqliteNodeRegistry, SqliteClusterIdentity, SqliteDocuments, SqliteLocks
 ):
     """The `MetadataStore` on one SQLite file: the file (pora.meta.sqlite_file),
     ledger records (pora.meta.sqlite_ledgers), node registrations
     (pora.meta.sqlite_nodes), the cluster id and node marks
-    (pora.meta.sqlite_identity), documents (pora.meta.sqlite_documents). Make one
+    (pora.meta.sqlite_identity), documents (pora.meta.sqlite_documents), locks
+    (pora.meta.sqlite_locks). Make one
     with `open`."""
 
     @classmethod

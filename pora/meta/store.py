@@ -149,4 +149,22 @@ class MetadataStore(Protocol):
         (a mark never goes back)."""
         ...
 
+    # --- locks held while their holder lives (docs/rereplication.md, A4). A name is a
+    # document name (check_document_key's rules); a holder a non-empty str naming the
+    # process. SQLite: a row with a lease the holder renews; ZooKeeper: an ephemeral
+    # znode of the holder's session (its `lease_s` is the session's timeout).
+
+    async def acquire_lock(self, name: str, holder: str, lease_s: float = DEFAULT_LEASE_S) -> bool:
+        """Take the lock `name` for `holder` unless another live holder has it; True
+        if `holder` holds it now (taking it again is allowed and renews it)."""
+        ...
+
+    async def renew_lock(self, name: str, holder: str, lease_s: float = DEFAULT_LEASE_S) -> None:
+        """Extend `holder`'s lock; LockLost if it no longer holds it."""
+        ...
+
+    async def release_lock(self, name: str, holder: str) -> None:
+        """Give the lock back (nothing if `holder` does not hold it)."""
+        ...
+
     async def aclose(self) -> None: ...

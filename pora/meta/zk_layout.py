@@ -103,6 +103,14 @@ class ZkPaths:
         return self._under("cluster")
 
     @property
+    def locks(self) -> str:
+        """Made by the first lock taken; its children are ephemeral."""
+        return self._under("locks")
+
+    def lock(self, name: str) -> str:
+        return f"{self.locks}/{znode_name(name)}"
+
+    @property
     def marks(self) -> str:
         return self._under("marks")
 

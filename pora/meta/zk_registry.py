@@ -20,6 +20,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
+from pora.meta.documents import NODE_DRAINING_SPACE, key_of_znode
 from pora.meta.errors import MetadataError, NodeAddressTaken, RegistrationLost
 from pora.meta.records import NodeRegistration
 from pora.meta.zk_layout import ZkPaths
@@ -155,7 +156,21 @@ class ZkRegistry:
             except NoNodeError:
                 continue  # its session ended since the listing
             nodes.append(NodeRegistration.decode(data))
-        return sorted(nodes, key=lambda node: node.address)
+        marked = self._draining()
+        return sorted(
+            (replace(node, draining=node.address in marked) for node in nodes),
+            key=lambda node: node.address,
+        )
+
+    def _draining(self) -> set[str]:
+        """The addresses with a draining mark (documents of NODE_DRAINING_SPACE)."""
+        try:
+            names = self._wait(
+                self._client.get_children_async(self._paths.document_space(NODE_DRAINING_SPACE))
+            )
+        except NoNodeError:
+            return set()
+        return {key_of_znode(name) for name in names}
 
     # --- connection-state hooks, called on kazoo's connection thread
 

@@ -60,6 +60,7 @@ from pora.meta.errors import (
     NoSuchLedgerMetadata,
 )
 from pora.meta.identity import check_node_mark, new_cluster_id
+from pora.meta.locks import check_lock
 from pora.meta.records import LedgerMetadata, NodeRegistration, Versioned
 from pora.meta.zk_layout import (
     LAYOUT_VERSION,
@@ -68,6 +69,7 @@ from pora.meta.zk_layout import (
     bucket_of,
     parse_zk_url,
 )
+from pora.meta.zk_locks import ZkLocks
 from pora.meta.zk_registry import ZkRegistry
 
 R = TypeVar("R")
@@ -112,6 +114,7 @@ class ZooKeeperMetadataStore:
             ),
         )
         self._registry = ZkRegistry(self.client, self.paths, self._wait)
+        self._locks = ZkLocks(self.client, self.paths.locks, self.paths.lock, self._wait)
         self.client.add_listener(self._on_state)
 
     @property
@@ -580,7 +583,21 @@ class ZooKeeperMetadataStore:
 
     async def list_nodes(self, writable_only: bool = False) -> list[NodeRegistration]:
         nodes = await self._call(self._registry.list_all, retry_reads=True)
-        return [n for n in nodes if not (writable_only and n.read_only)]
+        return [n for n in nodes if not (writable_only and (n.read_only or n.draining))]
+
+    # --- locks: ephemeral znodes of this session (ZkLocks); the lease is the session's
+
+    async def acquire_lock(self, name: str, holder: str, lease_s: float = DEFAULT_LEASE_S) -> bool:
+        check_lock(name, holder, lease_s)
+        return await self._call(partial(self._locks.acquire, name, holder))
+
+    async def renew_lock(self, name: str, holder: str, lease_s: float = DEFAULT_LEASE_S) -> None:
+        check_lock(name, holder, lease_s)
+        await self._call(partial(self._locks.renew, name, holder), retry_reads=True)
+
+    async def release_lock(self, name: str, holder: str) -> None:
+        check_lock(name, holder)
+        await self._call(partial(self._locks.release, name, holder))
 
     # --- the cluster's identity and the nodes' marks
 
