@@ -142,7 +142,9 @@ async def replay_journal(
         )
     report.next_seq = max(summary.last_seq + 1, first_seq_on_disk, max_durable + 1, watermark_seq)
     if not dry_run:
-        await _flush_then_trim(journal_dir, registry, segments, report)
+        # every replayed ledger flushes now: more at once
+        with registry.storage.recovery_flushes():
+            await _flush_then_trim(journal_dir, registry, segments, report)
     report.seconds = time.perf_counter() - started
     return report
 
