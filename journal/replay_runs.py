@@ -41,33 +41,44 @@ class ReplayTally:
     ledgers_selected: set[int] = field(default_factory=set)
 
 
-class _OpenRun:
-    """The run a ledger's next ENTRY record may still extend."""
+class _Gathered:
+    """One ledger's records gathered since the last `take`: the requests closed so
+    far, in journal order, then the run its next ENTRY record may still extend."""
 
-    __slots__ = ("bodies", "first_entry_id", "first_seq", "flags", "lac", "next_entry_id")
+    __slots__ = (
+        "bodies",
+        "first_entry_id",
+        "first_seq",
+        "flags",
+        "lac",
+        "last_seq",
+        "next_entry_id",
+        "requests",
+    )
 
-    def __init__(
-        self,
-        first_entry_id: int,
-        next_entry_id: int,
-        flags: RecordFlag,
-        bodies: list[bytes],
-        lac: int,
-        first_seq: int,
-    ) -> None:
-        self.first_entry_id = first_entry_id
-        self.next_entry_id = next_entry_id
-        self.flags = flags
-        self.bodies = bodies
-        self.lac = lac
-        self.first_seq = first_seq
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        #: the open run's bodies (None: no run open), first entry id, first seq
+        self.bodies: list[bytes] | None = None
+        self.first_entry_id = 0
+        self.first_seq = 0
+        #: the entry id that extends the open run (None: no run open)
+        self.next_entry_id: int | None = None
+        self.flags = RecordFlag.NONE
+        self.lac = -1
+        #: the seq of the ledger's last record gathered
+        self.last_seq = -1
 
-    def request(self, ledger_id: int) -> Request:
+    def close_run(self, ledger_id: int) -> None:
+        """The open run, if any, becomes the ledger's next request."""
+        if self.bodies is None:
+            return
         request = Request.entry_run(
             ledger_id, self.first_entry_id, self.bodies, self.lac, self.flags, None, None, []
         )
         request.seq = self.first_seq
-        return request
+        self.requests.append(request)
+        self.bodies = self.next_entry_id = None
 
 
 class ReplayRuns:
@@ -75,17 +86,13 @@ class ReplayRuns:
     (see the module's docstring). `add` takes a verified batch's framed records,
     `take` hands over what was gathered and starts afresh."""
 
-    __slots__ = ("_durable_seq", "_last_seqs", "_open", "_parts", "records", "tally")
+    __slots__ = ("_durable_seq", "_gathered", "records", "tally")
 
     def __init__(self, durable_seqs: Mapping[int, int], tally: ReplayTally) -> None:
         #: a ledger's records up to this seq are durable in its entry log and index
         self._durable_seq = durable_seqs.get
         self.tally = tally
-        #: closed requests per ledger, in journal order (its open run follows them)
-        self._parts: dict[int, list[Request]] = {}
-        self._open: dict[int, _OpenRun] = {}
-        #: per ledger, the seq of the last record gathered
-        self._last_seqs: dict[int, int] = {}
+        self._gathered: dict[int, _Gathered] = {}
         #: entries and other records gathered since the last `take`
         self.records = 0
 
@@ -96,9 +103,8 @@ class ReplayRuns:
         The hot loop of replay: locals only, one dict lookup and a few compares for a
         record that extends its ledger's run."""
         durable_seq = self._durable_seq
-        open_runs = self._open
-        open_run = open_runs.get
-        last_seqs = self._last_seqs
+        gathered = self._gathered
+        gathered_for = gathered.get
         entry_kind = RecordKind.ENTRY
         scanned = scanned_bytes = selected = selected_bytes = 0
         for (
@@ -121,39 +127,42 @@ class ReplayRuns:
                 continue
             selected += body_count
             selected_bytes += payload_bytes
-            last_seqs[ledger_id] = seq
-            run = open_run(ledger_id)
+            ledger = gathered_for(ledger_id)
             if (
-                run is not None
-                and run.next_entry_id == entry_id
+                ledger is not None
+                and ledger.next_entry_id == entry_id
                 and kind is entry_kind
-                and run.flags is flags
+                and ledger.flags is flags
             ):
+                run_bodies = ledger.bodies
+                assert run_bodies is not None  # a run is open: next_entry_id is set
                 if bodies is None:
-                    run.bodies.append(mapped[body_start:end])
+                    run_bodies.append(mapped[body_start:end])
                 else:
-                    run.bodies += bodies
-                run.next_entry_id = entry_id + body_count
-                if lac > run.lac:  # noqa: PLR1730 (a compare is cheaper than max())
-                    run.lac = lac
+                    run_bodies += bodies
+                ledger.next_entry_id = entry_id + body_count
+                ledger.last_seq = seq
+                if lac > ledger.lac:  # noqa: PLR1730 (a compare is cheaper than max())
+                    ledger.lac = lac
                 continue
-            if run is not None:
-                self._close_run(ledger_id, run)
+            if ledger is None:
+                ledger = gathered[ledger_id] = _Gathered()
+            else:
+                ledger.close_run(ledger_id)
+            ledger.last_seq = seq
             if kind is entry_kind:
-                open_runs[ledger_id] = _OpenRun(
-                    entry_id,
-                    entry_id + body_count,
-                    flags,
-                    [mapped[body_start:end]] if bodies is None else bodies,
-                    lac,
-                    seq,
-                )
+                ledger.bodies = [mapped[body_start:end]] if bodies is None else bodies
+                ledger.first_entry_id = entry_id
+                ledger.next_entry_id = entry_id + body_count
+                ledger.first_seq = seq
+                ledger.flags = flags
+                ledger.lac = lac
             else:
                 request = Request(
                     kind, ledger_id, entry_id, b"", flags, None, lac, None, mapped[body_start:end]
                 )
                 request.seq = seq
-                self._part(ledger_id).append(request)
+                ledger.requests.append(request)
         self.records += selected
         tally = self.tally
         tally.records_scanned += scanned
@@ -162,27 +171,12 @@ class ReplayRuns:
         tally.payload_bytes_selected += selected_bytes
 
     def take(self) -> dict[int, LedgerPart]:
-        """Each ledger's part gathered since the last `take`, its runs closed."""
-        for ledger_id, run in self._open.items():
-            self._part(ledger_id).append(run.request(ledger_id))
-        last_seqs = self._last_seqs
-        parts = {
-            ledger_id: LedgerPart(requests, last_seqs[ledger_id])
-            for ledger_id, requests in self._parts.items()
-        }
+        """Each ledger's part gathered since the last `take`, its run closed."""
+        parts: dict[int, LedgerPart] = {}
+        for ledger_id, ledger in self._gathered.items():
+            ledger.close_run(ledger_id)
+            parts[ledger_id] = LedgerPart(ledger.requests, ledger.last_seq)
         self.tally.ledgers_selected.update(parts)
-        self._parts = {}
-        self._open = {}
-        self._last_seqs = {}
+        self._gathered = {}
         self.records = 0
         return parts
-
-    def _close_run(self, ledger_id: int, run: _OpenRun) -> None:
-        self._part(ledger_id).append(run.request(ledger_id))
-        del self._open[ledger_id]
-
-    def _part(self, ledger_id: int) -> list[Request]:
-        part = self._parts.get(ledger_id)
-        if part is None:
-            part = self._parts[ledger_id] = []
-        return part
