@@ -51,8 +51,9 @@ class LedgerConfig:
     flush_threads_max: int = 4
     #: flushes running at once at the end of the journal's replay at start, when
     #: every replayed ledger flushes and nothing else runs yet: fdatasyncs of many
-    #: entry logs at once share the file system's journal commits
-    #: (docs/performance.md)
+    #: entry logs at once share the file system's journal commits (that flush, in a
+    #: 256 MiB replay of 100 ledgers: 0.75-1.2 s with 4 at once, 0.14-0.65 s with 32;
+    #: 32 for the whole replay was slower, the flush threads taking the reader's GIL)
     recovery_flush_threads_max: int = 32
     fsync: bool = True
 
