@@ -13,8 +13,9 @@ The reader is four layers, each in a module of its own; this one composes them:
 
 Two entry points, one per kind of reader, both verifying every record the same way:
 
-- `JournalScanner.replay_requests`, for crash recovery at start: per batch, the
-  `Request`s to apply again (records past their ledger's durable seq);
+- `JournalScanner.replay`, for crash recovery at start: the records to apply
+  again (past their ledger's durable seq), gathered into each ledger's runs
+  (journal/replay_runs.py);
 - `JournalScanner.batches`, for the offline tools (`pora journal`, `pora verify`)
   and tests: per batch, a `JournalRecord` per entry.
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -52,12 +53,10 @@ from journal.framing import (
 from journal.records import (
     Framed,
     JournalRecord,
-    ReplayTally,
     frame_records,
     journal_records,
-    replay_requests,
 )
-from journal.request import Request
+from journal.replay_runs import ReplayRuns, ReplayTally
 from journal.segment import SegmentInfo
 from journal.torn_tail import (
     SegmentEnd,
@@ -71,6 +70,7 @@ from journal.watermark import Watermark
 __all__ = [
     "JournalRecord",
     "JournalScanner",
+    "ReplayRuns",
     "ReplayTally",
     "ScanSummary",
     "TornKind",
@@ -134,21 +134,21 @@ class JournalScanner:
         out. `summary` is complete once this is exhausted."""
         return self._scan(journal_records, yield_empty=False)
 
-    def replay_requests(
-        self, durable_seqs: Mapping[int, int], tally: ReplayTally
-    ) -> Iterator[list[Request]]:
-        """For crash recovery: one list per journal batch, in order, of the records
-        whose seq is above their ledger's entry in `durable_seqs` (-1 if absent), as
-        Requests ready for `LedgerRegistry.dispatch` (seq and body set, no on_done).
-        The list is empty when every record of the batch is durable already (replay
-        bounds its chunks by bytes read): every batch is still verified, so a torn
-        tail and corruption are found exactly as by `batches()`. Counts go to
-        `tally`; `summary` as for `batches()`."""
+    def replay(self, runs: ReplayRuns) -> Iterator[None]:
+        """For crash recovery: gathers into `runs` (journal/replay_runs.py) the
+        records past their ledger's durable seq, merged into each ledger's runs,
+        ready for `LedgerRegistry.dispatch_parts`. Yields once per journal batch
+        read, so that the caller takes what was gathered in chunks of its choosing.
+        Every batch is verified, also one wholly durable already, so a torn tail and
+        corruption are found exactly as by `batches()`; `summary` as for
+        `batches()`."""
 
-        def decode(framed: list[Framed], mapped: mmap.mmap, _path: Path) -> list[Request]:
-            return replay_requests(framed, mapped, durable_seqs, tally)
+        def gather(framed: list[Framed], mapped: mmap.mmap, _path: Path) -> list[None]:
+            runs.add(framed, mapped)
+            return []
 
-        return self._scan(decode, yield_empty=True)
+        for _ in self._scan(gather, yield_empty=True):
+            yield
 
     def _scan(self, decode: _Decode[_Item], *, yield_empty: bool) -> Iterator[list[_Item]]:
         summary = self.summary = ScanSummary()

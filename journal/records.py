@@ -9,9 +9,8 @@ prefix crc covers the prefix fields after it and every body's crc field
 any failure raises BatchDamage for the torn-tail layer. Then:
 
 - `journal_records`: one `JournalRecord` per body, for the tools and tests;
-- `replay_requests`: for crash recovery, only the records past their ledger's
-  durable seq, as the `Request`s the ledger workers take, built straight from the
-  mapped bytes.
+- for crash recovery, journal/replay_runs.py gathers the records past their
+  ledger's durable seq into each ledger's runs, straight from the mapped bytes.
 
 Replay is bound by this per-record Python work: the loops use locals only, and a
 one-body record (the common one) is unpacked and checked with one unpack and two
@@ -21,8 +20,6 @@ crc calls over views of the mapping, with no bytes copied but its body.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, NamedTuple
 
@@ -41,7 +38,6 @@ from journal.format import (
     RecordKind,
 )
 from journal.framing import BatchDamage
-from journal.request import Request
 
 
 class JournalRecord(NamedTuple):
@@ -55,18 +51,6 @@ class JournalRecord(NamedTuple):
     offset: int  # byte offset of the record (its prefix) holding it, within its segment
     lac: int  # the last-add-confirmed an ENTRY carried (-1 for none and other kinds)
     body: bytes  # the record's body: an entry-log record, header and payload
-
-
-@dataclass(slots=True)
-class ReplayTally:
-    """What replay read and what it selected. Records are counted as operations:
-    each entry of a run counts."""
-
-    records_scanned: int = 0
-    payload_bytes_scanned: int = 0
-    records_selected: int = 0
-    payload_bytes_selected: int = 0
-    ledgers_selected: set[int] = field(default_factory=set)
 
 
 _KINDS: Final = {kind.value: kind for kind in RecordKind}
@@ -185,56 +169,6 @@ def frame_records(
             valid_header=True,
         )
     return framed
-
-
-def replay_requests(
-    framed: list[Framed], mapped: mmap.mmap, durable_seqs: Mapping[int, int], tally: ReplayTally
-) -> list[Request]:
-    """The requests to replay of a whole batch: records past their ledger's durable
-    seq (-1 if absent from `durable_seqs`), seq and bodies set, no owner. Counts
-    what it scanned and selected in `tally`."""
-    new_request = Request
-    new_run = Request.entry_run
-    durable_seq = durable_seqs.get
-    scanned = scanned_bytes = selected = selected_bytes = 0
-    requests: list[Request] = []
-    append = requests.append
-    for (
-        seq,
-        kind,
-        flags,
-        ledger_id,
-        entry_id,
-        lac,
-        _position,
-        body_start,
-        end,
-        bodies,
-        payload_bytes,
-        body_count,
-    ) in framed:
-        scanned += body_count
-        scanned_bytes += payload_bytes
-        if seq <= durable_seq(ledger_id, -1):
-            continue
-        if bodies is None:
-            # the payload is not copied out again: the ledger workers take the body,
-            # and the few that look at the payload take a view of it
-            request = new_request(
-                kind, ledger_id, entry_id, b"", flags, None, lac, None, mapped[body_start:end]
-            )
-        else:
-            request = new_run(ledger_id, entry_id, bodies, lac, flags, None, None, [])
-        request.seq = seq
-        append(request)
-        selected += body_count
-        selected_bytes += payload_bytes
-    tally.records_scanned += scanned
-    tally.payload_bytes_scanned += scanned_bytes
-    tally.records_selected += selected
-    tally.payload_bytes_selected += selected_bytes
-    tally.ledgers_selected.update([request.ledger_id for request in requests])
-    return requests
 
 
 def journal_records(framed: list[Framed], mapped: mmap.mmap, path: Path) -> list[JournalRecord]:

@@ -196,6 +196,19 @@ class Request:
         )
 
 
+class LedgerPart(list[Request]):
+    """One ledger's requests replayed from the journal (journal/replay_runs.py), in
+    journal order. A request there may merge several records into one run, so its
+    `seq` is only its first record's: `last_seq` is the seq of the last record the
+    part holds, which the ledger is durable through once the part is flushed."""
+
+    __slots__ = ("last_seq",)
+
+    def __init__(self, requests: Iterable[Request], last_seq: int) -> None:
+        super().__init__(requests)
+        self.last_seq = last_seq
+
+
 def add_is_plain(
     ledger_id: int,
     entry_id: int,

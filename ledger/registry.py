@@ -14,6 +14,7 @@ journal holding those entries is kept.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import trio
@@ -94,8 +95,12 @@ class LedgerRegistry:
         if all(r.ledger_id == first_ledger for r in group):
             await self._send(first_ledger, group)
             return
-        by_ledger = _by_ledger(group)
-        for ledger_id, part in by_ledger.items():
+        await self.dispatch_parts(_by_ledger(group))
+
+    async def dispatch_parts(self, parts: Mapping[int, list[Request]]) -> None:
+        """Hand each ledger its part of the journal (in journal order), split by
+        ledger already: replay's runs (journal/replay_runs.py)."""
+        for ledger_id, part in parts.items():
             await self._send(ledger_id, part)
 
     def dispatch_nowait(self, group: list[Request]) -> bool:

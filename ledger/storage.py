@@ -3,7 +3,9 @@ memory budget, the flush thread limit, and where entry logs live."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,13 +49,21 @@ class LedgerConfig:
     open_files_max: int = 1024
     #: flushes running at once (each is a write + fdatasync + index batch)
     flush_threads_max: int = 4
+    #: flushes running at once at the end of the journal's replay at start, when
+    #: every replayed ledger flushes and nothing else runs yet: fdatasyncs of many
+    #: entry logs at once share the file system's journal commits (that flush, in a
+    #: 256 MiB replay of 100 ledgers: 0.75-1.2 s with 4 at once, 0.14-0.65 s with 32;
+    #: 32 for the whole replay was slower, the flush threads taking the reader's GIL)
+    recovery_flush_threads_max: int = 32
     fsync: bool = True
 
     def __post_init__(self) -> None:
         if self.memtable_ledger_bytes_max < self.memtable_flush_bytes:
             raise ValueError("memtable_ledger_bytes_max must be >= memtable_flush_bytes")
-        if self.open_files_max < 1 or self.flush_threads_max < 1:
-            raise ValueError("open_files_max and flush_threads_max must be >= 1")
+        if min(self.open_files_max, self.flush_threads_max, self.recovery_flush_threads_max) < 1:
+            raise ValueError(
+                "open_files_max, flush_threads_max and recovery_flush_threads_max must be >= 1"
+            )
 
 
 class _NotCached(Exception):
@@ -79,6 +89,17 @@ class LedgerStorage:
         self.keys = LedgerKeys(index.is_deleted)
         #: long-poll readers wait here; a worker signals after applying to its ledger
         self.arrivals = arrivals
+
+    @contextlib.contextmanager
+    def recovery_flushes(self) -> Iterator[None]:
+        """Let `recovery_flush_threads_max` flushes run at once for the block (the
+        end of the journal's replay at start), then `flush_threads_max` again."""
+        limiter = self.flush_limiter
+        limiter.total_tokens = max(self.config.recovery_flush_threads_max, limiter.total_tokens)
+        try:
+            yield
+        finally:
+            limiter.total_tokens = self.config.flush_threads_max
 
     def entrylog_path(self, ledger_id: int) -> Path:
         # 256 subfolders keep directories small with 10,000s of ledgers

@@ -30,7 +30,7 @@ import trio
 
 from journal.errors import PoraError
 from journal.format import BODY_HEADER_SIZE, CLOSE_KEEP_ALL, RecordFlag, RecordKind
-from journal.request import Request
+from journal.request import LedgerPart, Request
 from ledger.entrylog import EntryLog
 from ledger.entrylog_format import (
     FIRST_RECORD_OFFSET,
@@ -258,7 +258,8 @@ class LedgerWorker:
         if self._unflushed_since is None:
             self._unflushed_since = batch[0].seq
             self._dirty_since = trio.current_time()
-        self._applied_seq = batch[-1].seq
+        # a replayed part's last request may merge records: the part knows its last seq
+        self._applied_seq = batch.last_seq if type(batch) is LedgerPart else batch[-1].seq
         self._storage.arrivals.signal(ledger_id)  # long-poll readers look again
 
     def _append_run(self, batch: list[Request], meta: LedgerMeta) -> bool:

@@ -16,7 +16,8 @@ from journal.errors import JournalCorruption, JournalGap
 from journal.format import BATCH_HEADER, BATCH_HEADER_SIZE, RECORD_PREFIX_SIZE, RecordKind
 from journal.framing import BatchDamage
 from journal.reader import JournalScanner, ReplayTally
-from journal.records import Framed, frame_records, journal_records, replay_requests
+from journal.records import Framed, frame_records, journal_records
+from journal.replay_runs import ReplayRuns
 from journal.request import Request
 from journal.segment import SegmentWriter, encode_batch, list_segments
 
@@ -191,8 +192,13 @@ def test_records_below_from_seq_are_checked_but_not_framed(tmp_path: Path) -> No
     framed = _frame(batch, 102)
     assert [record.seq for record in journal_records(framed, batch, tmp_path)] == [102, 103]
     tally = ReplayTally()
-    replayed = replay_requests(framed, batch, {3: 102}, tally)
+    runs = ReplayRuns({3: 102}, tally)
+    runs.add(framed, batch)
+    parts = runs.take()
+    assert list(parts) == [3]
+    replayed = parts[3]
     assert [(r.seq, r.entry_id, r.on_done) for r in replayed] == [(103, 3, None)]
+    assert parts[3].last_seq == 103
     assert bytes(replayed[0].payload) == PAYLOAD
     assert (tally.records_scanned, tally.records_selected, tally.ledgers_selected) == (2, 1, {3})
     batch.close()

@@ -35,8 +35,8 @@ from journal.format import (
     encode_body,
     prefix_crc,
 )
-from journal.reader import JournalRecord, JournalScanner, ReplayTally, ScanSummary
-from journal.request import Request
+from journal.reader import JournalRecord, JournalScanner, ReplayRuns, ReplayTally, ScanSummary
+from journal.request import LedgerPart, Request
 from journal.segment import (
     SegmentInfo,
     SegmentWriter,
@@ -653,14 +653,16 @@ def test_a_batch_header_cut_by_the_end_of_the_file_is_a_torn_tail(tmp_path: Path
 # --- reading for replay ----------------------------------------------------------------
 
 
-def _replay(directory: Path, durable: dict[int, int]) -> tuple[list[Request], ReplayTally]:
+def _replay(directory: Path, durable: dict[int, int]) -> tuple[dict[int, LedgerPart], ReplayTally]:
+    """Every ledger's part of the whole journal, as crash recovery gathers it."""
     tally = ReplayTally()
-    scanner = JournalScanner(directory)
-    requests = [r for batch in scanner.replay_requests(durable, tally) for r in batch]
-    return requests, tally
+    runs = ReplayRuns(durable, tally)
+    for _ in JournalScanner(directory).replay(runs):
+        pass
+    return runs.take(), tally
 
 
-def test_replay_gets_the_records_after_durable_seq_as_requests(tmp_path: Path) -> None:
+def test_replay_gets_the_records_after_durable_seq_as_runs_per_ledger(tmp_path: Path) -> None:
     writer = SegmentWriter(tmp_path, segment_bytes=1 << 16, first_seq=0)
     written = [
         Request(RecordKind.ENTRY, ledger_id, entry_id, bytes([ledger_id, entry_id]) * 40, lac=3)
@@ -674,25 +676,59 @@ def test_replay_gets_the_records_after_durable_seq_as_requests(tmp_path: Path) -
     records = [r for batch in JournalScanner(tmp_path).batches() for r in batch]
 
     # ledger 1 is durable up to seq 4 (its entries 0..2), ledger 2 not at all
-    requests, tally = _replay(tmp_path, {1: 4})
+    parts, tally = _replay(tmp_path, {1: 4})
 
-    expected = [r for r in records if r.ledger_id == 2 or r.seq > 4]
-    assert [r.seq for r in requests] == [r.seq for r in expected] == [1, 3, 5, 6, 7]
-    for request, record in zip(requests, expected, strict=True):
-        assert (request.kind, request.flags, request.ledger_id, request.entry_id) == (
-            record.kind,
-            record.flags,
-            record.ledger_id,
-            record.entry_id,
-        )
-        assert bytes(request.payload) == record.payload
-        assert request.bodies == [record.body]  # the entry-log record, as journalled
-        assert (request.lac, request.on_done, request.error) == (3, None, None)
+    # ledger 2's four records (seqs 1, 3, 5, 7) are one run; ledger 1 has seq 6 left
+    assert sorted(parts) == [1, 2]
+    assert [(r.seq, r.entry_id, r.count) for r in parts[2]] == [(1, 0, 4)]
+    assert [(r.seq, r.entry_id, r.count) for r in parts[1]] == [(6, 3, 1)]
+    assert (parts[1].last_seq, parts[2].last_seq) == (6, 7)
+    for ledger_id, part in parts.items():
+        expected = [
+            r for r in records if r.ledger_id == ledger_id and r.seq > {1: 4}.get(r.ledger_id, -1)
+        ]
+        assert [body for request in part for body in request.bodies] == [
+            r.body for r in expected
+        ]  # the entry-log records, as journalled
+        for request in part:
+            assert (request.kind, request.flags, request.lac) == (
+                RecordKind.ENTRY,
+                RecordFlag.NONE,
+                3,
+            )
+            assert (request.on_done, request.error) == (None, None)
     assert tally.records_scanned == len(records)
     assert tally.payload_bytes_scanned == sum(len(r.payload) for r in records)
     assert tally.records_selected == 5
     assert tally.payload_bytes_selected == 5 * 80
     assert tally.ledgers_selected == {1, 2}
+
+
+def merged_by_ledger(
+    written: Sequence[Request],
+) -> dict[int, tuple[list[tuple[int, RecordKind, RecordFlag, int, list[bytes], int]], int]]:
+    """What replay makes of journalled requests, worked out the plain way: per
+    ledger, (seq, kind, flags, first entry id, bodies, largest LAC) of each request,
+    and the ledger's last seq."""
+    merged: dict[int, list[tuple[int, RecordKind, RecordFlag, int, list[bytes], int]]] = {}
+    last_seqs: dict[int, int] = {}
+    for request in written:
+        part = merged.setdefault(request.ledger_id, [])
+        last_seqs[request.ledger_id] = request.seq
+        bodies = [bytes(body) for body in request.bodies]
+        lac = max(body_lac(body) for body in request.bodies)  # a run's LAC is its largest
+        if part:
+            seq, kind, flags, first, merged_bodies, merged_lac = part[-1]
+            if (
+                kind is RecordKind.ENTRY
+                and request.kind is RecordKind.ENTRY
+                and flags == request.flags
+                and first + len(merged_bodies) == request.entry_id
+            ):
+                part[-1] = (seq, kind, flags, first, merged_bodies + bodies, max(merged_lac, lac))
+                continue
+        part.append((request.seq, request.kind, request.flags, request.entry_id, bodies, lac))
+    return {ledger_id: (part, last_seqs[ledger_id]) for ledger_id, part in merged.items()}
 
 
 def test_replay_finds_a_torn_tail_even_in_durable_records(tmp_path: Path) -> None:
@@ -702,8 +738,10 @@ def test_replay_finds_a_torn_tail_even_in_durable_records(tmp_path: Path) -> Non
     flip_bit(path, last_batch + BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + 50)
     scanner = JournalScanner(tmp_path)
     tally = ReplayTally()
+    runs = ReplayRuns({7: 100}, tally)
     # every record is durable: nothing to replay, but every batch is still checked
-    assert [r for b in scanner.replay_requests({7: 100}, tally) for r in b] == []
+    assert len(list(scanner.replay(runs))) == 2
+    assert runs.take() == {}
     assert scanner.summary.torn_tail is not None
     assert scanner.summary.torn_tail.offset == last_batch
     assert tally.records_scanned == 6  # the torn batch is not counted
@@ -752,7 +790,7 @@ def body_lac(body: bytes) -> int:
     segment_bytes=st.sampled_from([1024, 4096, 1 << 20]),
 )
 @pytest.mark.slow
-def test_runs_read_back_per_entry_and_replay_per_record(
+def test_runs_read_back_per_entry_and_replay_merged_per_ledger(
     batches: list[list[Request]], segment_bytes: int
 ) -> None:
     with tempfile.TemporaryDirectory() as temporary:
@@ -760,8 +798,7 @@ def test_runs_read_back_per_entry_and_replay_per_record(
         write_requests(directory, batches, segment_bytes=segment_bytes)
         read, summary = scan(directory)
         segment_bytes_by_path = {s.path: s.path.read_bytes() for s in list_segments(directory)}
-        tally = ReplayTally()
-        replayed = [r for b in JournalScanner(directory).replay_requests({}, tally) for r in b]
+        parts, tally = _replay(directory, {})
     # batches(): one JournalRecord per entry, every entry of a run with the run's seq
     assert [
         [(r.seq, r.kind, r.flags, r.ledger_id, r.entry_id, r.payload, r.lac, r.body) for r in batch]
@@ -792,33 +829,19 @@ def test_runs_read_back_per_entry_and_replay_per_record(
         first_body = held[0].offset + RECORD_PREFIX_SIZE
         assert data[first_body : first_body + len(request.bodies[0])] == request.bodies[0]
         assert RECORD_PREFIX.unpack_from(data, held[0].offset)[3] == request.count
-    # replay_requests(): one Request per journal record, with the run's bodies
+    # replay: per ledger, its records in journal order, those that continue an ENTRY
+    # run (the next entry id, the same flags) merged into it
     written = [request for batch in batches for request in batch]
-    assert [
-        (
-            r.seq,
-            r.kind,
-            r.flags,
-            r.ledger_id,
-            r.entry_id,
-            [bytes(b) for b in r.bodies],
-            r.lac,
-            r.count,
+    assert {
+        ledger_id: (
+            [
+                (r.seq, r.kind, r.flags, r.entry_id, [bytes(b) for b in r.bodies], r.lac)
+                for r in part
+            ],
+            part.last_seq,
         )
-        for r in replayed
-    ] == [
-        (
-            r.seq,
-            r.kind,
-            r.flags,
-            r.ledger_id,
-            r.entry_id,
-            [bytes(b) for b in r.bodies],
-            max(body_lac(b) for b in r.bodies),  # a run's LAC is its largest
-            r.count,
-        )
-        for r in written
-    ]
+        for ledger_id, part in parts.items()
+    } == merged_by_ledger(written)
     entries = sum(r.count for r in written)
     payload_bytes = sum(r.payload_bytes for r in written)
     assert (tally.records_scanned, tally.payload_bytes_scanned) == (entries, payload_bytes)
@@ -870,8 +893,10 @@ def test_a_flipped_bit_in_a_runs_second_body_is_a_torn_tail_naming_it(tmp_path: 
     assert summary.torn_tail.offset == written_batch_offsets(path)[-1]
     assert summary.torn_tail.reason == f"record 3 at byte {record}: body 1 crc mismatch"
     assert summary.last_seq == 1
-    requests, tally = _replay(tmp_path, {})
-    assert [r.seq for r in requests] == [0, 1]
+    parts, tally = _replay(tmp_path, {})
+    # the two intact records, one run of ledger 7's entries 0 and 1
+    assert [(r.seq, r.entry_id, r.count) for r in parts[7]] == [(0, 0, 2)]
+    assert (list(parts), parts[7].last_seq) == ([7], 1)
     assert tally.records_scanned == 2
 
 

@@ -36,8 +36,8 @@ from pathlib import Path
 import trio
 
 from journal.fileio import fsync_directory
-from journal.reader import JournalScanner, ReplayTally, TornTail
-from journal.request import Request
+from journal.reader import JournalScanner, ReplayRuns, ReplayTally, TornTail
+from journal.request import LedgerPart
 from journal.segment import SegmentInfo, list_segments
 from journal.trim import delete_segments
 from journal.watermark import JournalState, Watermark, write_watermark
@@ -49,8 +49,9 @@ _log = logging.getLogger("pora.replay")
 #: called with the number of journal bytes scanned so far
 ProgressCallback = Callable[[int], None]
 
-#: handed from the scanning thread to the event loop at a time: at most this many
-#: requests, or the batches that make up this many journal bytes (at least one batch)
+#: handed from the scanning thread to the event loop at a time: the batches that
+#: hold this many records to replay (entries of a run each count), or this many
+#: journal bytes (at least one batch)
 _SCAN_CHUNK_RECORDS = 16384
 _SCAN_CHUNK_BYTES = 16 << 20
 
@@ -110,9 +111,7 @@ async def replay_journal(
         journal_dir, require_watermark=require_watermark, accept_gaps=accept_gaps
     )
     tally = ReplayTally()
-    await _scan_and_apply(
-        scanner, scanner.replay_requests(durable, tally), registry, dry_run, progress
-    )
+    await _scan_and_apply(scanner, ReplayRuns(durable, tally), registry, dry_run, progress)
     report.records_scanned = tally.records_scanned
     report.bytes_scanned = tally.payload_bytes_scanned
     report.records_replayed = tally.records_selected
@@ -143,35 +142,36 @@ async def replay_journal(
         )
     report.next_seq = max(summary.last_seq + 1, first_seq_on_disk, max_durable + 1, watermark_seq)
     if not dry_run:
-        await _flush_then_trim(journal_dir, registry, segments, report)
+        # every replayed ledger flushes now: more at once
+        with registry.storage.recovery_flushes():
+            await _flush_then_trim(journal_dir, registry, segments, report)
     report.seconds = time.perf_counter() - started
     return report
 
 
 async def _scan_and_apply(
     scanner: JournalScanner,
-    batches: Iterator[list[Request]],
+    runs: ReplayRuns,
     registry: LedgerRegistry,
     dry_run: bool,
     progress: ProgressCallback | None,
 ) -> None:
-    """Apply the scanned requests through the registry's dispatch (unless dry_run),
-    with the scan in a thread running ahead of the event loop."""
+    """Apply the scanned records through the registry (unless dry_run), with the
+    scan in a thread running ahead of the event loop."""
+    batches = scanner.replay(runs)
 
-    def next_chunk() -> tuple[list[Request], bool]:
-        """Requests of the next journal batches, up to a chunk's worth of bytes read
-        or requests; and whether the journal is exhausted."""
-        chunk: list[Request] = []
+    def next_chunk() -> tuple[dict[int, LedgerPart], bool]:
+        """Each ledger's part of the next journal batches, up to a chunk's worth of
+        bytes read or records; and whether the journal is exhausted."""
         summary = scanner.summary
         stop_at_bytes = summary.record_bytes + _SCAN_CHUNK_BYTES
-        for batch in batches:
-            chunk += batch
-            if len(chunk) >= _SCAN_CHUNK_RECORDS or summary.record_bytes >= stop_at_bytes:
-                return chunk, False
-        return chunk, True
+        for _ in batches:
+            if runs.records >= _SCAN_CHUNK_RECORDS or summary.record_bytes >= stop_at_bytes:
+                return runs.take(), False
+        return runs.take(), True
 
     # scanning (a thread) runs ahead of applying (the event loop), two chunks deep
-    send_chunk, receive_chunk = trio.open_memory_channel[list[Request]](2)
+    send_chunk, receive_chunk = trio.open_memory_channel[dict[int, LedgerPart]](2)
 
     async def scan_ahead() -> None:
         async with send_chunk:
@@ -180,20 +180,19 @@ async def _scan_and_apply(
                 chunk, exhausted = await trio.to_thread.run_sync(next_chunk)
                 await send_chunk.send(chunk)
 
-    # replay makes a Request per record and keeps thousands in flight: the cyclic
-    # GC's collections, triggered every few hundred of them, walk those again and
-    # again (a fifth of the replay's CPU). Replay makes no reference cycles to speak
-    # of, so the collector rests until the scan is over.
+    # replay keeps thousands of bodies and requests in flight: the cyclic GC's
+    # collections, triggered every few hundred allocations, would walk them again
+    # and again. Replay makes no reference cycles to speak of, so the collector
+    # rests until the scan is over.
     with _cyclic_gc_paused():
         async with trio.open_nursery() as nursery:
             nursery.start_soon(scan_ahead)
             async with receive_chunk:
                 async for chunk in receive_chunk:
-                    # one dispatch per chunk, not per journal batch: the registry splits it
-                    # by ledger (journal order kept within each ledger), so each worker gets
-                    # one larger list per chunk and the event loop switches tasks less
+                    # one dispatch per chunk: each worker gets its ledger's runs of the
+                    # chunk as one part, and the event loop switches tasks less
                     if chunk and not dry_run:
-                        await registry.dispatch(chunk)
+                        await registry.dispatch_parts(chunk)
                     if progress is not None:
                         progress(scanner.summary.record_bytes)
 

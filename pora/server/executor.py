@@ -19,7 +19,8 @@ nursery its requests other than adds run in.
 from __future__ import annotations
 
 import logging
-from typing import Final
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
 
 import trio
 
@@ -67,6 +68,9 @@ from pora.server.in_flight import InFlight, ReadBytes
 from pora.server.writer import ResponseWriter, error_frame
 
 _log = logging.getLogger("pora.server")
+
+#: what a long poll answers with
+_T = TypeVar("_T")
 
 #: the protocol version whose READ_LAC long-polls and answers the last entry id
 _V4: Final = 4
@@ -363,38 +367,25 @@ class RequestExecutor:
             pass
         self.read_bytes.release(held.bytes)
         held.bytes = 0
-        wait_s = min(message.wait_ms, LONG_POLL_MS_MAX) / 1000.0
-        payload = await self._long_poll(message, wait_s)
+        payload = await self._long_poll(
+            message.wait_ms,
+            lambda wait_s: node.read_entry(message.ledger_id, message.entry_id, wait_s=wait_s),
+        )
         # (an entry that just arrived is the memtable's own bytes: no copy waits here)
         await self._reserve_read(held, len(payload) + ENTRY_RESPONSE_OVERHEAD)
         return payload
 
-    async def _long_poll(self, message: ReadEntry, wait_s: float) -> bytes:
-        """A read that may wait for its entry; shutdown ends the wait at once (the
-        client may retry on another node), answering SHUTTING_DOWN."""
+    async def _long_poll(self, wait_ms: int, wait: Callable[[float], Awaitable[_T]]) -> _T:
+        """A read that may wait (`wait`, given the seconds to wait at most: for its
+        entry, or for the LAC to pass what the reader knows); shutdown ends the wait
+        at once (the client may retry on another node), answering SHUTTING_DOWN."""
+        wait_s = min(wait_ms, LONG_POLL_MS_MAX) / 1000.0
         long_polls = self.long_polls
         if not long_polls.stopping:
             with trio.CancelScope() as scope:
                 long_polls.scopes.add(scope)
                 try:
-                    return await self.node.read_entry(
-                        message.ledger_id, message.entry_id, wait_s=wait_s
-                    )
-                finally:
-                    long_polls.scopes.discard(scope)
-        raise NodeClosed("the node is shutting down; read from another node, or retry")
-
-    async def _long_poll_lac(self, message: ReadLac, wait_s: float) -> tuple[int, int]:
-        """A LAC read that may wait for the LAC to pass `known_lac`; shutdown ends the
-        wait at once, answering SHUTTING_DOWN (as `_long_poll`)."""
-        long_polls = self.long_polls
-        if not long_polls.stopping:
-            with trio.CancelScope() as scope:
-                long_polls.scopes.add(scope)
-                try:
-                    return await self.node.read_lac(
-                        message.ledger_id, known_lac=message.known_lac, wait_s=wait_s
-                    )
+                    return await wait(wait_s)
                 finally:
                     long_polls.scopes.discard(scope)
         raise NodeClosed("the node is shutting down; read from another node, or retry")
@@ -406,8 +397,12 @@ class RequestExecutor:
             lac = self.node.last_add_confirmed(message.ledger_id)
             return self._encode(LacResponse(message.request_id, message.ledger_id, lac))
         if message.wait_ms > 0:
-            wait_s = min(message.wait_ms, LONG_POLL_MS_MAX) / 1000.0
-            lac, last = await self._long_poll_lac(message, wait_s)
+            lac, last = await self._long_poll(
+                message.wait_ms,
+                lambda wait_s: self.node.read_lac(
+                    message.ledger_id, known_lac=message.known_lac, wait_s=wait_s
+                ),
+            )
         else:
             lac, last = await self.node.read_lac(message.ledger_id)
         entry = None
