@@ -32,7 +32,7 @@ from netio.messages import (
     ResponseMessage,
 )
 from pora.client.frame_cuts import BATCH_FRAME_BASE, cut_frames
-from pora.client.remote_errors import error_from_response
+from pora.client.remote_errors import clone_error, error_from_response
 from pora.client.waiting import Event, OneParked, trio_running
 
 
@@ -149,13 +149,13 @@ class AddFrame:
                 deadline = call.deadline
         self.deadline = deadline
 
-    def deliver(self, response: ResponseMessage, clone: Callable[[PoraError], PoraError]) -> None:
+    def deliver(self, response: ResponseMessage, _index: int) -> None:
         """Settle every caller of the frame from its one response."""
         members = self.members
         if isinstance(response, ErrorResponse):
             error = error_from_response(response)
             for position, (call, index) in enumerate(members):
-                call.settle(index, error if position == 0 else clone(error))
+                call.settle(index, error if position == 0 else clone_error(error))
             return
         if type(response) is AddEntryResponse and len(members) == 1:
             call, index = members[0]
