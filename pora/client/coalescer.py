@@ -20,6 +20,7 @@ from typing import NamedTuple
 import anyio
 
 from journal.errors import PoraError
+from journal.parking import OneParked
 from netio import frames as f
 from netio.codec import encode_add_batch, encode_add_entry, encode_add_run
 from netio.errors import ProtocolError
@@ -33,7 +34,7 @@ from netio.messages import (
 )
 from pora.client.frame_cuts import BATCH_FRAME_BASE, cut_frames
 from pora.client.remote_errors import clone_error, error_from_response
-from pora.client.waiting import Event, OneParked, trio_running
+from pora.client.waiting import Event, trio_running
 
 
 class AddCall:
