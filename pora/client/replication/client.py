@@ -378,10 +378,18 @@ async def connect(
             # a client never sets up a store: a wrong URL is an error, not a new empty cluster
             open_metadata(url, config.metadata, create=False) as store,
             client_on_store(
-                store, open_channel or tcp_channels(config), config, rng or random.Random()
+                store,
+                open_channel or tcp_channels(config.node_timeout_s, config.connect_timeout_s),
+                config,
+                rng or random.Random(),
             ) as client,
         ):
             yield client
+
+
+def _client_closed(what: str) -> PoraError:
+    """What the client's node pool raises once the client ended."""
+    return ClientClosed(None, what)
 
 
 @asynccontextmanager
@@ -392,7 +400,7 @@ async def client_on_store(
     with its own store and channels): its task group, its node pool, and on the way out
     its writers abandoned and its connections closed."""
     async with anyio.create_task_group() as tasks:
-        pool = NodePool(tasks, open_channel)
+        pool = NodePool(tasks, open_channel, closed_error=_client_closed)
         client = Client(store, pool, tasks, config, rng)
         try:
             yield client
