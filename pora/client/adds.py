@@ -188,7 +188,12 @@ async def add_batches_many(
         ready = session.outbox_ready
         if not ready.is_set():
             ready.set()
-        await batch_call.event.wait()
+        try:
+            await batch_call.event.wait()
+        finally:
+            if batch_call.remaining:  # given up: a late answer finds nobody
+                for request_id, _frame, _batch_frame in frames:
+                    pending.pop(request_id, None)
     finally:
         connection.admission.release(count, size)
     if batch_call.timed_out or batch_call.error is not None:

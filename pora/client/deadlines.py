@@ -8,11 +8,13 @@ deadline: a call times out at most one tick late.
 Every operation in the connection's pending map carries its deadline
 (`pending.PendingOperation`); adds queued and not framed yet carry their call's.
 The sweep walks both and calls `time_out` on what is due; nothing is kept per
-call besides the deadline itself, so a call costs the sweep no bookkeeping.
+call besides the deadline itself, so a call costs the sweep no bookkeeping. The
+sweeper rests once nothing is left with a deadline, and the next call wakes it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Final
 
@@ -48,26 +50,34 @@ class DeadlineSweep:
         with self._scope:
             while True:
                 session = self._current_session()
-                if session is None or not (session.pending or session.add_queue):
+                if session is None or not sweep(session, anyio.current_time()):
                     self._wakeup = anyio.Event()
                     self.idle = True
                     await self._wakeup.wait()
                     continue
-                sweep(session, anyio.current_time())
                 await anyio.sleep(TIMEOUT_TICK_S)
 
     def stop(self) -> None:
         self._scope.cancel()
 
 
-def sweep(session: Session, now: float) -> None:
-    """Time out what waits on the connection past its deadline."""
+def sweep(session: Session, now: float) -> bool:
+    """Time out what waits on the connection past its deadline; returns whether
+    anything is left with a deadline to watch (an operation whose callers all gave
+    up, or the connection's INFO, has none: the sweeper then rests until woken)."""
+    watched = False
     for operation, _index in session.pending.values():
-        if operation.deadline <= now:
+        deadline = operation.deadline
+        if deadline <= now:
             operation.time_out(now)
+            deadline = operation.deadline
+        if deadline != math.inf:
+            watched = True
     for add in session.add_queue:
+        watched = True
         if add.call.deadline <= now:
             add.call.time_out()
+    return watched
 
 
 __all__ = ["TIMEOUT_TICK_S", "DeadlineSweep", "sweep"]
