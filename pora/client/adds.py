@@ -1,7 +1,8 @@
 """The add operations of the per-node client, over its `NodeConnection`.
 
-`add_entry` and `add_coalesced` queue their entries on the connection, to share
-frames with every other add of the same scheduler turn (see pora.client.coalescer);
+`add_coalesced` (and `NodeClient.add_entry`) queue their entries on the
+connection, to share frames with every other add of the same scheduler turn (see
+pora.client.coalescer);
 `add_batches_many` (several ledgers' batches as one caller, the replicating
 writer's call per node) encodes its batches straight into frames (see
 pora.client.ledger_frames); `add_run` sends one ADD_RUN frame; `add_entries` cuts
@@ -9,8 +10,8 @@ its entries into runs that fit a frame (pora.client.frame_cuts) and sends them
 pipelined.
 
 Every kind takes its room on the connection (`NodeConnection.room`, or
-`Admission.try_admit` on `add_entry`'s lean path) before it queues anything and
-gives it back once its call is over, however it ends.
+`Admission.try_admit` on `NodeClient.add_entry`'s lean path) before it queues
+anything and gives it back once its call is over, however it ends.
 """
 
 from __future__ import annotations
@@ -31,59 +32,6 @@ from pora.client.node_channel import AddRequest
 from pora.client.remote_errors import clone_error
 from pora.client.requests import call, key_of
 from pora.client.runs import run_outcomes
-
-
-async def add_entry(
-    connection: NodeConnection,
-    ledger_id: int,
-    entry_id: int,
-    payload: bytes,
-    *,
-    master_key: bytes = b"",
-    password: str | bytes | None = None,
-    last_add_confirmed: int = -1,
-    recovery: bool = False,
-    timeout_s: float | None = None,
-) -> None:
-    """`NodeClient.add_entry`."""
-    key = master_key if password is None else key_of(master_key, password)
-    session = connection.session
-    size = len(payload)
-    if session is None or not session.alive or not connection.admission.try_admit(1, size):
-        # connecting, or waiting in line for room: add_coalesced does both
-        (outcome,) = await add_coalesced(
-            connection,
-            ledger_id,
-            [(entry_id, payload)],
-            master_key=key,
-            last_add_confirmed=last_add_confirmed,
-            recovery=recovery,
-            timeout_s=timeout_s,
-        )
-    else:
-        # the common case, kept lean: one entry queued on a connection with room,
-        # `_wait_for_adds` inlined (every coroutine level is resumed at each wake-up)
-        timeout = connection.timeout_s if timeout_s is None else timeout_s
-        try:
-            add_call = connection.new_add_call(1, connection.now() + timeout)
-            session.add_queue.append(
-                QueuedAdd(
-                    ledger_id, key, recovery, entry_id, payload, last_add_confirmed, add_call, 0
-                )
-            )
-            if connection.deadlines.idle:
-                connection.deadlines.wake()
-            ready = session.outbox_ready
-            if not ready.is_set():
-                ready.set()
-            await add_call.wait()
-        finally:
-            connection.admission.release(1, size)
-        if add_call.timed_out or add_call.error is not None:
-            _raise_failed(connection, add_call, timeout)
-        outcome = add_call.outcomes[0]
-    if outcome is not None:
-        raise outcome
 
 
 async def add_coalesced(
@@ -129,11 +77,11 @@ async def add_coalesced(
     finally:
         connection.admission.release(count, size)
     if add_call.timed_out or add_call.error is not None:
-        _raise_failed(connection, add_call, timeout)
+        raise_failed(connection, add_call, timeout)
     return add_call.outcomes
 
 
-def _raise_failed(
+def raise_failed(
     connection: NodeConnection, add_call: AddCall | BatchCall, timeout: float
 ) -> NoReturn:
     """Raise why `add_call` ended without outcomes: its timeout, or the connection's
@@ -197,7 +145,7 @@ async def add_batches_many(
     finally:
         connection.admission.release(count, size)
     if batch_call.timed_out or batch_call.error is not None:
-        _raise_failed(connection, batch_call, timeout)
+        raise_failed(connection, batch_call, timeout)
     return batch_call.answers
 
 
@@ -292,6 +240,6 @@ __all__ = [
     "add_batches_many",
     "add_coalesced",
     "add_entries",
-    "add_entry",
     "add_run",
+    "raise_failed",
 ]

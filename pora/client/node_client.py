@@ -51,6 +51,7 @@ from netio.messages import (
     WriteLacResponse,
 )
 from pora.client import adds
+from pora.client.coalescer import QueuedAdd
 from pora.client.connection import NodeConnection, StreamOpener, tcp_opener
 from pora.client.ledger_frames import Outcomes
 from pora.client.lone_errors import lone_error_unwrapped
@@ -63,9 +64,9 @@ from pora.client.session import NodeInfo
 class NodeClient:
     """A pipelined connection to one node. Make one with `connect_node`.
 
-    The add methods return their coroutine from pora.client.adds as it is (no
-    coroutine of their own: every level of coroutines is resumed again at each
-    wake-up, once per add)."""
+    The add methods but `add_entry`'s lean path return their coroutine from
+    pora.client.adds as it is (no coroutine of their own: every level of
+    coroutines is resumed again at each wake-up, once per add)."""
 
     def __init__(self, connection: NodeConnection) -> None:
         self._connection = connection
@@ -93,7 +94,7 @@ class NodeClient:
 
     # --- adds ----------------------------------------------------------------------------------
 
-    def add_entry(
+    async def add_entry(
         self,
         ledger_id: int,
         entry_id: int,
@@ -104,24 +105,53 @@ class NodeClient:
         last_add_confirmed: int = -1,
         recovery: bool = False,
         timeout_s: float | None = None,
-    ) -> Coroutine[Any, Any, None]:
+    ) -> None:
         """Store an entry on the node; returns once it is durable there.
 
         `password` (or an already derived `master_key`) must match the ledger's;
         `last_add_confirmed` piggybacks the writer's LAC for tail readers;
         `recovery` marks an add of a recovery, which a fenced ledger accepts.
         """
-        return adds.add_entry(
-            self._connection,
-            ledger_id,
-            entry_id,
-            payload,
-            master_key=master_key,
-            password=password,
-            last_add_confirmed=last_add_confirmed,
-            recovery=recovery,
-            timeout_s=timeout_s,
-        )
+        key = master_key if password is None else key_of(master_key, password)
+        connection = self._connection
+        session = connection.session
+        size = len(payload)
+        admission = connection.admission
+        if session is None or not session.alive or not admission.try_admit(1, size):
+            # connecting, or waiting in line for room: add_coalesced does both
+            (outcome,) = await adds.add_coalesced(
+                connection,
+                ledger_id,
+                [(entry_id, payload)],
+                master_key=key,
+                last_add_confirmed=last_add_confirmed,
+                recovery=recovery,
+                timeout_s=timeout_s,
+            )
+        else:
+            # the common case, written here to be lean: one entry queued on a
+            # connection with room (every coroutine level is resumed at each wake-up)
+            timeout = connection.timeout_s if timeout_s is None else timeout_s
+            try:
+                call = connection.new_add_call(1, connection.now() + timeout)
+                session.add_queue.append(
+                    QueuedAdd(
+                        ledger_id, key, recovery, entry_id, payload, last_add_confirmed, call, 0
+                    )
+                )
+                if connection.deadlines.idle:
+                    connection.deadlines.wake()
+                ready = session.outbox_ready
+                if not ready.is_set():
+                    ready.set()
+                await call.wait()
+            finally:
+                admission.release(1, size)
+            if call.timed_out or call.error is not None:
+                adds.raise_failed(connection, call, timeout)
+            outcome = call.outcomes[0]
+        if outcome is not None:
+            raise outcome
 
     def add_coalesced(
         self,
