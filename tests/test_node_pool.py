@@ -15,8 +15,8 @@ from replication_support import local_cluster
 
 from netio.errors import ConnectionLost
 from pora.client.node_channel import NodeChannel
+from pora.client.node_pool import NodePool
 from pora.client.replication.errors import ClientClosed
-from pora.client.replication.node_pool import NodePool
 
 
 async def test_one_channel_per_address_opened_once_and_closed_with_the_pool(

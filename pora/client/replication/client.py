@@ -27,6 +27,7 @@ from ledger.errors import NoSuchLedger
 from netio.budget import Budget
 from netio.security import master_key_from_password
 from pora.client.lone_errors import lone_error_unwrapped
+from pora.client.node_pool import ChannelOpener, NodePool, tcp_channels
 from pora.client.replication.arguments import (
     check_password,
     check_quorums,
@@ -38,7 +39,6 @@ from pora.client.replication.ensemble_change import WriterContext
 from pora.client.replication.errors import ClientClosed, DeleteFailed, RecoveryFailed
 from pora.client.replication.ledger_records import check_password as check_master_key
 from pora.client.replication.ledger_records import marked_deleting, new_ledger
-from pora.client.replication.node_pool import ChannelOpener, NodePool, tcp_channels
 from pora.client.replication.node_senders import NodeSenders
 from pora.client.replication.placement import choose_ensemble
 from pora.client.replication.reader import LedgerReader, open_ledger
