@@ -110,7 +110,7 @@ class NodeConnection:
         self.new_event = wakeup_factory()
         self.new_add_call = add_call_type()
         self.admission = Admission(address, inflight_max, inflight_bytes_max, self.new_event)
-        self.deadlines = DeadlineSweep(self._current_session)
+        self.deadlines = DeadlineSweep(self)
         #: the event loop's clock: under trio, trio's own (anyio's costs more, once
         #: per request)
         self.now: Callable[[], float] = (
@@ -120,9 +120,6 @@ class NodeConnection:
     def start(self) -> None:
         """Start the client's deadline sweep (for the lifetime of its task group)."""
         self._task_group.start_soon(self.deadlines.run)
-
-    def _current_session(self) -> Session | None:
-        return self.session
 
     # --- connection --------------------------------------------------------------------------
 

@@ -15,8 +15,7 @@ sweeper rests once nothing is left with a deadline, and the next call wakes it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
 import anyio
 
@@ -26,14 +25,21 @@ from pora.client.session import Session
 TIMEOUT_TICK_S: Final = 0.02
 
 
+class HoldsSession(Protocol):
+    """Who owns the connection's session now (`NodeConnection`)."""
+
+    @property
+    def session(self) -> Session | None: ...
+
+
 class DeadlineSweep:
     """The sweeper of one client: `run` for the client's lifetime (`stop` ends it),
-    sweeping the session `current_session` gives while anything waits on it."""
+    sweeping its connection's session while anything waits on it."""
 
-    __slots__ = ("_current_session", "_scope", "_wakeup", "idle")
+    __slots__ = ("_connection", "_scope", "_wakeup", "idle")
 
-    def __init__(self, current_session: Callable[[], Session | None]) -> None:
-        self._current_session = current_session
+    def __init__(self, connection: HoldsSession) -> None:
+        self._connection = connection
         self._wakeup = anyio.Event()
         #: the sweeper waits for work: `wake` it when something gets a deadline
         self.idle = False
@@ -49,7 +55,7 @@ class DeadlineSweep:
     async def run(self) -> None:
         with self._scope:
             while True:
-                session = self._current_session()
+                session = self._connection.session
                 if session is None or not sweep(session, anyio.current_time()):
                     self._wakeup = anyio.Event()
                     self.idle = True

@@ -81,21 +81,19 @@ class BatchCall:
 class BatchFrame:
     """One frame in flight of a `BatchCall`: entries [start, stop) of request `index`."""
 
-    __slots__ = ("call", "index", "ledger_id", "opcode", "start", "stop")
+    __slots__ = ("call", "deadline", "index", "ledger_id", "opcode", "start", "stop")
 
     def __init__(
         self, call: BatchCall, index: int, ledger_id: int, opcode: int, start: int, stop: int
     ) -> None:
         self.call = call
+        #: the call's (a plain attribute: the sweep reads it every tick)
+        self.deadline = call.deadline
         self.index = index
         self.ledger_id = ledger_id
         self.opcode = opcode
         self.start = start
         self.stop = stop
-
-    @property
-    def deadline(self) -> float:
-        return self.call.deadline
 
     def deliver(self, response: ResponseMessage, _index: int) -> None:
         kind = type(response)
@@ -121,7 +119,7 @@ class BatchFrame:
         self.call.fail(error)
 
     def time_out(self, now: float) -> None:
-        if self.call.deadline <= now:
+        if self.deadline <= now:
             self.call.time_out()
 
     def _entries_failed(self, request_id: int, failures: list[tuple[int, int, str]]) -> None:
