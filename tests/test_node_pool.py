@@ -13,10 +13,10 @@ import trio
 import trio.testing
 from replication_support import local_cluster
 
-import pora
 from netio.errors import ConnectionLost
 from pora.client.node_channel import NodeChannel
-from pora.client.replication.node_pool import NodePool
+from pora.client.node_pool import NodePool
+from pora.client.replication.errors import ClientClosed
 
 
 async def test_one_channel_per_address_opened_once_and_closed_with_the_pool(
@@ -36,7 +36,7 @@ async def test_one_channel_per_address_opened_once_and_closed_with_the_pool(
                 closed.append(address)
 
         async with anyio.create_task_group() as tasks:
-            pool = NodePool(tasks, open_channel)
+            pool = NodePool(tasks, open_channel, closed_error=lambda what: ClientClosed(None, what))
             got: list[NodeChannel] = []
 
             async def ask(address: str) -> None:
@@ -51,7 +51,7 @@ async def test_one_channel_per_address_opened_once_and_closed_with_the_pool(
             assert pool.addresses == sorted(cluster.addresses)
             await pool.aclose()
             assert sorted(closed) == sorted(cluster.addresses)
-            with pytest.raises(pora.ClientClosed, match="closed"):
+            with pytest.raises(ClientClosed, match="the client was closed: it opens no channel"):
                 await pool.channel(cluster.addresses[0])
 
 

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import anyio
 
 from journal.errors import PoraError
+from journal.parking import OneParked
 from netio import frames as f
 from netio.codec import encode_add_batch, encode_add_entry, encode_add_run
 from netio.errors import ProtocolError
@@ -32,8 +33,8 @@ from netio.messages import (
     ResponseMessage,
 )
 from pora.client.frame_cuts import BATCH_FRAME_BASE, cut_frames
-from pora.client.remote_errors import error_from_response
-from pora.client.waiting import Event, OneParked, trio_running
+from pora.client.remote_errors import clone_error, error_from_response
+from pora.client.waiting import Event, trio_running
 
 
 class AddCall:
@@ -149,13 +150,13 @@ class AddFrame:
                 deadline = call.deadline
         self.deadline = deadline
 
-    def deliver(self, response: ResponseMessage, clone: Callable[[PoraError], PoraError]) -> None:
+    def deliver(self, response: ResponseMessage, _index: int) -> None:
         """Settle every caller of the frame from its one response."""
         members = self.members
         if isinstance(response, ErrorResponse):
             error = error_from_response(response)
             for position, (call, index) in enumerate(members):
-                call.settle(index, error if position == 0 else clone(error))
+                call.settle(index, error if position == 0 else clone_error(error))
             return
         if type(response) is AddEntryResponse and len(members) == 1:
             call, index = members[0]

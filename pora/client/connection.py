@@ -1,41 +1,46 @@
-"""The connection side of the per-node client: connecting (with backoff), the
-reader and writer tasks of each connection, and flow control.
+"""The connection of the per-node client: one connection to the node at a time
+(a `Session`), made on first use and re-made after a loss with backoff; its reader
+and writer tasks; the room its callers wait in line for (`admission.Admission`);
+and the deadline sweep (`deadlines.DeadlineSweep`). `NodeClient` holds one.
 
 A connection starts by asking the node who it is (INFO). Its writer task sends
 the frames queued in one scheduler turn in one write, framing the coalesced adds
-of that turn first; its reader task hands each response to its waiter by request
-id. A lost connection fails what was in flight on it with `ConnectionLost`, and
-the next call makes a new one.
+of that turn first; its reader task hands each response to the operation waiting
+for it by request id (`pending.PendingOperation`). A lost connection fails what
+was in flight on it with `ConnectionLost`, and the next call makes a new one.
+
+How a stream is opened is a seam (`StreamOpener`): TCP, with or without TLS, by
+default; anything that gives a byte stream for an address will do.
 """
 
 from __future__ import annotations
 
 import ssl
-from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 import anyio
 import anyio.abc
+import trio
 
 from journal.errors import PoraError
 from ledger.errors import InvalidArgument
 from netio.codec import encode_request
-from netio.errors import ConnectionLost, ProtocolError, RequestTimeout
+from netio.errors import ConnectionLost, InstanceMismatch, ProtocolError, RequestTimeout
 from netio.messages import ErrorResponse, Info, InfoResponse
+from pora.client.admission import Admission
 from pora.client.coalescer import add_call_type, frames_for
-from pora.client.deadlines import DeadlineSweeper
-from pora.client.remote_errors import clone_error, error_from_response
-from pora.client.session import (
-    RECEIVE_BYTES,
-    Event,
-    NodeInfo,
-    Session,
-    Waiter,
-    why_lost,
-)
+from pora.client.deadlines import DeadlineSweep
+from pora.client.pending import RequestWaiter
+from pora.client.remote_errors import error_from_response
+from pora.client.session import RECEIVE_BYTES, NodeInfo, Session, why_lost
 from pora.client.waiting import wakeup_factory
 
 DEFAULT_PORT: Final = 3181
+
+#: opens a byte stream to "host:port" (raising OSError, TimeoutError, ... when it
+#: cannot: the connection retries with backoff)
+StreamOpener = Callable[[str], Awaitable[anyio.abc.ByteStream]]
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -50,11 +55,23 @@ def split_address(address: str) -> tuple[str, int]:
         raise InvalidArgument(f"node address {address!r} is not host:port") from None
 
 
-class NodeConnection(DeadlineSweeper):
-    """The connection side of a `NodeClient`: one connection (a `Session`) at a time,
-    made on first use and re-made after a loss with backoff; its reader and writer
-    tasks; and the room under `inflight_max` and `inflight_bytes_max` that callers
-    wait in line for."""
+def tcp_opener(ssl_context: ssl.SSLContext | None) -> StreamOpener:
+    """The default opener: TCP to the address, through TLS when `ssl_context` is given."""
+
+    async def open_tcp(address: str) -> anyio.abc.ByteStream:
+        host, port = split_address(address)
+        if ssl_context is None:
+            return await anyio.connect_tcp(host, port)
+        return await anyio.connect_tcp(
+            host, port, ssl_context=ssl_context, tls_standard_compatible=False
+        )
+
+    return open_tcp
+
+
+class NodeConnection:
+    """One node's connection, its tasks, its room and its deadlines: what every call
+    of a `NodeClient` goes through."""
 
     def __init__(
         self,
@@ -63,61 +80,89 @@ class NodeConnection(DeadlineSweeper):
         *,
         timeout_s: float,
         connect_timeout_s: float,
-        ssl_context: ssl.SSLContext | None,
         inflight_max: int,
         inflight_bytes_max: int,
         frame_bytes_max: int,
         reconnect_attempts: int,
         backoff_initial_s: float,
         backoff_max_s: float,
+        open_stream: StreamOpener,
     ) -> None:
-        super().__init__()
         self.address = address
         self.host, self.port = split_address(address)
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
+        self.frame_bytes_max = frame_bytes_max
         self._task_group = task_group
-        self._ssl_context = ssl_context
-        self._inflight_max = inflight_max
-        self._frame_bytes_max = frame_bytes_max
+        self._open_stream = open_stream
         self._reconnect_attempts = reconnect_attempts
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
-        self._session: Session | None = None
+        #: the connection now (None before the first call); a lost one is replaced
+        #: by the next call
+        self.session: Session | None = None
         self._connect_lock = anyio.Lock()
         self._next_request_id = 1  # 0 is for messages about the connection itself
-        #: callers waiting for room under `inflight_max`, first come first served:
-        #: one event each, set when room is handed to it
-        self._room_waiters: deque[Event] = deque()
-        #: room handed to woken callers that have not yet put their requests in
-        self._room_granted = 0
         self._closed = False
-        #: entries of coalesced add calls not yet answered, and their payload bytes:
-        #: they count against inflight_max and inflight_bytes_max
-        self._adds_in_flight = 0
-        self._add_bytes_in_flight = 0
-        self._inflight_bytes_max = inflight_bytes_max
         self.reconnects = 0
-        self._new_event = wakeup_factory()
-        self._new_add_call = add_call_type()
+        #: how this event loop's callers wait: an event each (one waiter), and the
+        #: call object of coalesced adds (see pora.client.waiting)
+        self.new_event = wakeup_factory()
+        self.new_add_call = add_call_type()
+        self.admission = Admission(address, inflight_max, inflight_bytes_max, self.new_event)
+        self.deadlines = DeadlineSweep(self)
+        #: the event loop's clock: under trio, trio's own (anyio's costs more, once
+        #: per request)
+        self.now: Callable[[], float] = (
+            trio.current_time if trio.lowlevel.in_trio_task() else anyio.current_time
+        )
+
+    def start(self) -> None:
+        """Start the client's deadline sweep (for the lifetime of its task group)."""
+        self._task_group.start_soon(self.deadlines.run)
 
     # --- connection --------------------------------------------------------------------------
 
-    async def _connected(self) -> Session:
-        session = self._session
+    async def connected(self) -> Session:
+        """The live connection, made (or re-made) if need be."""
+        session = self.session
         if session is not None and session.alive:
             return session
         async with self._connect_lock:
-            session = self._session
+            session = self.session
             if session is not None and session.alive:
                 return session
             if self._closed:
                 raise ConnectionLost(f"the client of {self.address} is closed")
-            stream = await self._open_stream()
-            session = Session(stream, self._frame_bytes_max)
-            self._session = session
+            stream = await self._open_with_backoff()
+            session = Session(stream, self.frame_bytes_max)
+            self.session = session
             self._task_group.start_soon(self._run_session, session)
             return session
+
+    async def room(self, count: int, size: int, timeout_s: float) -> tuple[Session, float]:
+        """The live connection and room on it for `count` requests or entries of
+        `size` bytes (`admission`), taken in line within `timeout_s`; returns the
+        session and what is left of the timeout. The caller gives the room back
+        with `admission.release` once its call is over, however it ends."""
+        session = self.session
+        if session is None or not session.alive:
+            session = await self.connected()
+        admission = self.admission
+        if admission.try_admit(count, size):
+            return session, timeout_s
+        left_s = await admission.admit(count, size, timeout_s)
+        try:
+            session = await self.connected()
+        except BaseException:
+            admission.release(count, size)
+            raise
+        return session, left_s
+
+    def frame_limit(self, session: Session) -> int:
+        """The size frames are cut to: this client's frame_bytes_max, or the node's if
+        it is lower (once the node said it on this connection)."""
+        return min(self.frame_bytes_max, session.node_frame_bytes_max or self.frame_bytes_max)
 
     def _introduce(self, session: Session, tasks: anyio.abc.TaskGroup) -> None:
         """Ask the node who it is (INFO) first thing on a new connection: a reconnect
@@ -125,15 +170,15 @@ class NodeConnection(DeadlineSweeper):
         address), and a call that names the instance it expects waits for the
         answer before sending. Coalesced adds wait for it too (they are cut to the
         node's frame and entry limits)."""
-        request_id = self._new_id()
-        waiter = Waiter(1, self._new_event())
+        request_id = self.new_id()
+        waiter = RequestWaiter(1, self.new_event(), float("inf"))
         session.pending[request_id] = (waiter, 0)
         session.outbox.append(encode_request(Info(request_id)))
         session.outbox_ready.set()
         tasks.start_soon(self._learn_identity, session, waiter, tasks.cancel_scope)
 
     async def _learn_identity(
-        self, session: Session, waiter: Waiter, tasks: anyio.CancelScope
+        self, session: Session, waiter: RequestWaiter, tasks: anyio.CancelScope
     ) -> None:
         await waiter.event.wait()
         response = waiter.responses[0]
@@ -157,7 +202,35 @@ class NodeConnection(DeadlineSweeper):
         session.identified.set()
         session.outbox_ready.set()  # the writer frames the adds that waited
 
-    async def _open_stream(self) -> anyio.abc.ByteStream:
+    async def await_identity(self, session: Session, timeout_s: float) -> None:
+        """Wait (within `timeout_s`) for the node's answer to the connection's INFO."""
+        if not session.identified.is_set():
+            with anyio.move_on_after(timeout_s):
+                await session.identified.wait()
+        if not session.alive:
+            raise ConnectionLost(
+                f"connection to node {self.address} lost before it said who it is; nothing "
+                "was sent. Retry: the next call reconnects"
+            )
+        if not session.identified.is_set():
+            raise RequestTimeout(
+                f"node {self.address} did not say who it is (INFO) within {timeout_s} s; "
+                "nothing was sent"
+            )
+
+    async def check_instance(
+        self, session: Session, instance_id: str | None, timeout_s: float
+    ) -> None:
+        """When the caller names the node instance it expects: wait (within its
+        timeout) for the node to say who it is on this connection, and raise
+        InstanceMismatch, before anything is sent, if it is another."""
+        if instance_id is None:
+            return
+        await self.await_identity(session, timeout_s)
+        if session.instance_id != instance_id:
+            raise InstanceMismatch(self.address, instance_id, session.instance_id)
+
+    async def _open_with_backoff(self) -> anyio.abc.ByteStream:
         delay_s = self._backoff_initial_s
         attempts = max(1, self._reconnect_attempts)
         last_error: BaseException | None = None
@@ -167,20 +240,11 @@ class NodeConnection(DeadlineSweeper):
                 delay_s = min(delay_s * 2, self._backoff_max_s)
             try:
                 with anyio.fail_after(self.connect_timeout_s):
-                    stream: anyio.abc.ByteStream
-                    if self._ssl_context is None:
-                        stream = await anyio.connect_tcp(self.host, self.port)
-                    else:
-                        stream = await anyio.connect_tcp(
-                            self.host,
-                            self.port,
-                            ssl_context=self._ssl_context,
-                            tls_standard_compatible=False,
-                        )
+                    stream = await self._open_stream(self.address)
             except (OSError, TimeoutError, ssl.SSLError, anyio.BrokenResourceError) as error:
                 last_error = error
                 continue
-            if self._session is not None:
+            if self.session is not None:
                 self.reconnects += 1
             return stream
         raise ConnectionLost(
@@ -209,17 +273,12 @@ class NodeConnection(DeadlineSweeper):
                 lost = error  # the node said why (it is overloaded, say)
             pending = session.pending
             session.pending = {}
-            for waiter, _index in pending.values():
-                if not isinstance(waiter, Waiter):
-                    waiter.fail(lost)  # coalesced adds, batches
-                elif waiter.error is None:
-                    waiter.error = lost
-                    waiter.event.set()
+            for operation, _index in pending.values():
+                operation.fail(lost)
             queued = session.add_queue
             session.add_queue = []
             for add in queued:
                 add.call.fail(lost)
-            self._grant_room(0)
             with anyio.CancelScope(shield=True):
                 await anyio.aclose_forcefully(session.stream)
 
@@ -238,16 +297,7 @@ class NodeConnection(DeadlineSweeper):
                             # about the connection itself (too many): the node closes it
                             session.error = error_from_response(response)
                         continue  # else its caller gave up (timeout): drop it
-                    waiter, index = slot
-                    if not isinstance(waiter, Waiter):  # coalesced adds, batches
-                        waiter.deliver(response, clone_error)
-                        continue
-                    waiter.responses[index] = response
-                    waiter.remaining -= 1
-                    if waiter.remaining == 0:
-                        waiter.event.set()
-                if self._room_waiters:
-                    self._grant_room(len(pending))
+                    slot[0].deliver(response, slot[1])
         except anyio.EndOfStream:
             pass  # the node closed the connection (after saying why, if it did)
         except Exception as error:
@@ -280,81 +330,38 @@ class NodeConnection(DeadlineSweeper):
         """Turn the queued adds into frames (few: see pora.client.coalescer)."""
         queued = session.add_queue
         session.add_queue = []
-        limit = min(self._frame_bytes_max, session.node_frame_bytes_max or self._frame_bytes_max)
         pending = session.pending
         outbox = session.outbox
         entry_max = session.node_entry_bytes_max
-        for request_id, frame, add_frame in frames_for(queued, self._new_id, limit, entry_max):
+        limit = self.frame_limit(session)
+        for request_id, frame, add_frame in frames_for(queued, self.new_id, limit, entry_max):
             pending[request_id] = (add_frame, 0)
             outbox.append(frame)
 
     async def aclose(self) -> None:
         self._closed = True
-        self._sweeper_scope.cancel()
-        session = self._session
+        self.deadlines.stop()
+        session = self.session
         if session is not None:
             session.cancel_scope.cancel()
 
-    # --- room under inflight_max ------------------------------------------------------------
+    # --- request ids ---------------------------------------------------------------------------
 
-    def _busy(self, session: Session) -> bool:
-        """No room under inflight_max (requests and coalesced adds in flight, and
-        room handed out) or inflight_bytes_max (bytes of coalesced adds)."""
-        return (
-            len(session.pending) + self._adds_in_flight + self._room_granted >= self._inflight_max
-            or self._add_bytes_in_flight >= self._inflight_bytes_max
-        )
-
-    def _grant_room(self, pending: int) -> None:
-        """Wake the callers first in line, as many as there is room for besides the
-        `pending` requests in flight and the room already handed out."""
-        waiters = self._room_waiters
-        while (
-            waiters
-            and pending + self._adds_in_flight + self._room_granted < self._inflight_max
-            and self._add_bytes_in_flight < self._inflight_bytes_max
-        ):
-            self._room_granted += 1
-            waiters.popleft().set()
-
-    async def _wait_for_room(self, timeout_s: float) -> float:
-        """Wait in line for room under `inflight_max`; returns what is left of the
-        call's timeout, or raises RequestTimeout when it runs out first."""
-        event = self._new_event()
-        self._room_waiters.append(event)
-        started = anyio.current_time()
-        try:
-            with anyio.move_on_after(timeout_s):
-                await event.wait()
-        except BaseException:  # cancelled: room handed to this caller goes to the next
-            if event.is_set():
-                self._room_granted -= 1
-                session = self._session
-                self._grant_room(len(session.pending) if session is not None else 0)
-            else:
-                self._room_waiters.remove(event)
-            raise
-        if event.is_set():
-            self._room_granted -= 1  # this caller's requests take the room now
-        else:
-            self._room_waiters.remove(event)
-        if not event.is_set():
-            raise RequestTimeout(
-                f"no room to send a request to node {self.address} within {timeout_s} s: "
-                f"{self._inflight_max} requests were in flight all along (inflight_max); "
-                "nothing was sent. Retry, raise inflight_max, or make fewer calls at once"
-            )
-        return max(0.0, timeout_s - (anyio.current_time() - started))
-
-    def _ids(self, count: int) -> list[int]:
+    def ids(self, count: int) -> list[int]:
         first = self._next_request_id
         self._next_request_id = first + count
         return list(range(first, first + count))
 
-    def _new_id(self) -> int:
+    def new_id(self) -> int:
         request_id = self._next_request_id
         self._next_request_id = request_id + 1
         return request_id
 
 
-__all__ = ["DEFAULT_PORT", "NodeConnection", "split_address"]
+__all__ = [
+    "DEFAULT_PORT",
+    "NodeConnection",
+    "StreamOpener",
+    "split_address",
+    "tcp_opener",
+]

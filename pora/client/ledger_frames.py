@@ -10,8 +10,8 @@ whole leaves its request's answer at None ("every entry stored"); only a refusal
 or an entry failing alone makes a list of outcomes for that request.
 
 `BatchCall` is one caller's call (several ledgers' batches, one wait); each frame
-in flight is a `BatchFrame` in the connection's pending requests, answered by
-`deliver` or failed with the connection by `fail`, like `coalescer.AddFrame`.
+in flight is a `BatchFrame` in the connection's pending map, a
+`pending.PendingOperation` like every other.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from netio.messages import (
 )
 from pora.client.frame_cuts import BATCH_FRAME_BASE, cut_frames
 from pora.client.node_channel import AddRequest
-from pora.client.remote_errors import error_from_response
+from pora.client.remote_errors import clone_error, error_from_response
 from pora.client.waiting import Event
 
 #: one request's outcomes: None when every entry of it was stored, else one each
@@ -81,19 +81,21 @@ class BatchCall:
 class BatchFrame:
     """One frame in flight of a `BatchCall`: entries [start, stop) of request `index`."""
 
-    __slots__ = ("call", "index", "ledger_id", "opcode", "start", "stop")
+    __slots__ = ("call", "deadline", "index", "ledger_id", "opcode", "start", "stop")
 
     def __init__(
         self, call: BatchCall, index: int, ledger_id: int, opcode: int, start: int, stop: int
     ) -> None:
         self.call = call
+        #: the call's (a plain attribute: the sweep reads it every tick)
+        self.deadline = call.deadline
         self.index = index
         self.ledger_id = ledger_id
         self.opcode = opcode
         self.start = start
         self.stop = stop
 
-    def deliver(self, response: ResponseMessage, clone: Callable[[PoraError], PoraError]) -> None:
+    def deliver(self, response: ResponseMessage, _index: int) -> None:
         kind = type(response)
         if kind is AddRunResponse or kind is AddBatchResponse:
             assert isinstance(response, AddRunResponse | AddBatchResponse)
@@ -107,7 +109,7 @@ class BatchFrame:
             error = error_from_response(response)
             outcomes = self.call.outcomes_of(self.index)
             for position in range(self.start, self.stop):
-                outcomes[position] = error if position == self.start else clone(error)
+                outcomes[position] = error if position == self.start else clone_error(error)
         elif kind is not AddEntryResponse or self.stop - self.start != 1:
             self._mismatch(response)
             return
@@ -115,6 +117,10 @@ class BatchFrame:
 
     def fail(self, error: PoraError) -> None:
         self.call.fail(error)
+
+    def time_out(self, now: float) -> None:
+        if self.deadline <= now:
+            self.call.time_out()
 
     def _entries_failed(self, request_id: int, failures: list[tuple[int, int, str]]) -> None:
         entries = self.call.requests[self.index].entries

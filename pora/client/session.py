@@ -1,6 +1,5 @@
-"""One connection of the per-node client and what waits on it: the node's identity
-(`NodeInfo`), a caller's `Waiter` for its responses, and the `Session` (stream,
-requests in flight, frames to send). Callers park on `pora.client.waiting`'s events."""
+"""One connection of the per-node client: the node's identity (`NodeInfo`) and the
+`Session` (stream, operations in flight, frames to send)."""
 
 from __future__ import annotations
 
@@ -10,12 +9,9 @@ from typing import Final
 import anyio
 import anyio.abc
 
-from journal.errors import PoraError
 from netio.codec import ResponseDecoder
-from netio.messages import ResponseMessage
-from pora.client.coalescer import AddFrame, QueuedAdd
-from pora.client.ledger_frames import BatchFrame
-from pora.client.waiting import Event
+from pora.client.coalescer import QueuedAdd
+from pora.client.pending import PendingOperation
 
 RECEIVE_BYTES: Final = 256 * 1024
 
@@ -33,28 +29,15 @@ class NodeInfo:
     instance_id: str = ""
 
 
-class Waiter:
-    """One caller waiting for `remaining` responses, one per frame it sent (one
-    request, or a batch: the ADD_RUN frames of an `add_entries`)."""
-
-    __slots__ = ("error", "event", "remaining", "responses", "timed_out")
-
-    def __init__(self, count: int, event: Event) -> None:
-        self.event = event
-        self.remaining = count
-        self.responses: list[ResponseMessage | None] = [None] * count
-        self.error: PoraError | None = None
-        self.timed_out = False
-
-
 class Session:
     """One connection: its stream, its requests in flight, its frames to send."""
 
     def __init__(self, stream: anyio.abc.ByteStream, frame_bytes_max: int) -> None:
         self.stream = stream
         self.decoder = ResponseDecoder(frame_bytes_max, RECEIVE_BYTES)
-        #: request id -> (waiter, index of the response in the waiter)
-        self.pending: dict[int, tuple[Waiter | AddFrame | BatchFrame, int]] = {}
+        #: request id -> (the operation its response goes to, the response's index
+        #: in it)
+        self.pending: dict[int, tuple[PendingOperation, int]] = {}
         self.outbox: list[bytes] = []
         self.outbox_ready = anyio.Event()
         self.error: BaseException | None = None
@@ -86,9 +69,7 @@ def why_lost(error: BaseException | None) -> str:
 
 __all__ = [
     "RECEIVE_BYTES",
-    "Event",
     "NodeInfo",
     "Session",
-    "Waiter",
     "why_lost",
 ]

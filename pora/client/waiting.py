@@ -9,8 +9,9 @@ loop runs (`trio_running`, through sniffio) and picks the waiter:
   `TrioEvent` under trio, `asyncio.Event` under asyncio, else anyio's.
 - `wakeup_factory`: an event with one waiter (a request's caller): `TrioWakeup`
   under trio, else anyio's.
-- `OneParked`: the parking of one task on the object it waits on, under trio
-  (`TrioWakeup`, and `coalescer.ParkedAddCall`, which parks on itself).
+- `TrioWakeup` and `coalescer.ParkedAddCall` park their task on themselves under
+  trio, with `journal.parking.OneParked` (the one parker the node's in-process
+  adds use too).
 - `trio_running`: for waiters that park on themselves.
 
 Call the factories in a task, once per client.
@@ -20,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import anyio
 import sniffio
 import trio
+
+from journal.parking import OneParked
 
 
 class Event(Protocol):
@@ -74,42 +77,6 @@ class TrioEvent:
         return trio.lowlevel.wait_task_rescheduled(abort)  # noqa: ASYNC105 (as above)
 
 
-class OneParked:
-    """One task parked on an object under trio until the object wakes it, once:
-    rescheduled directly, without the parking lot of a `trio.Event` (each caller of
-    the client waits on its own, once per request: this is part of the per-add
-    cost). Mixed into what a caller waits on (`TrioWakeup`, `ParkedAddCall`), which
-    holds its two slots, `_task` and `_woken` (both start None and False)."""
-
-    if not TYPE_CHECKING:  # (mypy would refuse the slots its subclasses hold)
-        __slots__ = ()
-
-    _task: trio.lowlevel.Task | None
-    _woken: bool
-
-    def _wake(self) -> None:
-        if self._woken:
-            return
-        self._woken = True
-        task = self._task
-        if task is not None:
-            self._task = None
-            trio.lowlevel.reschedule(task)
-
-    def _park(self) -> Awaitable[object]:
-        """What to await (trio's trap itself, as `TrioEvent.wait`)."""
-        if self._woken:
-            return trio.lowlevel.checkpoint()  # noqa: ASYNC105 (awaited by the caller)
-        if self._task is not None:
-            raise RuntimeError(f"a {type(self).__name__} has one waiter at most")
-        self._task = trio.lowlevel.current_task()
-        return trio.lowlevel.wait_task_rescheduled(self._abort)  # noqa: ASYNC105 (as above)
-
-    def _abort(self, _raise_cancel: object) -> trio.lowlevel.Abort:
-        self._task = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-
 class TrioWakeup(OneParked):
     """An event with one waiter, under trio (see `OneParked`)."""
 
@@ -147,7 +114,6 @@ def wakeup_factory() -> Callable[[], Event]:
 
 __all__ = [
     "Event",
-    "OneParked",
     "TrioEvent",
     "TrioWakeup",
     "event_factory",

@@ -5,7 +5,8 @@ ledger apply. Here the calls of one turn are queued; the first caller of the tur
 (its leader) yields once, so that the other tasks running in the same turn queue
 theirs, then submits them all: each ledger's adds by entry id, consecutive ones
 (same key and flags) as one run request (`entry_runs`, the served node's path).
-Every caller parks once and is rescheduled by its entry's completion, with its own
+Every caller parks once (`journal.parking.OneParked`, the parker the per-node
+client uses too) and is rescheduled by its entry's completion, with its own
 outcome raised in it (an entry of a run that fails alone fails only its caller).
 `add_batch` calls, already runs, share the turn's submission as they are.
 """
@@ -15,10 +16,10 @@ from __future__ import annotations
 import operator
 from collections.abc import Awaitable, Callable
 
-import outcome
 import trio
 
 from journal.errors import PoraError
+from journal.parking import OneParked
 from journal.request import Add, Request, entry_runs
 
 __all__ = ["AddQueue"]
@@ -30,66 +31,66 @@ Refusal = Callable[[Add], PoraError | None]
 _ledger_and_entry = operator.itemgetter(1, 2)
 
 
+class _ParkedAdd(OneParked):
+    """The caller of one `add` of a turn, parked until its entry completes."""
+
+    __slots__ = ("_task", "_woken", "error")
+
+    def __init__(self) -> None:
+        self._task = None
+        self._woken = False
+        #: the add's error once it failed (for the turn's leader, which finds its
+        #: outcome after submitting rather than parked)
+        self.error: BaseException | None = None
+
+    def settle(self, error: BaseException | None) -> None:
+        self.error = error
+        self._wake(error)
+
+
 class _Turn:
     """The adds queued in one scheduler turn and their callers."""
 
-    __slots__ = ("adds", "early", "requests", "tasks")
+    __slots__ = ("adds", "parked", "requests")
 
     def __init__(self) -> None:
         #: `add_entry` calls, as `Add` tuples tagged with their index here
         self.adds: list[Add] = []
-        #: per tag, the caller's task while it is parked (None: not parked)
-        self.tasks: list[trio.lowlevel.Task | None] = []
-        #: outcomes that came before their caller parked (the leader's, refusals)
-        self.early: dict[int, BaseException | None] = {}
+        #: per tag, the caller waiting for that add
+        self.parked: list[_ParkedAdd] = []
         #: requests of `add_batch` calls, each completing its caller itself
         self.requests: list[Request] = []
 
-    def settle(self, tag: int, error: BaseException | None) -> None:
-        task = self.tasks[tag]
-        if task is None:
-            self.early[tag] = error
-            return
-        self.tasks[tag] = None
-        trio.lowlevel.reschedule(
-            task, outcome.Value(None) if error is None else outcome.Error(error)
-        )
-
     def on_done(self, run: Request) -> None:
         """A run of the turn's adds completed: wake each of its callers."""
-        tasks = self.tasks
+        parked = self.parked
         if run.error is None and run.entry_errors is None:
             for tag in run.tags:
-                task = tasks[tag]
-                if task is None:
-                    self.early[tag] = None
-                else:
-                    tasks[tag] = None
-                    trio.lowlevel.reschedule(task)
+                parked[tag]._wake()
             return
         for index, tag in enumerate(run.tags):
-            self.settle(tag, run.error_of(index))
+            parked[tag].settle(run.error_of(index))
 
 
-class Completion:
+class Completion(OneParked):
     """Parks one task until every request given completed: the last completion
     reschedules it (cheaper than an Event per request: this is part of the per-add
     cost of in-process writers). Requests refused at submission complete before
     the task parks, and it then does not park."""
 
-    __slots__ = ("_parked", "_pending", "_task")
+    __slots__ = ("_pending", "_task", "_woken")
 
     def __init__(self, requests: list[Request]) -> None:
-        self._task = trio.lowlevel.current_task()
+        self._task = None
+        self._woken = False
         self._pending = len(requests)
-        self._parked = False
         for request in requests:
             request.on_done = self._one_done
 
     def _one_done(self, _request: Request) -> None:
         self._pending -= 1
-        if self._pending == 0 and self._parked:
-            trio.lowlevel.reschedule(self._task)
+        if self._pending == 0:
+            self._wake()
 
     async def wait(self) -> None:
         """Until every request completed. Cancelling the wait does not cancel the
@@ -99,12 +100,7 @@ class Completion:
             # a schedule point all the same, as every call that submits has
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
-        self._parked = True
-        await trio.lowlevel.wait_task_rescheduled(self._abort)
-
-    def _abort(self, _raise_cancel: object) -> trio.lowlevel.Abort:
-        self._parked = False
-        return trio.lowlevel.Abort.SUCCEEDED
+        await self._park()
 
 
 class AddQueue:
@@ -148,25 +144,20 @@ class AddQueue:
         turn = self._turn
         if turn is None:
             turn = self._turn = _Turn()
-        elif len(turn.tasks) + len(turn.requests) >= self._queued_max:
+        elif len(turn.parked) + len(turn.requests) >= self._queued_max:
             return self._add_when_room(
                 ledger_id, entry_id, last_add_confirmed, master_key, payload, recovery
             )
-        tasks = turn.tasks
-        tag = len(tasks)
+        parked = turn.parked
+        tag = len(parked)
+        caller = _ParkedAdd()
+        parked.append(caller)
         turn.adds.append(
             (tag, ledger_id, entry_id, last_add_confirmed, master_key, payload, recovery)
         )
         if tag == 0 and not turn.requests:
-            tasks.append(None)
-            return self._lead(turn, tag)
-        tasks.append(trio.lowlevel.current_task())
-
-        def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
-            tasks[tag] = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        return trio.lowlevel.wait_task_rescheduled(abort)  # noqa: ASYNC105 (awaited by the caller)
+            return self._lead(turn, caller)
+        return caller._park()
 
     async def _add_when_room(
         self,
@@ -180,22 +171,15 @@ class AddQueue:
         await self._current_turn()
         await self.add(ledger_id, entry_id, last_add_confirmed, master_key, payload, recovery)
 
-    async def _lead(self, turn: _Turn, tag: int) -> None:
-        """The add that opened `turn`: submit the turn, then wait for its own outcome."""
+    async def _lead(self, turn: _Turn, caller: _ParkedAdd) -> None:
+        """The add that opened `turn`: submit the turn, then wait for its own outcome
+        (known already when it was refused, or completed during the submission)."""
         await self._submit_turn(turn)
-        if tag in turn.early:
-            error = turn.early[tag]
-            if error is not None:
-                raise error
+        if caller._woken:
+            if caller.error is not None:
+                raise caller.error
             return
-        tasks = turn.tasks
-        tasks[tag] = trio.lowlevel.current_task()
-
-        def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
-            tasks[tag] = None
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
+        await caller._park()
 
     async def perform(self, requests: list[Request]) -> None:
         """Queue `requests` (runs of one `add_batch`) and wait until every one of them
@@ -203,7 +187,7 @@ class AddQueue:
         await trio.lowlevel.checkpoint_if_cancelled()
         turn = await self._current_turn()
         completion = Completion(requests)
-        leader = not turn.tasks and not turn.requests
+        leader = not turn.parked and not turn.requests
         turn.requests += requests
         if leader:
             await self._submit_turn(turn)
@@ -211,7 +195,7 @@ class AddQueue:
 
     async def _current_turn(self) -> _Turn:
         turn = self._turn
-        while turn is not None and len(turn.tasks) + len(turn.requests) >= self._queued_max:
+        while turn is not None and len(turn.parked) + len(turn.requests) >= self._queued_max:
             if self._space is None:
                 self._space = trio.Event()
             await self._space.wait()
@@ -233,7 +217,7 @@ class AddQueue:
             adds.sort(key=_ledger_and_entry)  # stable: one id twice keeps its order
         batch, refused = entry_runs(adds, self._entry_bytes_max, turn.on_done, self._refusal)
         for tag, refusal in refused:
-            turn.settle(tag, refusal)
+            turn.parked[tag].settle(refusal)
         if turn.requests:
             batch += turn.requests
         try:

@@ -42,7 +42,7 @@ from pora.client.node_channel import (
     RangeAnswer,
     add_entries_each,
 )
-from pora.client.replication.node_pool import ChannelOpener
+from pora.client.node_pool import ChannelOpener
 from simulation.cluster import SimCluster
 from simulation.history import History
 

@@ -8,8 +8,8 @@ is passed in), so that tests and a seeded simulation drive them without sockets:
 `ledger_records.py`, `entry_format.py`, `arguments.py`, `config.py` and `errors.py`.
 The rest does the I/O around them on anyio: `client.py` (`connect`, `Client`),
 `writer.py`, `sender.py` and `node_senders.py` (the write path), `ensemble_change.py`,
-`recovery.py` and `recovery_adds.py`, `reader.py`, `replica_reads.py` and `tail.py`,
-and `node_pool.py` (one channel per node); the byte budgets are netio's
-(`netio/budget.py`). docs/architecture.md walks an
-append through them.
+`recovery.py` and `recovery_adds.py`, `reader.py`, `replica_reads.py` and `tail.py`;
+the channels to the nodes are `pora.client.node_pool`'s (one per node), the byte
+budgets netio's (`netio/budget.py`). docs/architecture.md walks an append through
+them.
 """

@@ -28,6 +28,7 @@ from ledger.errors import NoSuchLedger
 from netio.budget import Budget
 from netio.security import master_key_from_password
 from pora.client.lone_errors import lone_error_unwrapped
+from pora.client.node_pool import ChannelOpener, NodePool, tcp_channels
 from pora.client.replication.arguments import (
     check_password,
     check_quorums,
@@ -39,7 +40,6 @@ from pora.client.replication.ensemble_change import WriterContext
 from pora.client.replication.errors import ClientClosed, DeleteFailed, RecoveryFailed
 from pora.client.replication.ledger_records import check_password as check_master_key
 from pora.client.replication.ledger_records import marked_deleting, new_ledger
-from pora.client.replication.node_pool import ChannelOpener, NodePool, tcp_channels
 from pora.client.replication.node_senders import NodeSenders
 from pora.client.replication.placement import choose_ensemble
 from pora.client.replication.reader import LedgerReader, open_ledger
@@ -391,13 +391,18 @@ async def connect(
             open_metadata(url, config.metadata, create=False) as store,
             client_on_store(
                 store,
-                open_channel or tcp_channels(config),
+                open_channel or tcp_channels(config.node_timeout_s, config.connect_timeout_s),
                 config,
                 rng or random.Random(),
                 metrics,
             ) as client,
         ):
             yield client
+
+
+def _client_closed(what: str) -> PoraError:
+    """What the client's node pool raises once the client ended."""
+    return ClientClosed(None, what)
 
 
 @asynccontextmanager
@@ -412,7 +417,7 @@ async def client_on_store(
     with its own store and channels): its task group, its node pool, and on the way out
     its writers abandoned and its connections closed."""
     async with anyio.create_task_group() as tasks:
-        pool = NodePool(tasks, open_channel)
+        pool = NodePool(tasks, open_channel, closed_error=_client_closed)
         client = Client(store, pool, tasks, config, rng, metrics)
         try:
             yield client

@@ -20,6 +20,7 @@ import anyio
 from journal.errors import PoraError
 from ledger.errors import LedgerFenced, NoSuchLedger
 from netio.budget import Budget
+from pora.client.node_pool import NodePool
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.errors import NotEnoughNodes
 from pora.client.replication.ledger_records import (
@@ -29,7 +30,6 @@ from pora.client.replication.ledger_records import (
     writer_after_conflict,
     writer_ensemble_change,
 )
-from pora.client.replication.node_pool import NodePool
 from pora.client.replication.node_senders import NodeSenders
 from pora.client.replication.placement import choose_replacements, quarantined
 from pora.client.replication.quorum import AckTracker

@@ -36,8 +36,8 @@ import anyio.abc
 from journal.errors import PoraError
 from netio.budget import Budget
 from pora.client.node_channel import AddAnswer, AddRequest
+from pora.client.node_pool import NodePool
 from pora.client.replication.config import ClientConfig
-from pora.client.replication.node_pool import NodePool
 from pora.client.waiting import Event
 from pora.meta.records import EnsembleMember
 

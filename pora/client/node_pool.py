@@ -7,8 +7,9 @@ group, opens a connection once however many tasks ask for it at the same time (a
 lock per address), and closes every connection when the client ends.
 
 `open_channel(address)` is the seam: an async context manager giving the channel
-for an address. The default opens TCP (`connect_node` + `TcpChannel`) with the
-client's timeouts; tests pass in-process channels.
+for an address. `tcp_channels` opens TCP (`connect_node` + `TcpChannel`) with the
+timeouts given; tests pass in-process channels. The pool knows no more of its
+owner than the error a call after its end raises (`closed_error`).
 """
 
 from __future__ import annotations
@@ -19,35 +20,45 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 import anyio
 import anyio.abc
 
+from journal.errors import PoraError
+from netio.errors import ConnectionLost
 from pora.client.node_channel import NodeChannel
 from pora.client.node_client import connect_node
-from pora.client.replication.config import ClientConfig
-from pora.client.replication.errors import ClientClosed
 from pora.client.tcp_channel import TcpChannel
 
 ChannelOpener = Callable[[str], AbstractAsyncContextManager[NodeChannel]]
 
 
-def tcp_channels(config: ClientConfig) -> ChannelOpener:
-    """The default opener: a `connect_node` connection per address, its requests
-    bounded by `node_timeout_s` and its connects by `connect_timeout_s`."""
+def tcp_channels(node_timeout_s: float, connect_timeout_s: float) -> ChannelOpener:
+    """A `connect_node` connection per address, its requests bounded by
+    `node_timeout_s` and its connects by `connect_timeout_s`."""
 
     @asynccontextmanager
     async def open_channel(address: str) -> AsyncIterator[NodeChannel]:
         async with connect_node(
-            address,
-            timeout_s=config.node_timeout_s,
-            connect_timeout_s=config.connect_timeout_s,
+            address, timeout_s=node_timeout_s, connect_timeout_s=connect_timeout_s
         ) as client:
             yield TcpChannel(client)
 
     return open_channel
 
 
+def _pool_closed(what: str) -> PoraError:
+    return ConnectionLost(f"the node pool is closed: {what}")
+
+
 class NodePool:
-    def __init__(self, task_group: anyio.abc.TaskGroup, open_channel: ChannelOpener) -> None:
+    def __init__(
+        self,
+        task_group: anyio.abc.TaskGroup,
+        open_channel: ChannelOpener,
+        *,
+        closed_error: Callable[[str], PoraError] = _pool_closed,
+    ) -> None:
         self._task_group = task_group
         self._open_channel = open_channel
+        #: what a call after `aclose` raises, given what it could not do
+        self._closed_error = closed_error
         self._channels: dict[str, NodeChannel] = {}
         self._locks: dict[str, anyio.Lock] = {}
         self._stops: dict[str, anyio.Event] = {}
@@ -69,7 +80,7 @@ class NodePool:
             channel = self._channels.get(address)
             if channel is None:
                 if self._closed:
-                    raise ClientClosed(None, f"it opens no channel to {address}")
+                    raise self._closed_error(f"it opens no channel to {address}")
                 channel = await self._task_group.start(self._hold, address)
                 self._channels[address] = channel
         return channel
