@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import anyio
 
 from pora.client.lone_errors import lone_error_unwrapped
+from pora.client.node_pool import NodePool, tcp_channels
 from pora.client.replication.config import ClientConfig
-from pora.client.replication.node_pool import NodePool, tcp_channels
 from pora.client.replication.replica_reads import ChannelFor
 from pora.cluster_ops.audit import AuditReport, audit
 from pora.cluster_ops.fragments import DRAINING, MISSING_ENTRIES, LostMember, fragments_of
@@ -43,7 +43,7 @@ async def cluster_session(url: str, config: ClientConfig | None = None) -> Async
             open_metadata(url, config.metadata, create=False) as store,
             anyio.create_task_group() as tasks,
         ):
-            pool = NodePool(tasks, tcp_channels(config))
+            pool = NodePool(tasks, tcp_channels(config.node_timeout_s, config.connect_timeout_s))
             try:
                 yield Cluster(store, pool.channel, config)
             finally:
