@@ -1,6 +1,6 @@
 """`pora status --metadata URL` on a real SQLite metadata store filled through the
-store's API, and the under-replication rule it counts with: a fragment's member is
-missing when no node is registered at its address or one with another instance id."""
+store's API, and the under-replication rule it counts with: the audit's
+(docs/rereplication.md A1..A3, A14), so that `pora status` and `pora audit` agree."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ import pytest
 from cli_support import run_cli
 from test_cli_metadata_views import fill
 
-from pora.cli._cluster_health import under_replicated
+from pora.cluster_ops.fragments import DRAINING, OTHER_INSTANCE, UNREGISTERED
+from pora.cluster_ops.inventory import mark_draining
 from pora.meta import MetadataStore, NodeRegistration
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState
 from pora.streams.document_model import STREAMS_SPACE
 
 Capsys = pytest.CaptureFixture[str]
 
-A, B, C, D = (EnsembleMember(f"10.0.0.{k}:3181", f"inst-{k}") for k in range(1, 5))
+A, B, C, D, E, F = (EnsembleMember(f"10.0.0.{k}:3181", f"inst-{k}") for k in range(1, 7))
 
 
 def ledger_on(
@@ -40,42 +41,86 @@ def live(*members: EnsembleMember) -> dict[str, NodeRegistration]:
     return {m.address: NodeRegistration(m.address, m.instance_id) for m in members}
 
 
-def test_a_fragment_is_under_replicated_when_a_member_is_gone_or_another_instance() -> None:
-    closed = ledger_on(
-        1,
-        Ensemble(0, (A, B, C)),
-        Ensemble(10, (A, B, D)),
-        state=LedgerState.CLOSED,
-        last_entry_id=19,
-        length=100,
-    )
-    assert under_replicated(closed, live(A, B, C, D)) == []
-    # C is gone: only the first fragment (0-9) held anything on it
-    (fragment,) = under_replicated(closed, live(A, B, D))
-    assert (fragment.first_entry_id, fragment.last_entry_id) == (0, 9)
-    assert fragment.missing == (C,) and fragment.copies_left == 2
-    # D's address answers with another instance id: a wiped data dir
-    wiped = {**live(A, B, C), D.address: NodeRegistration(D.address, "inst-new")}
-    (fragment,) = under_replicated(closed, wiped)
-    assert (fragment.first_entry_id, fragment.last_entry_id, fragment.missing) == (10, 19, (D,))
-    # an open ledger's last fragment is at risk too, with no end yet
-    (fragment,) = under_replicated(ledger_on(2, Ensemble(0, (A, B, C))), live(A, B))
-    assert fragment.last_entry_id is None
-    # a closed ledger's last ensemble that covers no entry holds nothing at risk
-    empty_tail = ledger_on(
-        3, Ensemble(0, (A, B, C)), Ensemble(5, (A, B, D)), state=LedgerState.CLOSED,
-        last_entry_id=4,
+def test_status_counts_what_the_audit_lists_on_the_same_cluster(
+    tmp_path: Path, capsys: Capsys
+) -> None:
+    """One rule (docs/rereplication.md A1..A3, A14): every kind of lost member, an open
+    tail, an empty tail and write sets of several widths, counted by `pora status` and
+    listed by `pora audit`, member for member."""
+    url = f"sqlite:///{tmp_path}/meta.db"
+    # A, E, F healthy; B draining; C's data dir wiped; D not registered
+    ledgers = [
+        ledger_on(  # 10-19 on C's old instance
+            1, Ensemble(0, (A, E, F)), Ensemble(10, (A, E, C)), state=LedgerState.CLOSED,
+            last_entry_id=19,
+        ),
+        ledger_on(2, Ensemble(0, (A, E, D))),  # an open tail on D
+        ledger_on(  # A3: the tail on D covers no entry
+            3, Ensemble(0, (A, E, F)), Ensemble(5, (A, E, D)), state=LedgerState.CLOSED,
+            last_entry_id=4,
+        ),
+        # E=4 Qw=2: C and D are in no write set together; B and D share entry 1's
+        ledger_on(4, Ensemble(0, (A, C, E, D)), write_quorum=2),
+        ledger_on(5, Ensemble(0, (A, B, D, E)), write_quorum=2),
+        # one entry, written to D and A only: one copy left, whatever C holds
+        ledger_on(
+            6, Ensemble(0, (D, A, C)), write_quorum=2, state=LedgerState.CLOSED,
+            last_entry_id=0,
+        ),
+    ]  # fmt: skip
+
+    async def body(store: MetadataStore) -> None:
+        for member in (A, B, E, F):
+            await store.register_node(NodeRegistration(member.address, member.instance_id), 60)
+        await store.register_node(NodeRegistration(C.address, "inst-wiped"), 60)
+        await mark_draining(store, B.address, "test", 0)
+        for meta in ledgers:
+            await store.create_ledger(meta)
+
+    fill(url, body)
+    audit = run_cli(capsys, "audit", "--metadata", url, "--json")
+    assert audit.status == 1, audit.err
+    findings = audit.json()["under_replicated"]
+    status = run_cli(capsys, "status", "--metadata", url, "--json", "--show", "100")
+    assert status.status == 0, status.err
+    risk = status.json()["under_replicated"]
+
+    listed_by_audit = sorted(
+        (f["ledger"], f["fragment"]["first_entry"], f["fragment"]["last_entry"], f["node"],
+         f["instance_id"], f["why"], f["copies_left"])
+        for f in findings
     )  # fmt: skip
-    assert under_replicated(empty_tail, live(A, B, C)) == []
+    counted_by_status = sorted(
+        (f["ledger_id"], f["first_entry_id"], f["last_entry_id"], m["address"],
+         m["instance_id"], m["why"], f["copies_left"])
+        for f in risk["list"]
+        for m in f["missing"]
+    )  # fmt: skip
+    assert counted_by_status == listed_by_audit
+    assert listed_by_audit == [
+        (1, 10, 19, C.address, C.instance_id, OTHER_INSTANCE, 2),
+        (2, 0, None, D.address, D.instance_id, UNREGISTERED, 2),
+        (4, 0, None, C.address, C.instance_id, OTHER_INSTANCE, 1),
+        (4, 0, None, D.address, D.instance_id, UNREGISTERED, 1),
+        (5, 0, None, B.address, B.instance_id, DRAINING, 0),
+        (5, 0, None, D.address, D.instance_id, UNREGISTERED, 0),
+        (6, 0, 0, C.address, C.instance_id, OTHER_INSTANCE, 1),
+        (6, 0, 0, D.address, D.instance_id, UNREGISTERED, 1),
+    ]
+    fragments = {(f["ledger"], f["fragment"]["first_entry"]) for f in findings}
+    assert (risk["fragments"], risk["ledgers"], risk["missing_replicas"], risk["more"]) == (
+        len(fragments), len({ledger for ledger, _ in fragments}), len(findings), False,
+    )  # fmt: skip
 
-
-def test_copies_left_counts_the_worst_write_set() -> None:
-    # E=4 Qw=2: write sets are neighbours; A and C missing are never in one set
-    striped = ledger_on(1, Ensemble(0, (A, B, C, D)), write_quorum=2)
-    (fragment,) = under_replicated(striped, live(B, D))
-    assert fragment.copies_left == 1
-    (fragment,) = under_replicated(striped, live(C, D))  # A and B share entry 0's set
-    assert fragment.copies_left == 0
+    nodes = status.json()["nodes"]
+    assert nodes["draining"] == 1
+    assert {n["address"]: n["draining"] for n in nodes["list"]} == {
+        A.address: False, B.address: True, C.address: False, E.address: False,
+        F.address: False,
+    }  # fmt: skip
+    text = run_cli(capsys, "status", "--metadata", url)
+    assert "5 live: 5 writable, 0 read-only, 1 draining" in text.out
+    assert f"{B.address} (draining)" in text.out
 
 
 def test_status_sums_nodes_ledgers_streams_and_fragments_at_risk(
@@ -109,7 +154,8 @@ def test_status_sums_nodes_ledgers_streams_and_fragments_at_risk(
     assert doc["nodes"]["live"] == 3
     assert (doc["nodes"]["writable"], doc["nodes"]["read_only"]) == (2, 1)
     assert doc["nodes"]["free_bytes"] == 2**30 + 2**20
-    assert doc["nodes"]["draining"] is None  # registrations carry no mark here
+    assert doc["nodes"]["draining"] == 0
+    assert [node["draining"] for node in doc["nodes"]["list"]] == [False] * 3
     assert doc["ledgers"] == {
         "total": 5, "open": 1, "in_recovery": 0, "closed": 4, "closed_bytes": 300,
     }  # fmt: skip
@@ -117,7 +163,9 @@ def test_status_sums_nodes_ledgers_streams_and_fragments_at_risk(
     risk = doc["under_replicated"]
     assert (risk["fragments"], risk["ledgers"], risk["missing_replicas"]) == (4, 4, 4)
     assert [f["ledger_id"] for f in risk["list"]] == [0, 1] and risk["more"] is True
-    assert risk["list"][0]["missing"] == [{"address": C.address, "instance_id": C.instance_id}]
+    assert risk["list"][0]["missing"] == [
+        {"address": C.address, "instance_id": C.instance_id, "why": OTHER_INSTANCE}
+    ]
 
     text = run_cli(capsys, "status", "--metadata", url)
     assert text.status == 0, text.err

@@ -1,7 +1,8 @@
 """`pora status --metadata URL`: the cluster on one screen, from its metadata store
-alone: the live nodes (writable or read-only, draining when registrations say,
-free space), the ledgers by state and the bytes of the closed ones, the streams,
-and the fragments with a replica on a node that is gone (`_cluster_health.py`).
+alone: the live nodes (writable or read-only, draining, free space), the ledgers by
+state and the bytes of the closed ones, the streams, and the under-replicated
+fragments, decided by the audit's own rule (`pora.cluster_ops.fragments`, A1..A3 and
+A14 of docs/rereplication.md) so that `pora status` and `pora audit` agree.
 
 The ledgers are read page by page; only counts and the first `--show` fragments at
 risk are kept, so a store of any size is summed in bounded memory.
@@ -9,15 +10,15 @@ risk are kept, so a store of any size is summed in bounded memory.
 `--json` prints one object, a stable shape for scripts:
 
     {"metadata": URL, "now_ms": int,
-     "nodes": {"live": int, "writable": int, "read_only": int, "draining": int | null,
+     "nodes": {"live": int, "writable": int, "read_only": int, "draining": int,
                "free_bytes": int,
-               "list": [`pora nodes --json`'s node fields + "draining": bool | null]},
+               "list": [`pora nodes --json`'s node fields + "draining": bool]},
      "ledgers": {"total": int, "open": int, "in_recovery": int, "closed": int,
                  "closed_bytes": int},
      "streams": int,
      "under_replicated": {"fragments": int, "ledgers": int, "missing_replicas": int,
                           "list": [{"ledger_id", "first_entry_id", "last_entry_id",
-                                    "missing": [{"address", "instance_id"}],
+                                    "missing": [{"address", "instance_id", "why"}],
                                     "copies_left"}, ...],
                           "more": bool}}
 """
@@ -25,20 +26,22 @@ risk are kept, so a store of any size is summed in bounded memory.
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pora.cli._cluster_health import Fragment, draining, under_replicated
 from pora.cli._common import EXIT_OK, EXIT_REFUSED, CommandError, command, print_json, print_table
 from pora.cli._metadata import add_metadata_argument, query_metadata
 from pora.cli.nodes import ago, node_json, state
+from pora.cluster_ops.fragments import LostMember, lost_members
+from pora.cluster_ops.inventory import all_ledgers, draining_addresses, live_nodes
 from pora.meta import MetadataStore, NodeRegistration
 from pora.meta.records import LedgerState
 from pora.streams.document_model import STREAMS_SPACE
 from pora.tools.progress import format_bytes
 
-#: ledger records and stream names read per call
+#: stream names read per call (the ledgers are paged by `all_ledgers`)
 PAGE_SIZE: Final = 500
 #: fragments at risk listed by default
 SHOW_DEFAULT: Final = 10
@@ -49,10 +52,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "status",
         help="the cluster on one screen: nodes, ledgers, streams, fragments at risk",
         description="Summarise the cluster from its metadata store: the live nodes "
-        "(writable, read-only, draining when marked, free space), the ledgers by state and "
+        "(writable, read-only, draining, free space), the ledgers by state and "
         "the payload bytes of the closed ones, the streams, and the under-replicated "
-        "fragments: those with a replica on a node that is not registered, or registered "
-        "with another instance id (a wiped or replaced data dir). Reads the store only.",
+        "fragments, by the rule of `pora audit` without --deep: those with a replica on a "
+        "node that is not registered, registered with another instance id (a wiped or "
+        "replaced data dir), or draining. Reads the store only.",
     )
     add_metadata_argument(parser, required=True)
     parser.add_argument(
@@ -68,6 +72,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(run=run_status)
 
 
+@dataclass(frozen=True)
+class _AtRisk:
+    """One under-replicated fragment: its lost members, as the audit lists them."""
+
+    lost: tuple[LostMember, ...]
+
+    def as_json(self) -> dict[str, object]:
+        fragment = self.lost[0].fragment
+        return {
+            "ledger_id": fragment.ledger_id,
+            "first_entry_id": fragment.first_entry_id,
+            "last_entry_id": fragment.last_entry_id,
+            "missing": [
+                {"address": m.member.address, "instance_id": m.member.instance_id, "why": m.why}
+                for m in self.lost
+            ],
+            # one figure for the whole fragment (A2): every member carries the same
+            "copies_left": self.lost[0].copies_left,
+        }
+
+
 @dataclass
 class _Tally:
     """The sums of one pass over the ledgers."""
@@ -78,14 +103,17 @@ class _Tally:
     fragments: int = 0
     ledgers_at_risk: int = 0
     missing_replicas: int = 0
-    listed: list[Fragment] = field(default_factory=list)
+    listed: list[_AtRisk] = field(default_factory=list)
 
-    def add(self, fragments: list[Fragment]) -> None:
-        if fragments:
+    def add(self, lost: list[LostMember]) -> None:
+        """One ledger's lost members, in fragment order (as `lost_members` gives them)."""
+        if lost:
             self.ledgers_at_risk += 1
-        self.fragments += len(fragments)
-        self.missing_replicas += sum(len(f.missing) for f in fragments)
-        self.listed.extend(fragments[: self.show - len(self.listed)])
+        self.missing_replicas += len(lost)
+        for _, members in itertools.groupby(lost, key=lambda m: m.fragment.index):
+            self.fragments += 1
+            if len(self.listed) < self.show:
+                self.listed.append(_AtRisk(tuple(members)))
 
 
 @dataclass
@@ -96,21 +124,16 @@ class _Status:
 
 
 async def _status(store: MetadataStore, show: int) -> _Status:
-    nodes = await store.list_nodes()
-    live = {node.address: node for node in nodes}
+    # the audit's inputs, read the audit's way: the same store gives the same answer
+    live = await live_nodes(store)
+    draining = await draining_addresses(store)
     tally = _Tally(show)
-    after = -1
-    while True:
-        page = await store.list_ledgers(after_id=after, limit=PAGE_SIZE)
-        for record in page:
-            meta = record.value
-            tally.by_state[meta.state] += 1
-            if meta.state is LedgerState.CLOSED:
-                tally.closed_bytes += meta.length
-            tally.add(under_replicated(meta, live))
-        if len(page) < PAGE_SIZE:
-            break
-        after = page[-1].value.ledger_id
+    async for record in all_ledgers(store):
+        meta = record.value
+        tally.by_state[meta.state] += 1
+        if meta.state is LedgerState.CLOSED:
+            tally.closed_bytes += meta.length
+        tally.add(lost_members(meta, live, draining))
     streams, names_after = 0, ""
     while True:
         names = await store.list_documents(STREAMS_SPACE, after=names_after, limit=PAGE_SIZE)
@@ -118,12 +141,7 @@ async def _status(store: MetadataStore, show: int) -> _Status:
         if len(names) < PAGE_SIZE:
             break
         names_after = names[-1]
-    return _Status(nodes, tally, streams)
-
-
-def _draining_count(nodes: list[NodeRegistration]) -> int | None:
-    marks = [draining(node) for node in nodes]
-    return None if any(mark is None for mark in marks) and nodes else sum(bool(m) for m in marks)
+    return _Status(list(live.values()), tally, streams)
 
 
 @command
@@ -148,9 +166,9 @@ def _as_json(url: str, now_ms: int, found: _Status) -> dict[str, Any]:
             "live": len(nodes),
             "writable": sum(not node.read_only for node in nodes),
             "read_only": sum(node.read_only for node in nodes),
-            "draining": _draining_count(nodes),
+            "draining": sum(node.draining for node in nodes),
             "free_bytes": sum(node.free_bytes for node in nodes),
-            "list": [{**node_json(node, now_ms), "draining": draining(node)} for node in nodes],
+            "list": [{**node_json(node, now_ms), "draining": node.draining} for node in nodes],
         },
         "ledgers": {
             "total": sum(tally.by_state.values()),
@@ -173,11 +191,10 @@ def _as_json(url: str, now_ms: int, found: _Status) -> dict[str, Any]:
 def _print_screen(url: str, now_ms: int, found: _Status) -> None:
     report = _as_json(url, now_ms, found)
     nodes, ledgers, risk = report["nodes"], report["ledgers"], report["under_replicated"]
-    draining_text = "unknown" if nodes["draining"] is None else str(nodes["draining"])
     print(f"metadata          {url}")
     print(
         f"nodes             {nodes['live']} live: {nodes['writable']} writable, "
-        f"{nodes['read_only']} read-only, {draining_text} draining; "
+        f"{nodes['read_only']} read-only, {nodes['draining']} draining; "
         f"{format_bytes(nodes['free_bytes'])} free"
     )
     print(
@@ -196,7 +213,7 @@ def _print_screen(url: str, now_ms: int, found: _Status) -> None:
         rows = [
             [
                 node.address,
-                state(node) + (" draining" if draining(node) else ""),
+                state(node) + (" draining" if node.draining else ""),
                 format_bytes(node.free_bytes),
                 node.rack or "-",
                 ago((now_ms - node.last_seen_ms) / 1000),
@@ -208,13 +225,13 @@ def _print_screen(url: str, now_ms: int, found: _Status) -> None:
         print()
         fragment_rows: list[list[object]] = [
             [
-                fragment.ledger_id,
-                f"{fragment.first_entry_id}-"
-                + ("" if fragment.last_entry_id is None else str(fragment.last_entry_id)),
-                ",".join(member.address for member in fragment.missing),
-                fragment.copies_left,
+                at_risk["ledger_id"],
+                f"{at_risk['first_entry_id']}-"
+                + ("" if at_risk["last_entry_id"] is None else str(at_risk["last_entry_id"])),
+                ",".join(f"{m['address']} ({m['why']})" for m in at_risk["missing"]),
+                at_risk["copies_left"],
             ]
-            for fragment in found.tally.listed
+            for at_risk in risk["list"]
         ]
         print_table(("ledger", "entries", "missing", "copies_left"), fragment_rows)
         if risk["more"]:
