@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ssl
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 import anyio
@@ -36,6 +37,11 @@ from pora.client.session import (
 from pora.client.waiting import wakeup_factory
 
 DEFAULT_PORT: Final = 3181
+
+#: Opens a byte stream to a node address in place of TCP (`connect_node(open_stream=)`):
+#: the simulation's in-memory links (tests/simulation/wire.py). Raising OSError is a
+#: failed attempt, retried with backoff as a refused TCP connect is.
+StreamOpener = Callable[[str], Awaitable[anyio.abc.ByteStream]]
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -70,8 +76,10 @@ class NodeConnection(DeadlineSweeper):
         reconnect_attempts: int,
         backoff_initial_s: float,
         backoff_max_s: float,
+        open_stream: StreamOpener | None = None,
     ) -> None:
         super().__init__()
+        self._stream_opener = open_stream
         self.address = address
         self.host, self.port = split_address(address)
         self.timeout_s = timeout_s
@@ -168,7 +176,9 @@ class NodeConnection(DeadlineSweeper):
             try:
                 with anyio.fail_after(self.connect_timeout_s):
                     stream: anyio.abc.ByteStream
-                    if self._ssl_context is None:
+                    if self._stream_opener is not None:
+                        stream = await self._stream_opener(self.address)
+                    elif self._ssl_context is None:
                         stream = await anyio.connect_tcp(self.host, self.port)
                     else:
                         stream = await anyio.connect_tcp(

@@ -47,6 +47,7 @@ from netio.messages import (
     WriteLacResponse,
 )
 from pora.client.adds import AddClient
+from pora.client.connection import StreamOpener
 from pora.client.lone_errors import lone_error_unwrapped
 from pora.client.remote_errors import error_from_response
 from pora.client.session import NodeInfo
@@ -344,6 +345,7 @@ async def connect_node(
     reconnect_attempts: int = 5,
     backoff_initial_s: float = 0.05,
     backoff_max_s: float = 2.0,
+    open_stream: StreamOpener | None = None,
 ) -> AsyncIterator[NodeClient]:
     """Connect to the node at "host:port" (port 3181 if omitted) for the block.
 
@@ -353,7 +355,8 @@ async def connect_node(
     the node's certificate against the system's CAs, `tls_ca_file` against a
     file's (a self-signed node), or pass your own SSLContext. A lost connection is
     re-made on the next call, up to `reconnect_attempts` tries with exponential
-    backoff from `backoff_initial_s` to `backoff_max_s`.
+    backoff from `backoff_initial_s` to `backoff_max_s`. `open_stream` replaces
+    TCP (and TLS) with the given opener (the simulation's in-memory links).
     """
     with lone_error_unwrapped():
         async with anyio.create_task_group() as task_group:
@@ -369,6 +372,7 @@ async def connect_node(
                 reconnect_attempts=reconnect_attempts,
                 backoff_initial_s=backoff_initial_s,
                 backoff_max_s=backoff_max_s,
+                open_stream=open_stream,
             )
             task_group.start_soon(client._sweep_deadlines)
             try:

@@ -18,8 +18,8 @@ sees `ConnectionLost`)."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,9 @@ import pora
 from pora.meta.records import NodeRegistration
 from pora.meta.store import MetadataStore
 from pora.node.node import Node
+from pora.server.config import ServerConfig
 from pora.server.membership import check_mark
+from pora.server.server import Server
 
 #: registrations outlive any simulation: nothing renews them
 LEASE_S = 3600.0
@@ -55,19 +57,8 @@ class SimCluster:
     registered: dict[str, str] = field(default_factory=dict)
     _stops: dict[str, tuple[trio.Event, trio.Event]] = field(default_factory=dict)
     _locks: dict[str, trio.Lock] = field(default_factory=dict)
-    _serving: dict[str, set[trio.CancelScope]] = field(default_factory=dict)
-
-    @contextmanager
-    def serving(self, address: str) -> Iterator[trio.CancelScope]:
-        """A request the node at `address` works on; a crash cancels it."""
-        scope = trio.CancelScope()
-        scopes = self._serving.setdefault(address, set())
-        scopes.add(scope)
-        try:
-            with scope:
-                yield scope
-        finally:
-            scopes.discard(scope)
+    #: each running node's server and the nursery of its connections
+    _servers: dict[str, tuple[Server, trio.Nursery]] = field(default_factory=dict)
 
     def instance_id(self, address: str) -> str:
         return self.nodes[address].data_dir.instance_id
@@ -84,7 +75,7 @@ class SimCluster:
     async def _start(self, address: str) -> None:
         path = self.paths.setdefault(address, self.folder / address.replace(":", "_"))
         stop, stopped = trio.Event(), trio.Event()
-        node: Node = await self.nursery.start(self._hold, path, stop, stopped)
+        node: Node = await self.nursery.start(self._hold, address, path, stop, stopped)
         # a node open is a node known: a cancelled start must not leave it running,
         # its data dir locked, out of `nodes`
         with trio.CancelScope(shield=True):
@@ -102,18 +93,34 @@ class SimCluster:
 
     async def _hold(
         self,
+        address: str,
         path: Path,
         stop: trio.Event,
         stopped: trio.Event,
         *,
         task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        """Run the node and its server's connections until `stop`: a crash ends every
+        connection first (their peers read the end of the stream), then the node."""
         try:
             async with pora.open_node(path, **self.node_options) as node:
-                task_status.started(node)
-                await stop.wait()
+                server = Server(node, ServerConfig())
+                async with trio.open_nursery() as connections:
+                    self._servers[address] = (server, connections)
+                    task_status.started(node)
+                    await stop.wait()
+                    connections.cancel_scope.cancel()
+                del self._servers[address]
         finally:
             stopped.set()
+
+    def accept(self, address: str, stream: trio.abc.Stream) -> None:
+        """Serve a connection to the node at `address` on `stream` (a connect that
+        reached it); a node that is down refuses it."""
+        if address not in self.nodes:
+            raise ConnectionRefusedError(f"node {address} is down (simulated)")
+        server, connections = self._servers[address]
+        connections.start_soon(server.serve_connection, stream)
 
     async def crash(self, address: str) -> None:
         """Stop the node at once: its requests in flight are cut off; its data dir and
@@ -125,8 +132,6 @@ class SimCluster:
         node = self.nodes.pop(address, None)
         if node is None:
             return
-        for scope in self._serving.get(address, set()):
-            scope.cancel()
         stop, stopped = self._stops.pop(address)
         stop.set()
         await stopped.wait()

@@ -168,7 +168,7 @@ async def sim_client(store: MetadataStore, network: SimNetwork, name: str) -> As
     """A `pora.Client` named `name` on the simulated network (as `pora.connect`
     builds one, on the simulation's store and channels)."""
     rng = random.Random(f"{network.seed}/{name}")
-    async with client_on_store(store, network.opener(name), SIM_CONFIG, rng) as client:
+    async with client_on_store(store, network.opener(name, SIM_CONFIG), SIM_CONFIG, rng) as client:
         if network.history is not None:
             watch_backlog(client, network.history)
         yield client
