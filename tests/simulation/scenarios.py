@@ -15,12 +15,14 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
+from errno import EIO, ENOSPC
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import trio
 
 from journal.errors import PoraError
+from journal.fileio import use_file_calls
 from ledger.errors import NoSuchEntry, NoSuchLedger
 from pora import Client, ClientConfig, LedgerFenced, LedgerWriter
 from pora.client.local_channel import LocalChannel
@@ -35,6 +37,7 @@ from pora.meta.store import MetadataStore
 from simulation import invariants
 from simulation.clock import SimTime, counted_threads, counting_store, tasks_in_order
 from simulation.cluster import SimCluster, sim_cluster
+from simulation.disk import SimDisk
 from simulation.history import History
 from simulation.network import LinkFaults, SimNetwork
 
@@ -70,6 +73,9 @@ class Fault:
     by SIGSTOP), rollback (its data dir copied now, and put back from that copy after
     `for_s`: R27).
 
+    disk-full, disk-error: the node's disk fails `calls` with ENOSPC, EIO for
+    `for_s`; then it is mended, and the node restarted if its journal failed.
+
     kill-recovery: the adds of the recovery `client` to Qw - Qa + 1 members of the
     ledger's last ensemble, from member `node` on (an index into its members), fail
     for `for_s` (fencing and reads pass), so its re-adds fall short of Qa and it
@@ -83,6 +89,8 @@ class Fault:
     for_s: float = 0.5
     client: str = WRITER
     factor: float = 100.0
+    #: disk-full, disk-error: which of the node's file calls fail ("write", "sync")
+    calls: tuple[str, ...] = ("write",)
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,11 @@ class RunResult:
     dropped: int = 0
     #: the closed ledger's ensembles
     ensembles: tuple[Ensemble, ...] = ()
+    #: unsynced writes the nodes' crashes lost, torn tails they left, and disk faults
+    #: (ENOSPC, EIO, a crashed node's) their file calls met
+    lost_writes: int = 0
+    torn_tails: int = 0
+    disk_faults_met: int = 0
 
 
 def run_plan(plan: Plan, folder: Path) -> RunResult:
@@ -145,16 +158,17 @@ def run_simulated(
     through `wrap_store`, inside the simulated latency) and `nodes` nodes (data dirs
     under `folder`), what `run_plan` and the stream scenarios run on."""
     sim = SimTime()
+    disk = SimDisk(seed)
     results: list[T] = []
 
     async def main() -> None:
-        with counted_threads(sim):
+        with counted_threads(sim, disk), use_file_calls(disk):
             async with trio.open_nursery() as outer:
                 outer.start_soon(sim.drive)
                 async with open_metadata(f"sqlite:///{folder}/meta.db") as raw:
                     store = counting_store(wrap_store(raw), sim, seed)
                     data = folder / "nodes"
-                    async with sim_cluster(store, data, nodes, sim.quiet) as cluster:
+                    async with sim_cluster(store, data, nodes, sim.quiet, disk) as cluster:
                         results.append(await body(store, cluster))
                 outer.cancel_scope.cancel()
 
@@ -438,6 +452,10 @@ class Simulation:
         elif fault.kind == "rollback":
             await cluster.copy(address)
             undo.start_soon(self._later, fault.for_s, cluster.roll_back, address)
+        elif fault.kind in ("disk-full", "disk-error"):
+            errno = ENOSPC if fault.kind == "disk-full" else EIO
+            await cluster.fail_disk(address, errno, fault.calls)
+            undo.start_soon(self._later, fault.for_s, cluster.mend_disk, address)
         elif fault.kind == "partition":
             network.partition(fault.client, address)
 
@@ -490,12 +508,14 @@ class Simulation:
         await action(address)
 
     async def _audit(self) -> RunResult:
-        """Heal everything, recover the ledger, read it back whole, check replicas."""
+        """Heal everything (a node whose journal failed restarted), recover the ledger,
+        read it back whole, check replicas."""
         history, network = self.history, self.network
         network.heal_all()
         for address in self.cluster.addresses:
+            await self.cluster.mend_disk(address)
             await self.cluster.restart(address)
-        history.note("healed: every node up, every link mended")
+        history.note("healed: every node up, every link and disk mended")
         if self.ledger_id in history.deleted_ledgers:
             return await self._audit_deleted()
         async with sim_client(self.store, network, "auditor") as client:
@@ -515,7 +535,14 @@ class Simulation:
             dict(network.delivered),
             network.dropped,
             meta.ensembles,
+            *self._disk_figures(),
         )
+
+    def _disk_figures(self) -> tuple[int, int, int]:
+        disk = self.cluster.disk
+        if disk is None:
+            return 0, 0, 0
+        return disk.reverted_writes, disk.torn_tails, disk.faults_met
 
     async def _audit_deleted(self) -> RunResult:
         """R26: a deleted ledger is gone for every client: no record to open, and no
@@ -594,8 +621,9 @@ class Simulation:
 
 
 def plan_from_seed(seed: int) -> Plan:
-    """The whole plan drawn from the seed alone, so a seed names a run: quorums, node
-    count, load, racing recoveries, and up to three faults (at most one wipe or
+    """The whole plan drawn from the seed alone, so a seed names a run: quorums (Qw
+    from 1 to E, Qa from 1 to Qw), node count, load, racing recoveries, a full or
+    failing disk under one node (sometimes), and up to three other faults (at most one wipe or
     rollback, and only with Qa >= 2: a wiped node loses its copies, a rolled-back one
     those it took since the copy, and an entry acknowledged on Qa nodes survives the
     loss of Qa - 1; a kill-recovery plans recovery-0 for it to kill, and a spare node
@@ -603,7 +631,7 @@ def plan_from_seed(seed: int) -> Plan:
     enough to take it past SIM_CONFIG's backlog bound)."""
     rng = random.Random(seed)
     ensemble = rng.randint(2, 4)
-    write_quorum = rng.randint(max(1, ensemble - 1), ensemble)
+    write_quorum = rng.randint(1, ensemble)
     ack_quorum = rng.randint(1, write_quorum)
     nodes = ensemble + rng.randint(0, 2)
     faults: list[Fault] = []
@@ -656,6 +684,18 @@ def plan_from_seed(seed: int) -> Plan:
                 node=deleting.randrange(nodes),
                 for_s=round(deleting.uniform(0.05, 1.0), 3),
                 client="deleter",
+            )
+        )
+    # drawn apart from the rest too: a full or failing disk under one node
+    disks = random.Random(f"{seed}/disk-faults")
+    if disks.random() < 0.3:
+        faults.append(
+            Fault(
+                at_s=round(disks.uniform(0.0, 0.3), 4),
+                kind=disks.choice(["disk-full", "disk-error"]),
+                node=disks.randrange(nodes),
+                for_s=round(disks.uniform(0.05, 1.0), 3),
+                calls=disks.choice([("write",), ("sync",), ("write", "sync")]),
             )
         )
     lagging = any(fault.kind == "lag" for fault in faults)

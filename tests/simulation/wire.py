@@ -188,6 +188,16 @@ class ServerEnd(trio.abc.Stream):
         self._connection.close(self._connection.to_client, self._connection.to_node)
         await trio.lowlevel.checkpoint()
 
+    def reset(self) -> None:
+        """The node's process is gone: the client reads a reset after what was sent
+        before, and nothing the node writes from now on leaves it."""
+        connection = self._connection
+        if not connection.to_client.write_closed:
+            connection.to_client.write_closed = True
+            connection.to_client.push(_RESET, 0.0)
+        connection.to_node.read_closed = True
+        connection.to_node.wake()
+
 
 def _send(
     direction: _Direction,
