@@ -1,6 +1,9 @@
 """Simulated runs of the replicating client: a `Plan` (seed, quorums, nodes, load,
 racing recoveries, readers, a fault schedule) run by `run_plan` under `SimTime`,
 every client event recorded in a `History` that checks the invariants as it goes.
+Clients reach the nodes through the real per-node client and server (network.py),
+and the nodes' journals and entry logs sit on a disk that fails and forgets
+(disk.py): a crash loses what was not synced; ENOSPC and EIO come and go.
 
 A run: one writer appends from many tasks; recoveries start at planned times and
 race it and each other; a delete may too (R26); readers read below the LAC and a
