@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, currently_in_test_context, given, note, settings
 from hypothesis import strategies as st
-from simulation.scenarios import WRITER, Fault, Plan, RunResult, plan_from_seed, run_plan
+from simulation.plans import WRITER, Fault, Plan, plan_from_seed
+from simulation.scenarios import RunResult, run_plan
 
 SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
 

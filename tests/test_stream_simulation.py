@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from simulation.scenarios import Fault
+from simulation.plans import Fault
 from simulation.stream_scenarios import (
     StreamFault,
     StreamPlan,

@@ -43,7 +43,7 @@ from pora.streams.writer import StreamWriter
 from simulation import scenarios
 from simulation.cluster import SimCluster
 from simulation.network import SimNetwork
-from simulation.scenarios import Fault
+from simulation.plans import Fault
 from simulation.stream_invariants import StreamHistory
 from simulation.stream_txn import (
     DocumentWrites,
