@@ -31,7 +31,7 @@ class FileCalls(Protocol):
 
 
 class _OsCalls:
-    """The real OS: `os`'s own functions (no wrapper on the hot path)."""
+    """The real OS: `os`'s functions themselves (the seam costs a lookup per call)."""
 
     pwrite = staticmethod(os.pwrite)
     pwritev = staticmethod(os.pwritev)
