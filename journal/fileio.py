@@ -31,13 +31,23 @@ class FileCalls(Protocol):
 
 
 class _OsCalls:
-    """The real OS: `os`'s functions themselves (the seam costs a lookup per call)."""
+    """The real OS: `os`'s functions, looked up at each call (so a test that patches
+    `os.posix_fallocate` and the like still reaches the storage)."""
 
-    pwrite = staticmethod(os.pwrite)
-    pwritev = staticmethod(os.pwritev)
-    fdatasync = staticmethod(os.fdatasync)
-    fsync = staticmethod(os.fsync)
-    posix_fallocate = staticmethod(os.posix_fallocate)
+    def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int, /) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def pwritev(self, fd: int, buffers: Sequence[bytes | bytearray], offset: int, /) -> int:
+        return os.pwritev(fd, buffers, offset)
+
+    def fdatasync(self, fd: int, /) -> None:
+        os.fdatasync(fd)
+
+    def fsync(self, fd: int, /) -> None:
+        os.fsync(fd)
+
+    def posix_fallocate(self, fd: int, offset: int, length: int, /) -> None:
+        os.posix_fallocate(fd, offset, length)
 
 
 OS_CALLS: Final[FileCalls] = _OsCalls()
