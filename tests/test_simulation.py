@@ -4,7 +4,7 @@ seeded network that delays, drops (resetting connections) and partitions, with
 nodes crashing (losing what they had not synced, or left with a torn tail),
 slowing, falling behind the writer, pausing, losing their data dir, and meeting a
 full or failing disk; the invariants of docs/replication.md checked after every
-step and at the end. The fast suite runs three random seeds, the slow one 200.
+step and at the end. The fast suite runs eight random seeds, the slow one 200.
 
 A failing run names its seed; `PORA_SIM_SEED=<seed> pytest tests/test_simulation.py
 -k replay` runs that seed again, exactly (and checks that it does)."""
@@ -31,7 +31,7 @@ def run(plan: Plan) -> RunResult:
         return run_plan(plan, Path(folder))
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(SEEDS)
 def test_random_runs_keep_the_invariants(seed: int) -> None:
     run(plan_from_seed(seed))
