@@ -19,6 +19,7 @@ from typing import Final
 
 import crc32c
 
+from journal import fileio
 from journal.errors import JournalError, JournalFormatError
 from journal.fileio import fsync_directory, pwrite_all, pwritev_all
 from journal.format import (
@@ -322,7 +323,7 @@ class SegmentWriter:
     def sync(self) -> None:
         """Make every batch written so far durable."""
         if self._fsync:
-            os.fdatasync(self._fd)
+            fileio.fdatasync(self._fd)
 
     def close(self) -> None:
         """Close the open segment (without syncing). Idempotent."""
@@ -340,7 +341,7 @@ class SegmentWriter:
             # the caller synced after the last batch; this costs nothing then, and an
             # unsynced batch in a segment that is no longer last would be corruption
             if self._fsync:
-                os.fdatasync(old_fd)
+                fileio.fdatasync(old_fd)
         finally:
             os.close(old_fd)
 
@@ -358,10 +359,10 @@ class SegmentWriter:
                 raise _segment_exists(path) from None
             try:
                 if self._preallocate and os.fstat(fd).st_size < self._segment_bytes:
-                    os.posix_fallocate(fd, 0, self._segment_bytes)
+                    fileio.posix_fallocate(fd, 0, self._segment_bytes)
                 pwrite_all(fd, header, 0)
                 if self._fsync:
-                    os.fdatasync(fd)
+                    fileio.fdatasync(fd)
             except BaseException:
                 # a half-made segment would read as a torn tail; better not to leave it
                 os.close(fd)
@@ -397,7 +398,7 @@ class SegmentWriter:
         try:
             pwrite_all(fd, header, 0)
             if self._fsync:
-                os.fdatasync(fd)
+                fileio.fdatasync(fd)
             os.link(spare, path)
         except BaseException as error:
             os.close(fd)

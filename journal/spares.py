@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Final
 
+from journal import fileio
 from journal.fileio import fsync_directory, pwrite_all
 
 SPARE_SUFFIX: Final = ".spare"
@@ -168,7 +169,7 @@ class SpareSegments:
                 pwrite_all(fd, zeros[:length], offset)
                 offset += length
             if self._fsync:
-                os.fsync(fd)  # fsync, not fdatasync: the size must be durable too
+                fileio.fsync(fd)  # fsync, not fdatasync: the size must be durable too
             os.rename(partial, finished)
             if self._fsync:
                 fsync_directory(self._directory)

@@ -34,6 +34,7 @@ from typing import Final
 
 import crc32c
 
+from journal import fileio
 from journal.errors import JournalFormatError
 from journal.fileio import fsync_directory
 
@@ -132,7 +133,7 @@ def write_watermark(directory: Path, watermark: Watermark, *, fsync: bool = True
         if os.write(fd, data) != len(data):  # 24 bytes to a regular file: all or an error
             raise OSError(f"short write of {temp}")
         if fsync:
-            os.fdatasync(fd)
+            fileio.fdatasync(fd)
     finally:
         os.close(fd)
     os.replace(temp, watermark_path(directory))

@@ -31,6 +31,7 @@ from typing import Final
 
 import crc32c
 
+from journal import fileio
 from journal.fileio import fsync_directory, pwrite_all, pwritev_all
 from ledger.entrylog_format import (
     FIRST_CHUNK_BYTES,
@@ -143,7 +144,7 @@ class EntryLog:
             return cls._reuse(path, ledger_id, prealloc_chunk_bytes, fsync)
         first_chunk_bytes = min(prealloc_chunk_bytes, FIRST_CHUNK_BYTES)
         try:
-            os.posix_fallocate(fd, 0, first_chunk_bytes)
+            fileio.posix_fallocate(fd, 0, first_chunk_bytes)
             created_ms = _write_header(fd, ledger_id, fsync)
             if fsync:
                 # the new name, and any directory made for it, must survive a crash too
@@ -348,7 +349,7 @@ class EntryLog:
         if self._fd < 0:
             raise ValueError(f"{self.path}: entry log is closed")
         if self._fsync:
-            os.fdatasync(self._fd)
+            fileio.fdatasync(self._fd)
 
     def _ensure_allocated(self, end: int) -> None:
         """Grows the preallocated space until `end` fits in it.
@@ -364,7 +365,7 @@ class EntryLog:
             target += min(max(target, FIRST_CHUNK_BYTES), self._chunk_bytes)
         # fallocate reserves the blocks (no fragmentation, no ENOSPC mid-flush) and
         # extends the size; fdatasync later persists the new size with the data.
-        os.posix_fallocate(self._fd, self._allocated_bytes, target - self._allocated_bytes)
+        fileio.posix_fallocate(self._fd, self._allocated_bytes, target - self._allocated_bytes)
         self._allocated_bytes = target
 
     # --- reading ------------------------------------------------------------------
@@ -585,7 +586,7 @@ def _write_header(fd: int, ledger_id: int, fsync: bool) -> int:
     created_ms = time.time_ns() // 1_000_000
     pwrite_all(fd, _encode_header(ledger_id, created_ms), 0)
     if fsync:
-        os.fdatasync(fd)
+        fileio.fdatasync(fd)
     return created_ms
 
 

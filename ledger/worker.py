@@ -325,7 +325,8 @@ class LedgerWorker:
                 keyed = self._meta_or_create()
                 if keyed is None:
                     request.fail(LedgerDeleted(self.ledger_id, " on this node"))
-                elif keyed.master_key is None:
+                    continue
+                if keyed.master_key is None:
                     keyed.master_key = bytes(request.payload)
                 request.complete()
             else:  # the journal reader rejects unknown kinds; this is a bug

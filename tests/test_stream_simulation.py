@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from simulation.scenarios import Fault
+from simulation.plans import Fault
 from simulation.stream_scenarios import (
     StreamFault,
     StreamPlan,
@@ -48,7 +48,7 @@ def test_crashes_at_a_rollover_and_during_the_takeover() -> None:
     partition = Fault(at_s=0.0, kind="partition", node=1, for_s=0.3, client="writer-2")
     plan = StreamPlan(
         seed=3,
-        appends_each=10,
+        appends_each=20,  # writer-1 still appends when writer-2 takes over
         faults=(
             StreamFault(crash, after_commit=3),
             StreamFault(replace_node(crash, 2), at_takeover=True),

@@ -146,7 +146,7 @@ class Server:
                 await trio.sleep(0.1)
                 continue
             self.counters.connections_accepted += 1
-            connections.start_soon(self._serve, stream)
+            connections.start_soon(self.serve_connection, stream)
 
     async def _sweep_idle_connections(self) -> None:
         # a connection is closed between one and 1.25 idle timeouts after it went quiet
@@ -157,7 +157,10 @@ class Server:
             for connection in list(self._connections):
                 connection.close_if_idle(now)
 
-    async def _serve(self, stream: trio.abc.Stream) -> None:
+    async def serve_connection(self, stream: trio.abc.Stream) -> None:
+        """Serve one connection on `stream` until it ends, then close it: what `run`
+        does for each connection it accepts, and what the simulation calls with its
+        in-memory streams (tests/simulation/wire.py), where nothing listens."""
         try:
             if len(self._connections) >= self.config.connections_max:
                 self.counters.connections_refused += 1

@@ -8,11 +8,17 @@ was slow in real time, and a seed would not replay. `SimTime` counts the threads
 work (every `start_thread_soon`, which `trio.to_thread` and the journal's syncs use;
 `CountingStore` counts the SQLite writer's calls) and jumps only when that count is
 zero: a thread takes no simulated time at all.
+
+It reaches into trio to do so (`trio._core._run._r`, the scheduler's batch order, and
+`trio._threads.start_thread_soon`), which trio does not promise to keep: the trio
+versions it supports are `SUPPORTED_TRIO` (pyproject.toml's `test` extra pins the
+same range), and on any other it refuses to run, saying so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import inspect
 import math
@@ -21,13 +27,36 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
+import outcome
 import trio
 import trio.lowlevel
 import trio.testing
-from trio import _threads as trio_threads
-from trio._core import _run as trio_run  # the scheduler's batch shuffling
 
 from pora.meta.store import MetadataStore
+from simulation.disk import SimDisk, SyncJob
+
+#: the trio releases whose internals this module was checked against: [low, high)
+SUPPORTED_TRIO = ((0, 25), (0, 36))
+
+
+def _check_trio_version(version: str) -> None:
+    low, high = SUPPORTED_TRIO
+    release = tuple(int(part) for part in version.split(".")[:2] if part.isdigit())
+    if not low <= release < high:
+        raise RuntimeError(
+            f"the simulation patches trio's internals and supports trio "
+            f">={low[0]}.{low[1]},<{high[0]}.{high[1]}; this is trio {version}. Install "
+            "a trio in that range (pip install -e '.[test]'), or check the internals "
+            "clock.py patches against this trio and widen SUPPORTED_TRIO and "
+            "pyproject.toml's pin together"
+        )
+
+
+_check_trio_version(trio.__version__)
+
+# only once the version is known good: another trio may not have these
+from trio import _threads as trio_threads  # noqa: E402
+from trio._core import _run as trio_run  # noqa: E402  (the scheduler's batch order)
 
 
 class Deadlock(Exception):
@@ -77,25 +106,59 @@ class SimTime:
 
 
 @contextmanager
-def counted_threads(sim: SimTime) -> Iterator[None]:
+def counted_threads(sim: SimTime, disk: SimDisk | None = None) -> Iterator[None]:
     """Count every thread trio starts (`trio.to_thread`, the journal's syncs) as work
-    in progress until its result is back on the event loop."""
+    in progress until it has run. With a `disk`, the result of a thread that synced
+    a file reaches the event loop after a seeded disk latency in simulated time, and
+    its syncs become durable only then (`SimDisk.settle`): a crash within that
+    latency loses them. (Only those: a thread the metadata store waits for must not
+    wait for the clock, which stands still while the store works.)"""
     original = trio.lowlevel.start_thread_soon  # what trio._threads imported too
+    latency = random.Random(f"{disk.seed}/disk-latency") if disk is not None else None
 
     def counting(
         fn: Callable[[], Any], deliver: Callable[[Any], None], name: str | None = None
     ) -> None:
         token = trio.lowlevel.current_trio_token()
         sim.work_started()
+        if disk is None or latency is None:
 
-        def deliver_then_count(result: Any) -> None:  # in the worker thread
+            def deliver_then_count(result: Any) -> None:  # in the worker thread
+                deliver(result)
+                # queued after deliver's own callback: the woken task is runnable before
+                # the clock may move again
+                with contextlib.suppress(trio.RunFinishedError):
+                    token.run_sync_soon(sim.work_ended)
+
+            original(fn, deliver_then_count, name)
+            return
+        # drawn on the event loop, in the order threads start: the same for a seed
+        delay_s = latency.uniform(0.0005, 0.005)
+        job = SyncJob()
+
+        def run_in_job() -> Any:
+            with disk.in_job(job):
+                return fn()
+
+        async def settle_later(result: Any) -> None:
+            await trio.sleep(delay_s)
+            if not disk.settle(job):  # its node crashed first: the sync never ended
+                result = outcome.Error(OSError(errno.EIO, "the node crashed (simulated)"))
             deliver(result)
-            # queued after deliver's own callback: the woken task is runnable before
-            # the clock may move again
-            with contextlib.suppress(trio.RunFinishedError):
-                token.run_sync_soon(sim.work_ended)
 
-        original(fn, deliver_then_count, name)
+        def on_loop(result: Any) -> None:
+            trio.lowlevel.spawn_system_task(settle_later, result)
+            sim.work_ended()  # (after the spawn: its timer is set before the clock moves)
+
+        def held(result: Any) -> None:  # in the worker thread
+            with contextlib.suppress(trio.RunFinishedError):
+                if job.syncs:
+                    token.run_sync_soon(on_loop, result)
+                else:  # no sync to hold back (a read, the metadata store's work)
+                    deliver(result)
+                    token.run_sync_soon(sim.work_ended)
+
+        original(run_in_job, held, name)
 
     # trio.to_thread calls the name its module imported; the journal's syncs call
     # trio.lowlevel's

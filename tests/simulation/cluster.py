@@ -10,16 +10,22 @@ back from an older copy starts as a new instance. The simulation's nodes raise t
 mark at every stop, so it does not draw the window R27 leaves open (a copy taken
 within the last mark interval before a node was killed).
 
-A crash is the node's orderly stop after every request it is serving was cut off:
-entries a node acknowledged are durable on its disk, so a stop loses nothing a
-crash would keep, and the requests in flight end as a crash ends them (the caller
-sees `ConnectionLost`)."""
+Each node is served by its own `Server` (`Server.serve_connection`), over the
+in-memory connections `SimNetwork` makes (wire.py), as `pora serve` serves TCP.
+
+A crash is a crash: once no disk thread is at work, the node's disk (disk.py) fails
+every write and sync under its data dir, its connections are reset (nothing it
+sends from then on reaches a client), and the node's in-process shutdown runs
+against that dead disk; then whatever was not synced is lost (reverted, or left as
+a torn tail). The mark is raised to the journal's durable seq as the crash found
+it. LevelDB's files are outside the disk's seam: the index is as the shutdown left
+it."""
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +36,11 @@ import pora
 from pora.meta.records import NodeRegistration
 from pora.meta.store import MetadataStore
 from pora.node.node import Node
+from pora.server.config import ServerConfig
 from pora.server.membership import check_mark
+from pora.server.server import Server
+from simulation.disk import SimDisk
+from simulation.wire import ServerEnd
 
 #: registrations outlive any simulation: nothing renews them
 LEASE_S = 3600.0
@@ -45,6 +55,8 @@ class SimCluster:
     node_options: dict[str, Any] = field(default_factory=dict)
     #: returns once no disk thread is at work (SimTime.quiet)
     quiet: Callable[[], Awaitable[None]] = trio.lowlevel.checkpoint
+    #: the disk under every node's journal and entry logs (None: the real OS)
+    disk: SimDisk | None = None
     nodes: dict[str, Node] = field(default_factory=dict)
     #: the data dir each address runs on (a wipe moves it to a new one)
     paths: dict[str, Path] = field(default_factory=dict)
@@ -55,19 +67,12 @@ class SimCluster:
     registered: dict[str, str] = field(default_factory=dict)
     _stops: dict[str, tuple[trio.Event, trio.Event]] = field(default_factory=dict)
     _locks: dict[str, trio.Lock] = field(default_factory=dict)
-    _serving: dict[str, set[trio.CancelScope]] = field(default_factory=dict)
-
-    @contextmanager
-    def serving(self, address: str) -> Iterator[trio.CancelScope]:
-        """A request the node at `address` works on; a crash cancels it."""
-        scope = trio.CancelScope()
-        scopes = self._serving.setdefault(address, set())
-        scopes.add(scope)
-        try:
-            with scope:
-                yield scope
-        finally:
-            scopes.discard(scope)
+    #: each running node's server and the nursery of its connections
+    #: the server ends of each node's connections (a crash resets them)
+    _ends: dict[str, set[ServerEnd]] = field(default_factory=dict)
+    #: nodes crashed and not yet back (their shutdown's errors are swallowed)
+    _crashed: set[str] = field(default_factory=set)
+    _servers: dict[str, tuple[Server, trio.Nursery]] = field(default_factory=dict)
 
     def instance_id(self, address: str) -> str:
         return self.nodes[address].data_dir.instance_id
@@ -84,7 +89,7 @@ class SimCluster:
     async def _start(self, address: str) -> None:
         path = self.paths.setdefault(address, self.folder / address.replace(":", "_"))
         stop, stopped = trio.Event(), trio.Event()
-        node: Node = await self.nursery.start(self._hold, path, stop, stopped)
+        node: Node = await self.nursery.start(self._hold, address, path, stop, stopped)
         # a node open is a node known: a cancelled start must not leave it running,
         # its data dir locked, out of `nodes`
         with trio.CancelScope(shield=True):
@@ -102,18 +107,59 @@ class SimCluster:
 
     async def _hold(
         self,
+        address: str,
         path: Path,
         stop: trio.Event,
         stopped: trio.Event,
         *,
         task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
     ) -> None:
+        """Run the node and its server's connections until `stop`: a crash ends every
+        connection first (their peers read the end of the stream), then the node."""
         try:
-            async with pora.open_node(path, **self.node_options) as node:
-                task_status.started(node)
-                await stop.wait()
+            async with self._crashing(address), pora.open_node(path, **self.node_options) as node:
+                server = Server(node, ServerConfig())
+                async with trio.open_nursery() as connections:
+                    self._servers[address] = (server, connections)
+                    task_status.started(node)
+                    await stop.wait()
+                    connections.cancel_scope.cancel()
+                del self._servers[address]
         finally:
             stopped.set()
+
+    @asynccontextmanager
+    async def _crashing(self, address: str) -> AsyncIterator[None]:
+        """A crashed node's shutdown meets EIO at every write and sync: what it
+        raises then is not the node's to report (its process is gone)."""
+        try:
+            yield
+        except BaseException as error:
+            if address not in self._crashed:
+                raise
+            if isinstance(error, BaseExceptionGroup):
+                rest = error.subgroup(lambda e: not isinstance(e, Exception))
+                if rest is not None:
+                    raise rest from None
+            elif not isinstance(error, Exception):
+                raise
+
+    def accept(self, address: str, stream: ServerEnd) -> None:
+        """Serve a connection to the node at `address` on `stream` (a connect that
+        reached it); a node that is down refuses it."""
+        if address not in self.nodes:
+            raise ConnectionRefusedError(f"node {address} is down (simulated)")
+        server, connections = self._servers[address]
+        ends = self._ends.setdefault(address, set())
+        ends.add(stream)
+
+        async def serve() -> None:
+            try:
+                await server.serve_connection(stream)
+            finally:
+                ends.discard(stream)
+
+        connections.start_soon(serve)
 
     async def crash(self, address: str) -> None:
         """Stop the node at once: its requests in flight are cut off; its data dir and
@@ -125,14 +171,49 @@ class SimCluster:
         node = self.nodes.pop(address, None)
         if node is None:
             return
-        for scope in self._serving.get(address, set()):
-            scope.cancel()
         stop, stopped = self._stops.pop(address)
+        root = node.data_dir.root
+        if self.disk is not None:
+            # no disk thread is at work from here to the disk's failing: which of the
+            # node's writes and syncs made it depends on the seed alone
+            await self.quiet()
+            self.disk.crash(root)
+        # the journal's durable seq as the crash found it (its records dispatched were
+        # synced; a sync under way is lost): the mark `pora serve` may have raised
+        durable_seq = node.statistics().journal.dispatched_seq
+        # before any other task runs: nothing the node does from now on reaches a client
+        for end in self._ends.pop(address, set()):
+            end.reset()
+        self._crashed.add(address)
         stop.set()
         await stopped.wait()
-        await self.store.advance_node_mark(
-            node.data_dir.instance_id, node.statistics().journal.dispatched_seq
-        )
+        self._crashed.discard(address)
+        if self.disk is not None:
+            self.disk.lose_unsynced(root)
+        await self.store.advance_node_mark(node.data_dir.instance_id, durable_seq)
+
+    async def fail_disk(self, address: str, errno: int, calls: Sequence[str]) -> None:
+        """The disk under the node at `address` fails its `calls` ("write", "sync")
+        with `errno` until `mend_disk`."""
+        node = self.nodes.get(address)
+        if node is None or self.disk is None:
+            return
+        await self.quiet()  # (no checkpoint from here on: see crash)
+        self.disk.fail(node.data_dir.root, errno, calls)
+
+    async def mend_disk(self, address: str) -> None:
+        """The disk works again; a node whose journal failed meanwhile refuses every
+        write until it is restarted (docs/operations.md), so it is, as its operator
+        would."""
+        node = self.nodes.get(address)
+        if node is None or self.disk is None:
+            return
+        await self.quiet()
+        self.disk.mend(node.data_dir.root)
+        if node.statistics().journal.failed:
+            async with self._lock(address):
+                await self._crash(address)
+                await self._start(address)
 
     async def restart(self, address: str) -> None:
         async with self._lock(address):
@@ -186,12 +267,13 @@ async def sim_cluster(
     folder: Path,
     nodes: int,
     quiet: Callable[[], Awaitable[None]] = trio.lowlevel.checkpoint,
+    disk: SimDisk | None = None,
     **node_options: Any,
 ) -> AsyncIterator[SimCluster]:
     """`nodes` nodes at `10.0.0.1:3181`, ... (names only: nothing listens)."""
     async with trio.open_nursery() as nursery:
         addresses = [f"10.0.0.{k}:3181" for k in range(1, nodes + 1)]
-        cluster = SimCluster(store, folder, addresses, nursery, node_options, quiet)
+        cluster = SimCluster(store, folder, addresses, nursery, node_options, quiet, disk)
         try:
             for address in addresses:
                 await cluster.start(address)

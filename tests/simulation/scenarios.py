@@ -1,6 +1,9 @@
-"""Simulated runs of the replicating client: a `Plan` (seed, quorums, nodes, load,
+"""Simulated runs of the replicating client: a `Plan` (plans.py: seed, quorums, nodes, load,
 racing recoveries, readers, a fault schedule) run by `run_plan` under `SimTime`,
 every client event recorded in a `History` that checks the invariants as it goes.
+Clients reach the nodes through the real per-node client and server (network.py),
+and the nodes' journals and entry logs sit on a disk that fails and forgets
+(disk.py): a crash loses what was not synced; ENOSPC and EIO come and go.
 
 A run: one writer appends from many tasks; recoveries start at planned times and
 race it and each other; a delete may too (R26); readers read below the LAC and a
@@ -14,13 +17,15 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from errno import EIO, ENOSPC
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import trio
 
 from journal.errors import PoraError
+from journal.fileio import use_file_calls
 from ledger.errors import NoSuchEntry, NoSuchLedger
 from pora import Client, ClientConfig, LedgerFenced, LedgerWriter
 from pora.client.local_channel import LocalChannel
@@ -35,11 +40,12 @@ from pora.meta.store import MetadataStore
 from simulation import invariants
 from simulation.clock import SimTime, counted_threads, counting_store, tasks_in_order
 from simulation.cluster import SimCluster, sim_cluster
+from simulation.disk import SimDisk
 from simulation.history import History
 from simulation.network import LinkFaults, SimNetwork
+from simulation.plans import WRITER, Fault, Plan
 
 PASSWORD = "sim"
-WRITER = "writer"
 
 #: failure detection in simulated seconds: a run of many timeouts costs no real time
 SIM_CONFIG = ClientConfig(
@@ -58,57 +64,9 @@ SIM_CONFIG = ClientConfig(
     node_quarantine_s=0.5,
 )
 
-
-@dataclass(frozen=True)
-class Fault:
-    """At `at_s`, `kind` hits node `node` (an index into the addresses) for `for_s`:
-    crash (restarted after, same data dir), partition (from `client`), slow (its
-    messages take `factor` times longer), lag (as slow, but `node` indexes the
-    writer's ensemble of that moment: a member left behind by the others, answering
-    within `node_timeout_s`, until the backlog bound fails it), wipe (back at once
-    on an empty data dir), pause (`client`'s messages are held, as a process stopped
-    by SIGSTOP), rollback (its data dir copied now, and put back from that copy after
-    `for_s`: R27).
-
-    kill-recovery: the adds of the recovery `client` to Qw - Qa + 1 members of the
-    ledger's last ensemble, from member `node` on (an index into its members), fail
-    for `for_s` (fencing and reads pass), so its re-adds fall short of Qa and it
-    replaces them (R20); it is killed right after it wrote the record naming the
-    replacements, before it closes, and a later recovery (another planned one, or the
-    auditor's) must find every acknowledged entry all the same."""
-
-    at_s: float
-    kind: str
-    node: int
-    for_s: float = 0.5
-    client: str = WRITER
-    factor: float = 100.0
-
-
-@dataclass(frozen=True)
-class Plan:
-    seed: int
-    nodes: int = 4
-    ensemble: int = 3
-    write_quorum: int = 3
-    ack_quorum: int = 2
-    appenders: int = 6
-    appends_each: int = 5
-    #: start times of recoveries racing the writer (and each other)
-    recoveries: tuple[float, ...] = (0.05,)
-    readers: int = 1
-    tail: bool = True
-    faults: tuple[Fault, ...] = ()
-    drop_rate: float = 0.0
-    #: the writer closes its ledger once its appenders are done (if not fenced)
-    close_writer: bool = True
-    #: every member of a recovered entry's write set holds it, whether or not it
-    #: answered the recovery (true only when no fault hides a member from it)
-    strict_recovery_copies: bool = False
-    #: the writer's pause between two appends of one task, at most (simulated s)
-    append_pause_s: float = 0.05
-    #: when a delete of the ledger (client "deleter") starts, racing the writer (R26)
-    delete_at_s: float | None = None
+#: the nodes' options: small journal segments, so that runs roll segments and make
+#: spares (under the disk's faults too), and a run writes megabytes, not hundreds
+SIM_NODE: dict[str, Any] = {"segment_bytes": 1 << 20}
 
 
 @dataclass
@@ -120,6 +78,11 @@ class RunResult:
     dropped: int = 0
     #: the closed ledger's ensembles
     ensembles: tuple[Ensemble, ...] = ()
+    #: unsynced writes the nodes' crashes lost, torn tails they left, and disk faults
+    #: (ENOSPC, EIO, a crashed node's) their file calls met
+    lost_writes: int = 0
+    torn_tails: int = 0
+    disk_faults_met: int = 0
 
 
 def run_plan(plan: Plan, folder: Path) -> RunResult:
@@ -145,16 +108,19 @@ def run_simulated(
     through `wrap_store`, inside the simulated latency) and `nodes` nodes (data dirs
     under `folder`), what `run_plan` and the stream scenarios run on."""
     sim = SimTime()
+    disk = SimDisk(seed)
     results: list[T] = []
 
     async def main() -> None:
-        with counted_threads(sim):
+        with counted_threads(sim, disk), use_file_calls(disk):
             async with trio.open_nursery() as outer:
                 outer.start_soon(sim.drive)
                 async with open_metadata(f"sqlite:///{folder}/meta.db") as raw:
                     store = counting_store(wrap_store(raw), sim, seed)
                     data = folder / "nodes"
-                    async with sim_cluster(store, data, nodes, sim.quiet) as cluster:
+                    async with sim_cluster(
+                        store, data, nodes, sim.quiet, disk, **SIM_NODE
+                    ) as cluster:
                         results.append(await body(store, cluster))
                 outer.cancel_scope.cancel()
 
@@ -168,7 +134,7 @@ async def sim_client(store: MetadataStore, network: SimNetwork, name: str) -> As
     """A `pora.Client` named `name` on the simulated network (as `pora.connect`
     builds one, on the simulation's store and channels)."""
     rng = random.Random(f"{network.seed}/{name}")
-    async with client_on_store(store, network.opener(name), SIM_CONFIG, rng) as client:
+    async with client_on_store(store, network.opener(name, SIM_CONFIG), SIM_CONFIG, rng) as client:
         if network.history is not None:
             watch_backlog(client, network.history)
         yield client
@@ -438,6 +404,10 @@ class Simulation:
         elif fault.kind == "rollback":
             await cluster.copy(address)
             undo.start_soon(self._later, fault.for_s, cluster.roll_back, address)
+        elif fault.kind in ("disk-full", "disk-error"):
+            errno = ENOSPC if fault.kind == "disk-full" else EIO
+            await cluster.fail_disk(address, errno, fault.calls)
+            undo.start_soon(self._later, fault.for_s, cluster.mend_disk, address)
         elif fault.kind == "partition":
             network.partition(fault.client, address)
 
@@ -490,12 +460,14 @@ class Simulation:
         await action(address)
 
     async def _audit(self) -> RunResult:
-        """Heal everything, recover the ledger, read it back whole, check replicas."""
+        """Heal everything (a node whose journal failed restarted), recover the ledger,
+        read it back whole, check replicas."""
         history, network = self.history, self.network
         network.heal_all()
         for address in self.cluster.addresses:
+            await self.cluster.mend_disk(address)
             await self.cluster.restart(address)
-        history.note("healed: every node up, every link mended")
+        history.note("healed: every node up, every link and disk mended")
         if self.ledger_id in history.deleted_ledgers:
             return await self._audit_deleted()
         async with sim_client(self.store, network, "auditor") as client:
@@ -515,7 +487,14 @@ class Simulation:
             dict(network.delivered),
             network.dropped,
             meta.ensembles,
+            *self._disk_figures(),
         )
+
+    def _disk_figures(self) -> tuple[int, int, int]:
+        disk = self.cluster.disk
+        if disk is None:
+            return 0, 0, 0
+        return disk.reverted_writes, disk.torn_tails, disk.faults_met
 
     async def _audit_deleted(self) -> RunResult:
         """R26: a deleted ledger is gone for every client: no record to open, and no
@@ -591,88 +570,3 @@ class Simulation:
                     f"entry {entry_id} of ledger {self.ledger_id} has {holders} copies on its "
                     f"write set, fewer than Qa={meta.ack_quorum} ({wiped} member(s) wiped)",
                 )
-
-
-def plan_from_seed(seed: int) -> Plan:
-    """The whole plan drawn from the seed alone, so a seed names a run: quorums, node
-    count, load, racing recoveries, and up to three faults (at most one wipe or
-    rollback, and only with Qa >= 2: a wiped node loses its copies, a rolled-back one
-    those it took since the copy, and an entry acknowledged on Qa nodes survives the
-    loss of Qa - 1; a kill-recovery plans recovery-0 for it to kill, and a spare node
-    for it to replace a member by; a member left behind comes with more appends,
-    enough to take it past SIM_CONFIG's backlog bound)."""
-    rng = random.Random(seed)
-    ensemble = rng.randint(2, 4)
-    write_quorum = rng.randint(max(1, ensemble - 1), ensemble)
-    ack_quorum = rng.randint(1, write_quorum)
-    nodes = ensemble + rng.randint(0, 2)
-    faults: list[Fault] = []
-    wiped = False
-    kills = False
-    for _ in range(rng.randint(0, 3)):
-        kind = rng.choice(
-            ["crash", "partition", "slow", "pause", "wipe", "rollback", "kill-recovery", "lag"]
-        )
-        if kind in ("wipe", "rollback") and (wiped or ack_quorum < 2):
-            kind = "crash"
-        wiped = wiped or kind in ("wipe", "rollback")
-        kills = kills or kind == "kill-recovery"
-        client = rng.choice([WRITER, WRITER, "recovery-0", "reader-0"])
-        fault = Fault(
-            at_s=round(rng.uniform(0.0, 0.3), 4),
-            kind=kind,
-            node=rng.randrange(nodes),
-            for_s=round(rng.uniform(0.05, 1.0), 3),
-            client="recovery-0" if kind == "kill-recovery" else client,
-            factor=rng.choice([10.0, 100.0, 300.0]),
-        )
-        if kind == "lag":  # behind for long, each answer within node_timeout_s
-            fault = replace(fault, for_s=fault.for_s + 1.0, factor=rng.choice([20.0, 50.0]))
-        faults.append(fault)
-    if wiped:
-        # a recovery re-adds to a wiped (or rolled-back) member's replacement: never
-        # the node itself (R9 excludes an address that failed for the ledger)
-        nodes = max(nodes, ensemble + 1)
-    if kills:
-        # a spare for each member whose recovery adds fail
-        nodes = max(nodes, ensemble + write_quorum - ack_quorum + 1)
-    recoveries = tuple(round(rng.uniform(0.0, 0.4), 4) for _ in range(rng.randint(int(kills), 2)))
-    if kills:
-        # the adds fail from recovery-0's start at the latest
-        faults = [
-            replace(f, at_s=min(f.at_s, recoveries[0])) if f.kind == "kill-recovery" else f
-            for f in faults
-        ]
-    # drawn apart from the rest, so that a seed's other choices stay what they were
-    deleting = random.Random(f"{seed}/delete")
-    delete_at_s = round(deleting.uniform(0.0, 0.4), 4) if deleting.random() < 0.25 else None
-    if delete_at_s is not None and deleting.random() < 0.5:
-        # a node the writer reaches and the delete does not: only the fence keeps
-        # the writer from being acknowledged there after the delete returned
-        faults.append(
-            Fault(
-                at_s=round(max(0.0, delete_at_s - deleting.uniform(0.0, 0.05)), 4),
-                kind="partition",
-                node=deleting.randrange(nodes),
-                for_s=round(deleting.uniform(0.05, 1.0), 3),
-                client="deleter",
-            )
-        )
-    lagging = any(fault.kind == "lag" for fault in faults)
-    return Plan(
-        seed=seed,
-        nodes=nodes,
-        ensemble=ensemble,
-        write_quorum=write_quorum,
-        ack_quorum=ack_quorum,
-        appenders=rng.randint(1, 8),
-        # a member left behind trips the backlog bound only under enough load
-        appends_each=rng.randint(3, 8) + (20 if lagging else 0),
-        recoveries=recoveries,
-        readers=rng.randint(0, 2),
-        tail=rng.random() < 0.5,
-        faults=tuple(faults),
-        drop_rate=rng.choice([0.0, 0.0, 0.005, 0.02]),
-        close_writer=rng.random() < 0.7,
-        delete_at_s=delete_at_s,
-    )

@@ -43,7 +43,7 @@ from pora.streams.writer import StreamWriter
 from simulation import scenarios
 from simulation.cluster import SimCluster
 from simulation.network import SimNetwork
-from simulation.scenarios import Fault
+from simulation.plans import Fault
 from simulation.stream_invariants import StreamHistory
 from simulation.stream_txn import (
     DocumentWrites,
@@ -219,7 +219,9 @@ def serial_store(inner: MetadataStore) -> MetadataStore:
 async def sim_client(store: MetadataStore, network: SimNetwork, name: str) -> AsyncIterator[Client]:
     """A `pora.Client` named `name` on the simulated network, with `STREAM_CONFIG`."""
     rng = random.Random(f"{network.seed}/{name}")
-    async with client_on_store(store, network.opener(name), STREAM_CONFIG, rng) as client:
+    async with client_on_store(
+        store, network.opener(name, STREAM_CONFIG), STREAM_CONFIG, rng
+    ) as client:
         yield client
 
 

@@ -23,7 +23,7 @@ from pora.streams.document import STREAMS_SPACE, decode_document
 from pora.streams.stream import Stream
 from pora.streams.transaction import Transaction
 from pora.streams.transaction_changes import pending
-from simulation.scenarios import Fault
+from simulation.plans import Fault
 from simulation.stream_invariants import StreamHistory, txn_payload
 
 if TYPE_CHECKING:
