@@ -27,6 +27,18 @@ def write_set_positions(entry_id: int, ensemble_size: int, write_quorum: int) ->
     return tuple((entry_id + k) % ensemble_size for k in range(write_quorum))
 
 
+def write_set_table(ensemble_size: int, write_quorum: int) -> tuple[tuple[int, ...], ...]:
+    """R3 by residue: row r is `write_set_positions(r, ...)`, the positions of every
+    entry whose id is r modulo E. A batch is striped, and an acknowledgement checked,
+    with one index per entry instead of the rule worked out again."""
+    return tuple(write_set_positions(r, ensemble_size, write_quorum) for r in range(ensemble_size))
+
+
+def _position_masks(table: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """Each row of a `write_set_table` as bits (1 << position)."""
+    return tuple(sum(1 << position for position in row) for row in table)
+
+
 def write_set(
     entry_id: int, members: Sequence[EnsembleMember], write_quorum: int
 ) -> tuple[EnsembleMember, ...]:
@@ -99,6 +111,8 @@ class AckTracker:
         self.ack_quorum = ack_quorum
         self._ensemble = ensemble
         self._positions = {member: p for p, member in enumerate(ensemble.members)}
+        #: R3 as bits, by entry id modulo E: E and Qw never change, nor then the masks
+        self._masks = _position_masks(write_set_table(len(ensemble.members), write_quorum))
         self._durable = True  # the ensemble a writer starts on is read from the metadata
         self._lac = last_add_confirmed
         self._next = last_add_confirmed + 1
@@ -172,13 +186,13 @@ class AckTracker:
         position = self._positions.get(member)
         if position is None or self._fenced:
             return self._advance()
-        acks = self._acks
+        acks, masks = self._acks, self._masks
         bit = 1 << position
-        size, quorum = len(self._positions), self.write_quorum
+        size = len(masks)
         # one lookup of the member for the whole batch: `_count_ack` inlined
         for entry_id in entry_ids:
             held = acks.get(entry_id)
-            if held is not None and (position - entry_id) % size < quorum:
+            if held is not None and masks[entry_id % size] & bit:
                 acks[entry_id] = held | bit
         return self._advance()
 
@@ -248,9 +262,10 @@ class AckTracker:
         position = self._positions.get(member)
         if held is None or position is None or self._fenced:
             return
-        # in the write set when the position is among the Qw after entry_id mod E
-        if (position - entry_id) % len(self._positions) < self.write_quorum:
-            self._acks[entry_id] = held | 1 << position
+        bit = 1 << position
+        masks = self._masks
+        if masks[entry_id % len(masks)] & bit:  # R3: in the entry's write set
+            self._acks[entry_id] = held | bit
 
     def _advance(self) -> range:
         if not self._durable:
