@@ -40,7 +40,7 @@ def answer_all(adds: PendingAdds, sends: list[Send]) -> list[int]:
     """Every member answers every batch OK; the ids acknowledged, in order."""
     acked: list[int] = []
     for member, entries, _ in sends:
-        acked += adds.acked(member, entries).ids
+        acked += adds.acked(member, entries, -1).ids
     return acked
 
 
@@ -81,9 +81,9 @@ def test_r4_an_entry_needs_qa_distinct_members_and_duplicates_count_once() -> No
     adds = machine(3, 3, 2)
     adds.add(b"a")
     (first, entries, _), (second, _, _), _ = adds.take_batches()
-    assert adds.acked(first, entries).ids == range(0)
-    assert adds.acked(first, entries).ids == range(0)  # the same member again
-    released = adds.acked(second, entries)
+    assert adds.acked(first, entries, -1).ids == range(0)
+    assert adds.acked(first, entries, -1).ids == range(0)  # the same member again
+    released = adds.acked(second, entries, -1)
     assert released.ids == range(1)
     assert released.payload_bytes == 1
     assert adds.last_add_confirmed == 0
@@ -95,10 +95,10 @@ def test_r4_the_lac_advances_only_over_a_contiguous_run() -> None:
     for payload in (b"a", b"bb", b"ccc"):
         adds.add(payload)
     ((member, entries, _),) = adds.take_batches()
-    assert adds.acked(member, entries[2:]).ids == range(0)  # 2 waits for 0 and 1
-    assert adds.acked(member, entries[1:2]).ids == range(0)
+    assert adds.acked(member, entries[2:], -1).ids == range(0)  # 2 waits for 0 and 1
+    assert adds.acked(member, entries[1:2], -1).ids == range(0)
     assert adds.last_add_confirmed == -1
-    released = adds.acked(member, entries[:1])
+    released = adds.acked(member, entries[:1], -1)
     assert released.ids == range(3)
     assert released.payload_bytes == 6
     assert adds.acked_length == 6
@@ -109,10 +109,10 @@ def test_an_ack_outside_an_entrys_write_set_counts_nothing() -> None:
     adds.add(b"x")  # entry 0: positions 0 and 1
     adds.take_batches()
     stray = [(0, b"forged")]
-    assert adds.acked(m(2), stray).ids == range(0)
-    assert adds.acked(m(9), stray).ids == range(0)  # not a member at all
-    assert adds.acked(m(0), stray).ids == range(0)
-    assert adds.acked(m(1), stray).ids == range(1)
+    assert adds.acked(m(2), stray, -1).ids == range(0)
+    assert adds.acked(m(9), stray, -1).ids == range(0)  # not a member at all
+    assert adds.acked(m(0), stray, -1).ids == range(0)
+    assert adds.acked(m(1), stray, -1).ids == range(1)
 
 
 def test_the_entries_of_one_turn_go_out_together_and_later_ones_in_the_next() -> None:
@@ -150,8 +150,8 @@ def test_r10_a_replacement_is_sent_the_pending_entries_of_its_write_sets() -> No
         adds.add(b"%d" % k)
     sent = adds.take_batches()
     # entry 0 (positions 0, 1) is acknowledged before the failure
-    assert adds.acked(m(0), [(0, b"")]).ids == range(0)
-    assert adds.acked(m(1), [(0, b"")]).ids == range(1)
+    assert adds.acked(m(0), [(0, b"")], -1).ids == range(0)
+    assert adds.acked(m(1), [(0, b"")], -1).ids == range(1)
     adds.add(b"4")  # not taken yet when the change comes: goes with its turn
     assert adds.failed(m(1))
     change = adds.replace({m(1): m(9)})
@@ -167,10 +167,10 @@ def test_r10_a_replacement_is_sent_the_pending_entries_of_its_write_sets() -> No
     assert not adds.sends_to(m(1))
     assert adds.sends_to(m(9))
     old_batches = [send for send in sent if send.member == m(1)]
-    assert adds.acked(m(1), old_batches[0].entries).ids == range(0)
+    assert adds.acked(m(1), old_batches[0].entries, -1).ids == range(0)
     # R10: nothing from the new ensemble's first entry on before it is durable
     answer_all(adds, [s for s in sent if s.member != m(1)])
-    assert adds.acked(m(9), resend.entries).ids == range(0)
+    assert adds.acked(m(9), resend.entries, -1).ids == range(0)
     assert adds.last_add_confirmed == 0
     released = adds.ensemble_durable(change.ensemble)
     assert released.ids == range(1, 4)
@@ -193,8 +193,8 @@ def test_a_fence_fails_every_pending_entry_and_ends_the_machine() -> None:
     for payload in (b"a", b"bb", b"ccc"):
         adds.add(payload)
     sends = adds.take_batches()
-    adds.acked(sends[0].member, sends[0].entries[:1])
-    adds.acked(sends[1].member, sends[1].entries[:1])  # entry 0 acknowledged
+    adds.acked(sends[0].member, sends[0].entries[:1], -1)
+    adds.acked(sends[1].member, sends[1].entries[:1], -1)  # entry 0 acknowledged
     adds.add(b"dddd")  # untaken
     failed = adds.fence()
     assert failed.ids == range(1, 4)
@@ -202,7 +202,7 @@ def test_a_fence_fails_every_pending_entry_and_ends_the_machine() -> None:
     assert adds.fenced
     assert adds.take_batches() == []
     assert not adds.sends_to(m(0))
-    assert adds.acked(sends[2].member, sends[2].entries).ids == range(0)
+    assert adds.acked(sends[2].member, sends[2].entries, -1).ids == range(0)
     assert adds.last_add_confirmed == 0
     with pytest.raises(LedgerFenced):
         adds.add(b"late")
@@ -214,15 +214,16 @@ def test_r7_the_lac_is_flushed_once_and_only_when_no_add_carried_it() -> None:
     assert adds.lac_to_flush() is None  # nothing acknowledged
     adds.add(b"a")
     ((member, entries, _),) = adds.take_batches()
-    adds.answered(-1)
-    adds.acked(member, entries)
+    adds.acked(member, entries, -1)
     assert adds.answers == 1
     assert adds.lac_to_flush() == 0
     assert adds.lac_to_flush() is None  # sent already
     adds.add(b"b")
+    adds.add(b"c")
     ((member, entries, _),) = adds.take_batches()
-    adds.acked(member, entries)
-    adds.answered(1)  # a later add carried LAC 1
+    adds.acked(member, entries[:1], 0)
+    adds.answered(1)  # a call carrying LAC 1 answered, refusing an entry
+    assert adds.answers == 3
     assert adds.lac_sent == 1
     assert adds.lac_to_flush() is None
 

@@ -102,13 +102,13 @@ class Sender:
             self._changer.member_failed(member, answer)  # R8
             return
         adds = self._adds
-        adds.answered(lac)
         if answer is not None:  # an outcome per entry: some entry failed
             for outcome in answer:
                 if outcome is not None:
+                    adds.answered(lac)
                     self._refused(member, outcome)
                     return
-        released = adds.acked(member, entries)
+        released = adds.acked(member, entries, lac)
         if released.ids:
             self._outcomes.appends_acknowledged(released)
 

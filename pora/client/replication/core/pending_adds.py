@@ -86,7 +86,10 @@ class PendingAdds:
         self._entries: dict[int, tuple[bytes, int]] = {}  # pending id -> (entry, length_after)
         self._length = 0  # length_after of the last entry added
         self._acked_length = 0  # length_after of the LAC
-        self._untaken = 0  # the first id no turn took yet
+        #: the first id no turn took yet (`next_entry_id` when every one was): the
+        #: entries from here on go out together in the next turn. Read-only outside;
+        #: a plain attribute, not a property, as the writer reads it on every append
+        self.first_untaken = 0
         self._untaken_bytes = 0  # the payload bytes of the ids from there on
         self._resends: list[Send] = []
         self._lac_sent = -1
@@ -114,12 +117,6 @@ class PendingAdds:
     @property
     def next_entry_id(self) -> int:
         return self._tracker.next_entry_id
-
-    @property
-    def first_untaken(self) -> int:
-        """The first id no turn took yet (`next_entry_id` when every one was): the
-        entries from here on go out together in the next turn."""
-        return self._untaken
 
     @property
     def acked_length(self) -> int:
@@ -168,7 +165,8 @@ class PendingAdds:
         overflow the entries' 64-bit length field."""
         tracker = self._tracker
         entry_id = tracker.next_entry_id
-        length_after = self._length + len(payload)
+        size = len(payload)
+        length_after = self._length + size
         if length_after > LENGTH_MAX:
             raise ValueError(
                 f"ledger {self.ledger_id}: {length_after} payload bytes in all would not fit "
@@ -178,7 +176,7 @@ class PendingAdds:
         tracker.add_pending(entry_id)
         self._length = length_after
         self._entries[entry_id] = (entry, length_after)
-        self._untaken_bytes += len(payload)
+        self._untaken_bytes += size
         return entry_id
 
     def take_batches(self) -> list[Send]:
@@ -187,15 +185,16 @@ class PendingAdds:
         failed (R3: a failed member's entries go to its replacement). Nothing once
         fenced."""
         tracker = self._tracker
-        first, end = self._untaken, tracker.next_entry_id
+        first, end = self.first_untaken, tracker.next_entry_id
         size = self._untaken_bytes
         resends, self._resends = self._resends, []
-        self._untaken, self._untaken_bytes = end, 0
+        self.first_untaken, self._untaken_bytes = end, 0
         if tracker.fenced:
             return []
         members = tracker.ensemble.members
         failed = tracker.failed_members
         sends: list[Send] = []
+        limit = self._call_bytes_max
         for resend in resends:
             if resend.member in members and resend.member not in failed:
                 self._cut(sends, resend)
@@ -205,9 +204,24 @@ class PendingAdds:
         everything = [(entry_id, entries[entry_id][0]) for entry_id in range(first, end)]
         if self._everyone_holds_all:
             for member in members:
-                if member not in failed:
+                if member in failed:
+                    continue
+                if size <= limit:  # the common case, without a call
+                    sends.append(Send(member, everything, size))
+                else:
                     self._cut(sends, Send(member, everything, size))
             return sends
+        self._stripe(sends, everything, members, failed)
+        return sends
+
+    def _stripe(
+        self,
+        sends: list[Send],
+        everything: Batch,
+        members: tuple[EnsembleMember, ...],
+        failed: frozenset[EnsembleMember],
+    ) -> None:
+        """R3 with Qw < E: each member's share of a turn's entries."""
         stripes: list[Batch] = [[] for _ in members]
         rows, count = self._stripes, len(members)
         for item in everything:
@@ -216,7 +230,6 @@ class PendingAdds:
         for member, mine in zip(members, stripes, strict=True):
             if mine and member not in failed:
                 self._cut(sends, Send(member, mine, _payload_bytes(mine)))
-        return sends
 
     def _cut(self, sends: list[Send], send: Send) -> None:
         """`send` as pieces of at most `call_bytes_max` payload bytes (a single larger
@@ -237,14 +250,17 @@ class PendingAdds:
     # -- answers --------------------------------------------------------------------------
 
     def answered(self, lac: int) -> None:
-        """A node answered an add call that carried `lac` (R4, R7)."""
+        """A node answered an add call that carried `lac` (R4, R7), refusing some
+        entry of it (`acked` counts an answer storing them all)."""
         self._answers += 1
         self._lac_sent = max(self._lac_sent, lac)
 
-    def acked(self, member: EnsembleMember, batch: Batch) -> Released:
-        """`member` stored every entry of `batch` (one batch sent to it). Returns what
-        became acknowledged (R4). An answer of a member replaced since, or after a
-        fence, counts nothing."""
+    def acked(self, member: EnsembleMember, batch: Batch, lac: int) -> Released:
+        """`member` stored every entry of `batch` (one batch sent to it) in a call that
+        carried `lac` (R7). Returns what became acknowledged (R4). An answer of a
+        member replaced since, or after a fence, counts nothing."""
+        self._answers += 1
+        self._lac_sent = max(self._lac_sent, lac)
         first, last = batch[0][0], batch[-1][0]
         stored: Iterable[int]
         if last - first == len(batch) - 1:  # a run of ids: counted as a range
@@ -275,7 +291,7 @@ class PendingAdds:
         be sent of the entries earlier turns took (the entries no turn took yet go
         out with their turn, to the new ensemble)."""
         change = self._tracker.change_ensemble(replacements)
-        entries, untaken = self._entries, self._untaken
+        entries, untaken = self._entries, self.first_untaken
         for member, entry_ids in change.resend.items():
             batch = [
                 (entry_id, entries[entry_id][0]) for entry_id in entry_ids if entry_id < untaken
@@ -297,7 +313,7 @@ class PendingAdds:
         for entry_id in failed:
             entry, _ = entries.pop(entry_id)
             size += len(entry) - HEADER_BYTES
-        self._untaken, self._untaken_bytes = self._tracker.next_entry_id, 0
+        self.first_untaken, self._untaken_bytes = self._tracker.next_entry_id, 0
         self._resends.clear()
         return Released(failed, size)
 
