@@ -242,3 +242,44 @@ def test_bad_bounds_are_refused() -> None:
         machine(1, 1, 1, call_bytes_max=0)
     with pytest.raises(ValueError, match="E >= Qw >= Qa"):
         machine(2, 3, 1)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    quorums=st.sampled_from([(1, 1, 1), (2, 2, 1), (3, 2, 2), (3, 3, 2), (5, 3, 2), (4, 2, 1)]),
+    steps=st.lists(st.tuples(st.sampled_from(["add", "take", "answer"]), st.integers(0, 99))),
+)
+def test_answers_in_any_order_release_each_entry_once_in_order_after_qa_acks(
+    quorums: tuple[int, int, int], steps: list[tuple[str, int]]
+) -> None:
+    """Whatever interleaves adds, turns and answers (in any order, some twice),
+    every released range starts where the last ended, each entry is released once,
+    only after Qa distinct members of its write set stored it, with its bytes."""
+    size, write_quorum, ack_quorum = quorums
+    adds = machine(size, write_quorum, ack_quorum)
+    unanswered: list[Send] = []
+    stored: dict[int, set[EnsembleMember]] = {}
+    sizes: list[int] = []
+    released_to = 0
+    for action, pick in steps:
+        if action == "add":
+            sizes.append(pick % 7)
+            adds.add(b"x" * sizes[-1])
+        elif action == "take":
+            unanswered += adds.take_batches()
+        elif unanswered:
+            send = unanswered[pick % len(unanswered)]
+            if pick % 3:  # answered once; else it may come again (a duplicate)
+                unanswered.remove(send)
+            for entry_id, _ in send.entries:
+                stored.setdefault(entry_id, set()).add(send.member)
+            released = adds.acked(send.member, send.entries, -1)
+            assert released.ids.start == released_to or not released.ids
+            for entry_id in released.ids:
+                holders = set(write_set(entry_id, adds.ensemble.members, write_quorum))
+                assert len(stored[entry_id] & holders) >= ack_quorum
+            assert released.payload_bytes == sum(sizes[i] for i in released.ids)
+            released_to = released.ids.stop if released.ids else released_to
+    assert adds.last_add_confirmed == released_to - 1
+    assert adds.acked_length == sum(sizes[:released_to])
+    assert adds.pending == range(released_to, adds.next_entry_id)
