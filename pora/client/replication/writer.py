@@ -50,10 +50,12 @@ _log = logging.getLogger("pora.client.writer")
 
 @dataclass(eq=False)
 class _TurnWaiter:
-    """The entries one turn takes, up to `last`, wait on one event."""
+    """The entries one turn takes, up to `last`, wait on one event; `acknowledged`
+    once they all are (else the event was set because the writer failed)."""
 
     last: int
     event: Event
+    acknowledged: bool = False
 
 
 class LedgerWriter:
@@ -120,7 +122,8 @@ class LedgerWriter:
             await self._reserve(1, size)
         entry_id, waiter = self._add(payload)
         await waiter.event.wait()
-        if entry_id <= self._adds.last_add_confirmed:
+        # woken by a failure, the entry may still be acknowledged (before the others)
+        if waiter.acknowledged or entry_id <= self._adds.last_add_confirmed:
             return entry_id
         assert self._error is not None
         raise self._error
@@ -144,7 +147,7 @@ class LedgerWriter:
         if last is None:
             return ids
         await last.event.wait()
-        if ids[-1] <= self._adds.last_add_confirmed:
+        if last.acknowledged or ids[-1] <= self._adds.last_add_confirmed:
             return ids
         assert self._error is not None
         raise self._error
@@ -288,7 +291,9 @@ class LedgerWriter:
         lac = acked[-1]
         waiters = self._waiters
         while waiters and waiters[0].last <= lac:
-            waiters.popleft().event.set()
+            waiter = waiters.popleft()
+            waiter.acknowledged = True
+            waiter.event.set()
         self._lac_dirty.set()
 
     def writer_failed(self, error: PoraError) -> None:

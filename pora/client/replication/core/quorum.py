@@ -115,7 +115,9 @@ class AckTracker:
         self._masks = _position_masks(write_set_table(len(ensemble.members), write_quorum))
         self._durable = True  # the ensemble a writer starts on is read from the metadata
         self._lac = last_add_confirmed
-        self._next = last_add_confirmed + 1
+        #: the id the next entry added takes. Read-only outside; a plain attribute, not
+        #: a property, as the writer's path reads it on every append
+        self.next_entry_id = last_add_confirmed + 1
         # pending entry id -> the positions that acked, as bits (1 << position): an int
         # per entry is cheaper to make on every append than a set
         self._acks: dict[int, int] = {}
@@ -125,10 +127,6 @@ class AckTracker:
     @property
     def last_add_confirmed(self) -> int:
         return self._lac
-
-    @property
-    def next_entry_id(self) -> int:
-        return self._next
 
     @property
     def ensemble(self) -> Ensemble:
@@ -141,7 +139,11 @@ class AckTracker:
     @property
     def pending(self) -> range:
         """The ids sent and not yet acknowledged (none once fenced: they failed)."""
-        return range(self._next, self._next) if self._fenced else range(self._lac + 1, self._next)
+        return (
+            range(self.next_entry_id, self.next_entry_id)
+            if self._fenced
+            else range(self._lac + 1, self.next_entry_id)
+        )
 
     @property
     def failed_members(self) -> frozenset[EnsembleMember]:
@@ -162,13 +164,13 @@ class AckTracker:
         turn at once, so the append path skips building a tuple per entry."""
         if self._fenced:
             raise LedgerFenced(self.ledger_id)
-        if entry_id != self._next:
+        if entry_id != self.next_entry_id:
             raise ValueError(
-                f"ledger {self.ledger_id}: entry {entry_id} added, expected {self._next} "
+                f"ledger {self.ledger_id}: entry {entry_id} added, expected {self.next_entry_id} "
                 "(entries are added in order, each once: R5)"
             )
         self._acks[entry_id] = 0
-        self._next += 1
+        self.next_entry_id += 1
 
     def write_set(self, entry_id: int) -> tuple[EnsembleMember, ...]:
         return write_set(entry_id, self._ensemble.members, self.write_quorum)
