@@ -25,9 +25,9 @@ from pora.client.node_channel import (
     RangeAnswer,
     add_entries_each,
 )
-from pora.client.replication.entry_format import encode_entry
-from pora.client.replication.ledger_records import new_ledger, with_ensemble_change
-from pora.client.replication.quorum import entry_write_set
+from pora.client.replication.core.entry_format import encode_entry
+from pora.client.replication.core.ledger_records import new_ledger, with_ensemble_change
+from pora.client.replication.core.quorum import entry_write_set
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, Versioned
 from pora.node.node import Node
 

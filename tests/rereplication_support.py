@@ -21,7 +21,7 @@ from test_node_registration import LEASE_S, Node, nodes_in, serve, stop
 from waiting import wait_until_true
 
 import pora
-from pora.client.replication.entry_format import decode_entry
+from pora.client.replication.core.entry_format import decode_entry
 from pora.cluster_ops.fragments import entries_held, fragments_of
 from pora.cluster_ops.session import cluster_session
 from pora.meta.backends import open_metadata

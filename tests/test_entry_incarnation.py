@@ -13,14 +13,14 @@ from writer_support import client_on
 
 import pora
 from netio.security import master_key_from_password
-from pora.client.replication.entry_format import (
+from pora.client.replication.core.entry_format import (
     ENTRY_FORMAT,
     ENTRY_FORMAT_UNTOKENED,
     decode_entry,
     encode_entry,
 )
+from pora.client.replication.core.ledger_records import new_ledger
 from pora.client.replication.errors import EntryDamaged
-from pora.client.replication.ledger_records import new_ledger
 from pora.meta.records import LedgerMetadata
 
 OLD_TOKEN, NEW_TOKEN = 0x0123_4567_89AB_CDEF, 0xFEDC_BA98_7654_3210

@@ -166,6 +166,94 @@ RULES: dict[str, Callable[[Import], bool]] = {
 }
 
 
+#: the replicating client's pure room (docs/architecture.md): decisions and state
+#: machines that do no I/O, never await and read no clock, driven by tests without an
+#: event loop
+PURE_ROOM = "pora.client.replication.core"
+
+#: what a module of the pure room may never import: event loops, sockets, files,
+#: processes, threads, clocks, the stores' drivers
+IO_MODULES = (
+    "anyio",
+    "trio",
+    "asyncio",
+    "socket",
+    "selectors",
+    "select",
+    "ssl",
+    "os",
+    "io",
+    "pathlib",
+    "shutil",
+    "tempfile",
+    "mmap",
+    "fcntl",
+    "subprocess",
+    "threading",
+    "multiprocessing",
+    "concurrent",
+    "signal",
+    "time",
+    "sqlite3",
+    "plyvel",
+    "kazoo",
+)
+
+#: the project's modules the pure room may use besides its own, and why: value types
+PURE_ROOM_USES = {
+    "pora.client.replication.errors": "the client's typed errors",
+    "pora.meta.records": "ledger records, ensembles and members as values",
+    "ledger.errors": "the engine's typed errors the client raises as they are",
+    "journal.errors": "the root of every engine error",
+}
+
+
+def pure_room_breaches(root: Path = ROOT) -> list[str]:
+    """Every import by a module of `PURE_ROOM` of an I/O module, or of a project
+    module outside the room but for `PURE_ROOM_USES`."""
+    breaches: list[str] = []
+    for path in sorted(root.joinpath(*PURE_ROOM.split(".")).rglob("*.py")):
+        for found in _imports_of(root, path):
+            first_party = found.imported.split(".")[0] in PACKAGES
+            if _within(found.imported, *IO_MODULES) or (
+                first_party
+                and not _within(found.imported, PURE_ROOM)
+                and found.imported not in PURE_ROOM_USES
+            ):
+                breaches.append(str(found))
+    return breaches
+
+
+def test_the_pure_room_does_no_io() -> None:
+    assert pure_room_breaches() == []
+
+
+def test_the_pure_room_rule_catches_io(tmp_path: Path) -> None:
+    """An event loop, a socket, a file or clock, or an I/O module of the client
+    imported by the pure room, directly or nested in a function, is a breach."""
+    room = tmp_path.joinpath(*PURE_ROOM.split("."))
+    room.mkdir(parents=True)
+    for package in (room, *room.parents):
+        if package == tmp_path:
+            break
+        (package / "__init__.py").write_text("")
+    (tmp_path / "pora" / "client" / "replication" / "writer.py").write_text("")
+    (room / "fine.py").write_text(
+        "import enum\nfrom pora.meta.records import Ensemble\nfrom . import other\n"
+    )
+    (room / "other.py").write_text("")
+    (room / "loops.py").write_text("import anyio\nfrom trio import lowlevel\n")
+    (room / "files.py").write_text("def f():\n    import os\n    from time import monotonic\n")
+    (room / "upward.py").write_text("from pora.client.replication import writer\n")
+    assert pure_room_breaches(tmp_path) == [
+        "pora.client.replication.core.files imports os (line 2)",
+        "pora.client.replication.core.files imports time (line 3)",
+        "pora.client.replication.core.loops imports anyio (line 1)",
+        "pora.client.replication.core.loops imports trio (line 2)",
+        "pora.client.replication.core.upward imports pora.client.replication.writer (line 1)",
+    ]
+
+
 @pytest.fixture(scope="module")
 def walked() -> list[Import]:
     """The project's imports, walked once for the module: the tests only read them."""

@@ -24,8 +24,8 @@ from replication_support import Fault, LocalCluster, local_cluster
 from ledger.errors import LedgerClosed, LedgerFenced
 from netio.errors import ConnectionLost
 from pora.client.replication.config import ClientConfig
+from pora.client.replication.core.quorum import entry_write_set
 from pora.client.replication.errors import RecoveryFailed
-from pora.client.replication.quorum import entry_write_set
 from pora.client.replication.recovery import recover_ledger
 from pora.client.replication.replica_reads import read_from_write_set
 from pora.meta.records import LedgerMetadata, LedgerState, Versioned

@@ -32,9 +32,9 @@ from ledger.errors import NoSuchEntry, Unauthorized
 from pora.client.node_channel import NodeChannel
 from pora.client.node_client import connect_node
 from pora.client.replication.config import ClientConfig
-from pora.client.replication.entry_format import encode_entry
+from pora.client.replication.core.entry_format import encode_entry
+from pora.client.replication.core.ledger_records import closed_at, new_ledger
 from pora.client.replication.errors import EntryLost
-from pora.client.replication.ledger_records import closed_at, new_ledger
 from pora.client.replication.reader import LedgerReader, open_ledger
 from pora.client.tcp_channel import TcpChannel
 from pora.meta.backends import open_metadata

@@ -20,8 +20,8 @@ from writer_support import (
 
 from ledger.errors import LedgerFenced
 from netio.security import master_key_from_password
+from pora.client.replication.core.ledger_records import in_recovery
 from pora.client.replication.errors import ClientClosed, NotEnoughNodes
-from pora.client.replication.ledger_records import in_recovery
 
 
 async def _poll(condition: Callable[[], Awaitable[bool]], steps: int = 40) -> None:

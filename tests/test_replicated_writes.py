@@ -21,8 +21,8 @@ from journal.errors import PoraError
 from ledger.errors import EntryTooLarge, LedgerClosed, NoSuchEntry, NoSuchLedger, Unauthorized
 from netio.security import master_key_from_password
 from pora.client.node_channel import AddAnswer, AddRequest, NodeChannel, add_entries_each
+from pora.client.replication.core.quorum import entry_write_set
 from pora.client.replication.errors import NotEnoughNodes
-from pora.client.replication.quorum import entry_write_set
 from pora.meta.errors import NoSuchLedgerMetadata
 from pora.meta.records import LedgerState, NodeRegistration
 
@@ -184,7 +184,7 @@ async def test_pending_appends_per_ledger_are_bounded(tmp_path: Path) -> None:
             for k in range(10):
                 nursery.start_soon(ledger.append, b"%d" % k)
             await trio.testing.wait_all_tasks_blocked()
-            assert ledger._tracker.next_entry_id == 4  # the other six wait for room
+            assert ledger._adds.next_entry_id == 4  # the other six wait for room
             nursery.cancel_scope.cancel()
 
 
@@ -199,7 +199,7 @@ async def test_pending_bytes_per_client_are_bounded(tmp_path: Path) -> None:
             for k in range(6):
                 nursery.start_soon(ledgers[k % 2].append, bytes(40))
             await trio.testing.wait_all_tasks_blocked()
-            admitted = sum(ledger._tracker.next_entry_id for ledger in ledgers)
+            admitted = sum(ledger._adds.next_entry_id for ledger in ledgers)
             assert admitted == 2  # 80 bytes pending; a third 40 would pass 100
             nursery.cancel_scope.cancel()
 

@@ -11,8 +11,8 @@ import pytest
 from cluster_process import pora_cluster_process
 
 import pora
-from pora.client.replication.entry_format import decode_entry
-from pora.client.replication.quorum import entry_write_set
+from pora.client.replication.core.entry_format import decode_entry
+from pora.client.replication.core.quorum import entry_write_set
 from pora.meta.records import LedgerState
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from ledger.errors import LedgerClosed, LedgerFenced, Unauthorized
 from netio.security import master_key_from_password
-from pora.client.replication.ledger_records import (
+from pora.client.replication.core.ledger_records import (
     RecoveryRetry,
     WriterRetry,
     check_password,

@@ -11,14 +11,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import pora
-from pora.client.replication.entry_format import (
+from pora.client.replication.core.entry_format import (
     HEADER_BYTES,
     decode_entry,
     encode_entry,
     payload_bytes_max,
 )
+from pora.client.replication.core.placement import choose_ensemble, choose_replacements, quarantined
 from pora.client.replication.errors import EntryDamaged, NotEnoughNodes
-from pora.client.replication.placement import choose_ensemble, choose_replacements, quarantined
 from pora.meta.records import EnsembleMember, NodeRegistration
 
 

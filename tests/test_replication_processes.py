@@ -22,8 +22,8 @@ from waiting import wait_until, wait_until_true
 from zookeeper_support import fresh_zk_url
 
 import pora
-from pora.client.replication.entry_format import decode_entry
-from pora.client.replication.quorum import entry_write_set
+from pora.client.replication.core.entry_format import decode_entry
+from pora.client.replication.core.quorum import entry_write_set
 from pora.meta.backends import open_metadata
 from pora.meta.records import LedgerMetadata, LedgerState
 

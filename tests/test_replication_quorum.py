@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.errors import LedgerFenced
-from pora.client.replication.quorum import (
+from pora.client.replication.core.quorum import (
     AckTracker,
     ensemble_of,
     entry_write_set,

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pora.client.replication.entry_format import encode_entry
-from pora.client.replication.quorum import AckTracker, write_set
-from pora.client.replication.recovery_votes import (
+from pora.client.replication.core.entry_format import encode_entry
+from pora.client.replication.core.quorum import AckTracker, write_set
+from pora.client.replication.core.recovery_votes import (
     EntryRecoveryVote,
     FenceCoverage,
     VoteOutcome,

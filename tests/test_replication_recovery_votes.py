@@ -8,15 +8,15 @@ from depth import two_depths
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pora.client.replication.entry_format import encode_entry
-from pora.client.replication.ledger_records import (
+from pora.client.replication.core.entry_format import encode_entry
+from pora.client.replication.core.ledger_records import (
     in_recovery,
     new_ledger,
     recovery_ensemble,
     with_ensemble_change,
 )
-from pora.client.replication.quorum import AckTracker, write_set, write_set_positions
-from pora.client.replication.recovery_votes import (
+from pora.client.replication.core.quorum import AckTracker, write_set, write_set_positions
+from pora.client.replication.core.recovery_votes import (
     EntryRecoveryVote,
     FenceCoverage,
     VoteOutcome,

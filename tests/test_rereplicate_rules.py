@@ -14,7 +14,7 @@ from replication_support import local_cluster
 from writer_support import client_on
 
 from pora.client.replication.config import ClientConfig
-from pora.client.replication.ledger_records import closed_at
+from pora.client.replication.core.ledger_records import closed_at
 from pora.cluster_ops.audit import audit
 from pora.cluster_ops.fragments import (
     MISSING_ENTRIES,

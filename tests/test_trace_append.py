@@ -27,7 +27,9 @@ def test_the_trace_follows_an_append_to_the_fdatasync_and_back() -> None:
         ("journal/task.py", "Journal._commit"),
     ]:
         assert walk.index(step) < synced
-    acknowledged = walk.index(("pora/client/replication/writer.py", "LedgerWriter._acknowledged"))
+    acknowledged = walk.index(
+        ("pora/client/replication/writer.py", "LedgerWriter.appends_acknowledged")
+    )
     assert synced < walk.index(("ledger/worker.py", "LedgerWorker._apply")) < acknowledged
     # an ack quorum of 2: the append returns once two of the three nodes synced
     assert walk[:acknowledged].count(("os", "fdatasync")) >= 2

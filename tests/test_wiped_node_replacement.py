@@ -14,8 +14,8 @@ from waiting import wait_until_true
 from writer_support import client_on, payload_on
 
 from netio.security import master_key_from_password
-from pora.client.replication.entry_format import encode_entry
-from pora.client.replication.quorum import entry_write_set
+from pora.client.replication.core.entry_format import encode_entry
+from pora.client.replication.core.quorum import entry_write_set
 from pora.meta.records import EnsembleMember, LedgerState
 
 

@@ -17,7 +17,7 @@ from replication_support import FaultyChannel, LocalCluster, local_cluster
 from pora.client.node_channel import AddAnswer, AddRequest, NodeChannel
 from pora.client.replication.client import Client, connect
 from pora.client.replication.config import ClientConfig
-from pora.client.replication.entry_format import HEADER_BYTES
+from pora.client.replication.core.entry_format import HEADER_BYTES
 from pora.meta.records import EnsembleMember
 
 ENTRY = 8 << 10

@@ -14,7 +14,7 @@ from replication_support import local_cluster
 from writer_support import client_on
 
 from ledger.errors import LedgerClosed, LedgerFenced
-from pora.client.replication.ledger_records import in_recovery
+from pora.client.replication.core.ledger_records import in_recovery
 from pora.meta.config import MetadataConfig
 from pora.meta.errors import MetadataTimeout
 from pora.meta.records import LedgerMetadata, LedgerState, Versioned

@@ -15,7 +15,7 @@ from ledger.errors import NoSuchEntry, NoSuchLedger
 from pora.client.node_channel import NodeChannel
 from pora.client.replication.client import Client, connect
 from pora.client.replication.config import ClientConfig
-from pora.client.replication.entry_format import HEADER_BYTES, decode_entry
+from pora.client.replication.core.entry_format import HEADER_BYTES, decode_entry
 from pora.client.replication.writer import LedgerWriter
 from pora.meta.errors import NoSuchLedgerMetadata
 

@@ -12,7 +12,7 @@ import anyio
 
 from journal.errors import PoraError
 from pora.client.replication.config import ClientConfig
-from pora.client.replication.entry_format import decode_entry
+from pora.client.replication.core.entry_format import decode_entry
 from pora.client.replication.errors import EntryDamaged
 from pora.client.replication.replica_reads import ChannelFor
 from pora.cluster_ops.fragments import Fragment, holds

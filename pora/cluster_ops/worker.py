@@ -19,9 +19,9 @@ from ledger.errors import Unauthorized
 from netio.security import master_key_from_password
 from pora.client.lone_errors import lone_error_unwrapped
 from pora.client.replication.config import ClientConfig
+from pora.client.replication.core.ledger_records import check_password
+from pora.client.replication.core.placement import choose_replacements
 from pora.client.replication.errors import NotEnoughNodes
-from pora.client.replication.ledger_records import check_password
-from pora.client.replication.placement import choose_replacements
 from pora.client.replication.reader import open_ledger
 from pora.client.replication.replica_reads import ChannelFor
 from pora.cluster_ops.audit import short_members

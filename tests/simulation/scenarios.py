@@ -30,9 +30,9 @@ from ledger.errors import NoSuchEntry, NoSuchLedger
 from pora import Client, ClientConfig, LedgerFenced, LedgerWriter
 from pora.client.local_channel import LocalChannel
 from pora.client.replication.client import client_on_store
-from pora.client.replication.entry_format import decode_entry
+from pora.client.replication.core.entry_format import decode_entry
+from pora.client.replication.core.quorum import entry_write_set
 from pora.client.replication.node_senders import Batch, LedgerTurns
-from pora.client.replication.quorum import entry_write_set
 from pora.meta.backends import open_metadata
 from pora.meta.errors import NoSuchLedgerMetadata
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState, Versioned
@@ -324,7 +324,7 @@ class Simulation:
             for address, instance in held.items()
             if address not in now and self._instance(address) == instance
         }
-        issued = self.writer._tracker.next_entry_id - 1
+        issued = self.writer._adds.next_entry_id - 1
         history.deleted(WRITER, self.ledger_id, issued, gone)
 
     def _instance(self, address: str) -> str | None:

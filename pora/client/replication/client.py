@@ -36,12 +36,12 @@ from pora.client.replication.arguments import (
     ledger_id_in_range,
 )
 from pora.client.replication.config import ClientConfig
+from pora.client.replication.core.ledger_records import check_password as check_master_key
+from pora.client.replication.core.ledger_records import marked_deleting, new_ledger
+from pora.client.replication.core.placement import choose_ensemble
 from pora.client.replication.ensemble_change import WriterContext
 from pora.client.replication.errors import ClientClosed, DeleteFailed, RecoveryFailed
-from pora.client.replication.ledger_records import check_password as check_master_key
-from pora.client.replication.ledger_records import marked_deleting, new_ledger
 from pora.client.replication.node_senders import NodeSenders
-from pora.client.replication.placement import choose_ensemble
 from pora.client.replication.reader import LedgerReader, open_ledger
 from pora.client.replication.recovery import Recovery
 from pora.client.replication.writer import LedgerWriter

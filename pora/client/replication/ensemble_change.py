@@ -13,7 +13,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
@@ -22,17 +22,17 @@ from ledger.errors import LedgerFenced, NoSuchLedger
 from netio.budget import Budget
 from pora.client.node_pool import NodePool
 from pora.client.replication.config import ClientConfig
-from pora.client.replication.errors import NotEnoughNodes
-from pora.client.replication.ledger_records import (
+from pora.client.replication.core.ledger_records import (
     WriterRetry,
     closed_at,
     why_fenced,
     writer_after_conflict,
     writer_ensemble_change,
 )
+from pora.client.replication.core.pending_adds import PendingAdds, Released
+from pora.client.replication.core.placement import choose_replacements, quarantined
+from pora.client.replication.errors import NotEnoughNodes
 from pora.client.replication.node_senders import NodeSenders
-from pora.client.replication.placement import choose_replacements, quarantined
-from pora.client.replication.quorum import AckTracker
 from pora.client.waiting import Event
 from pora.meta.errors import (
     MetadataError,
@@ -72,20 +72,29 @@ class WriterContext:
     metrics: ClientMetrics | None = None
 
 
+class WriterOutcomes(Protocol):
+    """What the writer is told by its sender and its ensemble changer: outcomes to
+    act on (wake appends, end the writer), not state to share."""
+
+    def appends_acknowledged(self, released: Released) -> None:
+        """Entries became acknowledged (R4): their appends return."""
+
+    def writer_failed(self, error: PoraError) -> None:
+        """The writer ends with `error` (R11, R12, R13)."""
+
+
 class EnsembleChanger:
     def __init__(
         self,
         context: WriterContext,
         record: Versioned[LedgerMetadata],
-        tracker: AckTracker,
-        fail: Callable[[PoraError], None],
-        acknowledged: Callable[[range], None],
+        adds: PendingAdds,
+        outcomes: WriterOutcomes,
     ) -> None:
         self.record = record
         self._context = context
-        self._tracker = tracker
-        self._fail = fail
-        self._acknowledged = acknowledged
+        self._adds = adds
+        self._outcomes = outcomes
         self._ledger_id = record.value.ledger_id
         self._needed = anyio.Event()
         self._record_lock = anyio.Lock()
@@ -98,46 +107,39 @@ class EnsembleChanger:
 
     def member_failed(self, member: EnsembleMember, error: BaseException) -> None:
         """R8: a request to `member` failed; the change task replaces it."""
-        if self._tracker.fenced:
+        if self._adds.fenced:
             return
-        if self._tracker.record_failure(member):
+        if self._adds.failed(member):
             _log.warning(
                 "ledger %d: node %s failed (%s); replacing it", self._ledger_id, member, error
             )
             self._failed_at[member] = anyio.current_time()
             self._needed.set()
 
-    async def run(
-        self,
-        wake_sender: Callable[[], None],
-        resend: Callable[[EnsembleMember, Sequence[int]], None],
-    ) -> None:
+    async def run(self, wake_sender: Callable[[], None]) -> None:
         """One ensemble change at a time, for as long as members are failed."""
         while True:
             await self._needed.wait()
             self._needed = anyio.Event()
             try:
-                await self._change_while_failed(wake_sender, resend)
+                await self._change_while_failed(wake_sender)
             except MetadataError as error:  # the store failed us (gone, unreachable)
-                self._fail(error)
+                self._outcomes.writer_failed(error)
                 return
 
-    async def _change_while_failed(
-        self,
-        wake_sender: Callable[[], None],
-        resend: Callable[[EnsembleMember, Sequence[int]], None],
-    ) -> None:
-        while not self._tracker.fenced and self._tracker.failed_members:
+    async def _change_while_failed(self, wake_sender: Callable[[], None]) -> None:
+        adds = self._adds
+        while not adds.fenced and adds.failed_members:
             replacements = await self._find_replacements()
-            if replacements is None or self._tracker.fenced:
+            if replacements is None or adds.fenced:
                 return  # failed meanwhile: nothing to change
-            change = self._tracker.change_ensemble(replacements)
-            for member, entry_ids in change.resend.items():
-                resend(member, entry_ids)
+            change = adds.replace(replacements)  # queues the resends (R10)
             wake_sender()
             if await self._write_ensemble(change.ensemble):
                 # R10: only now may entries at or after its first entry be acknowledged
-                self._acknowledged(self._tracker.ensemble_durable(change.ensemble))
+                released = adds.ensemble_durable(change.ensemble)
+                if released.ids:
+                    self._outcomes.appends_acknowledged(released)
 
     async def _find_replacements(self) -> Mapping[EnsembleMember, EnsembleMember] | None:
         """R9 with R12: wait (listing the nodes again, with backoff) up to
@@ -157,8 +159,8 @@ class EnsembleChanger:
                 )
                 return choose_replacements(
                     nodes,
-                    self._tracker.ensemble.members,
-                    self._tracker.failed_members,
+                    self._adds.ensemble.members,
+                    self._adds.failed_members,
                     self._context.rng,
                     excluded=self._failed_at.keys(),
                 )
@@ -168,7 +170,7 @@ class EnsembleChanger:
                 last_error: PoraError = error
             with contextlib.suppress(MetadataError):  # the wait goes on; R12 decides
                 if await self._taken_by_recovery():
-                    self._fail(LedgerFenced(self._ledger_id))
+                    self._outcomes.writer_failed(LedgerFenced(self._ledger_id))
                     return None
             left = deadline - anyio.current_time()
             if left <= 0:
@@ -178,7 +180,7 @@ class EnsembleChanger:
                     config.ensemble_change_timeout_s,
                     last_error,
                 )
-                self._fail(last_error)
+                self._outcomes.writer_failed(last_error)
                 return None
             await anyio.sleep(min(delay, left))
             delay = min(delay * 2, _RELIST_MAX_S)
@@ -203,12 +205,12 @@ class EnsembleChanger:
         # while it holds the write lock times every write out while reads still answer
         deadline = anyio.current_time() + self._context.config.ensemble_change_timeout_s
         async with self._record_lock:
-            while not self._tracker.fenced:
+            while not self._adds.fenced:
                 try:
                     # the record may be one the close re-read, in recovery or closed
                     changed = writer_ensemble_change(self.record.value, ensemble)
                 except LedgerFenced as fenced:
-                    self._fail(fenced)
+                    self._outcomes.writer_failed(fenced)
                     return False
                 try:
                     self.record = await store.update_ledger(changed, self.record.version)
@@ -216,7 +218,7 @@ class EnsembleChanger:
                     pass
                 except MetadataTimeout as error:
                     if anyio.current_time() >= deadline:
-                        self._fail(error)
+                        self._outcomes.writer_failed(error)
                         break
                 else:
                     self._count_change()
@@ -227,7 +229,7 @@ class EnsembleChanger:
                 try:
                     verdict = writer_after_conflict(reread, ensemble)
                 except LedgerFenced as fenced:
-                    self._fail(fenced)
+                    self._outcomes.writer_failed(fenced)
                     return False
                 self.record = reread
                 if verdict is WriterRetry.APPLIED:
@@ -243,7 +245,7 @@ class EnsembleChanger:
         try:
             return await self._context.store.read_ledger(self._ledger_id)
         except MetadataError as error:
-            self._fail(error)
+            self._outcomes.writer_failed(error)
             return None
 
     async def close_record(self, last_entry_id: int, length: int) -> None:
@@ -316,8 +318,8 @@ class EnsembleChanger:
                 timeout_s=self._context.config.node_timeout_s,
             )
 
-        failed = self._tracker.failed_members
-        members = [m for m in self._tracker.ensemble.members if m not in failed]
+        failed = self._adds.failed_members
+        members = [m for m in self._adds.ensemble.members if m not in failed]
         await self._on_each(members, write_one, "write the LAC")
 
     async def _on_each(

@@ -11,7 +11,7 @@ Calls in flight per node are bounded by `calls_in_flight_per_node_max` with a
 counter: a node at its bound keeps its batches queued, and the call that finishes
 next takes them, up to `add_call_bytes_max` (no semaphore per call). Answers go
 back to each ledger's sender as plain calls (`LedgerTurns.answer`), which feed its
-`AckTracker` in bulk; a call that fails or times out fails that member for every
+`PendingAdds` in bulk; a call that fails or times out fails that member for every
 ledger in it, a per-ledger outcome (a refusal, R13) reaches its ledger only.
 
 What a node owes (payload bytes queued for it or in flight to it) is counted per

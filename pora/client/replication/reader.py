@@ -17,15 +17,15 @@ from journal.errors import PoraError
 from ledger.errors import NoSuchEntry
 from netio.security import master_key_from_password
 from pora.client.replication.config import ClientConfig
-from pora.client.replication.entry_format import decode_entry
+from pora.client.replication.core.entry_format import decode_entry
+from pora.client.replication.core.ledger_records import check_password, why_fenced
+from pora.client.replication.core.quorum import ensemble_of, entry_write_set
 from pora.client.replication.errors import (
     ClientClosed,
     EntryDamaged,
     EntryLost,
     EntryUnreadable,
 )
-from pora.client.replication.ledger_records import check_password, why_fenced
-from pora.client.replication.quorum import ensemble_of, entry_write_set
 from pora.client.replication.recovery import recover_ledger
 from pora.client.replication.replica_reads import (
     AllAnsweredNoSuchEntry,

@@ -18,9 +18,8 @@ from journal.errors import PoraError
 from ledger.errors import NoSuchEntry, NoSuchLedger
 from netio.errors import InstanceMismatch
 from pora.client.replication.config import ClientConfig
-from pora.client.replication.entry_format import ReplicatedEntry
-from pora.client.replication.errors import NotEnoughNodes, RecoveryFailed
-from pora.client.replication.ledger_records import (
+from pora.client.replication.core.entry_format import ReplicatedEntry
+from pora.client.replication.core.ledger_records import (
     RecoveryRetry,
     check_password,
     closed_at,
@@ -29,15 +28,16 @@ from pora.client.replication.ledger_records import (
     recovery_ensemble,
     with_ensemble_change,
 )
-from pora.client.replication.placement import choose_replacements
-from pora.client.replication.recovery_adds import STRAGGLER_GRACE_S, add_recovered
-from pora.client.replication.recovery_votes import (
+from pora.client.replication.core.placement import choose_replacements
+from pora.client.replication.core.recovery_votes import (
     EntryRecoveryVote,
     FenceCoverage,
     VoteOutcome,
     recovery_start,
     recovery_vote,
 )
+from pora.client.replication.errors import NotEnoughNodes, RecoveryFailed
+from pora.client.replication.recovery_adds import STRAGGLER_GRACE_S, add_recovered
 from pora.client.replication.replica_reads import (
     AllAnsweredNoSuchEntry,
     ChannelFor,

@@ -11,8 +11,8 @@ import anyio
 
 from journal.errors import PoraError
 from pora.client.replication.config import ClientConfig
-from pora.client.replication.entry_format import ReplicatedEntry, encode_entry
-from pora.client.replication.quorum import entry_write_set
+from pora.client.replication.core.entry_format import ReplicatedEntry, encode_entry
+from pora.client.replication.core.quorum import entry_write_set
 from pora.client.replication.replica_reads import ChannelFor
 from pora.meta.records import EnsembleMember, LedgerMetadata
 

@@ -18,7 +18,7 @@ from journal.errors import PoraError
 from ledger.errors import NoSuchEntry, NoSuchLedger
 from pora.client.node_channel import NodeChannel
 from pora.client.replication.config import ClientConfig
-from pora.client.replication.entry_format import ReplicatedEntry, decode_entry
+from pora.client.replication.core.entry_format import ReplicatedEntry, decode_entry
 from pora.client.replication.errors import EntryDamaged, EntryUnreadable
 from pora.meta.records import EnsembleMember
 

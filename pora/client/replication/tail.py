@@ -26,10 +26,10 @@ import anyio
 
 from journal.errors import PoraError
 from pora.client.replication.config import ClientConfig
-from pora.client.replication.entry_format import decode_entry
+from pora.client.replication.core.entry_format import decode_entry
+from pora.client.replication.core.ledger_records import why_fenced
+from pora.client.replication.core.quorum import entry_write_set
 from pora.client.replication.errors import EntryDamaged
-from pora.client.replication.ledger_records import why_fenced
-from pora.client.replication.quorum import entry_write_set
 from pora.client.replication.replica_reads import ChannelFor
 from pora.meta.errors import NoSuchLedgerMetadata
 from pora.meta.records import EnsembleMember, LedgerMetadata, Versioned

@@ -1,19 +1,21 @@
 """`LedgerWriter`: a ledger's write path (docs/replication.md R4..R15).
 
-Cheap per append: `append` takes the next id synchronously, encodes the entry,
-registers it with the `AckTracker` and queues it; the entries queued in one scheduler
-turn share one waiter. The client's node senders (`node_senders.py`) take the
-ledger's turn once per scheduler turn: everything queued, striped into one batch
-per member (`sender.py`), and each node gets ONE call per turn carrying every
-ledger's batch for it. Answers are counted in bulk (`record_acks`), and the
-acknowledged range completes its waiters in one pass. Several calls per node may be
-in flight (`calls_in_flight_per_node_max`): a turn never waits for the previous
-turn's answers.
+The ledger's pending adds are one pure state machine, `PendingAdds`
+(`core/pending_adds.py`): ids, encoded entries, batches, acknowledgements, the LAC.
+The writer owns the appends' side: room in the ledger's and the client's bounds,
+and the waiters. Cheap per append: `append` takes room, hands the payload to
+`PendingAdds.add` (the next id, the entry encoded) and wakes the sender; the entries
+no turn took yet share one waiter. The client's node senders (`node_senders.py`)
+take the ledger's turn once per scheduler turn (`sender.py`: the batches
+`PendingAdds.take_batches` returns), and each node gets ONE call per turn carrying
+every ledger's batch for it. What the answers acknowledge comes back as one
+`Released` range, which completes its waiters in one pass. Several calls per node
+may be in flight (`calls_in_flight_per_node_max`): a turn never waits for the
+previous turn's answers.
 
 Failures (R8) go to one ensemble-change task per ledger (R9..R12), one change at a
-time; refusals (R13) end the writer. The `AckTracker` decides every
-acknowledgement; the writer and its sender (`sender.py`) only feed it answers and
-wake waiters.
+time; refusals (R13) end the writer. The sender and the changer tell the writer
+outcomes only (`WriterOutcomes`: appends acknowledged, the writer failed).
 """
 
 from __future__ import annotations
@@ -34,11 +36,10 @@ from ledger.errors import (
     LedgerFenced,
 )
 from netio.budget import Budget
+from pora.client.replication.core.ledger_records import why_fenced
+from pora.client.replication.core.pending_adds import PendingAdds, Released
 from pora.client.replication.ensemble_change import EnsembleChanger, WriterContext
-from pora.client.replication.entry_format import HEADER_BYTES, LENGTH_MAX, encode_checked_entry
 from pora.client.replication.errors import ClientClosed
-from pora.client.replication.ledger_records import why_fenced
-from pora.client.replication.quorum import AckTracker
 from pora.client.replication.sender import Sender
 from pora.client.waiting import Event
 from pora.meta.errors import MetadataError, NoSuchLedgerMetadata
@@ -49,12 +50,14 @@ _log = logging.getLogger("pora.client.writer")
 
 @dataclass(eq=False)
 class _TurnWaiter:
-    """The entries added in one scheduler turn, up to `last`, wait on one event."""
+    """The entries one turn takes, up to `last`, wait on one event; `acknowledged`
+    once they all are (else the event was set because the writer failed)."""
 
     last: int
     event: Event
     #: when the turn's first append was made (metrics' clock; set only with metrics)
     started: float = 0.0
+    acknowledged: bool = False
 
 
 class LedgerWriter:
@@ -63,40 +66,20 @@ class LedgerWriter:
     ) -> None:
         metadata = record.value
         self.ledger_id = metadata.ledger_id
-        #: the record's incarnation token, covered by every entry's crc
-        self._token = metadata.token
         self._context = context
         self._master_key = master_key
-        self._tracker = AckTracker(
-            metadata.ledger_id, metadata.write_quorum, metadata.ack_quorum, metadata.ensembles[-1]
-        )
-        self._changer = EnsembleChanger(
-            context, record, self._tracker, self._fail, self._acknowledged
-        )
         config = context.config
+        self._adds = PendingAdds.of_ledger(metadata, call_bytes_max=config.add_call_bytes_max)
+        self._changer = EnsembleChanger(context, record, self._adds, self)
         self._payload_max = config.payload_bytes_max
         self._room = Budget(
             config.pending_appends_per_ledger_max,
             f"ledger {self.ledger_id}'s pending appends",
             context.new_event,
         )
-        self._entries: dict[int, tuple[bytes, int]] = {}  # pending id -> (entry, length_after)
-        self._length = 0  # length_after of the last entry added
-        self._acked_length = 0  # length_after of the LAC
-        self._turn: _TurnWaiter | None = None
         self._waiters: deque[_TurnWaiter] = deque()
         self._lac_dirty = anyio.Event()
-        self._sender = Sender(
-            self.ledger_id,
-            context,
-            self._tracker,
-            self._entries,
-            master_key,
-            self._changer,
-            self._fail,
-            self._acknowledged,
-            self._end_turn,
-        )
+        self._sender = Sender(self._adds, context, master_key, self._changer, self)
         self._error: PoraError | None = None
         self._closing = False
         self._closed = False
@@ -114,7 +97,7 @@ class LedgerWriter:
     @property
     def last_add_confirmed(self) -> int:
         """R4: the highest id acknowledged with every one before it (-1: none)."""
-        return self._tracker.last_add_confirmed
+        return self._adds.last_add_confirmed
 
     @property
     def metadata(self) -> LedgerMetadata:
@@ -141,7 +124,8 @@ class LedgerWriter:
             await self._reserve(1, size)
         entry_id, waiter = self._add(payload)
         await waiter.event.wait()
-        if entry_id <= self._tracker.last_add_confirmed:
+        # woken by a failure, the entry may still be acknowledged (before the others)
+        if waiter.acknowledged or entry_id <= self._adds.last_add_confirmed:
             return entry_id
         assert self._error is not None
         raise self._error
@@ -165,7 +149,7 @@ class LedgerWriter:
         if last is None:
             return ids
         await last.event.wait()
-        if ids[-1] <= self._tracker.last_add_confirmed:
+        if last.acknowledged or ids[-1] <= self._adds.last_add_confirmed:
             return ids
         assert self._error is not None
         raise self._error
@@ -200,13 +184,13 @@ class LedgerWriter:
                 await self._sender.calls_done()
             try:
                 await self._changer.close_record(
-                    self._tracker.last_add_confirmed, self._acked_length
+                    self._adds.last_add_confirmed, self._adds.acked_length
                 )
             except LedgerFenced:
                 await self._end()
                 raise
             await self._end()
-            await self._changer.seal(self._tracker.last_add_confirmed, self._master_key)
+            await self._changer.seal(self._adds.last_add_confirmed, self._master_key)
 
     async def _end(self) -> None:
         """The writer is done with its record: the client forgets it, its tasks stop."""
@@ -229,10 +213,10 @@ class LedgerWriter:
         """The client ends: pending and later appends fail with ClientClosed; the
         writer's tasks stop (the ledger stays open: a recovery closes it)."""
         if self._waiters:
-            self._fail(ClientClosed(self.ledger_id))
+            self.writer_failed(ClientClosed(self.ledger_id))
         elif self._error is None:  # nothing pending: nothing to report
             self._error = ClientClosed(self.ledger_id)
-            self._tracker.fence()
+            self._adds.fence()
         self._closed = True
         await self._stop()
 
@@ -241,7 +225,7 @@ class LedgerWriter:
             async with anyio.create_task_group() as tasks:
                 self._scope = tasks.cancel_scope
                 self._tasks = tasks
-                tasks.start_soon(self._changer.run, self._sender.wake, self._sender.queue_resend)
+                tasks.start_soon(self._changer.run, self._sender.wake)
                 tasks.start_soon(self._lac_flush_loop)
                 task_status.started()
         finally:
@@ -288,67 +272,41 @@ class LedgerWriter:
             self._check_writable()
 
     def _add(self, payload: bytes) -> tuple[int, _TurnWaiter]:
-        tracker = self._tracker
-        entry_id = tracker.next_entry_id
-        length_after = self._length + len(payload)
-        if length_after > LENGTH_MAX:
-            raise ValueError(
-                f"ledger {self.ledger_id}: {length_after} payload bytes in all would not fit "
-                "the entries' 64-bit length: start a new ledger"
-            )
-        entry = encode_checked_entry(self.ledger_id, entry_id, length_after, payload, self._token)
-        tracker.add_pending(entry_id)
-        self._length = length_after
-        self._entries[entry_id] = (entry, length_after)
-        sender = self._sender
-        sender.outbox.append(entry_id)
-        sender.outbox_bytes += len(payload)
-        turn = self._turn
-        if turn is None:
-            turn = self._turn = _TurnWaiter(entry_id, self._context.new_event())
+        adds = self._adds
+        entry_id = adds.add(payload)
+        if entry_id == adds.first_untaken:  # the first of the next turn: a new waiter
+            turn = _TurnWaiter(entry_id, self._context.new_event())
             if self._context.metrics is not None:
                 turn.started = self._context.metrics.clock()
             self._waiters.append(turn)
-        else:
+        else:  # the untaken entries before it share the last waiter
+            turn = self._waiters[-1]
             turn.last = entry_id
-        sender.wake()
+        self._sender.wake()
         return entry_id, turn
 
-    def _end_turn(self) -> None:
-        """The sender took the queued entries: later ones start a new turn."""
-        self._turn = None
+    # -- outcomes (the sender's and the ensemble changer's: WriterOutcomes) --------------
 
-    # -- completing ---------------------------------------------------------------------
-
-    def _acknowledged(self, acked: range) -> None:
+    def appends_acknowledged(self, released: Released) -> None:
         """Complete the waiters of an acknowledged range (R4), in one pass."""
-        if not acked:
-            return
-        entries = self._entries
-        size = 0
-        length_after = self._acked_length
-        for entry_id in acked:
-            entry, length_after = entries.pop(entry_id)
-            size += len(entry) - HEADER_BYTES
-        self._acked_length = length_after
+        acked = released.ids
         self._room.give(len(acked))
-        self._context.pending_bytes.give(size)
+        self._context.pending_bytes.give(released.payload_bytes)
         lac = acked[-1]
         waiters = self._waiters
         metrics = self._context.metrics
         if metrics is not None:
-            metrics.acknowledged(len(acked), size)
+            metrics.acknowledged(len(acked), released.payload_bytes)
             now = metrics.clock()
         while waiters and waiters[0].last <= lac:
             waiter = waiters.popleft()
-            if waiter is self._turn:
-                self._turn = None
+            waiter.acknowledged = True
             if metrics is not None:
                 metrics.turn_acknowledged(waiter.started, now)
             waiter.event.set()
         self._lac_dirty.set()
 
-    def _fail(self, error: PoraError) -> None:
+    def writer_failed(self, error: PoraError) -> None:
         """Every pending and later append fails with `error`; nothing more is
         acknowledged (R11, R12, R13). A fence (LedgerFenced) stops the
         acknowledgements at once, and the appends fail once the record re-read says
@@ -361,16 +319,9 @@ class LedgerWriter:
         _log.warning("ledger %d: writer stopped: %s", self.ledger_id, error)
         if self._context.metrics is not None:
             self._context.metrics.writer_stopped(error)
-        failed = self._tracker.fence()
-        size = 0
-        for entry_id in failed:
-            entry, _ = self._entries.pop(entry_id)
-            size += len(entry) - HEADER_BYTES
-        self._room.give(len(failed))
-        self._context.pending_bytes.give(size)
-        self._sender.outbox.clear()
-        self._sender.outbox_bytes = 0
-        self._turn = None
+        failed = self._adds.fence()
+        self._room.give(len(failed.ids))
+        self._context.pending_bytes.give(failed.payload_bytes)
         if type(error) is LedgerFenced and self._tasks is not None and not self._stopped.is_set():
             self._cause_known = anyio.Event()
             self._tasks.start_soon(self._learn_why_fenced)
@@ -410,15 +361,14 @@ class LedgerWriter:
 
     async def _lac_flush_loop(self) -> None:
         interval = self._context.config.lac_flush_interval_s
+        adds = self._adds
         while True:
             await self._lac_dirty.wait()
             self._lac_dirty = anyio.Event()
-            sender = self._sender
             answered = -1
-            while answered != sender.answered:  # idle for a whole interval
-                answered = sender.answered
+            while answered != adds.answers:  # idle for a whole interval
+                answered = adds.answers
                 await anyio.sleep(interval)
-            lac = self._tracker.last_add_confirmed
-            if self._error is None and lac > sender.lac_sent:
-                sender.lac_sent = lac
+            lac = adds.lac_to_flush()
+            if lac is not None:
                 await self._changer.write_lac(lac, self._master_key)

@@ -27,6 +27,18 @@ def write_set_positions(entry_id: int, ensemble_size: int, write_quorum: int) ->
     return tuple((entry_id + k) % ensemble_size for k in range(write_quorum))
 
 
+def write_set_table(ensemble_size: int, write_quorum: int) -> tuple[tuple[int, ...], ...]:
+    """R3 by residue: row r is `write_set_positions(r, ...)`, the positions of every
+    entry whose id is r modulo E. A batch is striped, and an acknowledgement checked,
+    with one index per entry instead of the rule worked out again."""
+    return tuple(write_set_positions(r, ensemble_size, write_quorum) for r in range(ensemble_size))
+
+
+def _position_masks(table: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """Each row of a `write_set_table` as bits (1 << position)."""
+    return tuple(sum(1 << position for position in row) for row in table)
+
+
 def write_set(
     entry_id: int, members: Sequence[EnsembleMember], write_quorum: int
 ) -> tuple[EnsembleMember, ...]:
@@ -99,9 +111,13 @@ class AckTracker:
         self.ack_quorum = ack_quorum
         self._ensemble = ensemble
         self._positions = {member: p for p, member in enumerate(ensemble.members)}
+        #: R3 as bits, by entry id modulo E: E and Qw never change, nor then the masks
+        self._masks = _position_masks(write_set_table(len(ensemble.members), write_quorum))
         self._durable = True  # the ensemble a writer starts on is read from the metadata
         self._lac = last_add_confirmed
-        self._next = last_add_confirmed + 1
+        #: the id the next entry added takes. Read-only outside; a plain attribute, not
+        #: a property, as the writer's path reads it on every append
+        self.next_entry_id = last_add_confirmed + 1
         # pending entry id -> the positions that acked, as bits (1 << position): an int
         # per entry is cheaper to make on every append than a set
         self._acks: dict[int, int] = {}
@@ -111,10 +127,6 @@ class AckTracker:
     @property
     def last_add_confirmed(self) -> int:
         return self._lac
-
-    @property
-    def next_entry_id(self) -> int:
-        return self._next
 
     @property
     def ensemble(self) -> Ensemble:
@@ -127,7 +139,11 @@ class AckTracker:
     @property
     def pending(self) -> range:
         """The ids sent and not yet acknowledged (none once fenced: they failed)."""
-        return range(self._next, self._next) if self._fenced else range(self._lac + 1, self._next)
+        return (
+            range(self.next_entry_id, self.next_entry_id)
+            if self._fenced
+            else range(self._lac + 1, self.next_entry_id)
+        )
 
     @property
     def failed_members(self) -> frozenset[EnsembleMember]:
@@ -148,13 +164,13 @@ class AckTracker:
         turn at once, so the append path skips building a tuple per entry."""
         if self._fenced:
             raise LedgerFenced(self.ledger_id)
-        if entry_id != self._next:
+        if entry_id != self.next_entry_id:
             raise ValueError(
-                f"ledger {self.ledger_id}: entry {entry_id} added, expected {self._next} "
+                f"ledger {self.ledger_id}: entry {entry_id} added, expected {self.next_entry_id} "
                 "(entries are added in order, each once: R5)"
             )
         self._acks[entry_id] = 0
-        self._next += 1
+        self.next_entry_id += 1
 
     def write_set(self, entry_id: int) -> tuple[EnsembleMember, ...]:
         return write_set(entry_id, self._ensemble.members, self.write_quorum)
@@ -172,13 +188,13 @@ class AckTracker:
         position = self._positions.get(member)
         if position is None or self._fenced:
             return self._advance()
-        acks = self._acks
+        acks, masks = self._acks, self._masks
         bit = 1 << position
-        size, quorum = len(self._positions), self.write_quorum
+        size = len(masks)
         # one lookup of the member for the whole batch: `_count_ack` inlined
         for entry_id in entry_ids:
             held = acks.get(entry_id)
-            if held is not None and (position - entry_id) % size < quorum:
+            if held is not None and masks[entry_id % size] & bit:
                 acks[entry_id] = held | bit
         return self._advance()
 
@@ -248,9 +264,10 @@ class AckTracker:
         position = self._positions.get(member)
         if held is None or position is None or self._fenced:
             return
-        # in the write set when the position is among the Qw after entry_id mod E
-        if (position - entry_id) % len(self._positions) < self.write_quorum:
-            self._acks[entry_id] = held | 1 << position
+        bit = 1 << position
+        masks = self._masks
+        if masks[entry_id % len(masks)] & bit:  # R3: in the entry's write set
+            self._acks[entry_id] = held | bit
 
     def _advance(self) -> range:
         if not self._durable:

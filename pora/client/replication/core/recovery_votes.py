@@ -11,9 +11,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 
-from pora.client.replication.entry_format import ReplicatedEntry, decode_entry
+from pora.client.replication.core.entry_format import ReplicatedEntry, decode_entry
+from pora.client.replication.core.quorum import entry_write_set, write_set_positions
 from pora.client.replication.errors import EntryDamaged
-from pora.client.replication.quorum import entry_write_set, write_set_positions
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata
 
 
