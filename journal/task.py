@@ -20,9 +20,11 @@ from __future__ import annotations
 import collections
 import errno
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import trio
 
@@ -114,6 +116,15 @@ class JournalStatistics:
     spare_segments_recycled: int = 0
 
 
+class GroupTrace(Protocol):
+    """What the journal tells a tracer (`pora.tracing`, set by the node when tracing
+    is on): when each group was formed and written, and when it was synced."""
+
+    def group_written(self, group: Sequence[Request], formed_ns: int) -> None: ...
+
+    def group_synced(self, group: Sequence[Request], sync_seconds: float) -> None: ...
+
+
 class Journal:
     """The journal writer task and its channel.
 
@@ -171,6 +182,8 @@ class Journal:
         self._last_write_started = 0.0
         self._commit_listeners: list[CommitListener] = []
         self._reclaim: Callable[[], Awaitable[object]] | None = None
+        #: the tracer of the hops of each group, None (the usual) when tracing is off
+        self.trace: GroupTrace | None = None
 
     def add_commit_listener(self, listener: CommitListener) -> None:
         """Call `listener(operations, bytes, sync_seconds)` after every group commit
@@ -322,7 +335,13 @@ class Journal:
             if not group:
                 sync_slots.release()
                 break  # input closed and drained
-            handed_over = await self._commit(group, handed_over, sync_slots)
+            trace = self.trace
+            if trace is None:
+                handed_over = await self._commit(group, handed_over, sync_slots)
+            else:
+                formed_ns = time.monotonic_ns()
+                handed_over = await self._commit(group, handed_over, sync_slots)
+                trace.group_written(group, formed_ns)
         if handed_over is not None:
             await handed_over.wait()  # every group is handed over before the end
 
@@ -554,6 +573,9 @@ class Journal:
                 request.fail(self._failure)
             unsynced.settle(GroupState.FAILED)
             return None
+        trace = self.trace
+        if trace is not None:
+            trace.group_synced(group, sync_seconds)
         dispatch_nowait = self._dispatch_nowait
         if dispatch_nowait is None or not dispatch_nowait(group):
             unsynced.move_to(GroupState.WAITING_FOR_LEDGERS)

@@ -16,6 +16,7 @@ default; anything that gives a byte stream for an address will do.
 from __future__ import annotations
 
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -28,6 +29,7 @@ from ledger.errors import InvalidArgument
 from netio.codec import encode_request
 from netio.errors import ConnectionLost, InstanceMismatch, ProtocolError, RequestTimeout
 from netio.messages import ErrorResponse, Info, InfoResponse
+from pora import tracing
 from pora.client.admission import Admission
 from pora.client.coalescer import add_call_type, frames_for
 from pora.client.deadlines import DeadlineSweep
@@ -113,6 +115,9 @@ class NodeConnection:
         self.deadlines = DeadlineSweep(self)
         #: the event loop's clock: under trio, trio's own (anyio's costs more, once
         #: per request)
+        #: the tracer of when frames leave and responses come (`pora.tracing`), None
+        #: when tracing is off
+        self.trace = tracing.current()
         self.now: Callable[[], float] = (
             trio.current_time if trio.lowlevel.in_trio_task() else anyio.current_time
         )
@@ -285,12 +290,18 @@ class NodeConnection:
     async def _read_loop(self, session: Session, tasks: anyio.CancelScope) -> None:
         stream = session.stream
         decoder = session.decoder
+        trace = self.trace
+        ports = _ports(self.port, stream) if trace is not None else (0, 0)
         try:
             while True:
                 data = await stream.receive(RECEIVE_BYTES)
                 decoder.receive_data(data)
                 pending = session.pending
-                for response in decoder.next_responses():
+                responses = decoder.next_responses()
+                if trace is not None:
+                    responses = list(responses)
+                    trace.client_read(*ports, [r.request_id for r in responses])
+                for response in responses:
                     slot = pending.pop(response.request_id, None)
                     if slot is None:
                         if response.request_id == 0 and isinstance(response, ErrorResponse):
@@ -308,6 +319,8 @@ class NodeConnection:
 
     async def _write_loop(self, session: Session, tasks: anyio.CancelScope) -> None:
         stream = session.stream
+        trace = self.trace
+        ports = _ports(self.port, stream) if trace is not None else (0, 0)
         try:
             while True:
                 if session.add_queue and session.identified.is_set():
@@ -320,7 +333,13 @@ class NodeConnection:
                     continue
                 frames = session.outbox
                 session.outbox = []
-                await stream.send(frames[0] if len(frames) == 1 else b"".join(frames))
+                if trace is None:
+                    await stream.send(frames[0] if len(frames) == 1 else b"".join(frames))
+                else:  # (every id up to the last one given is in these frames or sent)
+                    last_id = self._next_request_id - 1
+                    sending_ns = time.monotonic_ns()  # (send returns after a checkpoint)
+                    await stream.send(frames[0] if len(frames) == 1 else b"".join(frames))
+                    trace.client_wrote(*ports, sending_ns, last_id)
         except Exception as error:
             if session.error is None:
                 session.error = error
@@ -356,6 +375,14 @@ class NodeConnection:
         request_id = self._next_request_id
         self._next_request_id = request_id + 1
         return request_id
+
+
+def _ports(node_port: int, stream: anyio.abc.ByteStream) -> tuple[int, int]:
+    """The node's port and this end's, which name the connection in trace records."""
+    try:
+        return node_port, int(stream.extra(anyio.abc.SocketAttribute.local_port))
+    except anyio.TypedAttributeLookupError:
+        return node_port, 0
 
 
 __all__ = [

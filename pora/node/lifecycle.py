@@ -28,6 +28,7 @@ from ledger.errors import FlushFailed, describe_os_error, ledger_list
 from ledger.index import Index
 from ledger.registry import LedgerRegistry
 from ledger.storage import LedgerStorage
+from pora import tracing
 from pora.node.config import NodeConfig
 from pora.node.datadir import (
     DataDir,
@@ -117,6 +118,7 @@ async def _running_node(
                 dispatch=registry.dispatch,
                 dispatch_nowait=registry.dispatch_nowait,
             )
+            journal.trace = tracing.current()  # None unless PORA_TRACE_FILE is set
             journal_done = await _start_journal(nursery, journal, directory)
             # before the first record: from now on the journal holds what it gets (and
             # the segments a replay could not flush, which come before)

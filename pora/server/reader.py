@@ -26,6 +26,7 @@ import trio
 from netio.budget import Budget
 from netio.codec import RequestDecoder
 from netio.messages import Refused, RequestMessage, WireAdd
+from pora import tracing
 from pora.server.config import ServerConfig
 from pora.server.counters import ServerCounters
 from pora.server.in_flight import InFlight
@@ -62,6 +63,10 @@ class RequestReader:
         self.scope = trio.CancelScope()
         #: the socket's fd, read with os.readv; -1 for TLS (read through the ssl module)
         self.raw_fd = stream.socket.fileno() if type(stream) is trio.SocketStream else -1
+        #: the tracer of when adds came in (`pora.tracing`), None when tracing is off
+        self.trace = tracing.current()
+        #: the ports that name this connection in trace records (this node's, the peer's)
+        self.trace_ports = _ports(stream) if self.trace is not None else (0, 0)
 
     async def run(self, dispatch: Dispatch) -> None:
         """Read and hand on requests to `dispatch` until the peer closes its side
@@ -95,6 +100,8 @@ class RequestReader:
             requests = decoder.next_requests_raw(budget)
             if requests:
                 in_flight.count += len(requests)
+                if self.trace is not None:
+                    self.trace.node_read(*self.trace_ports, self.last_received, requests)
                 await dispatch(requests)
                 continue
             # (idle connections are found by the server's sweeper, not by a timeout
@@ -128,3 +135,10 @@ class RequestReader:
                 # costs less than a wait for readiness (epoll_ctl, a turn, epoll_wait).
                 # If it is not there, that read fails and the next wait is the real one
                 drained = False
+
+
+def _ports(stream: trio.abc.Stream) -> tuple[int, int]:
+    """This node's port and the peer's on the connection (0, 0 when not plain TCP)."""
+    if type(stream) is not trio.SocketStream:
+        return 0, 0
+    return int(stream.socket.getsockname()[1]), int(stream.socket.getpeername()[1])

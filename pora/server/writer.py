@@ -35,6 +35,7 @@ from netio.codec import (
 )
 from netio.frames import PROTOCOL_VERSION, Opcode, status_byte
 from netio.status import status_of
+from pora import tracing
 from pora.server.counters import ServerCounters
 from pora.server.in_flight import InFlight, ReadBytes
 
@@ -92,6 +93,8 @@ class ResponseWriter:
         #: completed it (`_respond`); -1 for TLS, and once the connection has ended
         #: (the fd may then be another connection's)
         self.raw_fd = -1
+        #: the tracer of when responses leave (`pora.tracing`), None when tracing is off
+        self.trace = tracing.current()
         if type(stream) is trio.SocketStream:
             self.raw_fd = stream.socket.fileno()
 
@@ -198,6 +201,8 @@ class ResponseWriter:
     def _encode_adds_done(self) -> None:
         done = self.adds_done
         self.adds_done = []
+        if self.trace is not None:
+            self.trace.responses_encoded(done)
         statuses = self.counters.responses_by_status
         answered = sum([len(request.tags) for request in done])
         ok = done
@@ -221,6 +226,8 @@ class ResponseWriter:
         alone, if any), or the error that failed the whole run."""
         done = self.runs_done
         self.runs_done = []
+        if self.trace is not None:
+            self.trace.responses_encoded(done)
         statuses = self.counters.responses_by_status
         outgoing = self.outgoing
         version = self.version
