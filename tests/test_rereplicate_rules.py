@@ -1,18 +1,21 @@
 """The re-replication rules (docs/rereplication.md) on their own: what is
 under-replicated (A1..A3), the record change (A7..A9, A12), the throttle (A15), and a
 live writer whose earlier fragment a worker repairs while it changes its ensemble and
-closes (A9: the writer re-reads on its conflict and keeps the repair)."""
+closes (A9: the writer re-reads on its conflict and keeps the repair), and a stream's
+open segment taken over by the stream's rules past the grace, then repaired (A11)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import trio
 from replicated_ledger_support import PASSWORD, length_after, make_ledger, put, stored_bytes
 from replication_support import local_cluster
 from writer_support import client_on
 
+import pora
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.core.ledger_records import closed_at
 from pora.cluster_ops.audit import audit
@@ -192,3 +195,48 @@ async def test_deep_audit_finds_a_live_member_short_of_entries_and_refills_it(
         for entry_id in range(30, 40):
             data = await cluster.nodes[c].read_entry(made.value.ledger_id, entry_id)
             assert bytes(data) == stored_bytes(made.value.ledger_id, entry_id)
+
+
+async def test_an_open_stream_segment_past_its_grace_is_taken_over_and_repaired(
+    tmp_path: Path,
+) -> None:
+    """A11: a stream's open segment whose last fragment lost a member is taken over by
+    the stream's own rules once the grace is past: the writer, idle all along, is
+    fenced (WriterFenced at its next append), the segment closed where it ends and
+    repaired in the same run, and a new writer appends after it."""
+    async with (
+        local_cluster(tmp_path, nodes=5) as cluster,
+        client_on(cluster, node_timeout_s=2.0) as client,
+    ):
+        stream = await client.create_stream("events", 3, 3, 2)
+        payloads = [b"entry %d" % k for k in range(30)]
+        async with stream.open_writer() as idle_writer:
+            positions = await idle_writer.append_many(payloads)
+            segment = (await stream.info()).segments[-1]
+            ensemble = (await cluster.store.read_ledger(segment.ledger_id)).value.ensembles
+            lost = ensemble[-1].members[0]
+            await cluster.stop_node(lost.address)
+            events: list[dict[str, object]] = []
+            worker = Rereplicator(
+                cluster.store,
+                cluster.channel_for,
+                ClientConfig(node_timeout_s=2.0),
+                WorkerOptions(open_grace_s=0.0),
+                events.append,
+            )
+            await worker.run_once()
+            assert [(e["event"], e["ledger"]) for e in events] == [
+                ("recovered", segment.ledger_id),
+                ("repaired", segment.ledger_id),
+            ]
+            assert events[0]["stream"] == "events"
+            with pytest.raises(pora.WriterFenced):
+                await idle_writer.append(b"too late")
+        closed = (await cluster.store.read_ledger(segment.ledger_id)).value
+        assert closed.state is LedgerState.CLOSED and closed.last_entry_id == 29
+        assert all(lost not in e.members for e in closed.ensembles)
+        assert (await audit(cluster.store)).findings == []
+        async with stream.open_writer() as next_writer:
+            later = await next_writer.append(b"after")
+        read = [item async for item in stream.read()]
+        assert read == [*zip(positions, payloads, strict=True), (later, b"after")]

@@ -122,8 +122,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--open-grace-s", type=rate, default=60.0, metavar="S",
         help="an open ledger's last fragment is repaired only when still lost after S "
-        "seconds, by fencing and recovering the ledger (default 60); a stream's open "
-        "segment never is",
+        "seconds, by fencing and recovering the ledger (a stream's open segment: by "
+        "taking the stream over); an idle writer is fenced too: set S above the "
+        "writers' idle times (default 60)",
     )  # fmt: skip
     parser.add_argument(
         "--lock-lease-s", type=positive, default=10.0, metavar="S",

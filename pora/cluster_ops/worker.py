@@ -35,6 +35,7 @@ from pora.cluster_ops.inventory import (
     stream_ledgers,
 )
 from pora.cluster_ops.record_change import replace_members
+from pora.cluster_ops.stream_takeover import take_over_stream
 from pora.cluster_ops.throttle import Throttle
 from pora.meta.errors import LockLost, MetadataError, NoSuchLedgerMetadata
 from pora.meta.records import EnsembleMember, LedgerMetadata, LedgerState, NodeRegistration
@@ -60,8 +61,8 @@ class WorkerOptions:
     password: str | bytes = ""
     entries_per_s: float = 0.0
     bytes_per_s: float = 0.0
-    #: A10: how long an open ledger's last fragment stays lost before the worker
-    #: fences and recovers the ledger
+    #: A10, A11: how long an open ledger's last fragment stays lost before the worker
+    #: fences and recovers the ledger (a stream's open segment: takes the stream over)
     open_grace_s: float = 60.0
     lock_lease_s: float = 10.0
     #: also repair live members that miss entries (A1 with --deep), in place
@@ -108,6 +109,8 @@ class Rereplicator:
         self.totals = Totals()
         #: A10: open ledgers whose last fragment is lost -> when this worker first saw it
         self._open_lost_since: dict[int, float] = {}
+        #: A11: which of those are a stream's open segment -> the stream's name
+        self._open_streams: dict[int, str] = {}
         #: the round's filter (A13): a ledger's members not yet lost long enough wait
         self._ready: Ready = lambda _: True
 
@@ -130,6 +133,7 @@ class Rereplicator:
             lost = [m for m in lost_members(record, live, draining) if ready(m)]
             if not lost and not self._options.deep:
                 self._open_lost_since.pop(record.ledger_id, None)
+                self._open_streams.pop(record.ledger_id, None)
                 continue
             if not lost:
                 lost = await short_members(record, live, [], self._channel_for, self._config)
@@ -167,23 +171,26 @@ class Rereplicator:
         open_end = [m for m in open_end if m.why != DRAINING]
         if not open_end:
             return
-        if stream is not None and stream.open:
+        if stream is not None and stream.open and stream.seq is None:
             self._event(
                 "skipped",
                 ledger_id,
                 stream=stream.describe(),
-                why="the open segment's last fragment: its writer replaces the node at its "
-                "next append, or a takeover recovers it (A11)",
+                why="a pending transaction's segment: its commit or abort closes it (A11)",
             )
             return
+        if stream is not None and stream.open:
+            self._open_streams[ledger_id] = stream.stream
         first_seen = self._open_lost_since.setdefault(ledger_id, anyio.current_time())
         if anyio.current_time() - first_seen >= self._options.open_grace_s:
             await self._repair_open_end(ledger_id)
 
     async def _repair_open_end(self, ledger_id: int) -> None:
-        """A10: fence and recover the ledger if its last fragment is still lost, then
-        repair it as a closed one."""
+        """A10: fence and recover the ledger if its last fragment is still lost (A11: a
+        stream's open segment by taking the stream over), then repair it as a closed
+        one."""
         self._open_lost_since.pop(ledger_id, None)
+        stream = self._open_streams.pop(ledger_id, None)
         try:
             record = (await self._store.read_ledger(ledger_id)).value
         except NoSuchLedgerMetadata:
@@ -196,9 +203,11 @@ class Rereplicator:
             if m.fragment.is_open_end and m.why != DRAINING  # a draining node still works
         ]
         if record.state is LedgerState.OPEN and still:
-            await self._repair_ledger(ledger_id, recover_first=True)
+            await self._repair_ledger(ledger_id, recover_first=True, stream=stream)
 
-    async def _repair_ledger(self, ledger_id: int, recover_first: bool = False) -> None:
+    async def _repair_ledger(
+        self, ledger_id: int, recover_first: bool = False, stream: str | None = None
+    ) -> None:
         store, holder, lease_s = self._store, self._options.holder, self._options.lock_lease_s
         name = lock_name(ledger_id)
         if not await store.acquire_lock(name, holder, lease_s):
@@ -208,7 +217,7 @@ class Rereplicator:
         try:
             # the lock keeper ends without raising: an error of the repair is itself
             with lone_error_unwrapped():
-                await self._repair_holding(ledger_id, recover_first, name, lost_lock)
+                await self._repair_holding(ledger_id, recover_first, stream, name, lost_lock)
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(self._config.node_timeout_s):
                 try:
@@ -219,7 +228,12 @@ class Rereplicator:
             self._event("failed", ledger_id, why=str(lost_lock[0]))
 
     async def _repair_holding(
-        self, ledger_id: int, recover_first: bool, name: str, lost_lock: list[LockLost]
+        self,
+        ledger_id: int,
+        recover_first: bool,
+        stream: str | None,
+        name: str,
+        lost_lock: list[LockLost],
     ) -> None:
         """The repair, with a task renewing the lock; LockLost cancels the repair."""
         store, holder, lease_s = self._store, self._options.holder, self._options.lock_lease_s
@@ -239,29 +253,13 @@ class Rereplicator:
 
             group.start_soon(keep_lock)
             try:
-                await self._repair_locked(ledger_id, recover_first)
+                await self._repair_locked(ledger_id, recover_first, stream)
             finally:
                 group.cancel_scope.cancel()
 
-    async def _repair_locked(self, ledger_id: int, recover_first: bool) -> None:
-        if recover_first:
-            try:
-                reader = await open_ledger(
-                    self._store,
-                    self._channel_for,
-                    self._config,
-                    random.Random(),
-                    ledger_id,
-                    self._options.password,
-                    True,
-                )
-                await reader.aclose()
-            except PoraError as error:
-                self._event("failed", ledger_id, why=f"fencing and recovering it: {error}")
-                return
-            self._event(
-                "recovered", ledger_id, why="its last fragment was lost past the grace (A10)"
-            )
+    async def _repair_locked(self, ledger_id: int, recover_first: bool, stream: str | None) -> None:
+        if recover_first and not await self._end_writer(ledger_id, stream):
+            return
         try:
             versioned = await self._store.read_ledger(ledger_id)
         except NoSuchLedgerMetadata:
@@ -297,6 +295,52 @@ class Rereplicator:
             except NoSuchLedgerMetadata:
                 return  # deleted meanwhile: nothing left to keep
             record = versioned.value
+
+    async def _end_writer(self, ledger_id: int, stream: str | None) -> bool:
+        """A10: fence and recover the ledger; A11: for a stream's open segment, take the
+        stream over by its own rules instead (the takeover recovers and closes the
+        segment, and the document says where it ends). False: leave the ledger."""
+        try:
+            if stream is None:
+                reader = await open_ledger(
+                    self._store,
+                    self._channel_for,
+                    self._config,
+                    random.Random(),
+                    ledger_id,
+                    self._options.password,
+                    True,
+                )
+                await reader.aclose()
+            else:
+                # the password first: a worker that cannot repair it fences no writer
+                record = (await self._store.read_ledger(ledger_id)).value
+                check_password(record, self._master_key)
+                if not await take_over_stream(
+                    self._store, self._channel_for, self._config, stream, ledger_id
+                ):
+                    return True  # no longer the open segment: repaired as it now is
+        except NoSuchLedgerMetadata:
+            return False  # deleted meanwhile: nothing to keep
+        except Unauthorized:
+            self._event(
+                "skipped", ledger_id, why="the password given is not the ledger's (--password)"
+            )
+            return False
+        except PoraError as error:
+            what = "fencing and recovering it" if stream is None else f"taking {stream} over"
+            self._event("failed", ledger_id, why=f"{what}: {error}")
+            return False
+        if stream is None:
+            why = "its last fragment was lost past the grace (A10)"
+            self._event("recovered", ledger_id, why=why)
+        else:
+            why = (
+                "its stream's open segment's last fragment was lost past the grace: the "
+                "stream taken over, the segment closed (A11)"
+            )
+            self._event("recovered", ledger_id, stream=stream, why=why)
+        return True
 
     async def _repair_fragment(
         self,
