@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 import pora
-from netio.budget import Budget
+from netio.budget import Budget, BudgetPair
 
 
 async def test_reservations_wait_in_line_and_never_pass_the_limit() -> None:
@@ -117,3 +117,51 @@ def test_takers_wait_in_line_on_any_event_loop(backend: str) -> None:
         return order
 
     assert anyio.run(main, backend=backend) == ["first", "second"]
+
+
+async def test_a_pair_grants_both_amounts_together_in_line() -> None:
+    """The client's room: a count and its bytes, taken and given in one call; a
+    taker waits for both and holds neither meanwhile; a later, smaller taker
+    does not pass it."""
+    pair = BudgetPair(4, "inflight_max", 100, "inflight_bytes_max", trio.Event)
+    assert pair.try_take(3, 90)
+    assert not pair.try_take(1, 20)  # the count fits, the bytes do not
+    assert (pair.count_used, pair.size_used) == (3, 90)
+    order: list[str] = []
+
+    async def take(name: str, count: int, size: int) -> None:
+        await pair.take(count, size)
+        order.append(name)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(take, "bytes", 1, 50)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(take, "small", 1, 1)  # would fit, but waits behind
+        await trio.testing.wait_all_tasks_blocked()
+        assert order == [] and pair.waiting == 2
+        assert (pair.count_used, pair.size_used) == (3, 90)  # nothing held while waiting
+        pair.give(1, 5)  # room for "small" only: it stays behind "bytes"
+        await trio.testing.wait_all_tasks_blocked()
+        assert order == [] and pair.waiting == 2
+        pair.give(1, 55)  # room for both, granted in line
+        assert pair.waiting == 0
+    assert sorted(order) == ["bytes", "small"]
+    assert (pair.count_used, pair.size_used) == (3, 81)
+
+
+async def test_a_pair_lets_a_call_alone_through_whatever_its_size() -> None:
+    pair = BudgetPair(2, "inflight_max", 10, "inflight_bytes_max", trio.Event)
+    assert pair.try_take(5, 1000)  # nothing held: served alone rather than stuck
+    with trio.move_on_after(0.01):
+        await pair.take(1, 1)
+        pytest.fail("a second taker passed a pair over its limits")
+    assert pair.waiting == 0  # the cancelled taker left nothing behind
+    pair.give(5, 1000)
+    assert (pair.count_used, pair.size_used) == (0, 0)
+    assert pair.try_take(1, 10) and not pair.try_take(1, 1)
+
+
+async def test_a_pair_limit_under_one_is_refused_with_a_typed_error() -> None:
+    await trio.lowlevel.checkpoint()
+    with pytest.raises(pora.InvalidArgument, match="inflight_bytes_max: the limit must be"):
+        BudgetPair(1, "inflight_max", 0, "inflight_bytes_max", trio.Event)

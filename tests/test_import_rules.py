@@ -134,6 +134,13 @@ RULES: dict[str, Callable[[Import], bool]] = {
     "pora.client never imports pora.node or pora.server": lambda i: (
         _within(i.importer, "pora.client") and _within(i.imported, "pora.node", "pora.server")
     ),
+    "the per-node client (pora.client but replication) imports nothing of replication or meta": (
+        lambda i: (
+            _within(i.importer, "pora.client")
+            and not _within(i.importer, "pora.client.replication")
+            and _within(i.imported, "pora.client.replication", "pora.meta")
+        )
+    ),
     "pora.client imports nothing of journal or ledger but their errors and the parker": (
         lambda i: (
             _within(i.importer, "pora.client")
@@ -205,6 +212,7 @@ PURE_ROOM_USES = {
     "pora.meta.records": "ledger records, ensembles and members as values",
     "ledger.errors": "the engine's typed errors the client raises as they are",
     "journal.errors": "the root of every engine error",
+    "pora.client.batch": "the one type of a ledger's batch for a node",
 }
 
 

@@ -67,10 +67,7 @@ async def held_back_client(
 def queued_bytes(client: Client, member: EnsembleMember) -> int:
     """The payload bytes the client's node sender holds queued for `member` (the unit
     of the pending bytes)."""
-    node = client._senders._nodes.get(member)
-    if node is None:
-        return 0
-    return sum(len(entry) - HEADER_BYTES for queued in node.queued for _, entry in queued[1])
+    return client._senders.queued_bytes(member)
 
 
 async def test_a_slow_member_is_replaced_before_its_backlog_outgrows_the_bound(

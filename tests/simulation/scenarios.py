@@ -28,11 +28,12 @@ from journal.errors import PoraError
 from journal.fileio import use_file_calls
 from ledger.errors import NoSuchEntry, NoSuchLedger
 from pora import Client, ClientConfig, LedgerFenced, LedgerWriter
+from pora.client.batch import Batch
 from pora.client.local_channel import LocalChannel
 from pora.client.replication.client import client_on_store
 from pora.client.replication.core.entry_format import decode_entry
 from pora.client.replication.core.quorum import entry_write_set
-from pora.client.replication.node_senders import Batch, LedgerTurns
+from pora.client.replication.node_senders import LedgerTurns
 from pora.meta.backends import open_metadata
 from pora.meta.errors import NoSuchLedgerMetadata
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState, Versioned
@@ -191,8 +192,7 @@ def watch_backlog(client: Client, history: History) -> None:
 
     def checked(ledger: LedgerTurns, member: EnsembleMember, entries: Batch, size: int) -> None:
         submit(ledger, member, entries, size)
-        node = senders._nodes[member]
-        queued = sum(batch_size for _, _, batch_size in node.queued)
+        queued = senders.queued_bytes(member)
         invariants.check_backlog(history, member.address, queued, senders.pending_bytes.used, bound)
 
     senders.submit = checked  # type: ignore[method-assign]

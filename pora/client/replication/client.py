@@ -4,8 +4,9 @@
         async with await client.create_ledger(ensemble_size=3, ack_quorum=2) as ledger:
             await ledger.append(b"payload")
 
-The client holds the metadata store, one `NodePool` and one `NodeSenders` (a sender
-per node carrying every ledger's adds) shared by all its ledgers, and a task group
+The client holds the metadata store, one `NodePool` and one `NodeSenders` (the
+node calls, `pora.client.node_calls`, one queue and call per node carrying every
+ledger's adds) shared by all its ledgers, and a task group
 running the node senders, each writer's tasks and each node connection's holder. It works
 under asyncio and trio (anyio).
 """

@@ -6,7 +6,8 @@ member's node queue, which carries every ledger's batch for that node in one cal
 A turn never waits for the previous turn's answers. Answers go back to the
 `PendingAdds` as plain calls; what it says became acknowledged goes to the writer
 (`WriterOutcomes`); a failed call fails the member (the ensemble changer's
-business), a refusal of the ledger ends the writer. The sender holds no state of
+business), a refusal of the ledger ends the writer (R13, sorted by
+core/refusals.py). The sender holds no state of
 the ledger's adds: only its own turn's scheduling and its calls in flight.
 """
 
@@ -17,16 +18,9 @@ import logging
 import anyio
 
 from journal.errors import PoraError
-from ledger.errors import (
-    EntryConflict,
-    EntryTooLarge,
-    InvalidArgument,
-    LedgerClosed,
-    LedgerFenced,
-    Unauthorized,
-)
 from pora.client.node_channel import AddAnswer
 from pora.client.replication.core.pending_adds import Batch, PendingAdds
+from pora.client.replication.core.refusals import EndWriter, first_refusal, sort_refusal
 from pora.client.replication.ensemble_change import EnsembleChanger, WriterContext, WriterOutcomes
 from pora.meta.records import EnsembleMember
 
@@ -103,11 +97,11 @@ class Sender:
             return
         adds = self._adds
         if answer is not None:  # an outcome per entry: some entry failed
-            for outcome in answer:
-                if outcome is not None:
-                    adds.answered(lac)
-                    self._refused(member, outcome)
-                    return
+            refusal = first_refusal(answer)
+            if refusal is not None:
+                adds.answered(lac)
+                self._refused(member, refusal)
+                return
         released = adds.acked(member, entries, lac)
         if released.ids:
             self._outcomes.appends_acknowledged(released)
@@ -119,17 +113,11 @@ class Sender:
             self._calls_done = None
 
     def _refused(self, member: EnsembleMember, error: PoraError) -> None:
-        """R13: a refusal of the ledger ends the writer (FENCED and CLOSED fence it;
-        UNAUTHORIZED fails it with that error); a conflicting or oversized entry is a bug
-        or a misuse that stops the ledger at that entry; anything else fails the member."""
-        if isinstance(error, LedgerClosed):
-            # the writer's own close stops its sender before it seals the nodes: a node
-            # sealed under a writing writer was sealed by a recovery, which fenced it
-            self._outcomes.writer_failed(LedgerFenced(self.ledger_id))
-        elif isinstance(error, LedgerFenced | Unauthorized):
-            self._outcomes.writer_failed(error)
-        elif isinstance(error, EntryConflict | EntryTooLarge | InvalidArgument):
-            _log.error("ledger %d: node %s refused an entry: %s", self.ledger_id, member, error)
-            self._outcomes.writer_failed(error)
+        """Act on R13's sorting of a refusal (core/refusals.py)."""
+        verdict = sort_refusal(self.ledger_id, error)
+        if isinstance(verdict, EndWriter):
+            if verdict.misuse:
+                _log.error("ledger %d: node %s refused an entry: %s", self.ledger_id, member, error)
+            self._outcomes.writer_failed(verdict.error)
         else:
-            self._changer.member_failed(member, error)
+            self._changer.member_failed(member, verdict.error)

@@ -7,6 +7,8 @@ so that unit tests and the seeded simulation drive it without an event loop.
 - `pending_adds.py`: a writer's pending adds as one state machine (`PendingAdds`):
   ids, encoded entries, each turn's batches per member, acknowledgements and the
   LAC, failures, and what a replacement must be sent.
+- `refusals.py`: R13, a node's refusal of an add sorted (`sort_refusal`): the
+  writer ends, or the member fails.
 - `placement.py` (R1, R2, R9's choice), `recovery_votes.py` (R16..R19),
   `ledger_records.py` (the record's transitions) and `entry_format.py` (an entry
   on the wire, with its checksum).

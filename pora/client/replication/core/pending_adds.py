@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
+from pora.client.batch import Batch
 from pora.client.replication.core.entry_format import (
     HEADER_BYTES,
     LENGTH_MAX,
@@ -24,9 +25,6 @@ from pora.client.replication.core.entry_format import (
 )
 from pora.client.replication.core.quorum import AckTracker, EnsembleChange, write_set_table
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata
-
-#: encoded entries for one member, in id order: (entry id, entry)
-Batch = list[tuple[int, bytes]]
 
 
 class Send(NamedTuple):

@@ -1,0 +1,289 @@
+"""`NodeCalls`: one queue of add batches per node, shared by every ledger of a client,
+and the calls that carry them: the per-node side of the replicating client's sends.
+
+Each scheduler turn, the callers with work (a ledger's sender) hand their batches
+for each node to `submit`; the one dispatch task (`run`) wakes once per turn, takes
+every due caller's turn and then starts, for each node with work, ONE
+`add_entries_many` call carrying every caller's batch for that node. So a turn
+costs per node, not per ledger and per node: one task, one deadline (`timeout_s`),
+one wait on the channel.
+
+Calls in flight per node are bounded by `calls_in_flight_max` with a counter: a
+node at its bound keeps its batches queued, and the call that finishes next takes
+them, up to `call_bytes_max` (no semaphore per call). Answers go back to each
+caller as plain calls (`NodeCaller.answer`); a call that fails or times out gives
+that error to every caller in it.
+
+What a node owes (payload bytes queued for it or in flight to it) is counted per
+batch. The backlog is bounded: a batch that would make a node owe more than
+`backlog_bytes_max` beyond what `beyond` (a budget of the callers') holds is not
+queued; the node's queue is dropped instead and handed back to the caller of
+`submit` (`Overflow`), who decides what it means (replication's R8).
+
+This module knows nodes only as an address and an instance id, and callers only
+through `NodeCaller`: it imports nothing of replication or of the metadata.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Sequence
+from typing import Generic, NamedTuple, Protocol, TypeVar
+
+import anyio
+import anyio.abc
+
+from journal.errors import PoraError
+from netio.budget import Budget
+from pora.client.batch import Batch
+from pora.client.node_channel import AddAnswer, AddRequest
+from pora.client.node_pool import NodePool
+from pora.client.waiting import Event
+
+
+class CalledNode(Hashable, Protocol):
+    """A node calls go to: its address, and the instance id it must answer from."""
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def instance_id(self) -> str: ...
+
+
+Node = TypeVar("Node", bound=CalledNode)
+Node_contra = TypeVar("Node_contra", bound=CalledNode, contravariant=True)
+
+
+class NodeCaller(Protocol[Node_contra]):
+    """What the node calls need of a caller (a ledger's sender, `replication/sender.py`)."""
+
+    @property
+    def ledger_id(self) -> int: ...
+
+    @property
+    def master_key(self) -> bytes: ...
+
+    def take_turn(self) -> None:
+        """Hand this turn's batches to `NodeCalls.submit` (or its owner's)."""
+
+    def sends_to(self, node: Node_contra) -> bool:
+        """Whether a batch queued for `node` is still to be sent when its call starts."""
+
+    def issued_lac(self) -> int:
+        """The LAC to piggyback on a call starting now."""
+
+    def answer(self, node: Node_contra, entries: Batch, lac: int, answer: AddAnswer) -> None:
+        """The call's outcome for this caller's batch (an error: the call failed)."""
+
+    def call_finished(self) -> None:
+        """One batch submitted is done with (answered, failed or dropped)."""
+
+
+#: a caller's batch for a node as queued: the caller, its entries, their bytes
+Queued = tuple[NodeCaller[Node], Batch, int]
+
+
+class Overflow(NamedTuple, Generic[Node]):
+    """A node's queue dropped because a batch would have made it owe `owed` bytes,
+    more than the bound allows beyond `beyond` bytes: the batches dropped, the one
+    refused last. Their callers are owed an answer and a `call_finished` each."""
+
+    dropped: list[Queued[Node]]
+    owed: int
+    beyond: int
+
+
+class _NodeQueue(Generic[Node]):
+    __slots__ = ("idle", "node", "owed", "queued", "workers")
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.queued: list[Queued[Node]] = []
+        self.workers = 0  # worker tasks of the node: its calls in flight, at most
+        self.idle: list[Event] = []  # the wake-ups of its workers waiting for work
+        self.owed = 0  # payload bytes queued for the node or in flight to it
+
+
+class NodeCalls(Generic[Node]):
+    def __init__(
+        self,
+        pool: NodePool,
+        *,
+        calls_in_flight_max: int,
+        call_bytes_max: int,
+        timeout_s: float,
+        backlog_bytes_max: int,
+        beyond: Budget,
+        new_event: Callable[[], Event] = anyio.Event,
+    ) -> None:
+        self._pool = pool
+        self._new_event = new_event
+        self._calls_in_flight_max = calls_in_flight_max
+        self._call_bytes_max = call_bytes_max
+        self._timeout_s = timeout_s
+        self._backlog_max = backlog_bytes_max
+        #: what a node may owe on top of the backlog bound: bytes not yet acknowledged
+        #: anywhere, as the callers count them
+        self.beyond = beyond
+        self._nodes: dict[Node, _NodeQueue[Node]] = {}
+        self._due: list[NodeCaller[Node]] = []  # callers with a turn to take
+        self._touched: list[_NodeQueue[Node]] = []  # nodes given work this turn
+        self._wake = new_event()
+        self._scope: anyio.CancelScope | None = None
+        self._stopped = False
+
+    def schedule(self, caller: NodeCaller[Node]) -> None:
+        """`caller` has work: its `take_turn` runs in the next dispatch (the caller asks
+        once per turn)."""
+        self._due.append(caller)
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def submit(
+        self, caller: NodeCaller[Node], node: Node, entries: Batch, size: int
+    ) -> Overflow[Node] | None:
+        """Queue `caller`'s batch for `node` (from `take_turn`), `size` payload bytes;
+        or, when the node would owe more than its backlog bound, queue nothing and
+        drop its queue: returns what was dropped, this batch last."""
+        queue = self._nodes.get(node)
+        if queue is None:
+            queue = self._nodes[node] = _NodeQueue(node)
+        owed = queue.owed + size
+        beyond = self.beyond.used
+        if owed - beyond > self._backlog_max:
+            dropped, queue.queued = [*queue.queued, (caller, entries, size)], []
+            queue.owed -= sum(size for _, _, size in dropped[:-1])  # what is in flight stays
+            return Overflow(dropped, owed, beyond)
+        queue.owed = owed
+        if not queue.queued:
+            self._touched.append(queue)
+        queue.queued.append((caller, entries, size))
+        return None
+
+    def owed_bytes(self, node: Node) -> int:
+        """Payload bytes queued for `node` or in flight to it."""
+        queue = self._nodes.get(node)
+        return 0 if queue is None else queue.owed
+
+    def queued_bytes(self, node: Node) -> int:
+        """Payload bytes queued for `node`, not yet in a call."""
+        queue = self._nodes.get(node)
+        return 0 if queue is None else sum(size for _, _, size in queue.queued)
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The dispatch, once per turn with work, until `stop`: an idle worker of each
+        node given work is woken, or a new one started below the node's bound (at the
+        bound, the next worker to finish takes the batches)."""
+        limit = self._calls_in_flight_max
+        async with anyio.create_task_group() as tasks:
+            self._scope = tasks.cancel_scope
+            if self._stopped:  # stopped before this task first ran (a client left at once)
+                tasks.cancel_scope.cancel()
+            task_status.started()
+            while True:
+                await self._wake.wait()
+                self._wake = self._new_event()
+                due, self._due = self._due, []
+                for caller in due:
+                    caller.take_turn()
+                touched, self._touched = self._touched, []
+                for queue in touched:
+                    if not queue.queued:
+                        continue
+                    if queue.idle:
+                        queue.idle.pop().set()
+                    elif queue.workers < limit:
+                        queue.workers += 1
+                        tasks.start_soon(self._worker, queue)
+
+    def stop(self) -> None:
+        """End the dispatch and every call in flight (the client is closing)."""
+        self._stopped = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def _worker(self, queue: _NodeQueue[Node]) -> None:
+        """One call in flight to the node at a time, for as long as the client runs.
+        Its calls share one cancel scope, given a deadline per call (`timeout_s`); a
+        call past it fails its callers with a TimeoutError and the worker goes on in
+        a new scope."""
+        try:
+            while True:
+                with anyio.CancelScope() as scope:
+                    await self._serve(queue, scope)
+        finally:
+            queue.workers -= 1
+
+    async def _serve(self, queue: _NodeQueue[Node], scope: anyio.CancelScope) -> None:
+        call_max = self._call_bytes_max
+        while True:
+            while queue.queued:
+                queued = queue.queued
+                size = 0
+                cut = 0
+                while cut < len(queued) and (cut == 0 or size + queued[cut][2] <= call_max):
+                    size += queued[cut][2]
+                    cut += 1
+                if cut == len(queued):
+                    batch, queue.queued = queued, []
+                else:
+                    batch, queue.queued = queued[:cut], queued[cut:]
+                if queue.queued and queue.idle:  # the rest to another worker, if idle
+                    queue.idle.pop().set()
+                try:
+                    await self._issue(queue.node, batch, scope)
+                finally:
+                    queue.owed -= size
+            wake = self._new_event()
+            queue.idle.append(wake)
+            try:
+                await wake.wait()
+            finally:
+                if not wake.is_set():  # cancelled while idle
+                    queue.idle.remove(wake)
+
+    async def _issue(self, node: Node, batch: list[Queued[Node]], scope: anyio.CancelScope) -> None:
+        live = [(caller, entries) for caller, entries, _ in batch if caller.sends_to(node)]
+        lacs = [caller.issued_lac() for caller, _ in live]
+        try:
+            if not live:
+                return
+            requests = [
+                AddRequest(caller.ledger_id, entries, caller.master_key, lac)
+                for (caller, entries), lac in zip(live, lacs, strict=True)
+            ]
+            scope.deadline = anyio.current_time() + self._timeout_s
+            answers = await self._call(node, requests)
+            scope.deadline = math.inf
+            for index, (caller, entries) in enumerate(live):
+                answer = answers if isinstance(answers, BaseException) else answers[index]
+                caller.answer(node, entries, lacs[index], answer)
+        except anyio.get_cancelled_exc_class():
+            if scope.cancel_called:  # past the deadline, not the client closing
+                late = TimeoutError(
+                    f"node {node.address}: no answer to adds in {self._timeout_s} s"
+                )
+                for index, (caller, entries) in enumerate(live):
+                    caller.answer(node, entries, lacs[index], late)
+            raise
+        finally:
+            for caller, _, _ in batch:
+                caller.call_finished()
+
+    async def _call(
+        self, node: Node, requests: Sequence[AddRequest]
+    ) -> list[AddAnswer] | PoraError | OSError:
+        """One call for every caller's batch: the answers, or what failed them all."""
+        try:
+            channel = await self._pool.channel(node.address)
+            return await channel.add_entries_many(
+                requests, instance_id=node.instance_id, timeout_s=self._timeout_s
+            )
+        except (PoraError, OSError) as error:
+            return error
+
+
+__all__ = ["CalledNode", "NodeCaller", "NodeCalls", "Overflow", "Queued"]
