@@ -115,6 +115,30 @@ async def test_the_throttle_holds_the_rate(autojump_clock: trio.abc.Clock) -> No
     await Throttle().take(10**9, 10**12)  # no bound: no wait
 
 
+async def test_the_throttle_never_lets_a_burst_run_past_a_tenth_of_a_second(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # A15: after an idle while, a throttled copy sends at most a tenth of a second's
+    # worth at full speed; batches are cut to that, and the average rate still holds
+    throttle = Throttle(entries_per_s=1000, bytes_per_s=100_000)
+    batch = [(entry_id, bytes(200)) for entry_id in range(1000)]  # 1 s of entries, 2 s of bytes
+    pieces = throttle.cut(batch)
+    assert [entry for piece in pieces for entry in piece] == batch  # all, in order
+    assert all(sum(len(data) for _, data in piece) <= 10_000 for piece in pieces)
+    assert all(len(piece) <= 100 for piece in pieces)
+    await trio.sleep(60)  # idle: the bucket refills to one burst, no more
+    start = trio.current_time()
+    sent_at = []
+    for piece in pieces:
+        await throttle.take(len(piece), sum(len(data) for _, data in piece))
+        sent_at.append(trio.current_time() - start)
+    assert sent_at[0] == 0  # the first burst goes at once
+    assert sent_at[1] > 0  # the second waits: nothing saved up beyond a burst
+    assert 1.8 <= sent_at[-1] <= 2.0  # 200 KB at 100 KB/s, less the burst
+    assert Throttle().cut(batch) == [batch]  # no bound: no cut
+    assert Throttle(bytes_per_s=1).cut(batch[:3]) == [batch[0:1], batch[1:2], batch[2:3]]
+
+
 async def changed_off(store: MetadataStore, ledger_id: int, member: EnsembleMember) -> None:
     """Back once the record's last ensemble no longer names `member` (the writer's
     ensemble change landed: appends are acknowledged by Qa before it does)."""

@@ -86,11 +86,12 @@ async def copy_fragment(
                 if isinstance(item, CopyFailed):
                     raise item
                 for member, batch in item:
-                    size = sum(len(data) for _, data in batch)
-                    await throttle.take(len(batch), size)
-                    await _add(channel_for, config, job.record, member, master_key, batch)
-                    count.entries += len(batch)
-                    count.bytes += size
+                    for piece in throttle.cut(batch):
+                        size = sum(len(data) for _, data in piece)
+                        await throttle.take(len(piece), size)
+                        await _add(channel_for, config, job.record, member, master_key, piece)
+                        count.entries += len(piece)
+                        count.bytes += size
         except CopyFailed as error:
             failure = error  # raised outside the group, as itself
         group.cancel_scope.cancel()
