@@ -371,7 +371,7 @@ class LedgerWorker:
             request.entry_errors = errors
             request.complete()
 
-    def _apply_entry(self, meta: LedgerMeta, entry_id: int, body: bytes) -> BaseException | None:
+    def _apply_entry(self, meta: LedgerMeta, entry_id: int, body: Body) -> BaseException | None:
         """Store one entry; None, or the error this entry fails with."""
         payload = memoryview(body)[BODY_HEADER_SIZE:]
         if entry_id <= meta.last_entry_id:
