@@ -87,9 +87,11 @@ class Memtable:
         self._recent_bytes = 0
         self._recent_bytes_max = recent_bytes_max
 
+    def replaying(self) -> None:
+        """The entries put next may be replay's views of journal segments."""
+        self._unflushed_views = True
+
     def put(self, entry_id: int, body: Body) -> None:
-        if type(body) is memoryview:
-            self._unflushed_views = True
         if entry_id <= self._unflushed_last_id:
             self.unflushed_in_order = False
         else:
@@ -102,11 +104,8 @@ class Memtable:
 
     def put_many(self, entry_ids: Sequence[int], bodies: Sequence[Body]) -> int:
         """`put` for many entries at once (dict, map and sum work in C); returns their bytes.
-        `entry_ids` ascend (a run) and none is held yet; the bodies are all views or
-        none is (a replayed run, or one that requests encoded)."""
+        `entry_ids` ascend (a run) and none is held yet."""
         if entry_ids:
-            if type(bodies[0]) is memoryview:
-                self._unflushed_views = True
             if entry_ids[0] <= self._unflushed_last_id:
                 self.unflushed_in_order = False
             self._unflushed_last_id = max(self._unflushed_last_id, entry_ids[-1])
@@ -189,6 +188,7 @@ class Memtable:
         for entry_id, body in self.flushing.items():
             if entry_id not in self.unflushed:
                 self.put(entry_id, body)
+        self._unflushed_views = self._unflushed_views or self._flushing_views
         self.flushing = {}
         self._flushing_bytes = 0
         self._flushing_views = False

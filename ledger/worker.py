@@ -253,6 +253,8 @@ class LedgerWorker:
         metas = self._metas
         ledger_id = self.ledger_id
         meta = metas.get(ledger_id)
+        if type(batch) is LedgerPart:
+            self.memtable.replaying()  # its bodies are views of journal segments
         if meta is None or not self._append_run(batch, meta):
             self._apply_one_by_one(batch)
         if self._unflushed_since is None:

@@ -74,6 +74,7 @@ def test_replayed_views_are_served_until_flushed_and_never_kept_as_recent() -> N
     segment = bytearray(b"".join(encode_body(1, i, -1, b"p%d" % i) for i in range(3)))
     length = len(segment) // 3
     views = [memoryview(segment)[i * length : (i + 1) * length] for i in range(3)]
+    memtable.replaying()
     memtable.put_many(range(2), views[:2])
     memtable.put(2, views[2])
     memtable.begin_flush()
