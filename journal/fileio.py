@@ -21,7 +21,9 @@ class FileCalls(Protocol):
 
     def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int, /) -> int: ...
 
-    def pwritev(self, fd: int, buffers: Sequence[bytes | bytearray], offset: int, /) -> int: ...
+    def pwritev(
+        self, fd: int, buffers: Sequence[bytes | bytearray | memoryview], offset: int, /
+    ) -> int: ...
 
     def fdatasync(self, fd: int, /) -> None: ...
 
@@ -37,7 +39,9 @@ class _OsCalls:
     def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int, /) -> int:
         return os.pwrite(fd, data, offset)
 
-    def pwritev(self, fd: int, buffers: Sequence[bytes | bytearray], offset: int, /) -> int:
+    def pwritev(
+        self, fd: int, buffers: Sequence[bytes | bytearray | memoryview], offset: int, /
+    ) -> int:
         return os.pwritev(fd, buffers, offset)
 
     def fdatasync(self, fd: int, /) -> None:
@@ -97,7 +101,7 @@ def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> No
 _IOVECS_PER_CALL: Final = 1024
 
 
-def pwritev_all(fd: int, buffers: Sequence[bytes | bytearray], offset: int) -> int:
+def pwritev_all(fd: int, buffers: Sequence[bytes | bytearray | memoryview], offset: int) -> int:
     """Write `buffers` one after another from `offset` (the kernel gathers them: no
     copy into one big buffer first), looping on short writes. Returns the bytes."""
     position = offset

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import Final
+from typing import Final, TypeAlias
 
 import crc32c
 
@@ -108,6 +108,10 @@ class RecordFlag(enum.IntFlag):
     NONE = 0
     RECOVERY_ADD = 0x01  # an add by a recovering client: allowed on a fenced ledger
 
+
+#: a record body as a request or memtable holds it: bytes the request encoded, or a
+#: view of a journal segment's mapping that replay read (never copied)
+RecordBody: TypeAlias = bytes | bytearray | memoryview
 
 #: BODY_HEADER after its crc (for encoders that inline `encode_body`)
 BODY_FIELDS: Final = struct.Struct("<IQqq")

@@ -25,6 +25,7 @@ goes, so a 1 GiB segment never sits in memory at once.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from collections.abc import Callable, Iterator
@@ -79,7 +80,7 @@ __all__ = [
 
 #: what a reader makes of a whole batch's framed records
 _Item = TypeVar("_Item")
-_Decode = Callable[[list[Framed], mmap.mmap, Path], list[_Item]]
+_Decode = Callable[[list[Framed], memoryview, Path], list[_Item]]
 
 
 @dataclass(slots=True)
@@ -143,7 +144,7 @@ class JournalScanner:
         corruption are found exactly as by `batches()`; `summary` as for
         `batches()`."""
 
-        def gather(framed: list[Framed], mapped: mmap.mmap, _path: Path) -> list[None]:
+        def gather(framed: list[Framed], mapped: memoryview, _path: Path) -> list[None]:
             runs.add(framed, mapped)
             return []
 
@@ -205,14 +206,18 @@ class _SegmentReading:
                 return
             first_seq, self._unsynced_batches_max = check_segment_header(segment, header)
             self._chain.start_segment(segment.path, first_seq)
-            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
-                if hasattr(mmap, "MADV_SEQUENTIAL"):
-                    mapped.madvise(mmap.MADV_SEQUENTIAL)
-                view = memoryview(mapped)
-                try:
-                    yield from self._batches_in(mapped, view, fd, decode, yield_empty)
-                finally:
-                    view.release()
+            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            if hasattr(mmap, "MADV_SEQUENTIAL"):
+                mapped.madvise(mmap.MADV_SEQUENTIAL)
+            view = memoryview(mapped)
+            try:
+                yield from self._batches_in(mapped, view, fd, decode, yield_empty)
+            finally:
+                view.release()
+                # replayed bodies are views of the mapping (no copy) until their
+                # ledgers flush and drop them: then the last one unmaps it
+                with contextlib.suppress(BufferError):
+                    mapped.close()
 
     def _end_in_segment_header(self, fd: int, incomplete: bool) -> None:
         """The crash came while the segment was being created: its header block is
@@ -327,7 +332,7 @@ class _SegmentReading:
                 summary.first_seq = first_seq
             summary.last_seq = first_seq + count - 1
             chain.advance(first_seq + count)
-            items = decode(framed, mapped, path) if framed else []
+            items = decode(framed, view, path) if framed else []
             if items or yield_empty:
                 yield items
             offset = next_offset

@@ -14,7 +14,9 @@ any failure raises BatchDamage for the torn-tail layer. Then:
 
 Replay is bound by this per-record Python work: the loops use locals only, and a
 one-body record (the common one) is unpacked and checked with one unpack and two
-crc calls over views of the mapping, with no bytes copied but its body.
+crc calls over views of the mapping, with no bytes copied: replay hands the
+ledgers each body as a view of the mapping (`mapped_body`), which keeps the mapping
+alive until the body is flushed and dropped (ledger/memtable.py); the tools copy.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ _SINGLE_PREFIX_CRC_END: Final = RECORD_PREFIX_SIZE + BODY_CRC_FIELD_END
 #: the record ends, its bodies when it carries a run (else None), payload bytes and
 #: how many bodies it carries
 Framed = tuple[
-    int, RecordKind, RecordFlag, int, int, int, int, int, int, list[bytes] | None, int, int
+    int, RecordKind, RecordFlag, int, int, int, int, int, int, list[memoryview] | None, int, int
 ]
 
 
@@ -171,7 +173,7 @@ def frame_records(
     return framed
 
 
-def journal_records(framed: list[Framed], mapped: mmap.mmap, path: Path) -> list[JournalRecord]:
+def journal_records(framed: list[Framed], mapped: memoryview, path: Path) -> list[JournalRecord]:
     """A whole batch's records as JournalRecords, one per body (a run's entries
     each get one)."""
     new_record = _new_record
@@ -181,7 +183,8 @@ def journal_records(framed: list[Framed], mapped: mmap.mmap, path: Path) -> list
         # (the tools' path: a slice per record costs nothing that matters here)
         seq, kind, flags, ledger_id, entry_id, lac, position, body_start, end, bodies = record[:10]
         single = bodies is None
-        for index, body in enumerate([mapped[body_start:end]] if bodies is None else bodies):
+        for index, view in enumerate([mapped[body_start:end]] if bodies is None else bodies):
+            body = bytes(view)  # a copy: a tool may keep records past the mapping
             append(
                 new_record(
                     JournalRecord,
@@ -209,13 +212,13 @@ def _read_run(
     records_end: int,
     seq: int,
     body_count: int,
-) -> tuple[int, int, int, list[bytes], int]:
+) -> tuple[int, int, int, list[memoryview], int]:
     """The bodies of the run record at `position` (its prefix crc not yet checked):
     (ledger_id, first entry id, largest lac, bodies, end). Raises BatchDamage. With no
     bodies (a zeroed prefix, say) it returns none: the prefix crc then decides."""
     unpack_body = BODY_HEADER.unpack_from
     checksum = crc32c.crc32c
-    bodies: list[bytes] = []
+    bodies: list[memoryview] = []
     start = position + RECORD_PREFIX_SIZE
     first_ledger = first_entry = -1
     lac_max = -1
@@ -239,7 +242,7 @@ def _read_run(
             )
         if lac > lac_max:  # noqa: PLR1730 (a compare is cheaper than max())
             lac_max = lac
-        bodies.append(mapped[start:end])
+        bodies.append(view[start:end])
         start = end
     return first_ledger, first_entry, lac_max, bodies, start
 

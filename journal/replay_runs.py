@@ -20,7 +20,6 @@ ledger becomes durable through once it is flushed.
 
 from __future__ import annotations
 
-import mmap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -59,7 +58,7 @@ class _Gathered:
     def __init__(self) -> None:
         self.requests: list[Request] = []
         #: the open run's bodies (None: no run open), first entry id, first seq
-        self.bodies: list[bytes] | None = None
+        self.bodies: list[memoryview] | None = None
         self.first_entry_id = 0
         self.first_seq = 0
         #: the entry id that extends the open run (None: no run open)
@@ -96,9 +95,10 @@ class ReplayRuns:
         #: entries and other records gathered since the last `take`
         self.records = 0
 
-    def add(self, framed: list[Framed], mapped: mmap.mmap) -> None:
+    def add(self, framed: list[Framed], mapped: memoryview) -> None:
         """Gather a whole batch's records past their ledger's durable seq (-1 if it
-        has none). Bodies are copied out of the mapping once, here.
+        has none). Bodies are views of the mapping (`mapped`), not copies: a copy
+        here was a third of replay's time (a fresh page of memory every 4 KiB).
 
         The hot loop of replay: locals only, one dict lookup and a few compares for a
         record that extends its ledger's run."""
@@ -159,7 +159,15 @@ class ReplayRuns:
                 ledger.lac = lac
             else:
                 request = Request(
-                    kind, ledger_id, entry_id, b"", flags, None, lac, None, mapped[body_start:end]
+                    kind,
+                    ledger_id,
+                    entry_id,
+                    b"",
+                    flags,
+                    None,
+                    lac,
+                    None,
+                    bytes(mapped[body_start:end]),
                 )
                 request.seq = seq
                 ledger.requests.append(request)

@@ -27,6 +27,7 @@ from journal.format import (
     BODY_FIELDS,
     BODY_HEADER_SIZE,
     MASTER_KEY_BYTES_MAX,
+    RecordBody,
     RecordFlag,
     RecordKind,
     encode_body,
@@ -92,7 +93,7 @@ class Request:
         #: payload), made here unless given (replay has them already): the journal
         #: writes them after its prefix and a flush copies them into the entry log,
         #: both as they are. One body, except for an ENTRY run.
-        self.bodies: list[bytes] = [
+        self.bodies: Sequence[RecordBody] = [
             encode_body(ledger_id, entry_id, lac, payload) if body is None else body
         ]
         self.body_bytes = len(self.bodies[0])
@@ -118,7 +119,7 @@ class Request:
         cls,
         ledger_id: int,
         first_entry_id: int,
-        bodies: list[bytes],
+        bodies: Sequence[RecordBody],
         lac: int,
         flags: RecordFlag,
         master_key: bytes | None,

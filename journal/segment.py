@@ -37,6 +37,7 @@ from journal.format import (
     SEGMENT_HEADER_SIZE,
     SEGMENT_MAGIC,
     UNSYNCED_BATCHES_LIMIT,
+    RecordBody,
     round_up_to_block,
 )
 from journal.request import Request
@@ -143,7 +144,7 @@ def batch_header_crc(buf: Buffer, offset: int) -> int:
     return int(crc32c.crc32c(view[start : offset + BATCH_HEADER_SIZE]))
 
 
-def encode_batch_parts(requests: Sequence[Request], first_seq: int) -> list[bytes]:
+def encode_batch_parts(requests: Sequence[Request], first_seq: int) -> list[RecordBody]:
     """One batch as the buffers that make it, one after another: batch header,
     then each record's prefix and bodies, then zeros to the block end. Sets each
     request's seq.
@@ -174,7 +175,7 @@ def encode_batch_parts(requests: Sequence[Request], first_seq: int) -> list[byte
         raise ValueError(f"a batch of {records_length} record bytes exceeds 4 GiB: split it")
     header = bytearray(BATCH_HEADER.pack(BATCH_MAGIC, 0, records_length, count, first_seq))
     _CRC_FIELD.pack_into(header, 4, crc32c.crc32c(memoryview(header)[_BATCH_HEADER_CRC_START:]))
-    parts: list[bytes] = [bytes(header)]
+    parts: list[RecordBody] = [bytes(header)]
     append = parts.append
     extend = parts.extend
     pack_tail = _PREFIX_TAIL.pack
@@ -288,12 +289,12 @@ class SegmentWriter:
         parts = encode_batch_parts(requests, first_seq)
         return self.write_encoded(parts, len(requests), first_seq)
 
-    def fits(self, parts: Sequence[bytes]) -> bool:
+    def fits(self, parts: Sequence[RecordBody]) -> bool:
         """Whether `write_encoded(parts, ...)` goes into the open segment (no roll)."""
         length = sum([len(part) for part in parts])
         return self._offset <= SEGMENT_HEADER_SIZE or self._offset + length <= self._segment_bytes
 
-    def write_encoded(self, parts: Sequence[bytes], record_count: int, first_seq: int) -> int:
+    def write_encoded(self, parts: Sequence[RecordBody], record_count: int, first_seq: int) -> int:
         """Write a batch made by `encode_batch_parts` (rolling first when it does not fit)."""
         if self._fd < 0:
             raise JournalError(f"the journal writer of {self._directory} is closed")

@@ -33,6 +33,7 @@ import crc32c
 
 from journal import fileio
 from journal.fileio import fsync_directory, pwrite_all, pwritev_all
+from journal.format import RecordBody
 from ledger.entrylog_format import (
     FIRST_CHUNK_BYTES,
     FIRST_RECORD_OFFSET,
@@ -287,7 +288,7 @@ class EntryLog:
         pwrite_all(fd, view, position)
         return positions
 
-    def write_bodies(self, bodies: Sequence[bytes | bytearray], position: int) -> list[int]:
+    def write_bodies(self, bodies: Sequence[RecordBody], position: int) -> list[int]:
         """Writes already-encoded records (journal bodies) back to back from `position`.
 
         The records were checksummed when they were journalled and are copied as they

@@ -9,7 +9,12 @@ Three generations, all owned by the ledger's worker:
   from memory.
 
 Every generation holds record bodies as the journal made them: moving an entry
-from one generation to the next copies nothing.
+from one generation to the next copies nothing. Replay's bodies are views of the
+journal segment it read (journal/records.py): they stay views while unflushed or
+flushing (the journal keeps a segment until every ledger's entries in it are
+flushed), and are not kept as recent, which outlives the flush. A view keeps the
+whole segment mapped, and the segment's file would go on taking disk space after
+its trim, or be recycled and rewritten under the view (journal/spares.py).
 
 Node-wide, every memtable's unflushed bytes are summed in one `MemoryBudget`, so
 the node's memory has a ceiling whatever the number of ledgers.
@@ -20,10 +25,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeAlias
 
-from journal.format import BODY_HEADER_SIZE
+from journal.format import BODY_HEADER_SIZE, RecordBody
 
-#: an entry's record body as journalled (a copy made by the journal, or read back)
-Body: TypeAlias = bytes | bytearray
+#: an entry's record body as journalled (made by the request, read back from an
+#: entry log, or a view of a journal segment that replay read)
+Body: TypeAlias = RecordBody
 
 
 class MemoryBudget:
@@ -50,10 +56,12 @@ class Memtable:
     __slots__ = (
         "_budget",
         "_flushing_bytes",
+        "_flushing_views",
         "_recent",
         "_recent_bytes",
         "_recent_bytes_max",
         "_unflushed_last_id",
+        "_unflushed_views",
         "flushing",
         "flushing_in_order",
         "unflushed",
@@ -69,12 +77,19 @@ class Memtable:
         #: the flush, which writes in entry-id order, then need not sort
         self.unflushed_in_order = True
         self._unflushed_last_id = -1
+        #: whether a generation may hold views of journal segments (replayed bodies)
+        self._unflushed_views = False
+        self._flushing_views = False
         self.flushing: dict[int, Body] = {}
         self.flushing_in_order = True
         self._flushing_bytes = 0
         self._recent: dict[int, Body] = {}
         self._recent_bytes = 0
         self._recent_bytes_max = recent_bytes_max
+
+    def replaying(self) -> None:
+        """The entries put next may be replay's views of journal segments."""
+        self._unflushed_views = True
 
     def put(self, entry_id: int, body: Body) -> None:
         if entry_id <= self._unflushed_last_id:
@@ -126,6 +141,7 @@ class Memtable:
         self.flushing, self.unflushed = self.unflushed, {}
         self.flushing_in_order = self.unflushed_in_order
         self.unflushed_in_order = True
+        self._flushing_views, self._unflushed_views = self._unflushed_views, False
         self._unflushed_last_id = -1
         self._budget.unflushed_bytes -= self.unflushed_bytes
         self._flushing_bytes = self.unflushed_bytes
@@ -139,6 +155,10 @@ class Memtable:
         recent = self._recent
         flushed_bytes = self._flushing_bytes
         self._flushing_bytes = 0
+        if self._flushing_views:
+            # replayed bodies: the reads go to the entry log (see the module docstring)
+            self._flushing_views = False
+            return
         if flushed_bytes >= limit // 2:
             # the new tail alone fills (most of) the budget: it replaces the old one
             recent.clear()
@@ -168,8 +188,10 @@ class Memtable:
         for entry_id, body in self.flushing.items():
             if entry_id not in self.unflushed:
                 self.put(entry_id, body)
+        self._unflushed_views = self._unflushed_views or self._flushing_views
         self.flushing = {}
         self._flushing_bytes = 0
+        self._flushing_views = False
 
     def clear(self) -> None:
         """Forget everything (the ledger was deleted)."""
@@ -178,6 +200,7 @@ class Memtable:
         self.unflushed_bytes = 0
         self.flushing = {}
         self._flushing_bytes = 0
+        self._unflushed_views = self._flushing_views = False
         self.unflushed_in_order = True
         self._unflushed_last_id = -1
         self._recent = {}

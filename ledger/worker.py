@@ -253,6 +253,8 @@ class LedgerWorker:
         metas = self._metas
         ledger_id = self.ledger_id
         meta = metas.get(ledger_id)
+        if type(batch) is LedgerPart:
+            self.memtable.replaying()  # its bodies are views of journal segments
         if meta is None or not self._append_run(batch, meta):
             self._apply_one_by_one(batch)
         if self._unflushed_since is None:
@@ -371,7 +373,7 @@ class LedgerWorker:
             request.entry_errors = errors
             request.complete()
 
-    def _apply_entry(self, meta: LedgerMeta, entry_id: int, body: bytes) -> BaseException | None:
+    def _apply_entry(self, meta: LedgerMeta, entry_id: int, body: Body) -> BaseException | None:
         """Store one entry; None, or the error this entry fails with."""
         payload = memoryview(body)[BODY_HEADER_SIZE:]
         if entry_id <= meta.last_entry_id:

@@ -8,7 +8,9 @@ Prints a table (or JSON with --json):
   concurrent writers (closed loop: each writer awaits its add, then adds again),
   both one `add_entry` per writer task and pipelined writers (`add_entries`);
 - p50/p99 at half the 100-ledger throughput (open loop: adds start on a schedule);
-- recovery: replay time and MB/s for a journal of about --recovery-mib MiB.
+- recovery: replay time and MB/s for a journal of about --recovery-mib MiB of
+  --payload entries over --recovery-ledgers ledgers (a node that crashed before
+  any flush).
 
     python scripts/bench_engine.py [--seconds 5] [--writers 512] [--recovery-mib 1024]
 """
@@ -273,11 +275,13 @@ def write_journal(journal_dir: Path, target_mib: int, ledgers: int, payload_byte
     return records
 
 
-async def recovery(data_dir: Path, target_mib: int, payload_bytes: int) -> RecoveryResult:
+async def recovery(
+    data_dir: Path, target_mib: int, ledgers: int, payload_bytes: int
+) -> RecoveryResult:
     async with pora.open_node(data_dir):
         pass  # lay out the data dir
     records = await trio.to_thread.run_sync(
-        write_journal, data_dir / "journal", target_mib, 100, payload_bytes
+        write_journal, data_dir / "journal", target_mib, ledgers, payload_bytes
     )
     journal_bytes = sum(p.stat().st_size for p in (data_dir / "journal").iterdir())
     started = time.perf_counter()
@@ -354,7 +358,9 @@ async def run(args: argparse.Namespace, base: Path) -> None:
         loads.append(await open_loop(base / "half", 100, rate, args.seconds, args.payload))
     rec = None
     if args.recovery_mib > 0:
-        rec = await recovery(base / "recovery", args.recovery_mib, args.payload)
+        rec = await recovery(
+            base / "recovery", args.recovery_mib, args.recovery_ledgers, args.payload
+        )
     if args.json:
         print(
             json.dumps(
@@ -390,6 +396,12 @@ def main() -> None:
         type=int,
         default=1024,
         help="journal size for the recovery run; 0 skips it",
+    )
+    parser.add_argument(
+        "--recovery-ledgers",
+        type=int,
+        default=100,
+        help="ledgers the recovery run's journal interleaves (default 100)",
     )
     parser.add_argument(
         "--dir", type=Path, default=None, help="where to put data (default: a temp dir)"

@@ -190,10 +190,13 @@ def test_records_below_from_seq_are_checked_but_not_framed(tmp_path: Path) -> No
     requests = [Request(RecordKind.ENTRY, 3, i, PAYLOAD) for i in range(4)]
     batch = mapped(tmp_path, encode_batch(requests, 100))
     framed = _frame(batch, 102)
-    assert [record.seq for record in journal_records(framed, batch, tmp_path)] == [102, 103]
+    assert [record.seq for record in journal_records(framed, memoryview(batch), tmp_path)] == [
+        102,
+        103,
+    ]
     tally = ReplayTally()
     runs = ReplayRuns({3: 102}, tally)
-    runs.add(framed, batch)
+    runs.add(framed, memoryview(batch))
     parts = runs.take()
     assert list(parts) == [3]
     replayed = parts[3]
@@ -201,6 +204,11 @@ def test_records_below_from_seq_are_checked_but_not_framed(tmp_path: Path) -> No
     assert parts[3].last_seq == 103
     assert bytes(replayed[0].payload) == PAYLOAD
     assert (tally.records_scanned, tally.records_selected, tally.ledgers_selected) == (2, 1, {3})
+    # replayed bodies are views of the mapping, not copies: it stays open while they live
+    assert isinstance(replayed[0].bodies[0], memoryview)
+    with pytest.raises(BufferError):
+        batch.close()
+    del parts, replayed
     batch.close()
 
 

@@ -29,6 +29,7 @@ from journal.format import (
     RECORD_PREFIX_SIZE,
     SEGMENT_HEADER,
     SEGMENT_HEADER_SIZE,
+    RecordBody,
     RecordFlag,
     RecordKind,
     body_crc,
@@ -775,7 +776,7 @@ def run_requests(draw: st.DrawFn) -> Request:
     )
 
 
-def body_lac(body: bytes) -> int:
+def body_lac(body: RecordBody) -> int:
     lac: int = BODY_HEADER.unpack_from(body)[4]
     return lac
 

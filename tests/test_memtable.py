@@ -63,3 +63,29 @@ def test_an_out_of_order_put_makes_the_flush_sort() -> None:
     memtable.put(2, encode_body(1, 2, -1, b"d"))
     memtable.begin_flush()
     assert memtable.flushing_in_order is True
+
+
+def test_replayed_views_are_served_until_flushed_and_never_kept_as_recent() -> None:
+    """Replay hands bodies as views of a journal segment: the memtable serves them
+    while unflushed or flushing (also after a failed flush), but keeps none as
+    recent, which would pin the segment's mapping (and its disk space, or bytes a
+    recycled segment rewrites) past the journal's trim."""
+    memtable = Memtable(MemoryBudget(1 << 30), recent_bytes_max=1 << 20)
+    segment = bytearray(b"".join(encode_body(1, i, -1, b"p%d" % i) for i in range(3)))
+    length = len(segment) // 3
+    views = [memoryview(segment)[i * length : (i + 1) * length] for i in range(3)]
+    memtable.replaying()
+    memtable.put_many(range(2), views[:2])
+    memtable.put(2, views[2])
+    memtable.begin_flush()
+    assert [memtable.get(i) for i in range(3)] == [b"p0", b"p1", b"p2"]
+    memtable.abort_flush()  # a failed flush: still views, still served
+    assert memtable.items_between(0, 2) == {0: b"p0", 1: b"p1", 2: b"p2"}
+    memtable.begin_flush()
+    memtable.end_flush()
+    assert memtable.get(0) is None and memtable.resident_bytes == 0
+    # bodies the requests made (bytes) are kept as recent as before
+    memtable.put(3, encode_body(1, 3, -1, b"q"))
+    memtable.begin_flush()
+    memtable.end_flush()
+    assert memtable.get(3) == b"q"

@@ -144,7 +144,9 @@ class SimDisk:
                 self._note_write(path, fd, offset, len(data))
             return os.pwrite(fd, data, offset)
 
-    def pwritev(self, fd: int, buffers: Sequence[bytes | bytearray], offset: int, /) -> int:
+    def pwritev(
+        self, fd: int, buffers: Sequence[bytes | bytearray | memoryview], offset: int, /
+    ) -> int:
         path = self._check(fd, WRITE)
         with self._lock:
             if path is not None:
