@@ -12,6 +12,12 @@ measured from the due time, so a late start counts against it: no coordinated
 omission) and waits for the next. Workers are added when none is idle, up to
 `workers_max`; beyond that the due times wait in the channel (at most `workers_max`
 of them, then the driver waits too), and their lateness still counts.
+
+A wake-up per start costs the generator's process more CPU than a 1 ms tick's
+batches (tasks that only checkpoint, on a loaded 2-core machine: 60-90 against
+20-35 us a start at 4,000-8,000/s; alike at 500/s); spacing the wake-ups 0.5 ms
+apart saved a fifth of that and made starts late by 0.4-0.9 ms again. Both systems
+measured pay the same generator.
 """
 
 from __future__ import annotations
