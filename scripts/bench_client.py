@@ -164,14 +164,18 @@ def _free_port_run(count: int) -> int:
 
 
 @asynccontextmanager
-async def local_cluster(parent: Path, nodes: int) -> AsyncIterator[str]:
-    """`pora cluster --nodes N` as a subprocess on a temp folder; yields the metadata URL
+async def local_cluster(
+    parent: Path, nodes: int, node_options: Sequence[str] = ()
+) -> AsyncIterator[str]:
+    """`pora cluster --nodes N` as a subprocess on a temp folder, each node given
+    `--node-option` of each of `node_options` (NAME=VALUE); yields the metadata URL
     once it says every node is registered."""
     with tempfile.TemporaryDirectory(prefix="pora-bench-cluster-", dir=parent) as directory:
         command = [
             sys.executable, "-m", "pora.cli", "cluster", "--nodes", str(nodes),
             "--dir", directory, "--base-port", str(_free_port_run(nodes)),
             "--node-arg=--log-level=warning",
+            *(f"--node-arg=--node-option={option}" for option in node_options),
         ]  # fmt: skip
         process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE)
         assert process.stdout is not None

@@ -4,7 +4,15 @@ Starts a local 3-node `pora cluster` and a Redis primary with two replicas
 (`appendfsync always` on all three), both as `scripts/bench_client.py` does, and
 runs an open loop of 1 KiB appends at each rate (`--rates`; `--half-closed` first
 measures the closed-loop rate of `bench_client.py`'s point 2 and adds half of it)
-on 8 ledgers with E=3 Qw=3 Qa=2. Latency runs from each append's scheduled start.
+on 8 ledgers with E=3 Qw=3 Qa=2.
+
+Pora and Redis are driven and timed alike: one load generator
+(`pora.bench.schedule.run_on_schedule`) gives each append its due time from the
+rate, a timerfd wakes the generator at that time (an event loop's own sleep wakes up
+to a millisecond late), and latency runs from the due time to the append's end, so a
+late start counts (no coordinated omission). Each load runs on the event loop
+`--backend` names (trio, asyncio, or asyncio on uvloop), in a thread of its own while
+this script's trio loop minds the processes.
 
 Every process traces its part of each append (`pora.tracing`: the nodes through
 `PORA_TRACE_FILE`, set for them here, this client by `tracing.enable`); once the
@@ -12,7 +20,7 @@ cluster has stopped the script joins the records by (ledger, entry) and by reque
 id, and prints per rate p50/p99/p999 in ms of the whole append and of each hop, on
 the path of the node whose answer made the ack quorum (the second of three):
 
-- `start late`: the schedule's start to the `append` call (the load generator)
+- `start late`: the due time to the `append` call (the generator's wake-up)
 - `client out`: the call until the connection began writing the entry's frame
 - `wire in`: from that write until the node read the bytes
 - `node queue`: until the journal formed the group holding the entry
@@ -30,12 +38,14 @@ each figure's median round.
 
     python scripts/bench_latency.py [--rates 500 1000] [--half-closed] [--rounds 1]
                                     [--duration-s 5] [--warmup-s 1] [--no-redis] [--json]
+                                    [--backend trio|asyncio|uvloop] [--node-option NAME=VALUE]
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import functools
 import json
 import os
 import shutil
@@ -44,11 +54,12 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, TypeVar
 
+import anyio
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -78,6 +89,13 @@ ACK_QUORUM: Final = 2
 #: the record kinds a client writes (the others are a node's)
 CLIENT_KINDS: Final = ("cw", "cr")
 REDIS_CONNECTIONS: Final = 64
+_T = TypeVar("_T")
+#: --backend: the event loop the loads run on, as anyio.run's arguments
+BACKENDS: Final[dict[str, tuple[str, dict[str, Any]]]] = {
+    "trio": ("trio", {}),
+    "asyncio": ("asyncio", {}),
+    "uvloop": ("asyncio", {"use_uvloop": True}),  # the optional `bench` extra
+}
 
 
 @dataclass(slots=True)
@@ -295,8 +313,10 @@ async def redis_open_loop(port: int, rate: float, config: LoadConfig) -> list[fl
     xadd_wait = encode_command(
         [b"XADD", b"pora-latency", b"MAXLEN", b"~", b"100000", b"*", b"d", payload]
     ) + encode_command([b"WAIT", b"1", b"0"])
-    send_pool, take_pool = trio.open_memory_channel[trio.SocketStream](REDIS_CONNECTIONS)
-    streams = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(REDIS_CONNECTIONS)]
+    send_pool, take_pool = anyio.create_memory_object_stream[anyio.abc.SocketStream](
+        REDIS_CONNECTIONS
+    )
+    streams = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(REDIS_CONNECTIONS)]
     for stream in streams:
         send_pool.send_nowait(stream)
     latencies: list[float] = []
@@ -307,12 +327,13 @@ async def redis_open_loop(port: int, rate: float, config: LoadConfig) -> list[fl
     async def one(scheduled: float) -> None:
         stream = await take_pool.receive()
         counter = ReplyCounter()
-        await stream.send_all(xadd_wait)
+        await stream.send(xadd_wait)
         replies = 0
         while replies < 2:
-            data = await stream.receive_some(65536)
-            if not data:
-                raise RuntimeError("redis-server closed the connection")
+            try:
+                data = await stream.receive(65536)
+            except anyio.EndOfStream:
+                raise RuntimeError("redis-server closed the connection") from None
             replies += counter.feed(data)
         if counter.errors:
             raise RuntimeError(f"redis-server replied with an error: {counter.errors[-1]}")
@@ -343,22 +364,34 @@ class RateResult:
     redis: list[tuple[float, float, float]] = field(default_factory=list)
 
 
+async def on_backend(backend: str, load: Callable[[], Awaitable[_T]]) -> _T:
+    """`load()` run to its end on `backend`'s event loop, in a thread of its own."""
+    name, options = BACKENDS[backend]
+    run_load = functools.partial(anyio.run, load, backend=name, backend_options=options)
+    return await trio.to_thread.run_sync(run_load)
+
+
 async def pora_round(
-    parent: Path, rates: list[float], half_closed: bool, config: LoadConfig
+    parent: Path,
+    rates: list[float],
+    half_closed: bool,
+    config: LoadConfig,
+    args: argparse.Namespace,
 ) -> tuple[list[float], list[list[Append]], Traces]:
     """One cluster, traced: the closed-loop rate first if asked, then each rate."""
     if half_closed:  # measured untraced, on a cluster of its own
-        async with bench_client.local_cluster(parent, 3) as url:
+        async with bench_client.local_cluster(parent, 3, args.node_option) as url:
             closed = await bench_client.client_closed_loop(url, bench_client.E3, config, "closed")
         rates = [*rates, max(100.0, closed.ops_per_s / 2)]
     with tempfile.TemporaryDirectory(prefix="pora-trace-", dir=parent) as directory:
         prefix = Path(directory) / "trace"
         os.environ[tracing.TRACE_ENV] = str(prefix)  # for the cluster's nodes
         try:
-            async with bench_client.local_cluster(parent, 3) as url:
+            async with bench_client.local_cluster(parent, 3, args.node_option) as url:
                 tracing.enable(str(prefix))
                 try:
-                    appends = [await pora_open_loop(url, rate, config) for rate in rates]
+                    loads = [functools.partial(pora_open_loop, url, r, config) for r in rates]
+                    appends = [await on_backend(args.backend, load) for load in loads]
                 finally:
                     tracing.disable()
         finally:
@@ -373,7 +406,7 @@ async def run(args: argparse.Namespace) -> dict[str, RateResult]:
     redis_path = None if args.no_redis else shutil.which("redis-server")
     for round_index in range(args.rounds):
         rates, appends_by_rate, traces = await pora_round(
-            parent, list(args.rates), args.half_closed, config
+            parent, list(args.rates), args.half_closed, config, args
         )
         for index, (rate, appends) in enumerate(zip(rates, appends_by_rate, strict=True)):
             name = "half closed" if index >= len(args.rates) else f"{rate:g}"
@@ -389,7 +422,8 @@ async def run(args: argparse.Namespace) -> dict[str, RateResult]:
         if redis_path is not None:
             with bench_client.replicated_redis(redis_path, parent) as port:
                 for result in results.values():
-                    latencies = await redis_open_loop(port, result.rate, config)
+                    load = functools.partial(redis_open_loop, port, result.rate, config)
+                    latencies = await on_backend(args.backend, load)
                     result.redis.append(percentiles(latencies))
             print(f"round {round_index + 1}: redis done", file=sys.stderr)
     return results
@@ -403,8 +437,10 @@ def _median(rounds: list[tuple[float, float, float]]) -> tuple[float, float, flo
     )
 
 
-def format_results(results: dict[str, RateResult]) -> str:
-    lines = [f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}"]
+def format_results(results: dict[str, RateResult], backend: str) -> str:
+    lines = [
+        f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}; the loads on {backend}"
+    ]
     for name, result in results.items():
         lines.append(
             f"\n{result.rate:,.0f}/s ({name}): {result.appends} appends, "
@@ -432,6 +468,12 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=1.0, help="unmeasured seconds first")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis baseline")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--node-option", action="append", default=[], metavar="NAME=VALUE",
+                        help="a node option of every node (repeatable)")  # fmt: skip
+    parser.add_argument("--backend", choices=sorted(BACKENDS), default="trio",
+                        help="the event loop of the loads (Pora's client and Redis's): "
+                        "trio, asyncio, or asyncio on uvloop (pip install uvloop, or the "
+                        "bench extra)")  # fmt: skip
     args = parser.parse_args()
     if not args.rates and not args.half_closed:
         parser.error("give --rates, --half-closed or both")
@@ -453,7 +495,7 @@ def main() -> None:
             )
         )
     else:
-        print(format_results(results))
+        print(format_results(results, args.backend))
 
 
 if __name__ == "__main__":
