@@ -89,12 +89,19 @@ class _ScriptedNode:
         self.frames: list[AddRun | AddEntry] = []
         self.frame_came = trio.Event()
         self.stream: trio.SocketStream | None = None
+        #: when set to an event, the node reads no more until it is set
+        self.reads_held: trio.Event | None = None
 
     async def serve(self, stream: trio.SocketStream) -> None:
         self.stream = stream
         decoder = RequestDecoder()
         with trio.move_on_after(30), contextlib.suppress(trio.ClosedResourceError):
-            while data := await stream.receive_some(65536):
+            while True:
+                if self.reads_held is not None:
+                    await self.reads_held.wait()
+                data = await stream.receive_some(65536)
+                if not data:
+                    break
                 decoder.receive_data(data)
                 for request in decoder.next_requests(1000):
                     if isinstance(request, Info):
@@ -374,10 +381,60 @@ async def test_post_batches_waits_for_nothing(instance: str | None) -> None:
             connection.session.identified = anyio.Event()  # as if the INFO were not answered
             assert not client.post_batches(request, instance_id=instance, on_answers=on_answers)
             connection.session.identified.set()
+            await trio.testing.wait_all_tasks_blocked()  # the writer waits for frames
             assert client.post_batches(request, instance_id=instance, on_answers=on_answers)
+            # sent at once on the socket: the writer task was not woken
+            assert connection.session.outbox == []
+            assert not connection.session.outbox_ready.is_set()
             (frame,) = await scripted.frames_read(1)
             await scripted.answer(frame)
             with trio.fail_after(5):
                 await answered.wait()
             assert got == [[None]]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_post_the_socket_takes_in_part_leaves_the_rest_to_the_writer() -> None:
+    """A call larger than the socket's buffer, sent at once while the node does not
+    read: the socket takes what it can, the writer task sends the rest, in order."""
+    scripted = _ScriptedNode()
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    answered = trio.Event()
+    got: list[object] = []
+
+    def on_answers(answers: object) -> None:
+        got.append(answers)
+        answered.set()
+
+    entries = [(entry_id, bytes([entry_id]) * 65536) for entry_id in range(256)]  # 16 MiB
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, scripted.serve, listeners)
+        async with connect_node(address, timeout_s=TIMEOUT_S) as client:
+            session = client._connection.session
+            assert session is not None
+            scripted.reads_held = trio.Event()
+            await trio.testing.wait_all_tasks_blocked()  # the writer waits for frames
+            assert client.post_batches(
+                [AddRequest(1, entries, KEY, -1)], instance_id="i1", on_answers=on_answers
+            )
+            assert len(session.outbox) == 1  # the rest of the bytes, for the writer
+            assert session.outbox_ready.is_set()
+            scripted.reads_held.set()
+            with trio.fail_after(10):
+                received: list[tuple[int, bytes]] = []
+                while len(received) < len(entries):
+                    frames = await scripted.frames_read(len(scripted.frames) + 1)
+                    received = [
+                        (frame.first_entry_id + n, payload)
+                        for frame in frames
+                        if isinstance(frame, AddRun)
+                        for n, payload in enumerate(frame.payloads)
+                    ]
+                assert received == entries
+                for frame in frames:
+                    await scripted.answer(frame)
+                await answered.wait()
+            assert got == [[None]]
+            assert client._connection.admission.room.count_used == 0
         nursery.cancel_scope.cancel()

@@ -193,9 +193,9 @@ def _entries_and_bytes(requests: Sequence[AddRequest]) -> tuple[int, int]:
 
 
 def _send_batches(connection: NodeConnection, session: Session, batch_call: BatchCall) -> list[int]:
-    """Cut `batch_call`'s requests into frames, put each in the session's pending map
-    and its outbox, and wake the writer and the deadline sweep; returns the frames'
-    request ids (none: nothing to send)."""
+    """Cut `batch_call`'s requests into frames, put each in the session's pending map,
+    wake the deadline sweep and send them (`NodeConnection.send_soon`); returns the
+    frames' request ids (none: nothing to send)."""
     frames = encode_batches(
         batch_call,
         connection.new_id,
@@ -205,18 +205,14 @@ def _send_batches(connection: NodeConnection, session: Session, batch_call: Batc
     if not frames:
         return []
     pending = session.pending
-    outbox = session.outbox
     request_ids = []
-    for request_id, frame, batch_frame in frames:
+    for request_id, _frame, batch_frame in frames:
         pending[request_id] = (batch_frame, 0)
-        outbox.append(frame)
         request_ids.append(request_id)
     batch_call.remaining = len(frames)
     if connection.deadlines.idle:
         connection.deadlines.wake()
-    ready = session.outbox_ready
-    if not ready.is_set():
-        ready.set()
+    connection.send_soon(session, [frame for _, frame, _ in frames])
     return request_ids
 
 
