@@ -1,7 +1,8 @@
 """The replicating client's own CPU per append, with nodes that answer at once.
 
 `pora.Client` on a temp SQLite metadata store with three registered addresses whose
-channels are stand-ins: every `add_entries` call answers OK after one checkpoint, so
+channels are stand-ins: every `add_entries` call answers OK after one checkpoint (a
+posted call, `post_adds`, from the channel's answering task in a later turn), so
 no node process shares the cores and the process's CPU time is the writer path's
 (append, the turn, striping, acknowledgements, waking the appending tasks).
 
@@ -61,6 +62,27 @@ class _AnsweringChannel:
         await trio.lowlevel.checkpoint()
         return [None] * len(entries)
 
+    def __init__(self) -> None:
+        self._posted: list[tuple[Callable[[Any], object], list[AddAnswer]]] = []
+        self._answers_due = trio.Event()
+
+    def post_adds(
+        self, requests: Sequence[AddRequest], *, on_answers: Callable[[Any], object], **_: object
+    ) -> bool:
+        """Answered by `answer_posted` in a later turn, as a connection's reader does."""
+        self._posted.append((on_answers, [[None] * len(request.entries) for request in requests]))
+        if not self._answers_due.is_set():
+            self._answers_due.set()
+        return True
+
+    async def answer_posted(self) -> None:
+        while True:
+            await self._answers_due.wait()
+            self._answers_due = trio.Event()
+            posted, self._posted = self._posted, []
+            for on_answers, answers in posted:
+                on_answers(answers)
+
     async def add_entries_many(
         self, requests: Sequence[AddRequest], **options: object
     ) -> list[AddAnswer]:
@@ -76,7 +98,11 @@ class _AnsweringChannel:
 
 @asynccontextmanager
 async def _open_channel(address: str) -> AsyncIterator[NodeChannel]:
-    yield cast(NodeChannel, _AnsweringChannel())
+    channel = _AnsweringChannel()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(channel.answer_posted)
+        yield cast(NodeChannel, channel)
+        nursery.cancel_scope.cancel()
 
 
 async def cpu_per_append(quorums: tuple[int, int, int], appends: int) -> tuple[float, float]:

@@ -139,6 +139,9 @@ class _ScriptedChannel:
     async def identity(self) -> NodeIdentity:
         return await self._inner.identity()
 
+    def post_adds(self, requests: Sequence[AddRequest], **options: Any) -> bool:
+        return False  # (adds are awaited: `add_entries_many`)
+
     async def add_entries_many(
         self, requests: Sequence[AddRequest], **options: Any
     ) -> list[AddAnswer]:

@@ -181,6 +181,9 @@ class FaultyChannel:
     async def identity(self) -> NodeIdentity:
         return await (await self._inner()).identity()
 
+    def post_adds(self, requests: Sequence[AddRequest], **options: Any) -> bool:
+        return False  # (adds are awaited: `add_entries_many`)
+
     async def add_entries_many(
         self, requests: Sequence[AddRequest], **options: Any
     ) -> list[AddAnswer]:

@@ -27,7 +27,7 @@ KEY = b"k" * 32
 def _cuts(
     entries: list[tuple[int, bytes]], frame_bytes_max: int = 1 << 20
 ) -> list[tuple[int, int, int]]:
-    call = BatchCall([AddRequest(1, entries, KEY, -1)], 0.0, TrioWakeup())
+    call = BatchCall([AddRequest(1, entries, KEY, -1)], 0.0, TrioWakeup().set)
     frames = encode_batches(call, iter(range(1, 1000)).__next__, frame_bytes_max, 1000)
     return [(frame.opcode, frame.start, frame.stop) for _, _, frame in frames]
 

@@ -5,9 +5,10 @@ connection, to share frames with every other add of the same scheduler turn (see
 pora.client.coalescer);
 `add_batches_many` (several ledgers' batches as one caller, the replicating
 writer's call per node) encodes its batches straight into frames (see
-pora.client.ledger_frames); `add_run` sends one ADD_RUN frame; `add_entries` cuts
-its entries into runs that fit a frame (pora.client.frame_cuts) and sends them
-pipelined.
+pora.client.ledger_frames), and `post_batches` does the same without waiting
+when nothing in it would wait, its answers going to a callback; `add_run` sends
+one ADD_RUN frame; `add_entries` cuts its entries into runs that fit a frame
+(pora.client.frame_cuts) and sends them pipelined.
 
 Every kind takes its room on the connection (`NodeConnection.room`, or
 `Admission.try_admit` on `NodeClient.add_entry`'s lean path) before it queues
@@ -16,7 +17,7 @@ anything and gives it back once its call is over, however it ends.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from journal.errors import PoraError
@@ -32,6 +33,7 @@ from pora.client.node_channel import AddRequest
 from pora.client.remote_errors import clone_error
 from pora.client.requests import call, key_of
 from pora.client.runs import run_outcomes
+from pora.client.session import Session
 
 
 async def add_coalesced(
@@ -86,13 +88,20 @@ def raise_failed(
 ) -> NoReturn:
     """Raise why `add_call` ended without outcomes: its timeout, or the connection's
     loss (each caller its own copy of the error)."""
+    raise failure_of(connection, add_call, timeout)
+
+
+def failure_of(
+    connection: NodeConnection, add_call: AddCall | BatchCall, timeout: float
+) -> PoraError:
+    """Why `add_call` ended without outcomes, as its caller is given it."""
     if add_call.timed_out:
-        raise RequestTimeout(
+        return RequestTimeout(
             f"no response from node {connection.address} within {timeout} s; the adds may "
             "or may not have been performed (retrying with the same bytes is safe)"
         )
     assert add_call.error is not None
-    raise clone_error(add_call.error)
+    return clone_error(add_call.error)
 
 
 async def add_batches_many(
@@ -104,49 +113,154 @@ async def add_batches_many(
 ) -> list[Outcomes]:
     """`NodeClient.add_batches_many`."""
     timeout = connection.timeout_s if timeout_s is None else timeout_s
-    count = 0
-    size = 0
-    for request in requests:
-        entries = request.entries
-        count += len(entries)
-        size += sum([len(entry[1]) for entry in entries])
+    count, size = _entries_and_bytes(requests)
     session, left_s = await connection.room(count, size, timeout)
     try:
         if instance_id is None:
             await connection.await_identity(session, left_s)  # frames fit the node's limits
         else:
             await connection.check_instance(session, instance_id, left_s)
-        batch_call = BatchCall(requests, connection.now() + left_s, connection.new_event())
-        frames = encode_batches(
-            batch_call,
-            connection.new_id,
-            connection.frame_limit(session),
-            session.node_entry_bytes_max,
-        )
-        if not frames:
+        event = connection.new_event()
+        batch_call = BatchCall(requests, connection.now() + left_s, event.set)
+        request_ids = _send_batches(connection, session, batch_call)
+        if not request_ids:
             return batch_call.answers
-        pending = session.pending
-        outbox = session.outbox
-        for request_id, frame, batch_frame in frames:
-            pending[request_id] = (batch_frame, 0)
-            outbox.append(frame)
-        batch_call.remaining = len(frames)
-        if connection.deadlines.idle:
-            connection.deadlines.wake()
-        ready = session.outbox_ready
-        if not ready.is_set():
-            ready.set()
         try:
-            await batch_call.event.wait()
+            await event.wait()
         finally:
             if batch_call.remaining:  # given up: a late answer finds nobody
-                for request_id, _frame, _batch_frame in frames:
+                pending = session.pending
+                for request_id in request_ids:
                     pending.pop(request_id, None)
     finally:
         connection.admission.release(count, size)
     if batch_call.timed_out or batch_call.error is not None:
         raise_failed(connection, batch_call, timeout)
     return batch_call.answers
+
+
+def post_batches(
+    connection: NodeConnection,
+    requests: Sequence[AddRequest],
+    *,
+    timeout_s: float | None,
+    instance_id: str | None,
+    on_answers: Callable[[list[Outcomes] | PoraError], object],
+) -> bool:
+    """`NodeClient.post_batches`: `add_batches_many` without waiting, when nothing
+    in it would wait: the connection is live, the node said who it is (and is
+    `instance_id`, when given) and there is room (`Admission.try_admit`). Then the
+    frames are queued and True returned; `on_answers` gets the answers (or the
+    error that leaves them all unknown) from the reader, the connection's loss or
+    the deadline sweep, once, after the room is given back. Else nothing is done
+    and False returned: the caller waits with `add_batches_many` (which raises
+    InstanceMismatch for another instance)."""
+    session = connection.session
+    if (
+        session is None
+        or not session.alive
+        or not session.identified.is_set()
+        or (instance_id is not None and session.instance_id != instance_id)
+    ):
+        return False
+    count, size = _entries_and_bytes(requests)
+    admission = connection.admission
+    if not admission.try_admit(count, size):
+        return False
+    timeout = connection.timeout_s if timeout_s is None else timeout_s
+    posted = _PostedBatches(connection, session, count, size, timeout, on_answers)
+    batch_call = posted.call = BatchCall(requests, connection.now() + timeout, posted.ended)
+    try:
+        posted.request_ids = _send_batches(connection, session, batch_call)
+    except BaseException:
+        admission.release(count, size)
+        raise
+    if not posted.request_ids:
+        admission.release(count, size)
+        return False
+    return True
+
+
+def _entries_and_bytes(requests: Sequence[AddRequest]) -> tuple[int, int]:
+    """The entries of `requests` and their payload bytes: the room their call takes."""
+    count = 0
+    size = 0
+    for request in requests:
+        entries = request.entries
+        count += len(entries)
+        size += sum([len(entry[1]) for entry in entries])
+    return count, size
+
+
+def _send_batches(connection: NodeConnection, session: Session, batch_call: BatchCall) -> list[int]:
+    """Cut `batch_call`'s requests into frames, put each in the session's pending map,
+    wake the deadline sweep and send them (`NodeConnection.send_soon`); returns the
+    frames' request ids (none: nothing to send)."""
+    frames = encode_batches(
+        batch_call,
+        connection.new_id,
+        connection.frame_limit(session),
+        session.node_entry_bytes_max,
+    )
+    if not frames:
+        return []
+    pending = session.pending
+    request_ids = []
+    for request_id, _frame, batch_frame in frames:
+        pending[request_id] = (batch_frame, 0)
+        request_ids.append(request_id)
+    batch_call.remaining = len(frames)
+    if connection.deadlines.idle:
+        connection.deadlines.wake()
+    connection.send_soon(session, [frame for _, frame, _ in frames])
+    return request_ids
+
+
+class _PostedBatches:
+    """A posted `BatchCall`'s end: the room given back, what is still pending of it
+    forgotten (a late answer finds nobody), then its caller told."""
+
+    __slots__ = (
+        "call",
+        "connection",
+        "count",
+        "on_answers",
+        "request_ids",
+        "session",
+        "size",
+        "timeout",
+    )
+
+    call: BatchCall
+
+    def __init__(
+        self,
+        connection: NodeConnection,
+        session: Session,
+        count: int,
+        size: int,
+        timeout: float,
+        on_answers: Callable[[list[Outcomes] | PoraError], object],
+    ) -> None:
+        self.connection = connection
+        self.session = session
+        self.count = count
+        self.size = size
+        self.timeout = timeout
+        self.on_answers = on_answers
+        self.request_ids: list[int] = []  # of its frames
+
+    def ended(self) -> None:
+        call = self.call
+        connection = self.connection
+        connection.admission.release(self.count, self.size)
+        if call.remaining:  # timed out or failed: forget the frames not answered
+            pending = self.session.pending
+            for request_id in self.request_ids:
+                pending.pop(request_id, None)
+            self.on_answers(failure_of(connection, call, self.timeout))
+        else:
+            self.on_answers(call.answers)
 
 
 async def add_run(
@@ -241,5 +355,7 @@ __all__ = [
     "add_coalesced",
     "add_entries",
     "add_run",
+    "failure_of",
+    "post_batches",
     "raise_failed",
 ]

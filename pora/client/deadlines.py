@@ -19,6 +19,7 @@ from typing import Final, Protocol
 
 import anyio
 
+from pora.client.pending import PendingOperation
 from pora.client.session import Session
 
 #: Granularity of request timeouts: a request times out at most this much late.
@@ -70,14 +71,20 @@ class DeadlineSweep:
 def sweep(session: Session, now: float) -> bool:
     """Time out what waits on the connection past its deadline; returns whether
     anything is left with a deadline to watch (an operation whose callers all gave
-    up, or the connection's INFO, has none: the sweeper then rests until woken)."""
+    up, or the connection's INFO, has none: the sweeper then rests until woken).
+    What is due is timed out after the walk of the pending map: a posted call's
+    end takes its frames out of the map."""
     watched = False
+    due: list[PendingOperation] = []
     for operation, _index in session.pending.values():
         deadline = operation.deadline
         if deadline <= now:
-            operation.time_out(now)
-            deadline = operation.deadline
-        if deadline != math.inf:
+            due.append(operation)
+        elif deadline != math.inf:
+            watched = True
+    for operation in due:
+        operation.time_out(now)
+        if operation.deadline != math.inf:
             watched = True
     for add in session.add_queue:
         watched = True

@@ -33,23 +33,26 @@ from netio.messages import (
 from pora.client.frame_cuts import BATCH_FRAME_BASE, cut_frames
 from pora.client.node_channel import AddRequest
 from pora.client.remote_errors import clone_error, error_from_response
-from pora.client.waiting import Event
 
 #: one request's outcomes: None when every entry of it was stored, else one each
 Outcomes = list[PoraError | None] | None
 
 
 class BatchCall:
-    """One caller's batches, woken once every frame is answered, or by the
+    """One caller's batches, ended once: when every frame is answered, or by the
     connection's loss (`fail`) or the deadline sweep (`time_out`), as the
-    client's other waiters."""
+    client's other waiters. `ended` is then called, once: an event's `set` for a
+    caller that waits (`adds.add_batches_many`), or the answer callback of a
+    posted call (`adds.post_batches`), run in the reader, the loss or the sweep."""
 
-    __slots__ = ("answers", "deadline", "error", "event", "remaining", "requests", "timed_out")
+    __slots__ = ("answers", "deadline", "ended", "error", "remaining", "requests", "timed_out")
 
-    def __init__(self, requests: Sequence[AddRequest], deadline: float, event: Event) -> None:
+    def __init__(
+        self, requests: Sequence[AddRequest], deadline: float, ended: Callable[[], object]
+    ) -> None:
         self.requests = requests
         self.deadline = deadline
-        self.event = event
+        self.ended = ended
         self.answers: list[Outcomes] = [None] * len(requests)
         self.remaining = 0  # frames not answered
         self.error: PoraError | None = None
@@ -57,18 +60,18 @@ class BatchCall:
 
     def frame_answered(self) -> None:
         self.remaining -= 1
-        if self.remaining == 0:
-            self.event.set()
+        if self.remaining == 0 and self.error is None and not self.timed_out:
+            self.ended()
 
     def fail(self, error: PoraError) -> None:
-        if self.error is None and self.remaining:
+        if self.error is None and self.remaining and not self.timed_out:
             self.error = error
-            self.event.set()
+            self.ended()
 
     def time_out(self) -> None:
         if self.error is None and self.remaining and not self.timed_out:
             self.timed_out = True
-            self.event.set()
+            self.ended()
 
     def outcomes_of(self, index: int) -> list[PoraError | None]:
         """Request `index`'s outcomes, one per entry (made at its first failure)."""

@@ -3,7 +3,7 @@ with no sockets: for tests and the deterministic simulation."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import trio
@@ -107,6 +107,16 @@ class LocalChannel:
         await trio.lowlevel.checkpoint()
         node = self.node
         return NodeIdentity(self._address, node.data_dir.instance_id, node.read_only)
+
+    def post_adds(
+        self,
+        requests: Sequence[AddRequest],
+        *,
+        instance_id: str | None,
+        timeout_s: float | None,
+        on_answers: Callable[[Sequence[AddAnswer] | PoraError], object],
+    ) -> bool:
+        return False  # an in-process node's adds are awaited (`add_entries_many`)
 
     async def add_entries_many(
         self,

@@ -3,13 +3,20 @@ and the calls that carry them: the per-node side of the replicating client's sen
 
 Each scheduler turn, the callers with work (a ledger's sender) hand their batches
 for each node to `submit`; the one dispatch task (`run`) wakes once per turn, takes
-every due caller's turn and then starts, for each node with work, ONE
-`add_entries_many` call carrying every caller's batch for that node. So a turn
-costs per node, not per ledger and per node: one task, one deadline (`timeout_s`),
-one wait on the channel.
+every due caller's turn and then makes, for each node with work, ONE call carrying
+every caller's batch for that node. So a turn costs per node, not per ledger and
+per node.
+
+A call is posted on the node's channel (`NodeChannel.post_adds`): no task waits for
+it, and its answers come back as a callback (`_Call.answered`, run by the
+connection's reader, its loss or its deadline sweep), which gives each caller its
+answer and makes the node's next call from what is queued. When the channel cannot
+take a call without a wait (not connected yet, the node's identity not known yet, no
+room on the connection), a task of its own makes it with `add_entries_many` and
+waits, within `timeout_s`; its end is the same callback.
 
 Calls in flight per node are bounded by `calls_in_flight_max` with a counter: a
-node at its bound keeps its batches queued, and the call that finishes next takes
+node at its bound keeps its batches queued, and the call that ends next takes
 them, up to `call_bytes_max` (no semaphore per call). Answers go back to each
 caller as plain calls (`NodeCaller.answer`); a call that fails or times out gives
 that error to every caller in it.
@@ -26,7 +33,6 @@ through `NodeCaller`: it imports nothing of replication or of the metadata.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
@@ -95,14 +101,53 @@ class Overflow(NamedTuple, Generic[Node]):
 
 
 class _NodeQueue(Generic[Node]):
-    __slots__ = ("idle", "node", "owed", "queued", "workers")
+    __slots__ = ("busy", "node", "owed", "queued")
 
     def __init__(self, node: Node) -> None:
         self.node = node
         self.queued: list[Queued[Node]] = []
-        self.workers = 0  # worker tasks of the node: its calls in flight, at most
-        self.idle: list[Event] = []  # the wake-ups of its workers waiting for work
+        self.busy = 0  # calls in flight to the node, posted or awaited
         self.owed = 0  # payload bytes queued for the node or in flight to it
+
+
+class _Call(Generic[Node]):
+    """One call to a node: the batches it took from the queue (`size` payload bytes)
+    and, of those, the callers it carries (`live`) with the LAC each piggybacks."""
+
+    __slots__ = ("batch", "calls", "lacs", "live", "queue", "size", "stopped")
+
+    def __init__(
+        self,
+        calls: NodeCalls[Node],
+        queue: _NodeQueue[Node],
+        batch: list[Queued[Node]],
+        size: int,
+        live: list[tuple[NodeCaller[Node], Batch]],
+        lacs: list[int],
+    ) -> None:
+        self.calls = calls
+        self.queue = queue
+        self.batch = batch
+        self.size = size
+        self.live = live
+        self.lacs = lacs
+        self.stopped = False  # the client closed: its callers were told it finished
+
+    def answered(self, answers: Sequence[AddAnswer] | PoraError | OSError) -> None:
+        """The call's end: each caller's answer (an error: every caller's), the
+        callers told the call finished, and the node's next call made. A posted
+        call's `on_answers`; the awaiting path calls it too."""
+        if self.stopped:
+            return
+        calls = self.calls
+        queue = self.queue
+        node = queue.node
+        lacs = self.lacs
+        for index, (caller, entries) in enumerate(self.live):
+            answer = answers if isinstance(answers, BaseException) else answers[index]
+            caller.answer(node, entries, lacs[index], answer)
+        calls.ended(self)
+        calls.send_queued(queue)
 
 
 class NodeCalls(Generic[Node]):
@@ -129,8 +174,10 @@ class NodeCalls(Generic[Node]):
         self._nodes: dict[Node, _NodeQueue[Node]] = {}
         self._due: list[NodeCaller[Node]] = []  # callers with a turn to take
         self._touched: list[_NodeQueue[Node]] = []  # nodes given work this turn
+        #: the calls in flight (an ordered set: `stop` ends them in the order made)
+        self._in_flight: dict[_Call[Node], None] = {}
         self._wake = new_event()
-        self._scope: anyio.CancelScope | None = None
+        self._tasks: anyio.abc.TaskGroup | None = None
         self._stopped = False
 
     def schedule(self, caller: NodeCaller[Node]) -> None:
@@ -174,12 +221,10 @@ class NodeCalls(Generic[Node]):
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """The dispatch, once per turn with work, until `stop`: an idle worker of each
-        node given work is woken, or a new one started below the node's bound (at the
-        bound, the next worker to finish takes the batches)."""
-        limit = self._calls_in_flight_max
+        """The dispatch, once per turn with work, until `stop`: every due caller's turn,
+        then the calls of each node given work (`send_queued`)."""
         async with anyio.create_task_group() as tasks:
-            self._scope = tasks.cancel_scope
+            self._tasks = tasks
             if self._stopped:  # stopped before this task first ran (a client left at once)
                 tasks.cancel_scope.cancel()
             task_status.started()
@@ -191,87 +236,86 @@ class NodeCalls(Generic[Node]):
                     caller.take_turn()
                 touched, self._touched = self._touched, []
                 for queue in touched:
-                    if not queue.queued:
-                        continue
-                    if queue.idle:
-                        queue.idle.pop().set()
-                    elif queue.workers < limit:
-                        queue.workers += 1
-                        tasks.start_soon(self._worker, queue)
+                    self.send_queued(queue)
 
     def stop(self) -> None:
-        """End the dispatch and every call in flight (the client is closing)."""
+        """End the dispatch and every call in flight (the client is closing): their
+        callers are told the calls finished, and get no answer."""
         self._stopped = True
-        if self._scope is not None:
-            self._scope.cancel()
+        if self._tasks is not None:
+            self._tasks.cancel_scope.cancel()
+        in_flight, self._in_flight = self._in_flight, {}
+        for call in in_flight:
+            call.stopped = True
+            for caller, _, _ in call.batch:
+                caller.call_finished()
 
-    async def _worker(self, queue: _NodeQueue[Node]) -> None:
-        """One call in flight to the node at a time, for as long as the client runs.
-        Its calls share one cancel scope, given a deadline per call (`timeout_s`); a
-        call past it fails its callers with a TimeoutError and the worker goes on in
-        a new scope."""
-        try:
-            while True:
-                with anyio.CancelScope() as scope:
-                    await self._serve(queue, scope)
-        finally:
-            queue.workers -= 1
-
-    async def _serve(self, queue: _NodeQueue[Node], scope: anyio.CancelScope) -> None:
+    def send_queued(self, queue: _NodeQueue[Node]) -> None:
+        """Make the node's calls for what is queued, up to `calls_in_flight_max` in
+        flight (at the bound, the next call to end makes them), each cut to
+        `call_bytes_max`."""
+        limit = self._calls_in_flight_max
         call_max = self._call_bytes_max
-        while True:
-            while queue.queued:
-                queued = queue.queued
-                size = 0
-                cut = 0
-                while cut < len(queued) and (cut == 0 or size + queued[cut][2] <= call_max):
-                    size += queued[cut][2]
-                    cut += 1
-                if cut == len(queued):
-                    batch, queue.queued = queued, []
-                else:
-                    batch, queue.queued = queued[:cut], queued[cut:]
-                if queue.queued and queue.idle:  # the rest to another worker, if idle
-                    queue.idle.pop().set()
-                try:
-                    await self._issue(queue.node, batch, scope)
-                finally:
-                    queue.owed -= size
-            wake = self._new_event()
-            queue.idle.append(wake)
-            try:
-                await wake.wait()
-            finally:
-                if not wake.is_set():  # cancelled while idle
-                    queue.idle.remove(wake)
+        while queue.queued and queue.busy < limit and not self._stopped:
+            queued = queue.queued
+            size = 0
+            cut = 0
+            while cut < len(queued) and (cut == 0 or size + queued[cut][2] <= call_max):
+                size += queued[cut][2]
+                cut += 1
+            if cut == len(queued):
+                batch, queue.queued = queued, []
+            else:
+                batch, queue.queued = queued[:cut], queued[cut:]
+            queue.busy += 1
+            self._make_call(queue, batch, size)
 
-    async def _issue(self, node: Node, batch: list[Queued[Node]], scope: anyio.CancelScope) -> None:
+    def _make_call(self, queue: _NodeQueue[Node], batch: list[Queued[Node]], size: int) -> None:
+        """Post the call on the node's channel, its answers coming back as a callback;
+        when the channel cannot take it without a wait (no connection yet, the node's
+        identity not known, no room), a task makes it and waits (`_call_waiting`)."""
+        node = queue.node
         live = [(caller, entries) for caller, entries, _ in batch if caller.sends_to(node)]
         lacs = [caller.issued_lac() for caller, _ in live]
-        try:
-            if not live:
-                return
-            requests = [
-                AddRequest(caller.ledger_id, entries, caller.master_key, lac)
-                for (caller, entries), lac in zip(live, lacs, strict=True)
-            ]
-            scope.deadline = anyio.current_time() + self._timeout_s
+        call = _Call(self, queue, batch, size, live, lacs)
+        self._in_flight[call] = None
+        if not live:
+            self.ended(call)
+            return
+        requests = [
+            AddRequest(caller.ledger_id, entries, caller.master_key, lac)
+            for (caller, entries), lac in zip(live, lacs, strict=True)
+        ]
+        channel = self._pool.channel_nowait(node.address)
+        if channel is not None and channel.post_adds(
+            requests,
+            instance_id=node.instance_id,
+            timeout_s=self._timeout_s,
+            on_answers=call.answered,
+        ):
+            return
+        assert self._tasks is not None  # (calls are made by the dispatch, or after it)
+        self._tasks.start_soon(self._call_waiting, call, requests)
+
+    def ended(self, call: _Call[Node]) -> None:
+        """`call` is over: its callers are told, and the node owes its bytes no more."""
+        del self._in_flight[call]
+        for caller, _, _ in call.batch:
+            caller.call_finished()
+        queue = call.queue
+        queue.owed -= call.size
+        queue.busy -= 1
+
+    async def _call_waiting(self, call: _Call[Node], requests: list[AddRequest]) -> None:
+        """The call made by a task of its own, which waits for the channel and the
+        answers, within `timeout_s`: past it, every caller of the call gets a
+        TimeoutError."""
+        node = call.queue.node
+        with anyio.CancelScope(deadline=anyio.current_time() + self._timeout_s) as scope:
             answers = await self._call(node, requests)
-            scope.deadline = math.inf
-            for index, (caller, entries) in enumerate(live):
-                answer = answers if isinstance(answers, BaseException) else answers[index]
-                caller.answer(node, entries, lacs[index], answer)
-        except anyio.get_cancelled_exc_class():
-            if scope.cancel_called:  # past the deadline, not the client closing
-                late = TimeoutError(
-                    f"node {node.address}: no answer to adds in {self._timeout_s} s"
-                )
-                for index, (caller, entries) in enumerate(live):
-                    caller.answer(node, entries, lacs[index], late)
-            raise
-        finally:
-            for caller, _, _ in batch:
-                caller.call_finished()
+        if scope.cancelled_caught:
+            answers = TimeoutError(f"node {node.address}: no answer to adds in {self._timeout_s} s")
+        call.answered(answers)
 
     async def _call(
         self, node: Node, requests: Sequence[AddRequest]

@@ -12,7 +12,7 @@ replaced) raises `InstanceMismatch`, and the request is not sent to it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -107,6 +107,24 @@ class NodeChannel(Protocol):
         Raises what leaves every request's outcomes unknown (timeout, lost
         connection, InstanceMismatch); a channel may also answer one request with
         such an error (`add_entries_each`)."""
+        ...
+
+    def post_adds(
+        self,
+        requests: Sequence[AddRequest],
+        *,
+        instance_id: str | None,
+        timeout_s: float | None,
+        on_answers: Callable[[Sequence[AddAnswer] | PoraError], object],
+    ) -> bool:
+        """`add_entries_many` without a wait, when the channel can send at once: True
+        when the requests are sent (or queued to be), and `on_answers` is then
+        called exactly once, with no task of the caller's, with what
+        `add_entries_many` would return or the error it would raise (RequestTimeout
+        past `timeout_s`, ConnectionLost). False when it would have to wait
+        (connecting, learning who the node is, no room, another instance): nothing
+        was done, and the caller uses `add_entries_many`. A channel with nothing
+        cheaper than its awaiting calls answers False always."""
         ...
 
     async def read_entry(

@@ -70,6 +70,10 @@ class NodePool:
         """The addresses with a channel open."""
         return sorted(self._channels)
 
+    def channel_nowait(self, address: str) -> NodeChannel | None:
+        """The channel to `address` when it is open, else None (`channel` opens it)."""
+        return self._channels.get(address)
+
     async def channel(self, address: str) -> NodeChannel:
         """The channel to `address`, opened by the first caller."""
         channel = self._channels.get(address)

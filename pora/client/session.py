@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import Final
 
@@ -51,6 +52,13 @@ class Session:
         self.instance_id = ""
         #: coalesced adds queued for the writer task, which frames them each turn
         self.add_queue: list[QueuedAdd] = []
+        #: the plain TCP socket under the stream when frames may be sent on it at once,
+        #: outside the writer task (under trio, without TLS), else None
+        self.raw_socket: socket.socket | None = None
+        #: the writer task waits for frames (its outbox empty)
+        self.writer_idle = False
+        #: the node's port and this end's, naming the connection in trace records
+        self.ports = (0, 0)
         #: set once the node answered the connection's first request, its INFO
         self.identified = anyio.Event()
         self.info: NodeInfo | None = None

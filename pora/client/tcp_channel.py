@@ -1,14 +1,15 @@
 """`TcpChannel`: a `NodeChannel` over a `NodeClient` (`connect_node`).
 
-A writer's adds to the node in one scheduler turn are one call (`add_entries_many`:
-several ledgers' batches as one caller, encoded straight into frames, one wait),
-and the node's instance id is learnt from the INFO asked first on every
-connection.
+A writer's adds to the node in one scheduler turn are one call: several ledgers'
+batches as one caller, encoded straight into frames, posted with its answers going
+to a callback (`post_adds`) when the connection is ready for it, else awaited
+(`add_entries_many`). The node's instance id is learnt from the INFO asked first
+on every connection.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from journal.errors import PoraError
 from pora.client.node_channel import (
@@ -67,6 +68,18 @@ class TcpChannel:
             requests, timeout_s=timeout_s, instance_id=instance_id
         )
         return list(answers)
+
+    def post_adds(
+        self,
+        requests: Sequence[AddRequest],
+        *,
+        instance_id: str | None,
+        timeout_s: float | None,
+        on_answers: Callable[[Sequence[AddAnswer] | PoraError], object],
+    ) -> bool:
+        return self.client.post_batches(
+            requests, timeout_s=timeout_s, instance_id=instance_id, on_answers=on_answers
+        )
 
     async def read_entry(
         self,

@@ -242,6 +242,11 @@ class SimChannel:
     async def identity(self) -> NodeIdentity:
         return await self._channel.identity()
 
+    def post_adds(self, requests: Sequence[AddRequest], **options: Any) -> bool:
+        if (self._client, self.address) in self._network.adds_cut:
+            return False  # (`add_entries_many` loses them, counted there)
+        return self._channel.post_adds(requests, **options)
+
     async def add_entries_many(
         self, requests: Sequence[AddRequest], **options: Any
     ) -> list[AddAnswer]:
