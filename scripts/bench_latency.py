@@ -12,7 +12,10 @@ rate, a timerfd wakes the generator at that time (an event loop's own sleep wake
 to a millisecond late), and latency runs from the due time to the append's end, so a
 late start counts (no coordinated omission). Each load runs on the event loop
 `--backend` names (trio, asyncio, or asyncio on uvloop), in a thread of its own while
-this script's trio loop minds the processes.
+this script's trio loop minds the processes. Before each load the script collects
+and freezes its heap (`gc.freeze`, as `pora serve` does after start-up): a full
+collection walks everything the process holds, and unfrozen, the 30-60 ms it takes
+here stops the load's event loop mid-run and sets the p999 of both systems.
 
 Every process traces its part of each append (`pora.tracing`: the nodes through
 `PORA_TRACE_FILE`, set for them here, this client by `tracing.enable`); once the
@@ -46,6 +49,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import functools
+import gc
 import json
 import os
 import shutil
@@ -368,7 +372,12 @@ async def on_backend(backend: str, load: Callable[[], Awaitable[_T]]) -> _T:
     """`load()` run to its end on `backend`'s event loop, in a thread of its own."""
     name, options = BACKENDS[backend]
     run_load = functools.partial(anyio.run, load, backend=name, backend_options=options)
-    return await trio.to_thread.run_sync(run_load)
+    gc.collect()
+    gc.freeze()  # (the module docstring says why)
+    try:
+        return await trio.to_thread.run_sync(run_load)
+    finally:
+        gc.unfreeze()
 
 
 async def pora_round(
