@@ -1,14 +1,15 @@
 """Benchmark of re-replication (docs/rereplication.md) on five local `pora serve`
 nodes, in one run.
 
-`--mib` MiB of 1 KiB entries (E=3 Qw=3 Qa=2, every ledger with a copy on node A) are
+`--mib` MiB of 1 KiB entries (E=3 Qw=3 Qa=2, every ledger with a copy on nodes A and B,
+the foreground writer's ledger on neither) are
 written, then:
 
 1. `raw copy`: the same entries copied between two nodes through the client, as a
    worker does (range reads of `--batch-entries`, one add call per batch, in turn),
    into scratch ledger ids: the ceiling to judge (2) by (target >= 0.5x).
-2. `repair`: node A is SIGKILLed and its data dir deleted; a worker (in this
-   process, no throttle) repairs every fragment that named it: MB/s and entries/s.
+2. `repair`: node A is SIGKILLed and its data dir deleted; `pora rereplicate` (its
+   own process, no throttle) repairs every fragment that named it: MB/s and entries/s.
 3. `repair, throttled`: node B is lost the same way and repaired with
    `--bytes-per-s` at a quarter of (2)'s rate.
 
@@ -41,7 +42,6 @@ import pora
 from pora.bench.schedule import run_on_schedule
 from pora.cluster_ops.fragments import fragments_of
 from pora.cluster_ops.session import cluster_session
-from pora.cluster_ops.worker import Rereplicator, WorkerOptions
 from pora.meta.backends import open_metadata
 from pora.meta.records import LedgerMetadata
 
@@ -95,15 +95,16 @@ async def lose(node: Node, url: str) -> None:
             await trio.sleep(0.1)  # the lease runs out in the store: nothing to wait on
 
 
-async def write_data(url: str, mib: int, on: str) -> list[int]:
-    """`mib` MiB of 1 KiB entries in ledgers that each have a copy on `on`; their ids."""
+async def write_data(url: str, mib: int, on: set[str]) -> list[int]:
+    """`mib` MiB of 1 KiB entries in ledgers that each have a copy on every node of
+    `on`; their ids."""
     ids = []
     payload = os.urandom(ENTRY_BYTES)
     left = mib * 1024
     async with pora.connect(url) as client:
         while left > 0:
             ledger = await client.create_ledger(3, 3, 2)
-            if on in {m.address for m in ledger.metadata.ensembles[0].members}:
+            if on <= {m.address for m in ledger.metadata.ensembles[0].members}:
                 count = min(left, ENTRIES_PER_LEDGER)
                 for start in range(0, count, 1000):
                     await ledger.append_many([payload] * min(1000, count - start))
@@ -158,11 +159,11 @@ class Foreground:
         return found[int(len(found) * 0.99)] * 1000 if found else float("nan")
 
 
-async def foreground(url: str, rate: float, state: Foreground, avoid: str) -> None:
+async def foreground(url: str, rate: float, state: Foreground, avoid: set[str]) -> None:
     payload = os.urandom(ENTRY_BYTES)
     async with pora.connect(url) as client:
         ledger = await client.create_ledger(3, 3, 2)
-        while avoid in {m.address for m in ledger.metadata.ensembles[0].members}:
+        while avoid & {m.address for m in ledger.metadata.ensembles[0].members}:
             await ledger.close()
             ledger = await client.create_ledger(3, 3, 2)
         state.members = {m.address for m in ledger.metadata.ensembles[0].members}
@@ -178,14 +179,19 @@ async def foreground(url: str, rate: float, state: Foreground, avoid: str) -> No
 
 
 async def repair(url: str, bytes_per_s: float) -> tuple[float, int, int]:
-    """A worker's run in this process: seconds, entries and bytes copied."""
-    options = WorkerOptions(bytes_per_s=bytes_per_s, open_grace_s=3600)
+    """`pora rereplicate` in a process of its own, as an operator runs it (in this
+    one, its work would share the foreground writer's event loop and set its tail):
+    seconds, entries and bytes copied."""
+    command = [
+        sys.executable, "-m", "pora.cli", "rereplicate", "--metadata", url, "--json",
+        "--open-grace-s", "3600", "--bytes-per-s", str(int(bytes_per_s)),
+    ]  # fmt: skip
     start = time.perf_counter()
-    async with cluster_session(url) as cluster:
-        worker = Rereplicator(cluster.store, cluster.channel_for, cluster.config, options, print)
-        await worker.run_once()
-    copied = worker.totals.copied
-    return time.perf_counter() - start, copied.entries, copied.bytes
+    done = await trio.run_process(command, capture_stdout=True, check=True)
+    seconds = time.perf_counter() - start
+    summary = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert summary["event"] == "summary", summary
+    return seconds, int(summary["entries_copied"]), int(summary["bytes_copied"])
 
 
 def naming(ledgers: Sequence[LedgerMetadata], address: str) -> int:
@@ -201,8 +207,10 @@ async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="pora-bench-rerepl-", dir=args.dir) as folder:
         url = f"sqlite:///{folder}/meta.db"
         async with five_nodes(Path(folder), url) as nodes:
-            lost_a = nodes[0]
-            ids = await write_data(url, args.mib, lost_a.address)
+            # every data ledger has a copy on both nodes lost, the foreground's on neither
+            lost_a, lost_b = nodes[0], nodes[1]
+            lost = {lost_a.address, lost_b.address}
+            ids = await write_data(url, args.mib, lost)
             entries = args.mib * 1024
             mb = entries * ENTRY_BYTES / 1e6
             # the raw copy before and after the repairs: the load of the machine moves
@@ -210,7 +218,7 @@ async def run(args: argparse.Namespace) -> None:
             print(f"raw copy: {mb / raw_before:.1f} MB/s, {entries / raw_before:.0f} entries/s")
             state = Foreground()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(foreground, url, args.foreground_rate, state, lost_a.address)
+                nursery.start_soon(foreground, url, args.foreground_rate, state, lost)
                 await state.started.wait()
                 await trio.sleep(args.idle_s)
                 state.phase = "repair"
@@ -222,9 +230,6 @@ async def run(args: argparse.Namespace) -> None:
                 state.phase = "idle after"
                 await trio.sleep(1)
                 state.phase = "throttled"
-                lost_b = next(
-                    n for n in nodes if n is not lost_a and n.address not in state.members
-                )
                 await lose(lost_b, url)
                 limit = nbytes / seconds / 4
                 t_seconds, t_copied, t_bytes = await repair(url, limit)

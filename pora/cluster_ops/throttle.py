@@ -4,9 +4,9 @@ cut of a batch into pieces no larger than one burst.
 
 Why a tenth of a second: the bucket bounds how long the copy may run at full speed
 after a pause, and that run is what the foreground's appends queue behind on the
-replacement's journal and event loop. With a second's worth, a repair throttled to a
-quarter of its speed still sent second-long bursts at full speed, and the foreground's
-p99 during it was as high as with no throttle (docs/performance.md)."""
+replacement's journal and event loop. A second's worth lets a throttled repair send
+a second's worth of entries at full speed at once, one batch of `--batch-entries`
+after another; a tenth keeps each burst, and the foreground's wait behind it, short."""
 
 from __future__ import annotations
 
