@@ -210,6 +210,19 @@ async def test_two_nodes_cannot_open_one_data_dir(data_dir: Path) -> None:
         pass
 
 
+async def test_a_node_left_by_cancellation_can_be_opened_again_at_once(data_dir: Path) -> None:
+    # its owner's scope cancelled mid-run (an in-process crash): the node still
+    # releases its data dir and closes its index, so this process opens it again,
+    # with what it acknowledged
+    with trio.CancelScope() as scope:
+        async with pora.open_node(data_dir) as node:
+            await node.add_entry(1, 0, b"acknowledged")
+            scope.cancel()
+            await trio.sleep_forever()
+    async with pora.open_node(data_dir) as node:
+        assert await node.read_entry(1, 0) == b"acknowledged"
+
+
 async def test_a_foreign_directory_is_refused(tmp_path: Path) -> None:
     (tmp_path / "photos").mkdir()
     (tmp_path / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")

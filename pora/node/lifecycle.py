@@ -89,7 +89,10 @@ async def open_node(
             ) as node:
                 yield node
         finally:
-            await trio.to_thread.run_sync(index.close)
+            # shielded: a node left by cancellation (its owner's scope, a crash) must
+            # still close LevelDB, whose lock would refuse the next open in this process
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(index.close)
     finally:
         lock.release()
 
