@@ -128,7 +128,7 @@ def test_errors_raised_together_in_the_block_stay_in_their_group(
 
 @RUNNERS
 def test_a_block_that_awaits_nothing_leaves_at_once(tmp_path: Path, runner: Runner) -> None:
-    # the client's node senders had not started when the block ended: they must still stop
+    # the client's node calls had not started when the block ended: they must still stop
     url = f"sqlite:///{tmp_path}/meta.db"
 
     async def main() -> None:

@@ -63,7 +63,7 @@ class _Caller:
     def take_turn(self) -> None:
         for entries in self.turns:
             self.unfinished += 1
-            assert self.calls.submit(self, self.node, entries, len(entries)) is None
+            self.calls.submit(self, self.node, entries, len(entries))
         self.turns.clear()
 
     def sends_to(self, node: _Node) -> bool:
@@ -160,6 +160,10 @@ class _Setup:
         return channel.client._connection.admission.room
 
 
+def _no_overflow(node: _Node, overflow: object) -> None:
+    raise AssertionError(f"node {node.address}: no backlog here reaches its bound")
+
+
 @asynccontextmanager
 async def _node_calls(
     scripted: _ScriptedNode,
@@ -190,6 +194,7 @@ async def _node_calls(
             timeout_s=timeout_s,
             backlog_bytes_max=1 << 30,
             beyond=Budget(1 << 30, "pending_bytes_max", anyio.Event),
+            on_overflow=_no_overflow,
         )
         await nursery.start(calls.run)
         try:
@@ -360,8 +365,8 @@ async def test_the_client_closing_finishes_posted_calls_without_answers() -> Non
 
 @pytest.mark.parametrize("instance", ["i1", None])
 async def test_post_batches_waits_for_nothing(instance: str | None) -> None:
-    """`NodeClient.post_batches` posts only on a live connection whose node said who
-    it is: before that it answers False and does nothing."""
+    """`TcpChannel.post_adds` posts only on a live connection whose node said who it
+    is: before that it answers False and does nothing."""
     scripted = _ScriptedNode()
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
@@ -376,13 +381,18 @@ async def test_post_batches_waits_for_nothing(instance: str | None) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(trio.serve_listeners, scripted.serve, listeners)
         async with connect_node(address, timeout_s=TIMEOUT_S) as client:
+            channel = TcpChannel(client)
             connection = client._connection
             assert connection.session is not None
             connection.session.identified = anyio.Event()  # as if the INFO were not answered
-            assert not client.post_batches(request, instance_id=instance, on_answers=on_answers)
+            assert not channel.post_adds(
+                request, instance_id=instance, timeout_s=None, on_answers=on_answers
+            )
             connection.session.identified.set()
             await trio.testing.wait_all_tasks_blocked()  # the writer waits for frames
-            assert client.post_batches(request, instance_id=instance, on_answers=on_answers)
+            assert channel.post_adds(
+                request, instance_id=instance, timeout_s=None, on_answers=on_answers
+            )
             # sent at once on the socket: the writer task was not woken
             assert connection.session.outbox == []
             assert not connection.session.outbox_ready.is_set()
@@ -415,8 +425,11 @@ async def test_a_post_the_socket_takes_in_part_leaves_the_rest_to_the_writer() -
             assert session is not None
             scripted.reads_held = trio.Event()
             await trio.testing.wait_all_tasks_blocked()  # the writer waits for frames
-            assert client.post_batches(
-                [AddRequest(1, entries, KEY, -1)], instance_id="i1", on_answers=on_answers
+            assert TcpChannel(client).post_adds(
+                [AddRequest(1, entries, KEY, -1)],
+                instance_id="i1",
+                timeout_s=None,
+                on_answers=on_answers,
             )
             assert len(session.outbox) == 1  # the rest of the bytes, for the writer
             assert session.outbox_ready.is_set()

@@ -65,9 +65,9 @@ async def held_back_client(
 
 
 def queued_bytes(client: Client, member: EnsembleMember) -> int:
-    """The payload bytes the client's node sender holds queued for `member` (the unit
+    """The payload bytes the client's node calls hold queued for `member` (the unit
     of the pending bytes)."""
-    return client._senders.queued_bytes(member)
+    return client._node_calls.queued_bytes(member)
 
 
 async def test_a_slow_member_is_replaced_before_its_backlog_outgrows_the_bound(

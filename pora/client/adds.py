@@ -4,9 +4,10 @@
 connection, to share frames with every other add of the same scheduler turn (see
 pora.client.coalescer);
 `add_batches_many` (several ledgers' batches as one caller, the replicating
-writer's call per node) encodes its batches straight into frames (see
-pora.client.ledger_frames), and `post_batches` does the same without waiting
-when nothing in it would wait, its answers going to a callback; `add_run` sends
+client's call per node) encodes its batches straight into frames (see
+pora.client.ledger_frames), and `post_batches` (the TCP channel's `post_adds`)
+does the same without waiting when nothing in it would wait, its answers going to
+a callback; `add_run` sends
 one ADD_RUN frame; `add_entries` cuts its entries into runs that fit a frame
 (pora.client.frame_cuts) and sends them pipelined.
 
@@ -147,8 +148,8 @@ def post_batches(
     instance_id: str | None,
     on_answers: Callable[[list[Outcomes] | PoraError], object],
 ) -> bool:
-    """`NodeClient.post_batches`: `add_batches_many` without waiting, when nothing
-    in it would wait: the connection is live, the node said who it is (and is
+    """`add_batches_many` without waiting (`TcpChannel.post_adds`), when nothing in
+    it would wait: the connection is live, the node said who it is (and is
     `instance_id`, when given) and there is room (`Admission.try_admit`). Then the
     frames are queued and True returned; `on_answers` gets the answers (or the
     error that leaves them all unknown) from the reader, the connection's loss or

@@ -24,8 +24,9 @@ that error to every caller in it.
 What a node owes (payload bytes queued for it or in flight to it) is counted per
 batch. The backlog is bounded: a batch that would make a node owe more than
 `backlog_bytes_max` beyond what `beyond` (a budget of the callers') holds is not
-queued; the node's queue is dropped instead and handed back to the caller of
-`submit` (`Overflow`), who decides what it means (replication's R8).
+queued; the node's queue is dropped instead and handed to `on_overflow`
+(`Overflow`), which the owner of the node calls gives and which decides what it
+means (replication's R8: `replication/backlog.py`).
 
 This module knows nodes only as an address and an instance id, and callers only
 through `NodeCaller`: it imports nothing of replication or of the metadata.
@@ -62,7 +63,7 @@ Node_contra = TypeVar("Node_contra", bound=CalledNode, contravariant=True)
 
 
 class NodeCaller(Protocol[Node_contra]):
-    """What the node calls need of a caller (a ledger's sender, `replication/sender.py`)."""
+    """What the node calls need of a caller (a ledger's writer, `replication/writer.py`)."""
 
     @property
     def ledger_id(self) -> int: ...
@@ -71,7 +72,7 @@ class NodeCaller(Protocol[Node_contra]):
     def master_key(self) -> bytes: ...
 
     def take_turn(self) -> None:
-        """Hand this turn's batches to `NodeCalls.submit` (or its owner's)."""
+        """Hand this turn's batches to `NodeCalls.submit`."""
 
     def sends_to(self, node: Node_contra) -> bool:
         """Whether a batch queued for `node` is still to be sent when its call starts."""
@@ -93,7 +94,8 @@ Queued = tuple[NodeCaller[Node], Batch, int]
 class Overflow(NamedTuple, Generic[Node]):
     """A node's queue dropped because a batch would have made it owe `owed` bytes,
     more than the bound allows beyond `beyond` bytes: the batches dropped, the one
-    refused last. Their callers are owed an answer and a `call_finished` each."""
+    refused last. Their callers are owed an answer and a `call_finished` each, which
+    `on_overflow` gives them."""
 
     dropped: list[Queued[Node]]
     owed: int
@@ -160,9 +162,11 @@ class NodeCalls(Generic[Node]):
         timeout_s: float,
         backlog_bytes_max: int,
         beyond: Budget,
+        on_overflow: Callable[[Node, Overflow[Node]], None],
         new_event: Callable[[], Event] = anyio.Event,
     ) -> None:
         self._pool = pool
+        self._on_overflow = on_overflow
         self._new_event = new_event
         self._calls_in_flight_max = calls_in_flight_max
         self._call_bytes_max = call_bytes_max
@@ -187,12 +191,10 @@ class NodeCalls(Generic[Node]):
         if not self._wake.is_set():
             self._wake.set()
 
-    def submit(
-        self, caller: NodeCaller[Node], node: Node, entries: Batch, size: int
-    ) -> Overflow[Node] | None:
+    def submit(self, caller: NodeCaller[Node], node: Node, entries: Batch, size: int) -> None:
         """Queue `caller`'s batch for `node` (from `take_turn`), `size` payload bytes;
-        or, when the node would owe more than its backlog bound, queue nothing and
-        drop its queue: returns what was dropped, this batch last."""
+        or, when the node would owe more than its backlog bound, queue nothing, drop
+        its queue and hand what was dropped, this batch last, to `on_overflow`."""
         queue = self._nodes.get(node)
         if queue is None:
             queue = self._nodes[node] = _NodeQueue(node)
@@ -201,12 +203,12 @@ class NodeCalls(Generic[Node]):
         if owed - beyond > self._backlog_max:
             dropped, queue.queued = [*queue.queued, (caller, entries, size)], []
             queue.owed -= sum(size for _, _, size in dropped[:-1])  # what is in flight stays
-            return Overflow(dropped, owed, beyond)
+            self._on_overflow(node, Overflow(dropped, owed, beyond))
+            return
         queue.owed = owed
         if not queue.queued:
             self._touched.append(queue)
         queue.queued.append((caller, entries, size))
-        return None
 
     def owed_bytes(self, node: Node) -> int:
         """Payload bytes queued for `node` or in flight to it."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any
 
 import anyio
@@ -73,6 +73,13 @@ class NodeClient:
         self.address = connection.address
         self.host, self.port = connection.host, connection.port
         self.timeout_s = connection.timeout_s
+
+    @property
+    def connection(self) -> NodeConnection:
+        """The connection its calls go over (the TCP channel makes its adds on it,
+        with pora.client.adds, as these methods do; a posted add, answered by
+        callback, is the channel's alone: `TcpChannel.post_adds`)."""
+        return self._connection
 
     @property
     def reconnects(self) -> int:
@@ -198,29 +205,6 @@ class NodeClient:
         `add_coalesced` (every request's outcomes unknown)."""
         return adds.add_batches_many(
             self._connection, requests, timeout_s=timeout_s, instance_id=instance_id
-        )
-
-    def post_batches(
-        self,
-        requests: Sequence[AddRequest],
-        *,
-        timeout_s: float | None = None,
-        instance_id: str | None = None,
-        on_answers: Callable[[list[Outcomes] | PoraError], object],
-    ) -> bool:
-        """`add_batches_many` without waiting, when it would not wait: on a live
-        connection whose node said who it is (and is `instance_id`), with room for
-        the call. Returns True when the frames are queued: `on_answers` is then
-        called once, from the connection's reader (or its loss, or the deadline
-        sweep), with the answers or the error that leaves them all unknown
-        (RequestTimeout, ConnectionLost). False: nothing was done; call
-        `add_batches_many`."""
-        return adds.post_batches(
-            self._connection,
-            requests,
-            timeout_s=timeout_s,
-            instance_id=instance_id,
-            on_answers=on_answers,
         )
 
     def add_run(

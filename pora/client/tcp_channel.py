@@ -3,8 +3,10 @@
 A writer's adds to the node in one scheduler turn are one call: several ledgers'
 batches as one caller, encoded straight into frames, posted with its answers going
 to a callback (`post_adds`) when the connection is ready for it, else awaited
-(`add_entries_many`). The node's instance id is learnt from the INFO asked first
-on every connection.
+(`add_entries_many`). The adds are pora.client.adds' operations made on the
+client's connection directly (the client's add methods are the same operations,
+for its own users); the reads and ledger operations are the client's. The node's
+instance id is learnt from the INFO asked first on every connection.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from journal.errors import PoraError
+from pora.client import adds
 from pora.client.node_channel import (
     AddAnswer,
     AddRequest,
@@ -27,6 +30,7 @@ class TcpChannel:
 
     def __init__(self, client: NodeClient) -> None:
         self.client = client
+        self._connection = client.connection
 
     @property
     def address(self) -> str:
@@ -47,7 +51,8 @@ class TcpChannel:
         instance_id: str | None = None,
         timeout_s: float | None = None,
     ) -> list[PoraError | None]:
-        return await self.client.add_coalesced(
+        return await adds.add_coalesced(
+            self._connection,
             ledger_id,
             entries,
             master_key=master_key,
@@ -64,8 +69,8 @@ class TcpChannel:
         instance_id: str | None = None,
         timeout_s: float | None = None,
     ) -> list[AddAnswer]:
-        answers = await self.client.add_batches_many(
-            requests, timeout_s=timeout_s, instance_id=instance_id
+        answers = await adds.add_batches_many(
+            self._connection, requests, timeout_s=timeout_s, instance_id=instance_id
         )
         return list(answers)
 
@@ -77,8 +82,12 @@ class TcpChannel:
         timeout_s: float | None,
         on_answers: Callable[[Sequence[AddAnswer] | PoraError], object],
     ) -> bool:
-        return self.client.post_batches(
-            requests, timeout_s=timeout_s, instance_id=instance_id, on_answers=on_answers
+        return adds.post_batches(
+            self._connection,
+            requests,
+            timeout_s=timeout_s,
+            instance_id=instance_id,
+            on_answers=on_answers,
         )
 
     async def read_entry(

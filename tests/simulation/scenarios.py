@@ -30,10 +30,10 @@ from ledger.errors import NoSuchEntry, NoSuchLedger
 from pora import Client, ClientConfig, LedgerFenced, LedgerWriter
 from pora.client.batch import Batch
 from pora.client.local_channel import LocalChannel
+from pora.client.node_calls import NodeCaller
 from pora.client.replication.client import client_on_store
 from pora.client.replication.core.entry_format import decode_entry
 from pora.client.replication.core.quorum import entry_write_set
-from pora.client.replication.node_senders import LedgerTurns
 from pora.meta.backends import open_metadata
 from pora.meta.errors import NoSuchLedgerMetadata
 from pora.meta.records import Ensemble, EnsembleMember, LedgerMetadata, LedgerState, Versioned
@@ -185,17 +185,19 @@ def dies_after_replacing(
 
 def watch_backlog(client: Client, history: History) -> None:
     """Check the backlog bound (invariants.check_backlog) each time the client's node
-    senders queue a batch."""
-    senders = client._senders
-    submit = senders.submit
+    calls queue a batch."""
+    node_calls = client._node_calls
+    submit = node_calls.submit
     bound = client.config.node_backlog_bytes_max
 
-    def checked(ledger: LedgerTurns, member: EnsembleMember, entries: Batch, size: int) -> None:
-        submit(ledger, member, entries, size)
-        queued = senders.queued_bytes(member)
-        invariants.check_backlog(history, member.address, queued, senders.pending_bytes.used, bound)
+    def checked(
+        caller: NodeCaller[EnsembleMember], node: EnsembleMember, entries: Batch, size: int
+    ) -> None:
+        submit(caller, node, entries, size)
+        queued = node_calls.queued_bytes(node)
+        invariants.check_backlog(history, node.address, queued, node_calls.beyond.used, bound)
 
-    senders.submit = checked  # type: ignore[method-assign]
+    node_calls.submit = checked  # type: ignore[method-assign]
 
 
 def payload_for(appender: int, k: int) -> bytes:

@@ -7,8 +7,8 @@ acknowledgements, a writer's pending adds as one state machine, R13's sorting of
 refusals, placement, recovery
 votes, the ledger records and the entry format. Beside it `arguments.py`, `config.py`
 and `errors.py` are plain values too. The rest does the I/O around the core on anyio:
-`client.py` (`connect`, `Client`), `writer.py`, `sender.py` and `node_senders.py` (the
-write path), `ensemble_change.py`, `recovery.py` and `recovery_adds.py`, `reader.py`,
+`client.py` (`connect`, `Client`), `writer.py` and `backlog.py` (the write path),
+`ensemble_change.py`, `recovery.py` and `recovery_adds.py`, `reader.py`,
 `replica_reads.py` and `tail.py`; the channels to the nodes are
 `pora.client.node_pool`'s (one per node), the add calls on them
 `pora.client.node_calls`', the byte budgets netio's (`netio/budget.py`).

@@ -4,11 +4,11 @@
         async with await client.create_ledger(ensemble_size=3, ack_quorum=2) as ledger:
             await ledger.append(b"payload")
 
-The client holds the metadata store, one `NodePool` and one `NodeSenders` (the
-node calls, `pora.client.node_calls`, one queue and call per node carrying every
-ledger's adds) shared by all its ledgers, and a task group
-running the node senders, each writer's tasks and each node connection's holder. It works
-under asyncio and trio (anyio).
+The client holds the metadata store, one `NodePool` and one `NodeCalls`
+(`pora.client.node_calls`: one queue and call per node carrying every ledger's
+adds, set up by `backlog.py`) shared by all its ledgers, and a task group running
+the node calls' dispatch, each writer's tasks and each node connection's holder. It
+works under asyncio and trio (anyio).
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ from pora.client.replication.arguments import (
     check_url,
     ledger_id_in_range,
 )
+from pora.client.replication.backlog import client_node_calls
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.core.ledger_records import check_password as check_master_key
 from pora.client.replication.core.ledger_records import marked_deleting, new_ledger
 from pora.client.replication.core.placement import choose_ensemble
 from pora.client.replication.ensemble_change import WriterContext
 from pora.client.replication.errors import ClientClosed, DeleteFailed, RecoveryFailed
-from pora.client.replication.node_senders import NodeSenders
 from pora.client.replication.reader import LedgerReader, open_ledger
 from pora.client.replication.recovery import Recovery
 from pora.client.replication.writer import LedgerWriter
@@ -91,15 +91,15 @@ class Client:
         self._task_group = task_group
         new_event = event_factory()
         pending_bytes = Budget(config.pending_bytes_max, "the client's pending bytes", new_event)
-        senders = self._senders = NodeSenders(pool, config, pending_bytes, new_event)
-        task_group.start_soon(senders.run)
+        node_calls = self._node_calls = client_node_calls(pool, config, pending_bytes, new_event)
+        task_group.start_soon(node_calls.run)
         self._context = WriterContext(
             store,
             pool,
             config,
             rng,
             pending_bytes,
-            senders,
+            node_calls,
             new_event,
             None if metrics is None else _client_metrics(metrics, pending_bytes),
         )
@@ -355,13 +355,13 @@ class Client:
 
     async def _abandon_writers(self) -> None:
         """The client ends: every writer's pending appends fail, its readers' reads
-        fail with ClientClosed from now on, the node senders stop."""
+        fail with ClientClosed from now on, the node calls stop."""
         self._closed = True
         for reader in list(self._readers):
             reader.client_closed()
         for writer in list(self._writers):
             await writer.abandon()
-        self._senders.stop()
+        self._node_calls.stop()
 
 
 @asynccontextmanager

@@ -34,7 +34,7 @@ class ClientConfig:
     #: payload bytes of appends pending over all ledgers of one client, at most
     pending_bytes_max: int = 256 << 20
     #: add calls in flight to one node, at most (each carries every ledger's adds for
-    #: that node of one turn: the node senders' workers per node)
+    #: that node of one turn: `pora/client/node_calls.py`)
     calls_in_flight_per_node_max: int = 8
     #: R8: payload bytes one node may owe (queued for it or in flight to it) beyond the
     #: client's pending payload bytes, at most: what it owes past that was already

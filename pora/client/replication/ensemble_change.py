@@ -20,6 +20,7 @@ import anyio
 from journal.errors import PoraError
 from ledger.errors import LedgerFenced, NoSuchLedger
 from netio.budget import Budget
+from pora.client.node_calls import NodeCalls
 from pora.client.node_pool import NodePool
 from pora.client.replication.config import ClientConfig
 from pora.client.replication.core.ledger_records import (
@@ -32,7 +33,6 @@ from pora.client.replication.core.ledger_records import (
 from pora.client.replication.core.pending_adds import PendingAdds, Released
 from pora.client.replication.core.placement import choose_replacements, quarantined
 from pora.client.replication.errors import NotEnoughNodes
-from pora.client.replication.node_senders import NodeSenders
 from pora.client.waiting import Event
 from pora.meta.errors import (
     MetadataError,
@@ -64,8 +64,8 @@ class WriterContext:
     rng: random.Random
     #: payload bytes pending over every ledger of the client
     pending_bytes: Budget
-    #: one sender per node, carrying every ledger's adds
-    senders: NodeSenders
+    #: one queue and call per node, carrying every ledger's adds (`backlog.py`)
+    node_calls: NodeCalls[EnsembleMember]
     #: the event type appends wait on, the cheapest of the running loop (waiters.py)
     new_event: Callable[[], Event] = field(default=anyio.Event)
     #: the application's metrics, when it asked for them (metrics.py)
@@ -73,8 +73,8 @@ class WriterContext:
 
 
 class WriterOutcomes(Protocol):
-    """What the writer is told by its sender and its ensemble changer: outcomes to
-    act on (wake appends, end the writer), not state to share."""
+    """What the writer is told by its ensemble changer: outcomes to act on (wake
+    appends, end the writer), not state to share."""
 
     def appends_acknowledged(self, released: Released) -> None:
         """Entries became acknowledged (R4): their appends return."""
@@ -116,25 +116,25 @@ class EnsembleChanger:
             self._failed_at[member] = anyio.current_time()
             self._needed.set()
 
-    async def run(self, wake_sender: Callable[[], None]) -> None:
+    async def run(self, wake_turn: Callable[[], None]) -> None:
         """One ensemble change at a time, for as long as members are failed."""
         while True:
             await self._needed.wait()
             self._needed = anyio.Event()
             try:
-                await self._change_while_failed(wake_sender)
+                await self._change_while_failed(wake_turn)
             except MetadataError as error:  # the store failed us (gone, unreachable)
                 self._outcomes.writer_failed(error)
                 return
 
-    async def _change_while_failed(self, wake_sender: Callable[[], None]) -> None:
+    async def _change_while_failed(self, wake_turn: Callable[[], None]) -> None:
         adds = self._adds
         while not adds.fenced and adds.failed_members:
             replacements = await self._find_replacements()
             if replacements is None or adds.fenced:
                 return  # failed meanwhile: nothing to change
             change = adds.replace(replacements)  # queues the resends (R10)
-            wake_sender()
+            wake_turn()
             if await self._write_ensemble(change.ensemble):
                 # R10: only now may entries at or after its first entry be acknowledged
                 released = adds.ensemble_durable(change.ensemble)

@@ -2,20 +2,25 @@
 
 The ledger's pending adds are one pure state machine, `PendingAdds`
 (`core/pending_adds.py`): ids, encoded entries, batches, acknowledgements, the LAC.
-The writer owns the appends' side: room in the ledger's and the client's bounds,
-and the waiters. Cheap per append: `append` takes room, hands the payload to
-`PendingAdds.add` (the next id, the entry encoded) and wakes the sender; the entries
-no turn took yet share one waiter. The client's node senders (`node_senders.py`)
-take the ledger's turn once per scheduler turn (`sender.py`: the batches
-`PendingAdds.take_batches` returns), and each node gets ONE call per turn carrying
-every ledger's batch for it. What the answers acknowledge comes back as one
-`Released` range, which completes its waiters in one pass. Several calls per node
-may be in flight (`calls_in_flight_per_node_max`): a turn never waits for the
-previous turn's answers.
+The writer does the I/O around it: room in the ledger's and the client's bounds,
+the appends' waiters, and the ledger's side of the client's node calls
+(`pora/client/node_calls.py`, set up by `backlog.py`): it is the `NodeCaller`
+whose turns and answers they carry. Cheap per append: `append` takes room, hands
+the payload to `PendingAdds.add` (the next id, the entry encoded) and asks the node
+calls for a turn; the entries no turn took yet share one waiter. The node calls'
+dispatch takes the ledger's turn once per scheduler turn (`take_turn`: the batches
+`PendingAdds.take_batches` returns, one per member, R3, plus the resends of a
+replacement, R10), and each node gets ONE call per turn carrying every ledger's
+batch for it. A turn never waits for the previous turn's answers: several calls per
+node may be in flight (`calls_in_flight_per_node_max`). A call's answers come back
+as plain calls (`answer`), from the connection's reader; what they acknowledge
+comes back from `PendingAdds.acked` as one `Released` range, which completes its
+waiters in one pass.
 
-Failures (R8) go to one ensemble-change task per ledger (R9..R12), one change at a
-time; refusals (R13) end the writer. The sender and the changer tell the writer
-outcomes only (`WriterOutcomes`: appends acknowledged, the writer failed).
+Failures (R8: a failed call, an overflowed backlog) go to one ensemble-change task
+per ledger (R9..R12), one change at a time; refusals (R13, sorted by
+core/refusals.py) end the writer. The changer tells the writer outcomes only
+(`WriterOutcomes`: appends acknowledged, the writer failed).
 """
 
 from __future__ import annotations
@@ -36,14 +41,15 @@ from ledger.errors import (
     LedgerFenced,
 )
 from netio.budget import Budget
+from pora.client.node_channel import AddAnswer
 from pora.client.replication.core.ledger_records import why_fenced
-from pora.client.replication.core.pending_adds import PendingAdds, Released
+from pora.client.replication.core.pending_adds import Batch, PendingAdds, Released
+from pora.client.replication.core.refusals import EndWriter, first_refusal, sort_refusal
 from pora.client.replication.ensemble_change import EnsembleChanger, WriterContext
 from pora.client.replication.errors import ClientClosed
-from pora.client.replication.sender import Sender
 from pora.client.waiting import Event
 from pora.meta.errors import MetadataError, NoSuchLedgerMetadata
-from pora.meta.records import LedgerMetadata, Versioned
+from pora.meta.records import EnsembleMember, LedgerMetadata, Versioned
 
 _log = logging.getLogger("pora.client.writer")
 
@@ -67,7 +73,9 @@ class LedgerWriter:
         metadata = record.value
         self.ledger_id = metadata.ledger_id
         self._context = context
-        self._master_key = master_key
+        #: the ledger's key, sent with every add (read by the node calls)
+        self.master_key = master_key
+        self._node_calls = context.node_calls
         config = context.config
         self._adds = PendingAdds.of_ledger(metadata, call_bytes_max=config.add_call_bytes_max)
         self._changer = EnsembleChanger(context, record, self._adds, self)
@@ -79,7 +87,10 @@ class LedgerWriter:
         )
         self._waiters: deque[_TurnWaiter] = deque()
         self._lac_dirty = anyio.Event()
-        self._sender = Sender(self._adds, context, master_key, self._changer, self)
+        self._turn_due = False  # a turn is asked for: the node calls' next dispatch
+        self._sending = True  # until the writer stops: then no turns, answers ignored
+        self._calls_in_flight = 0  # batches submitted and not finished with
+        self._calls_done: anyio.Event | None = None  # made only when a close waits
         self._error: PoraError | None = None
         self._closing = False
         self._closed = False
@@ -181,7 +192,7 @@ class LedgerWriter:
                 raise self._error
             # the Qw - Qa replicas still being written get their copies (bounded)
             with anyio.move_on_after(self._context.config.node_timeout_s):
-                await self._sender.calls_done()
+                await self._calls_finished()
             try:
                 await self._changer.close_record(
                     self._adds.last_add_confirmed, self._adds.acked_length
@@ -190,7 +201,7 @@ class LedgerWriter:
                 await self._end()
                 raise
             await self._end()
-            await self._changer.seal(self._adds.last_add_confirmed, self._master_key)
+            await self._changer.seal(self._adds.last_add_confirmed, self.master_key)
 
     async def _end(self) -> None:
         """The writer is done with its record: the client forgets it, its tasks stop."""
@@ -204,8 +215,7 @@ class LedgerWriter:
         self, task_group: anyio.abc.TaskGroup, on_closed: Callable[[LedgerWriter], None]
     ) -> None:
         """Run the ledger's ensemble changer and LAC flusher in `task_group` (its adds go
-        through the client's node senders);
-        `on_closed(self)` once closed."""
+        through the client's node calls); `on_closed(self)` once closed."""
         self._on_closed = on_closed
         await task_group.start(self._run)
 
@@ -225,14 +235,14 @@ class LedgerWriter:
             async with anyio.create_task_group() as tasks:
                 self._scope = tasks.cancel_scope
                 self._tasks = tasks
-                tasks.start_soon(self._changer.run, self._sender.wake)
+                tasks.start_soon(self._changer.run, self._wake_turn)
                 tasks.start_soon(self._lac_flush_loop)
                 task_status.started()
         finally:
             self._stopped.set()
 
     async def _stop(self) -> None:
-        self._sender.stop()
+        self._sending = False
         if self._scope is not None:
             self._scope.cancel()
             await self._stopped.wait()
@@ -282,10 +292,77 @@ class LedgerWriter:
         else:  # the untaken entries before it share the last waiter
             turn = self._waiters[-1]
             turn.last = entry_id
-        self._sender.wake()
+        if not self._turn_due:  # (tested here too: no call for the turn's later appends)
+            self._wake_turn()
         return entry_id, turn
 
-    # -- outcomes (the sender's and the ensemble changer's: WriterOutcomes) --------------
+    def _wake_turn(self) -> None:
+        """Take a turn in the node calls' next dispatch (at most one per turn)."""
+        if not self._turn_due:
+            self._turn_due = True
+            self._node_calls.schedule(self)
+
+    async def _calls_finished(self) -> None:
+        """Wait until no add call of this ledger is in flight."""
+        if self._calls_in_flight:
+            if self._calls_done is None:
+                self._calls_done = anyio.Event()
+            await self._calls_done.wait()
+
+    # -- the node calls' side (node_calls.NodeCaller) -------------------------------------
+
+    def take_turn(self) -> None:
+        """Hand the turn's batches to the node calls."""
+        self._turn_due = False
+        if not self._sending:
+            return
+        node_calls = self._node_calls
+        for member, entries, size in self._adds.take_batches():
+            self._calls_in_flight += 1
+            node_calls.submit(self, member, entries, size)
+
+    def sends_to(self, member: EnsembleMember) -> bool:
+        return self._sending and self._adds.sends_to(member)
+
+    def issued_lac(self) -> int:
+        return self._adds.last_add_confirmed
+
+    def answer(self, member: EnsembleMember, entries: Batch, lac: int, answer: AddAnswer) -> None:
+        """A call's outcome for this ledger's batch: acknowledgements (R4), a failed
+        member (R8) or a refusal (R13)."""
+        if not self._sending:
+            return
+        if isinstance(answer, BaseException):
+            self._changer.member_failed(member, answer)  # R8
+            return
+        adds = self._adds
+        if answer is not None:  # an outcome per entry: some entry failed
+            refusal = first_refusal(answer)
+            if refusal is not None:
+                adds.answered(lac)
+                self._refused(member, refusal)
+                return
+        released = adds.acked(member, entries, lac)
+        if released.ids:
+            self.appends_acknowledged(released)
+
+    def call_finished(self) -> None:
+        self._calls_in_flight -= 1
+        if not self._calls_in_flight and self._calls_done is not None:
+            self._calls_done.set()
+            self._calls_done = None
+
+    def _refused(self, member: EnsembleMember, error: PoraError) -> None:
+        """Act on R13's sorting of a refusal (core/refusals.py)."""
+        verdict = sort_refusal(self.ledger_id, error)
+        if isinstance(verdict, EndWriter):
+            if verdict.misuse:
+                _log.error("ledger %d: node %s refused an entry: %s", self.ledger_id, member, error)
+            self.writer_failed(verdict.error)
+        else:
+            self._changer.member_failed(member, verdict.error)
+
+    # -- outcomes (its answers' and the ensemble changer's: WriterOutcomes) ---------------
 
     def appends_acknowledged(self, released: Released) -> None:
         """Complete the waiters of an acknowledged range (R4), in one pass."""
@@ -371,4 +448,4 @@ class LedgerWriter:
                 await anyio.sleep(interval)
             lac = adds.lac_to_flush()
             if lac is not None:
-                await self._changer.write_lac(lac, self._master_key)
+                await self._changer.write_lac(lac, self.master_key)

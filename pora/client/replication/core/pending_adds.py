@@ -5,8 +5,8 @@ It is the one owner of the writer's state: the next entry id and the encoded ent
 not yet acknowledged, the entries added since the last turn and the resends queued
 for replacements (R10), the acknowledgements and the LAC (through its `AckTracker`),
 the length of the ledger's payload, and the highest LAC a node was sent (R7). The
-writer, its sender and the ensemble changer feed it what happened (an append, a
-turn, an answer, a failure, a replacement) and act on the plain values it returns;
+writer and the ensemble changer feed it what happened (an append, a turn, an
+answer, a failure, a replacement) and act on the plain values it returns;
 none of them keeps a copy of any of it.
 
 Pure: no I/O, no awaits, no clock (tests/test_import_rules.py keeps it so).

@@ -49,7 +49,7 @@ def first_refusal(outcomes: Iterable[PoraError | None]) -> PoraError | None:
 def sort_refusal(ledger_id: int, error: PoraError) -> EndWriter | FailMember:
     """R13: end the writer, or fail the member that refused."""
     if isinstance(error, LedgerClosed):
-        # the writer's own close stops its sender before it seals the nodes: a node
+        # the writer's own close stops its sends before it seals the nodes: a node
         # sealed under a writing writer was sealed by a recovery, which fenced it
         return EndWriter(LedgerFenced(ledger_id), misuse=False)
     if isinstance(error, LedgerFenced | Unauthorized):
