@@ -18,17 +18,12 @@ import trio
 from test_cli_cluster import cluster
 from test_recovery_processes import stop
 from test_replication_processes import (
-    ACKS_BETWEEN_FAULTS,
-    WAIT_S,
-    check_replicas,
-    ledger_record,
+    a_member_after_acks,
     node_pids_by_address,
-    read_log,
-    recover,
-    wait_for_acks,
+    recovered_with_every_ack,
     writer_process,
+    writes_past_an_ensemble_change,
 )
-from waiting import wait_until_true
 
 from pora.meta.local_zookeeper import LocalZooKeeper
 
@@ -50,11 +45,7 @@ async def test_a_writer_goes_on_through_a_zookeeper_outage_and_loses_nothing(
             await running.wait_for_line(f"ready: {NODES} nodes")
             log_path = tmp_path / "writer.log"
             async with writer_process(url, log_path) as writer:
-                before = await wait_for_acks(log_path, ACKS_BETWEEN_FAULTS, writer)
-                assert before.ledger_id is not None
-                ledger_id = before.ledger_id
-                first = await ledger_record(url, ledger_id)
-                victim = first.ensembles[-1].members[1].address
+                ledger_id, victim = await a_member_after_acks(url, log_path, writer)
                 await stop(zk_pid)
                 try:
                     os.kill(node_pids_by_address(running.folder)[victim], signal.SIGKILL)
@@ -66,21 +57,7 @@ async def test_a_writer_goes_on_through_a_zookeeper_outage_and_loses_nothing(
                 # the change lands once the store answers and the spare registered
                 # again (its session expired in the outage: until then the writer
                 # goes on on the members left, Qa of them, R9)
-
-                async def ensemble_changed() -> bool:
-                    return len((await ledger_record(url, ledger_id)).ensembles) >= 2
-
-                await wait_until_true(ensemble_changed, WAIT_S)
-                changed = await ledger_record(url, ledger_id)
-                # writes go on past the change, on the new ensemble
-                on_new_ensemble = changed.ensembles[-1].first_entry_id + ACKS_BETWEEN_FAULTS
-                after = await wait_for_acks(log_path, on_new_ensemble + 1, writer)
-                assert victim not in {m.address for m in changed.ensembles[-1].members}
-                assert max(after.acks) >= on_new_ensemble
+                await writes_past_an_ensemble_change(url, ledger_id, victim, log_path, writer)
                 writer.kill()
                 await writer.wait()
-            written = read_log(log_path)
-            assert written.errors == [] and written.fenced_pending == 0
-            record, recovered = await recover(url, ledger_id)
-            assert record.last_entry_id >= max(written.acks)
-            await check_replicas(record, recovered, written.acks, dead={victim})
+            await recovered_with_every_ack(url, ledger_id, log_path, victim)
