@@ -90,4 +90,4 @@ async def test_a_node_put_back_from_a_copy_taken_mid_write_is_a_new_instance(
             writer.kill()
             await writer.wait()
         # B's copy counts for nothing the old instance held (R19, R24)
-        await recovered_with_every_ack(url, ledger_id, log_path, b.address)
+        await recovered_with_every_ack(url, ledger_id, log_path, {b.address})

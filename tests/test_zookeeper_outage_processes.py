@@ -60,4 +60,4 @@ async def test_a_writer_goes_on_through_a_zookeeper_outage_and_loses_nothing(
                 await writes_past_an_ensemble_change(url, ledger_id, victim, log_path, writer)
                 writer.kill()
                 await writer.wait()
-            await recovered_with_every_ack(url, ledger_id, log_path, victim)
+            await recovered_with_every_ack(url, ledger_id, log_path, {victim})
