@@ -3,8 +3,9 @@ recoveries and readers racing through the real client, wire and server over a
 seeded network that delays, drops (resetting connections) and partitions, with
 nodes crashing (losing what they had not synced, or left with a torn tail),
 slowing, falling behind the writer, pausing, losing their data dir, and meeting a
-full or failing disk, and recoveries killed part way; the invariants of docs/replication.md checked after every
-step and at the end. The fast suite runs eight random seeds, the slow one 200.
+full or failing disk, and recoveries killed part way; the invariants of
+docs/replication.md checked after every step and at the end. The fast suite runs
+eight random seeds, the slow one 200.
 
 A failing run names its seed; `PORA_SIM_SEED=<seed> pytest tests/test_simulation.py
 -k replay` runs that seed again, exactly (and checks that it does)."""
