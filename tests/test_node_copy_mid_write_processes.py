@@ -5,9 +5,7 @@ tasks); a member B frozen (SIGSTOP) for its data dir to be copied whole, resumed
 once B's mark moved past the copy, B SIGKILLed, put back from the copy and restarted
 at its address. B starts as a new instance; the writer, still appending, fails the
 old member and goes on; a recovery after the writer is killed holds every
-acknowledged entry, none read from B's copy in place of the old instance's. The same
-copy put back once more after the close is caught again, and the ledger reads the
-same."""
+acknowledged entry, none read from B's copy in place of the old instance's."""
 
 from __future__ import annotations
 
@@ -38,7 +36,7 @@ async def test_a_node_put_back_from_a_copy_taken_mid_write_is_a_new_instance(
     tmp_path: Path,
 ) -> None:
     url = f"sqlite://{tmp_path}/meta.db"
-    copy, second_copy = tmp_path / "copy", tmp_path / "second-copy"
+    copy = tmp_path / "copy"
     async with contextlib.AsyncExitStack() as nodes:
         served = {
             name: await nodes.enter_async_context(serve(tmp_path / name, tmp_path, url))
@@ -58,7 +56,6 @@ async def test_a_node_put_back_from_a_copy_taken_mid_write_is_a_new_instance(
             b.process.send_signal(signal.SIGSTOP)
             try:
                 shutil.copytree(data_dir, copy)
-                shutil.copytree(data_dir, second_copy)
             finally:
                 b.process.send_signal(signal.SIGCONT)
             async with open_metadata(url) as store:
@@ -93,16 +90,4 @@ async def test_a_node_put_back_from_a_copy_taken_mid_write_is_a_new_instance(
             writer.kill()
             await writer.wait()
         # B's copy counts for nothing the old instance held (R19, R24)
-        closed = await recovered_with_every_ack(url, ledger_id, log_path, {b.address})
-
-        # the same copy put back again, after the close: caught again (the old mark
-        # stays), and the closed ledger reads the same across it
-        assert await stop(again) == 0
-        shutil.rmtree(data_dir)
-        shutil.move(second_copy, data_dir)
-        third = await nodes.enter_async_context(
-            serve(data_dir, tmp_path, url, "--listen", b.address)
-        )
-        assert open_data_dir(data_dir, create=False).instance_id not in (old, new)
-        assert f"is behind what node instance {old} acknowledged" in third.log_path.read_text()
-        assert await recovered_with_every_ack(url, ledger_id, log_path, set()) == closed
+        await recovered_with_every_ack(url, ledger_id, log_path, {b.address})
