@@ -32,7 +32,7 @@ import anyio
 import anyio.abc
 
 from journal.errors import PoraError
-from ledger.errors import LedgerDeleted, LedgerFenced
+from ledger.errors import LedgerDeleted, LedgerFenced, NoSuchLedger
 from pora.client.replication.writer import LedgerWriter
 from pora.meta.errors import MetadataTimeout, MetadataVersionConflict
 from pora.meta.records import LedgerState, Versioned
@@ -169,7 +169,15 @@ class StreamWriter:
                 await recover_segment_ledger(self._client, last.ledger_id)
         current = doc.open_segment
         if current is not None:
-            self._recovered = await recover_segment_ledger(self._client, current.ledger_id)
+            try:
+                self._recovered = await recover_segment_ledger(self._client, current.ledger_id)
+            except NoSuchLedger as gone:  # no record: deleted outside the stream
+                raise LedgerDeleted(
+                    current.ledger_id,
+                    f" outside stream {self.stream!r}, whose OPEN segment {current.seq} it "
+                    "held, so no writer can take the stream over (it can still be read up "
+                    "to that segment, and deleted)",
+                ) from gone
 
     async def _update(
         self,
