@@ -27,7 +27,7 @@ WAIT_S = 90.0
 #: the writer process ends well within this after the delete returned: the writer's
 #: appends fail once the nodes refuse the ledger, and nothing else is waited for (the
 #: writer's watch of the document for a takeover or a seal is 10 s)
-ENDS_WITHIN_S = 6.0
+ENDS_WITHIN_S = 8.0
 
 
 async def delete_under_a_stream_writer(url: str, log_path: Path) -> None:
