@@ -11,6 +11,8 @@ process reads exactly what it logged:
     open EPOCH                 the writer took the stream over
     ack POSITION SHA256        an append acknowledged: its position and payload digest
     fenced TASK TYPE           an append failed with WriterFenced (TYPE: its type)
+    deleted TASK TYPE          an append failed with LedgerDeleted (the segment's
+                               ledger deleted outside the stream)
     error TASK TYPE MESSAGE    any other failure (a test fails on it)
     done                       every task ended
 """
@@ -41,6 +43,9 @@ async def append_until_fenced(writer: StreamWriter, task: int, out: TextIO) -> N
             position = await writer.append(payload)
         except pora.WriterFenced as fenced:
             log(out, f"fenced {task} {type(fenced).__name__}")
+            return
+        except pora.LedgerDeleted as deleted:
+            log(out, f"deleted {task} {type(deleted).__name__}")
             return
         except Exception as error:  # the test fails on it, reading the log
             log(out, f"error {task} {type(error).__name__} {error}")

@@ -176,39 +176,62 @@ async def check_replicas(
         assert len(holders) >= expected, (entry_id, sorted(write_set), holders)
 
 
+async def a_member_after_acks(url: str, log_path: Path, writer: trio.Process) -> tuple[int, str]:
+    """Once the writer logged ACKS_BETWEEN_FAULTS acknowledgements: its ledger id, and
+    the address of a member of its ensemble (the second) to fail."""
+    before = await wait_for_acks(log_path, ACKS_BETWEEN_FAULTS, writer)
+    assert before.ledger_id is not None
+    first = await ledger_record(url, before.ledger_id)
+    assert len(first.ensembles) == 1
+    return before.ledger_id, first.ensembles[-1].members[1].address
+
+
+async def writes_past_an_ensemble_change(
+    url: str, ledger_id: int, victim: str, log_path: Path, writer: trio.Process
+) -> LedgerMetadata:
+    """Once the record names a new ensemble without `victim`, wait for the writer's
+    log to grow on it; the changed record."""
+
+    async def ensemble_changed() -> bool:
+        return len((await ledger_record(url, ledger_id)).ensembles) >= 2
+
+    await wait_until_true(ensemble_changed, WAIT_S)
+    changed = await ledger_record(url, ledger_id)
+    assert victim not in {m.address for m in changed.ensembles[-1].members}
+    # writes go on past the change: the log keeps growing on the new ensemble (the
+    # ids acknowledged are distinct, so this many reach past its first)
+    on_new_ensemble = changed.ensembles[-1].first_entry_id + ACKS_BETWEEN_FAULTS
+    after = await wait_for_acks(log_path, on_new_ensemble + 1, writer)
+    assert max(after.acks) >= on_new_ensemble
+    return changed
+
+
+async def recovered_with_every_ack(
+    url: str, ledger_id: int, log_path: Path, dead: set[str]
+) -> LedgerMetadata:
+    """Recover the ledger of the killed writer's log (which holds no failure) and check
+    every acknowledged entry, the nodes at `dead` left out; the closed record."""
+    written = read_log(log_path)
+    assert written.errors == [] and written.fenced_pending == 0
+    record, recovered = await recover(url, ledger_id)
+    assert record.last_entry_id >= max(written.acks)
+    await check_replicas(record, recovered, written.acks, dead)
+    return record
+
+
 async def node_killed_mid_write_then_writer_killed(tmp_path: Path, metadata: str | None) -> None:
     async with cluster(tmp_path, NODES, metadata) as running:
         url = (await running.wait_for_line("metadata URL: ")).split(": ", 1)[1]
         await running.wait_for_line(f"ready: {NODES} nodes")
         log_path = tmp_path / "writer.log"
         async with writer_process(url, log_path) as writer:
-            before = await wait_for_acks(log_path, ACKS_BETWEEN_FAULTS, writer)
-            assert before.ledger_id is not None
-            ledger_id = before.ledger_id
-            first = await ledger_record(url, ledger_id)
-            assert len(first.ensembles) == 1
-            victim = first.ensembles[-1].members[1].address
+            ledger_id, victim = await a_member_after_acks(url, log_path, writer)
             os.kill(node_pids_by_address(running.folder)[victim], signal.SIGKILL)
-
-            async def ensemble_changed() -> bool:
-                return len((await ledger_record(url, ledger_id)).ensembles) >= 2
-
-            await wait_until_true(ensemble_changed, WAIT_S)
-            changed = await ledger_record(url, ledger_id)
-            assert victim not in {m.address for m in changed.ensembles[-1].members}
-            # writes go on past the change: the log keeps growing on the new ensemble
-            # (the ids acknowledged are distinct, so this many reach past its first)
-            on_new_ensemble = changed.ensembles[-1].first_entry_id + ACKS_BETWEEN_FAULTS
-            after = await wait_for_acks(log_path, on_new_ensemble + 1, writer)
-            assert max(after.acks) >= on_new_ensemble
+            await writes_past_an_ensemble_change(url, ledger_id, victim, log_path, writer)
             writer.kill()
             await writer.wait()
-        written = read_log(log_path)
-        assert written.errors == [] and written.fenced_pending == 0
-        record, recovered = await recover(url, ledger_id)
-        assert record.last_entry_id >= max(written.acks)
+        record = await recovered_with_every_ack(url, ledger_id, log_path, {victim})
         assert len(record.ensembles) >= 2
-        await check_replicas(record, recovered, written.acks, dead={victim})
 
 
 @pytest.mark.slow

@@ -3,8 +3,9 @@ recoveries and readers racing through the real client, wire and server over a
 seeded network that delays, drops (resetting connections) and partitions, with
 nodes crashing (losing what they had not synced, or left with a torn tail),
 slowing, falling behind the writer, pausing, losing their data dir, and meeting a
-full or failing disk; the invariants of docs/replication.md checked after every
-step and at the end. The fast suite runs eight random seeds, the slow one 200.
+full or failing disk, and recoveries killed part way; the invariants of
+docs/replication.md checked after every step and at the end. The fast suite runs
+eight random seeds, the slow one 200.
 
 A failing run names its seed; `PORA_SIM_SEED=<seed> pytest tests/test_simulation.py
 -k replay` runs that seed again, exactly (and checks that it does)."""
@@ -239,6 +240,40 @@ def test_the_planner_draws_a_recovery_killed_after_it_replaced_a_member() -> Non
         spares = plan.write_quorum - plan.ack_quorum + 1
         assert plan.recoveries and plan.nodes >= plan.ensemble + spares
         assert all(f.client == "recovery-0" for f in plan.faults if f.kind == "kill-recovery")
+
+
+@pytest.mark.parametrize("kill_after_s", [0.0005, 0.002, 0.006, 0.02])
+def test_a_recovery_killed_wherever_it_is(kill_after_s: float) -> None:
+    """recovery-0 starts while twenty appenders write and is killed that long after,
+    as a SIGKILLed process (from before its first request to mid re-add, by the
+    delay); recovery-1 starts later: its close holds every acknowledged entry, and
+    the auditor's recovery sees the same close."""
+    result = run(
+        Plan(
+            seed=40,
+            nodes=4,
+            appenders=20,
+            appends_each=8,
+            append_pause_s=0.005,
+            recoveries=(0.05, 0.08),
+            faults=(Fault(0.05 + kill_after_s, "kill", 0, client="recovery-0"),),
+        )
+    )
+    history = result.history
+    killed = [line for line in history.log if "recovery-0 killed before it returned" in line]
+    assert killed, history.log[-30:]
+    assert history.acked, "the writer acknowledged nothing"
+
+
+def test_the_planner_draws_kills_of_a_recovery_by_itself() -> None:
+    plans = [plan_from_seed(seed) for seed in range(200)]
+    kills = [f for p in plans for f in p.faults if f.kind == "kill"]
+    assert len(kills) >= 20
+    for plan in plans:
+        for fault in plan.faults:
+            if fault.kind == "kill":
+                k = int(fault.client.removeprefix("recovery-"))
+                assert plan.recoveries[k] <= fault.at_s
 
 
 @pytest.mark.parametrize(

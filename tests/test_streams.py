@@ -368,6 +368,33 @@ async def test_a_subscriber_learns_the_stream_was_deleted(tmp_path: Path) -> Non
         # leaving the block is quiet: nothing is left to close
 
 
+async def test_a_segment_ledger_deleted_outside_the_stream_ends_its_writer_at_once(
+    tmp_path: Path,
+) -> None:
+    """delete_ledger on the writer's OPEN segment (not a takeover, a seal or a stream
+    delete): its appends fail with LedgerDeleted at once, without the writer's watch
+    of the document for a reason (10 s), and leaving its block is quiet. A takeover
+    then says which segment's ledger is gone."""
+    async with (
+        local_cluster(tmp_path) as cluster,
+        client_on(cluster) as client,
+        client_on(cluster) as other,
+    ):
+        stream = await client.create_stream("cut")
+        async with stream.open_writer() as writer:
+            await writer.append(b"before")
+            (segment,) = (await stream.info()).segments
+            await other.delete_ledger(segment.ledger_id, password="")
+            with trio.fail_after(5.0):
+                for _ in range(2):
+                    with pytest.raises(pora.LedgerDeleted):
+                        await writer.append(b"after")
+        # the next writer cannot take over the segment; the error says why
+        with pytest.raises(pora.LedgerDeleted, match="OPEN segment 0 it held"):
+            async with (await other.open_stream("cut")).open_writer():
+                pass
+
+
 async def test_a_seal_from_another_client_stops_a_busy_writer(tmp_path: Path) -> None:
     """Eight tasks append while another client seals the stream: each task's append
     fails with StreamSealed (never a bare LedgerFenced), and the stream holds

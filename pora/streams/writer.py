@@ -32,7 +32,7 @@ import anyio
 import anyio.abc
 
 from journal.errors import PoraError
-from ledger.errors import LedgerFenced
+from ledger.errors import LedgerDeleted, LedgerFenced, NoSuchLedger
 from pora.client.replication.writer import LedgerWriter
 from pora.meta.errors import MetadataTimeout, MetadataVersionConflict
 from pora.meta.records import LedgerState, Versioned
@@ -60,8 +60,9 @@ STREAM_KEY = "pora.stream"
 #: the next segment's ledger is created once the current one reaches this share of
 #: its size or age
 _PREPARE_AT = 0.5
-#: what ends a writer for good: closing it then has nothing to do
-_ENDED = (WriterFenced, StreamSealed, NoSuchStream)
+#: what ends a writer for good: closing it then has nothing to do (a segment whose
+#: ledger was deleted outside the stream has nothing left to close)
+_ENDED = (WriterFenced, StreamSealed, NoSuchStream, LedgerDeleted)
 #: how long a writer whose ledger was fenced watches the document for the reason (a
 #: seal recovers the segment, then writes the document)
 _FENCE_SETTLE_S = 10.0
@@ -168,7 +169,15 @@ class StreamWriter:
                 await recover_segment_ledger(self._client, last.ledger_id)
         current = doc.open_segment
         if current is not None:
-            self._recovered = await recover_segment_ledger(self._client, current.ledger_id)
+            try:
+                self._recovered = await recover_segment_ledger(self._client, current.ledger_id)
+            except NoSuchLedger as gone:  # no record: deleted outside the stream
+                raise LedgerDeleted(
+                    current.ledger_id,
+                    f" outside stream {self.stream!r}, whose OPEN segment {current.seq} it "
+                    "held, so no writer can take the stream over (it can still be read up "
+                    "to that segment, and deleted)",
+                ) from gone
 
     async def _update(
         self,
@@ -311,11 +320,22 @@ class StreamWriter:
         (WriterFenced), a seal (StreamSealed) or a delete (NoSuchStream) from anything
         else (LedgerFenced). A seal fences the ledger before its compare-and-set, so a
         document that shows neither yet is watched for a while before the answer is
-        LedgerFenced."""
+        LedgerFenced. A ledger deleted under a stream that is still there was deleted
+        outside the stream (no takeover nor seal deletes the ledger it fences): that
+        ends the writer at once."""
         if self._error is not None:
             return self._error
         try:
             record = await self._record.read()
+            if isinstance(fenced, LedgerDeleted) and self._why(record.value) is None:
+                self._error = fenced
+                _log.error(
+                    "stream %r: the ledger of the writer's segment was deleted outside the "
+                    "stream (%s); the writer ends, and its segment's entries are gone",
+                    self.stream,
+                    fenced,
+                )
+                return fenced
             with anyio.move_on_after(_FENCE_SETTLE_S):
                 while self._why(record.value) is None:
                     record = await self._record.next_change(record.version)

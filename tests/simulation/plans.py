@@ -28,7 +28,12 @@ class Fault:
     for `for_s` (fencing and reads pass), so its re-adds fall short of Qa and it
     replaces them (R20); it is killed right after it wrote the record naming the
     replacements, before it closes, and a later recovery (another planned one, or the
-    auditor's) must find every acknowledged entry all the same."""
+    auditor's) must find every acknowledged entry all the same.
+
+    kill: the recovery `client` is killed at `at_s` wherever it is (fencing, voting,
+    re-adding, writing the record), as a SIGKILLed process: what it sent is still
+    delivered, it learns nothing more; a later recovery must find every acknowledged
+    entry all the same."""
 
     at_s: float
     kind: str
@@ -73,7 +78,8 @@ def plan_from_seed(seed: int) -> Plan:
     rollback, and only with Qa >= 2: a wiped node loses its copies, a rolled-back one
     those it took since the copy, and an entry acknowledged on Qa nodes survives the
     loss of Qa - 1; a kill-recovery plans recovery-0 for it to kill, and a spare node
-    for it to replace a member by; a member left behind comes with more appends,
+    for it to replace a member by; a kill stops a planned recovery wherever it is
+    (sometimes); a member left behind comes with more appends,
     enough to take it past SIM_CONFIG's backlog bound)."""
     rng = random.Random(seed)
     ensemble = rng.randint(2, 4)
@@ -130,6 +136,18 @@ def plan_from_seed(seed: int) -> Plan:
                 node=deleting.randrange(nodes),
                 for_s=round(deleting.uniform(0.05, 1.0), 3),
                 client="deleter",
+            )
+        )
+    # drawn apart from the rest too: a recovery killed at whatever step it is in
+    killing = random.Random(f"{seed}/kill")
+    if recoveries and killing.random() < 0.25:
+        k = killing.randrange(len(recoveries))
+        faults.append(
+            Fault(
+                at_s=round(recoveries[k] + killing.uniform(0.0, 0.05), 4),
+                kind="kill",
+                node=0,
+                client=f"recovery-{k}",
             )
         )
     # drawn apart from the rest too: a full or failing disk under one node

@@ -216,6 +216,10 @@ class Simulation:
         self.ledger_id = -1
         #: recoveries to kill right after they replaced a member (kill-recovery)
         self.killing: set[str] = set()
+        #: each running recovery's scope, which a kill fault cancels
+        self.recovery_scopes: dict[str, trio.CancelScope] = {}
+        #: recoveries a kill fault stopped
+        self.killed: set[str] = set()
         self.writer: LedgerWriter | None = None
 
     async def run(self) -> RunResult:
@@ -286,14 +290,20 @@ class Simulation:
         killed = trio.CancelScope()
         store = dies_after_replacing(self.store, lambda: name in self.killing, killed)
         async with sim_client(store, self.network, name) as client:
+            self.recovery_scopes[name] = killed
             with killed:
                 try:
                     reader = await client.open_ledger(self.ledger_id, PASSWORD)
                 except PoraError as error:
                     history.failed(name, error)
                     return
+                finally:
+                    del self.recovery_scopes[name]
             if killed.cancelled_caught:
-                history.note(f"{name} killed right after it replaced a member, before closing")
+                if name in self.killed:
+                    history.note(f"{name} killed before it returned")
+                else:
+                    history.note(f"{name} killed right after it replaced a member, before closing")
                 return
             history.closed_at(name, self.ledger_id, reader.last_entry_id, reader.metadata.length)
             try:
@@ -444,6 +454,13 @@ class Simulation:
 
             for member in cut:
                 undo.start_soon(self._later, fault.for_s, mend, member)
+        elif fault.kind == "kill":
+            scope = self.recovery_scopes.get(fault.client)
+            if scope is None:  # not started yet, or done
+                self.history.note(f"{fault.client}'s kill finds no recovery running")
+            else:
+                self.killed.add(fault.client)
+                scope.cancel()
         elif fault.kind in ("slow", "lag"):
             network.faults.slowdown[address] = fault.factor
 
