@@ -41,22 +41,25 @@ Outcomes = list[PoraError | None] | None
 class BatchCall:
     """One caller's batches, ended once: when every frame is answered, or by the
     connection's loss (`fail`) or the deadline sweep (`time_out`), as the
-    client's other waiters. `ended` is then called, once: an event's `set` for a
-    caller that waits (`adds.add_batches_many`), or the answer callback of a
-    posted call (`adds.post_batches`), run in the reader, the loss or the sweep."""
+    client's other waiters. `ended` is then called, once, in the reader, the loss
+    or the sweep: each kind of call says what its end does (`adds.py`: the caller
+    that waits is woken, a posted call's callback is given the answers). A kind is
+    a subclass, not a callable given: a posted call is one object, with no bound
+    method made per call."""
 
-    __slots__ = ("answers", "deadline", "ended", "error", "remaining", "requests", "timed_out")
+    __slots__ = ("answers", "deadline", "error", "remaining", "requests", "timed_out")
 
-    def __init__(
-        self, requests: Sequence[AddRequest], deadline: float, ended: Callable[[], object]
-    ) -> None:
+    def __init__(self, requests: Sequence[AddRequest], deadline: float) -> None:
         self.requests = requests
         self.deadline = deadline
-        self.ended = ended
         self.answers: list[Outcomes] = [None] * len(requests)
         self.remaining = 0  # frames not answered
         self.error: PoraError | None = None
         self.timed_out = False
+
+    def ended(self) -> None:
+        """The call is over (answered, failed or timed out): its kind's end."""
+        raise NotImplementedError
 
     def frame_answered(self) -> None:
         self.remaining -= 1

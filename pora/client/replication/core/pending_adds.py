@@ -81,14 +81,17 @@ class PendingAdds:
         self._stripes = write_set_table(size, write_quorum)
         #: R3 with Qw = E: every position holds every entry, one list serves them all
         self._everyone_holds_all = all(len(row) == size for row in self._stripes)
-        self._entries: dict[int, tuple[bytes, int]] = {}  # pending id -> (entry, length_after)
+        #: pending id -> (id, encoded entry): the item itself is what the batches
+        #: carry, made once per entry
+        self._entries: dict[int, tuple[int, bytes]] = {}
         self._length = 0  # length_after of the last entry added
-        self._acked_length = 0  # length_after of the LAC
+        self._acked_length = 0  # length_after of the LAC: the payload bytes acknowledged
         #: the first id no turn took yet (`next_entry_id` when every one was): the
         #: entries from here on go out together in the next turn. Read-only outside;
         #: a plain attribute, not a property, as the writer reads it on every append
         self.first_untaken = 0
         self._untaken_bytes = 0  # the payload bytes of the ids from there on
+        self._untaken: Batch = []  # their items, in id order
         self._resends: list[Send] = []
         self._lac_sent = -1
         self._answers = 0
@@ -173,7 +176,9 @@ class PendingAdds:
         entry = encode_checked_entry(self.ledger_id, entry_id, length_after, payload, self._token)
         tracker.add_pending(entry_id)
         self._length = length_after
-        self._entries[entry_id] = (entry, length_after)
+        item = (entry_id, entry)
+        self._entries[entry_id] = item
+        self._untaken.append(item)
         self._untaken_bytes += size
         return entry_id
 
@@ -183,10 +188,10 @@ class PendingAdds:
         failed (R3: a failed member's entries go to its replacement). Nothing once
         fenced."""
         tracker = self._tracker
-        first, end = self.first_untaken, tracker.next_entry_id
         size = self._untaken_bytes
+        everything, self._untaken = self._untaken, []
         resends, self._resends = self._resends, []
-        self.first_untaken, self._untaken_bytes = end, 0
+        self.first_untaken, self._untaken_bytes = tracker.next_entry_id, 0
         if tracker.fenced:
             return []
         members = tracker.ensemble.members
@@ -196,10 +201,8 @@ class PendingAdds:
         for resend in resends:
             if resend.member in members and resend.member not in failed:
                 self._cut(sends, resend)
-        if first == end:
+        if not everything:
             return sends
-        entries = self._entries
-        everything = [(entry_id, entries[entry_id][0]) for entry_id in range(first, end)]
         if self._everyone_holds_all:
             for member in members:
                 if member in failed:
@@ -291,9 +294,7 @@ class PendingAdds:
         change = self._tracker.change_ensemble(replacements)
         entries, untaken = self._entries, self.first_untaken
         for member, entry_ids in change.resend.items():
-            batch = [
-                (entry_id, entries[entry_id][0]) for entry_id in entry_ids if entry_id < untaken
-            ]
+            batch = [entries[entry_id] for entry_id in entry_ids if entry_id < untaken]
             if batch:
                 self._resends.append(Send(member, batch, _payload_bytes(batch)))
         return change
@@ -309,22 +310,23 @@ class PendingAdds:
         entries = self._entries
         size = 0
         for entry_id in failed:
-            entry, _ = entries.pop(entry_id)
-            size += len(entry) - HEADER_BYTES
+            size += len(entries.pop(entry_id)[1]) - HEADER_BYTES
         self.first_untaken, self._untaken_bytes = self._tracker.next_entry_id, 0
+        self._untaken = []
         self._resends.clear()
         return Released(failed, size)
 
     def _release(self, acked: range) -> Released:
+        """`acked` (the ids after the LAC it was, up to the LAC now) leave the machine:
+        the ledger's length acknowledged grows by their payload bytes."""
         if not acked:
             return NOTHING_RELEASED
-        entries = self._entries
+        pop = self._entries.pop
         size = 0
-        length_after = self._acked_length
         for entry_id in acked:
-            entry, length_after = entries.pop(entry_id)
-            size += len(entry) - HEADER_BYTES
-        self._acked_length = length_after
+            size += len(pop(entry_id)[1])
+        size -= HEADER_BYTES * len(acked)
+        self._acked_length += size
         return Released(acked, size)
 
 
