@@ -19,6 +19,7 @@ anything and gives it back once its call is over, however it ends.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import NoReturn
 
 from journal.errors import PoraError
@@ -188,8 +189,11 @@ def _entries_and_bytes(requests: Sequence[AddRequest]) -> tuple[int, int]:
     for request in requests:
         entries = request.entries
         count += len(entries)
-        size += sum([len(entry[1]) for entry in entries])
+        size += sum(map(len, map(_PAYLOAD, entries)))  # (no comprehension: no function)
     return count, size
+
+
+_PAYLOAD = itemgetter(1)
 
 
 def _send_batches(connection: NodeConnection, session: Session, batch_call: BatchCall) -> range:

@@ -14,7 +14,8 @@ Pure: no I/O, no awaits, no clock (tests/test_import_rules.py keeps it so).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from operator import itemgetter
 from typing import NamedTuple
 
 from pora.client.batch import Batch
@@ -262,13 +263,8 @@ class PendingAdds:
         member replaced since, or after a fence, counts nothing."""
         self._answers += 1
         self._lac_sent = max(self._lac_sent, lac)
-        first, last = batch[0][0], batch[-1][0]
-        stored: Iterable[int]
-        if last - first == len(batch) - 1:  # a run of ids: counted as a range
-            stored = range(first, last + 1)
-        else:
-            stored = [entry_id for entry_id, _ in batch]
-        return self._release(self._tracker.record_acks(member, stored))
+        # the ids the items hold, not a range's: a range makes an int per id it yields
+        return self._release(self._tracker.record_acks(member, map(_ID, batch)))
 
     def failed(self, member: EnsembleMember) -> bool:
         """R8: a call to `member` failed. True when that is news about a current
@@ -328,6 +324,10 @@ class PendingAdds:
         size -= HEADER_BYTES * len(acked)
         self._acked_length += size
         return Released(acked, size)
+
+
+#: an item's id
+_ID = itemgetter(0)
 
 
 def _payload_bytes(batch: Batch) -> int:
