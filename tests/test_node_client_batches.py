@@ -15,7 +15,7 @@ from netio import frames as f
 from netio.codec import encode_response
 from netio.messages import Info, InfoResponse
 from netio.request_codec import RequestDecoder
-from pora.client.ledger_frames import BatchCall, encode_batches
+from pora.client.ledger_frames import BatchCall, encode_batches, entry_sizes
 from pora.client.node_channel import AddRequest
 from pora.client.node_client import connect_node
 from pora.client.tcp_channel import TcpChannel
@@ -35,8 +35,10 @@ class _Unsent(BatchCall):
 def _cuts(
     entries: list[tuple[int, bytes]], frame_bytes_max: int = 1 << 20
 ) -> list[tuple[int, int, int]]:
-    call = _Unsent([AddRequest(1, entries, KEY, -1)], 0.0)
-    frames = encode_batches(call, iter(range(1, 1000)).__next__, frame_bytes_max, 1000)
+    requests = [AddRequest(1, entries, KEY, -1)]
+    call = _Unsent(requests, 0.0)
+    sizes = entry_sizes(requests)[2]
+    frames = encode_batches(call, iter(range(1, 1000)).__next__, frame_bytes_max, 1000, sizes)
     return [(frame.opcode, frame.start, frame.stop) for _, _, frame in frames]
 
 

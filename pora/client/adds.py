@@ -19,7 +19,6 @@ anything and gives it back once its call is over, however it ends.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from operator import itemgetter
 from typing import NoReturn
 
 from journal.errors import PoraError
@@ -30,7 +29,7 @@ from netio.errors import RequestTimeout
 from pora.client.coalescer import AddCall, QueuedAdd
 from pora.client.connection import NodeConnection
 from pora.client.frame_cuts import RUN_FRAME_BASE, cut_frames
-from pora.client.ledger_frames import BatchCall, Outcomes, encode_batches
+from pora.client.ledger_frames import BatchCall, Outcomes, encode_batches, entry_sizes
 from pora.client.node_channel import AddRequest
 from pora.client.remote_errors import clone_error
 from pora.client.requests import call, key_of
@@ -116,7 +115,7 @@ async def add_batches_many(
 ) -> list[Outcomes]:
     """`NodeClient.add_batches_many`."""
     timeout = connection.timeout_s if timeout_s is None else timeout_s
-    count, size = _entries_and_bytes(requests)
+    count, size, sizes = entry_sizes(requests)
     session, left_s = await connection.room(count, size, timeout)
     try:
         if instance_id is None:
@@ -124,7 +123,7 @@ async def add_batches_many(
         else:
             await connection.check_instance(session, instance_id, left_s)
         batch_call = _AwaitedBatches(requests, connection.now() + left_s, connection.new_event())
-        request_ids = _send_batches(connection, session, batch_call)
+        request_ids = _send_batches(connection, session, batch_call, sizes)
         if not request_ids:
             return batch_call.answers
         try:
@@ -165,14 +164,14 @@ def post_batches(
         or (instance_id is not None and session.instance_id != instance_id)
     ):
         return False
-    count, size = _entries_and_bytes(requests)
+    count, size, sizes = entry_sizes(requests)
     admission = connection.admission
     if not admission.try_admit(count, size):
         return False
     timeout = connection.timeout_s if timeout_s is None else timeout_s
     posted = _PostedBatches(requests, connection, session, count, size, timeout, on_answers)
     try:
-        posted.request_ids = _send_batches(connection, session, posted)
+        posted.request_ids = _send_batches(connection, session, posted, sizes)
     except BaseException:
         admission.release(count, size)
         raise
@@ -182,30 +181,20 @@ def post_batches(
     return True
 
 
-def _entries_and_bytes(requests: Sequence[AddRequest]) -> tuple[int, int]:
-    """The entries of `requests` and their payload bytes: the room their call takes."""
-    count = 0
-    size = 0
-    for request in requests:
-        entries = request.entries
-        count += len(entries)
-        size += sum(map(len, map(_PAYLOAD, entries)))  # (no comprehension: no function)
-    return count, size
-
-
-_PAYLOAD = itemgetter(1)
-
-
-def _send_batches(connection: NodeConnection, session: Session, batch_call: BatchCall) -> range:
-    """Cut `batch_call`'s requests into frames, put each in the session's pending map,
-    wake the deadline sweep and send them (`NodeConnection.send_soon`); returns the
-    frames' request ids (none: nothing to send). They are consecutive: the
-    connection's ids count up, and nothing else takes one while they are made."""
+def _send_batches(
+    connection: NodeConnection, session: Session, batch_call: BatchCall, sizes: list[list[int]]
+) -> range:
+    """Cut `batch_call`'s requests (of these entry sizes, `entry_sizes`) into frames,
+    put each in the session's pending map, wake the deadline sweep and send them
+    (`NodeConnection.send_soon`); returns the frames' request ids (none: nothing to
+    send). They are consecutive: the connection's ids count up, and nothing else
+    takes one while they are made."""
     frames = encode_batches(
         batch_call,
         connection.new_id,
         connection.frame_limit(session),
         session.node_entry_bytes_max,
+        sizes,
     )
     if not frames:
         return range(0)

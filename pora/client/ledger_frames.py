@@ -157,13 +157,30 @@ _ID = itemgetter(0)
 _PAYLOAD = itemgetter(1)
 
 
+def entry_sizes(requests: Sequence[AddRequest]) -> tuple[int, int, list[list[int]]]:
+    """The entries of `requests` and their bytes, the room their call takes, with
+    each request's entry sizes, which cut its frames (`encode_batches`)."""
+    count = 0
+    size = 0
+    sizes = []
+    for request in requests:
+        mine = list(map(len, map(_PAYLOAD, request.entries)))
+        sizes.append(mine)
+        count += len(mine)
+        size += sum(mine)
+    return count, size, sizes
+
+
 def encode_batches(
     call: BatchCall,
     new_id: Callable[[], int],
     frame_bytes_max: int,
     entry_bytes_max: int,
+    sizes: Sequence[list[int]],
 ) -> list[tuple[int, bytes, BatchFrame]]:
-    """The frames of every request of `call`, as `(request_id, frame, BatchFrame)`."""
+    """The frames of every request of `call`, as `(request_id, frame, BatchFrame)`;
+    `sizes` holds each request's entry sizes (`entry_sizes`: its caller counted the
+    call's bytes with them)."""
     out: list[tuple[int, bytes, BatchFrame]] = []
     for index, request in enumerate(call.requests):
         entries = request.entries
@@ -173,8 +190,7 @@ def encode_batches(
         ids = list(map(_ID, entries))
         payloads = list(map(_PAYLOAD, entries))
         room = frame_bytes_max - BATCH_FRAME_BASE - len(request.master_key)
-        sizes = list(map(len, payloads))
-        chunks = cut_frames(ids, sizes, room, runs=False, entry_bytes_max=entry_bytes_max)
+        chunks = cut_frames(ids, sizes[index], room, runs=False, entry_bytes_max=entry_bytes_max)
         for start, stop in chunks:
             out.append(_frame(call, index, request, ids, payloads, start, stop, new_id()))
     return out
@@ -217,4 +233,4 @@ def _frame(
     return request_id, frame, BatchFrame(call, index, ledger_id, opcode, start, stop)
 
 
-__all__ = ["BatchCall", "BatchFrame", "Outcomes", "encode_batches"]
+__all__ = ["BatchCall", "BatchFrame", "Outcomes", "encode_batches", "entry_sizes"]

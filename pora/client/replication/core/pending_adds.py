@@ -91,7 +91,9 @@ class PendingAdds:
         #: entries from here on go out together in the next turn. Read-only outside;
         #: a plain attribute, not a property, as the writer reads it on every append
         self.first_untaken = 0
-        self._untaken_bytes = 0  # the payload bytes of the ids from there on
+        #: the ledger's length when the last turn took its entries: the untaken ones'
+        #: payload bytes are what it grew by since (no sum kept up per append)
+        self._taken_length = 0
         self._untaken: Batch = []  # their items, in id order
         self._resends: list[Send] = []
         self._lac_sent = -1
@@ -167,8 +169,7 @@ class PendingAdds:
         overflow the entries' 64-bit length field."""
         tracker = self._tracker
         entry_id = tracker.next_entry_id
-        size = len(payload)
-        length_after = self._length + size
+        length_after = self._length + len(payload)
         if length_after > LENGTH_MAX:
             raise ValueError(
                 f"ledger {self.ledger_id}: {length_after} payload bytes in all would not fit "
@@ -180,7 +181,6 @@ class PendingAdds:
         item = (entry_id, entry)
         self._entries[entry_id] = item
         self._untaken.append(item)
-        self._untaken_bytes += size
         return entry_id
 
     def take_batches(self) -> list[Send]:
@@ -189,10 +189,10 @@ class PendingAdds:
         failed (R3: a failed member's entries go to its replacement). Nothing once
         fenced."""
         tracker = self._tracker
-        size = self._untaken_bytes
+        size = self._length - self._taken_length
         everything, self._untaken = self._untaken, []
         resends, self._resends = self._resends, []
-        self.first_untaken, self._untaken_bytes = tracker.next_entry_id, 0
+        self.first_untaken, self._taken_length = tracker.next_entry_id, self._length
         if tracker.fenced:
             return []
         members = tracker.ensemble.members
@@ -307,7 +307,7 @@ class PendingAdds:
         size = 0
         for entry_id in failed:
             size += len(entries.pop(entry_id)[1]) - HEADER_BYTES
-        self.first_untaken, self._untaken_bytes = self._tracker.next_entry_id, 0
+        self.first_untaken, self._taken_length = self._tracker.next_entry_id, self._length
         self._untaken = []
         self._resends.clear()
         return Released(failed, size)
