@@ -85,8 +85,11 @@ class NodeCaller(Protocol[Node_contra]):
         """One batch submitted is done with (answered, failed or dropped)."""
 
 
-#: a caller's batch for a node as queued: the caller, its entries, their bytes
-Queued = tuple[NodeCaller[Node], Batch, int]
+#: a caller's batch for a node as queued: the caller, the node as the caller named
+#: it, its entries, their bytes. The caller is given back its own node object (the
+#: queue's is another ledger's, equal): its lookups then match by identity, without
+#: calling a dataclass's `__eq__` (which makes two tuples) per lookup
+Queued = tuple[NodeCaller[Node], Node, Batch, int]
 
 
 class Overflow(NamedTuple, Generic[Node]):
@@ -143,9 +146,8 @@ class _Call(Generic[Node]):
             return
         calls = self.calls
         queue = self.queue
-        node = queue.node
         requests = self.requests
-        for index, (caller, entries, _) in enumerate(self.live):
+        for index, (caller, node, entries, _) in enumerate(self.live):
             answer = answers if isinstance(answers, BaseException) else answers[index]
             caller.answer(node, entries, requests[index].last_add_confirmed, answer)
         calls.ended(self)
@@ -204,14 +206,14 @@ class NodeCalls(Generic[Node]):
         owed = queue.owed + size
         beyond = self.beyond.used
         if owed - beyond > self._backlog_max:
-            dropped, queue.queued = [*queue.queued, (caller, entries, size)], []
-            queue.owed -= sum(size for _, _, size in dropped[:-1])  # what is in flight stays
+            dropped, queue.queued = [*queue.queued, (caller, node, entries, size)], []
+            queue.owed -= sum(size for _, _, _, size in dropped[:-1])  # what is in flight stays
             self._on_overflow(node, Overflow(dropped, owed, beyond))
             return
         queue.owed = owed
         if not queue.queued:
             self._touched.append(queue)
-        queue.queued.append((caller, entries, size))
+        queue.queued.append((caller, node, entries, size))
 
     def owed_bytes(self, node: Node) -> int:
         """Payload bytes queued for `node` or in flight to it."""
@@ -221,7 +223,7 @@ class NodeCalls(Generic[Node]):
     def queued_bytes(self, node: Node) -> int:
         """Payload bytes queued for `node`, not yet in a call."""
         queue = self._nodes.get(node)
-        return 0 if queue is None else sum(size for _, _, size in queue.queued)
+        return 0 if queue is None else sum(size for _, _, _, size in queue.queued)
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -252,7 +254,7 @@ class NodeCalls(Generic[Node]):
         in_flight, self._in_flight = self._in_flight, {}
         for call in in_flight:
             call.stopped = True
-            for caller, _, _ in call.batch:
+            for caller, _, _, _ in call.batch:
                 caller.call_finished()
 
     def send_queued(self, queue: _NodeQueue[Node]) -> None:
@@ -265,8 +267,8 @@ class NodeCalls(Generic[Node]):
             queued = queue.queued
             size = 0
             cut = 0
-            while cut < len(queued) and (cut == 0 or size + queued[cut][2] <= call_max):
-                size += queued[cut][2]
+            while cut < len(queued) and (cut == 0 or size + queued[cut][3] <= call_max):
+                size += queued[cut][3]
                 cut += 1
             if cut == len(queued):
                 batch, queue.queued = queued, []
@@ -281,12 +283,14 @@ class NodeCalls(Generic[Node]):
         identity not known, no room), a task makes it and waits (`_call_waiting`)."""
         node = queue.node
         requests = [
-            caller.add_request(entries) for caller, entries, _ in batch if caller.sends_to(node)
+            caller.add_request(entries)
+            for caller, its_node, entries, _ in batch
+            if caller.sends_to(its_node)
         ]
         live = (
             batch
             if len(requests) == len(batch)
-            else [queued for queued in batch if queued[0].sends_to(node)]
+            else [queued for queued in batch if queued[0].sends_to(queued[1])]
         )
         call = _Call(self, queue, batch, size, live, requests)
         self._in_flight[call] = None
@@ -304,7 +308,7 @@ class NodeCalls(Generic[Node]):
     def ended(self, call: _Call[Node]) -> None:
         """`call` is over: its callers are told, and the node owes its bytes no more."""
         del self._in_flight[call]
-        for caller, _, _ in call.batch:
+        for caller, _, _, _ in call.batch:
             caller.call_finished()
         queue = call.queue
         queue.owed -= call.size

@@ -159,7 +159,13 @@ class PendingAdds:
         """Whether a batch for `member` is still to be sent: not fenced, and `member`
         not replaced meanwhile (its replacement is sent those entries, R10)."""
         tracker = self._tracker
-        return not tracker.fenced and member in tracker.ensemble.members
+        if tracker.fenced:
+            return False
+        members = tracker.ensemble.members
+        for current in members:  # (by identity first: the member the batch was made for)
+            if current is member:
+                return True
+        return member in members  # (an equal member, another object)
 
     # -- adding and sending ---------------------------------------------------------------
 
@@ -206,7 +212,7 @@ class PendingAdds:
             return sends
         if self._everyone_holds_all:
             for member in members:
-                if member in failed:
+                if failed and member in failed:  # (hashing a member costs a call)
                     continue
                 if size <= limit:  # the common case, without a call
                     sends.append(Send(member, everything, size))
