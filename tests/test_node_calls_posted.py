@@ -72,6 +72,9 @@ class _Caller:
     def issued_lac(self) -> int:
         return -1
 
+    def add_request(self, entries: Batch) -> AddRequest:
+        return AddRequest(self.ledger_id, entries, self.master_key, self.issued_lac())
+
     def answer(self, node: _Node, entries: Batch, lac: int, answer: AddAnswer) -> None:
         self.answers.append((entries, answer))
 

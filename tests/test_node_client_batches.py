@@ -15,20 +15,30 @@ from netio import frames as f
 from netio.codec import encode_response
 from netio.messages import Info, InfoResponse
 from netio.request_codec import RequestDecoder
-from pora.client.ledger_frames import BatchCall, encode_batches
+from pora.client.ledger_frames import BatchCall, encode_batches, entry_sizes
 from pora.client.node_channel import AddRequest
 from pora.client.node_client import connect_node
 from pora.client.tcp_channel import TcpChannel
-from pora.client.waiting import TrioWakeup
 
 KEY = b"k" * 32
+
+
+class _Unsent(BatchCall):
+    """A call only cut into frames: it never ends."""
+
+    __slots__ = ()
+
+    def ended(self) -> None:
+        raise AssertionError("a call only cut into frames does not end")
 
 
 def _cuts(
     entries: list[tuple[int, bytes]], frame_bytes_max: int = 1 << 20
 ) -> list[tuple[int, int, int]]:
-    call = BatchCall([AddRequest(1, entries, KEY, -1)], 0.0, TrioWakeup().set)
-    frames = encode_batches(call, iter(range(1, 1000)).__next__, frame_bytes_max, 1000)
+    requests = [AddRequest(1, entries, KEY, -1)]
+    call = _Unsent(requests, 0.0)
+    sizes = entry_sizes(requests)[2]
+    frames = encode_batches(call, iter(range(1, 1000)).__next__, frame_bytes_max, 1000, sizes)
     return [(frame.opcode, frame.start, frame.stop) for _, _, frame in frames]
 
 

@@ -29,12 +29,13 @@ from netio.errors import RequestTimeout
 from pora.client.coalescer import AddCall, QueuedAdd
 from pora.client.connection import NodeConnection
 from pora.client.frame_cuts import RUN_FRAME_BASE, cut_frames
-from pora.client.ledger_frames import BatchCall, Outcomes, encode_batches
+from pora.client.ledger_frames import BatchCall, Outcomes, encode_batches, entry_sizes
 from pora.client.node_channel import AddRequest
 from pora.client.remote_errors import clone_error
 from pora.client.requests import call, key_of
 from pora.client.runs import run_outcomes
 from pora.client.session import Session
+from pora.client.waiting import Event
 
 
 async def add_coalesced(
@@ -114,20 +115,19 @@ async def add_batches_many(
 ) -> list[Outcomes]:
     """`NodeClient.add_batches_many`."""
     timeout = connection.timeout_s if timeout_s is None else timeout_s
-    count, size = _entries_and_bytes(requests)
+    count, size, sizes = entry_sizes(requests)
     session, left_s = await connection.room(count, size, timeout)
     try:
         if instance_id is None:
             await connection.await_identity(session, left_s)  # frames fit the node's limits
         else:
             await connection.check_instance(session, instance_id, left_s)
-        event = connection.new_event()
-        batch_call = BatchCall(requests, connection.now() + left_s, event.set)
-        request_ids = _send_batches(connection, session, batch_call)
+        batch_call = _AwaitedBatches(requests, connection.now() + left_s, connection.new_event())
+        request_ids = _send_batches(connection, session, batch_call, sizes)
         if not request_ids:
             return batch_call.answers
         try:
-            await event.wait()
+            await batch_call.event.wait()
         finally:
             if batch_call.remaining:  # given up: a late answer finds nobody
                 pending = session.pending
@@ -164,15 +164,14 @@ def post_batches(
         or (instance_id is not None and session.instance_id != instance_id)
     ):
         return False
-    count, size = _entries_and_bytes(requests)
+    count, size, sizes = entry_sizes(requests)
     admission = connection.admission
     if not admission.try_admit(count, size):
         return False
     timeout = connection.timeout_s if timeout_s is None else timeout_s
-    posted = _PostedBatches(connection, session, count, size, timeout, on_answers)
-    batch_call = posted.call = BatchCall(requests, connection.now() + timeout, posted.ended)
+    posted = _PostedBatches(requests, connection, session, count, size, timeout, on_answers)
     try:
-        posted.request_ids = _send_batches(connection, session, batch_call)
+        posted.request_ids = _send_batches(connection, session, posted, sizes)
     except BaseException:
         admission.release(count, size)
         raise
@@ -182,60 +181,60 @@ def post_batches(
     return True
 
 
-def _entries_and_bytes(requests: Sequence[AddRequest]) -> tuple[int, int]:
-    """The entries of `requests` and their payload bytes: the room their call takes."""
-    count = 0
-    size = 0
-    for request in requests:
-        entries = request.entries
-        count += len(entries)
-        size += sum([len(entry[1]) for entry in entries])
-    return count, size
-
-
-def _send_batches(connection: NodeConnection, session: Session, batch_call: BatchCall) -> list[int]:
-    """Cut `batch_call`'s requests into frames, put each in the session's pending map,
-    wake the deadline sweep and send them (`NodeConnection.send_soon`); returns the
-    frames' request ids (none: nothing to send)."""
+def _send_batches(
+    connection: NodeConnection, session: Session, batch_call: BatchCall, sizes: list[list[int]]
+) -> range:
+    """Cut `batch_call`'s requests (of these entry sizes, `entry_sizes`) into frames,
+    put each in the session's pending map, wake the deadline sweep and send them
+    (`NodeConnection.send_soon`); returns the frames' request ids (none: nothing to
+    send). They are consecutive: the connection's ids count up, and nothing else
+    takes one while they are made."""
     frames = encode_batches(
         batch_call,
         connection.new_id,
         connection.frame_limit(session),
         session.node_entry_bytes_max,
+        sizes,
     )
     if not frames:
-        return []
+        return range(0)
     pending = session.pending
-    request_ids = []
     for request_id, _frame, batch_frame in frames:
         pending[request_id] = (batch_frame, 0)
-        request_ids.append(request_id)
-    batch_call.remaining = len(frames)
+    count = batch_call.remaining = len(frames)
     if connection.deadlines.idle:
         connection.deadlines.wake()
-    connection.send_soon(session, [frame for _, frame, _ in frames])
-    return request_ids
+    if count == 1:
+        connection.send_soon(session, [frames[0][1]])
+    else:
+        connection.send_soon(session, [frame for _, frame, _ in frames])
+    first = frames[0][0]
+    return range(first, first + count)
 
 
-class _PostedBatches:
-    """A posted `BatchCall`'s end: the room given back, what is still pending of it
-    forgotten (a late answer finds nobody), then its caller told."""
+class _AwaitedBatches(BatchCall):
+    """A `BatchCall` its caller waits for (`add_batches_many`): its end sets `event`."""
 
-    __slots__ = (
-        "call",
-        "connection",
-        "count",
-        "on_answers",
-        "request_ids",
-        "session",
-        "size",
-        "timeout",
-    )
+    __slots__ = ("event",)
 
-    call: BatchCall
+    def __init__(self, requests: Sequence[AddRequest], deadline: float, event: Event) -> None:
+        super().__init__(requests, deadline)
+        self.event = event
+
+    def ended(self) -> None:
+        self.event.set()
+
+
+class _PostedBatches(BatchCall):
+    """A posted `BatchCall` (`post_batches`): its end gives the room back, forgets
+    what is still pending of it (a late answer finds nobody), then tells its
+    caller (`on_answers`)."""
+
+    __slots__ = ("connection", "count", "on_answers", "request_ids", "session", "size", "timeout")
 
     def __init__(
         self,
+        requests: Sequence[AddRequest],
         connection: NodeConnection,
         session: Session,
         count: int,
@@ -243,25 +242,25 @@ class _PostedBatches:
         timeout: float,
         on_answers: Callable[[list[Outcomes] | PoraError], object],
     ) -> None:
+        super().__init__(requests, connection.now() + timeout)
         self.connection = connection
         self.session = session
         self.count = count
         self.size = size
         self.timeout = timeout
         self.on_answers = on_answers
-        self.request_ids: list[int] = []  # of its frames
+        self.request_ids = range(0)  # of its frames
 
     def ended(self) -> None:
-        call = self.call
         connection = self.connection
         connection.admission.release(self.count, self.size)
-        if call.remaining:  # timed out or failed: forget the frames not answered
+        if self.remaining:  # timed out or failed: forget the frames not answered
             pending = self.session.pending
             for request_id in self.request_ids:
                 pending.pop(request_id, None)
-            self.on_answers(failure_of(connection, call, self.timeout))
+            self.on_answers(failure_of(connection, self, self.timeout))
         else:
-            self.on_answers(call.answers)
+            self.on_answers(self.answers)
 
 
 async def add_run(

@@ -17,6 +17,7 @@ in flight is a `BatchFrame` in the connection's pending map, a
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 
 from journal.errors import PoraError
 from netio import frames as f
@@ -41,22 +42,25 @@ Outcomes = list[PoraError | None] | None
 class BatchCall:
     """One caller's batches, ended once: when every frame is answered, or by the
     connection's loss (`fail`) or the deadline sweep (`time_out`), as the
-    client's other waiters. `ended` is then called, once: an event's `set` for a
-    caller that waits (`adds.add_batches_many`), or the answer callback of a
-    posted call (`adds.post_batches`), run in the reader, the loss or the sweep."""
+    client's other waiters. `ended` is then called, once, in the reader, the loss
+    or the sweep: each kind of call says what its end does (`adds.py`: the caller
+    that waits is woken, a posted call's callback is given the answers). A kind is
+    a subclass, not a callable given: a posted call is one object, with no bound
+    method made per call."""
 
-    __slots__ = ("answers", "deadline", "ended", "error", "remaining", "requests", "timed_out")
+    __slots__ = ("answers", "deadline", "error", "remaining", "requests", "timed_out")
 
-    def __init__(
-        self, requests: Sequence[AddRequest], deadline: float, ended: Callable[[], object]
-    ) -> None:
+    def __init__(self, requests: Sequence[AddRequest], deadline: float) -> None:
         self.requests = requests
         self.deadline = deadline
-        self.ended = ended
         self.answers: list[Outcomes] = [None] * len(requests)
         self.remaining = 0  # frames not answered
         self.error: PoraError | None = None
         self.timed_out = False
+
+    def ended(self) -> None:
+        """The call is over (answered, failed or timed out): its kind's end."""
+        raise NotImplementedError
 
     def frame_answered(self) -> None:
         self.remaining -= 1
@@ -149,23 +153,44 @@ class BatchFrame:
         )
 
 
+_ID = itemgetter(0)
+_PAYLOAD = itemgetter(1)
+
+
+def entry_sizes(requests: Sequence[AddRequest]) -> tuple[int, int, list[list[int]]]:
+    """The entries of `requests` and their bytes, the room their call takes, with
+    each request's entry sizes, which cut its frames (`encode_batches`)."""
+    count = 0
+    size = 0
+    sizes = []
+    for request in requests:
+        mine = list(map(len, map(_PAYLOAD, request.entries)))
+        sizes.append(mine)
+        count += len(mine)
+        size += sum(mine)
+    return count, size, sizes
+
+
 def encode_batches(
     call: BatchCall,
     new_id: Callable[[], int],
     frame_bytes_max: int,
     entry_bytes_max: int,
+    sizes: Sequence[list[int]],
 ) -> list[tuple[int, bytes, BatchFrame]]:
-    """The frames of every request of `call`, as `(request_id, frame, BatchFrame)`."""
+    """The frames of every request of `call`, as `(request_id, frame, BatchFrame)`;
+    `sizes` holds each request's entry sizes (`entry_sizes`: its caller counted the
+    call's bytes with them)."""
     out: list[tuple[int, bytes, BatchFrame]] = []
     for index, request in enumerate(call.requests):
         entries = request.entries
         if not entries:
             continue
-        ids = [entry[0] for entry in entries]
-        payloads = [entry[1] for entry in entries]
+        # (map, not comprehensions: under Python 3.11 each of those makes a function)
+        ids = list(map(_ID, entries))
+        payloads = list(map(_PAYLOAD, entries))
         room = frame_bytes_max - BATCH_FRAME_BASE - len(request.master_key)
-        sizes = list(map(len, payloads))
-        chunks = cut_frames(ids, sizes, room, runs=False, entry_bytes_max=entry_bytes_max)
+        chunks = cut_frames(ids, sizes[index], room, runs=False, entry_bytes_max=entry_bytes_max)
         for start, stop in chunks:
             out.append(_frame(call, index, request, ids, payloads, start, stop, new_id()))
     return out
@@ -208,4 +233,4 @@ def _frame(
     return request_id, frame, BatchFrame(call, index, ledger_id, opcode, start, stop)
 
 
-__all__ = ["BatchCall", "BatchFrame", "Outcomes", "encode_batches"]
+__all__ = ["BatchCall", "BatchFrame", "Outcomes", "encode_batches", "entry_sizes"]

@@ -65,12 +65,6 @@ Node_contra = TypeVar("Node_contra", bound=CalledNode, contravariant=True)
 class NodeCaller(Protocol[Node_contra]):
     """What the node calls need of a caller (a ledger's writer, `replication/writer.py`)."""
 
-    @property
-    def ledger_id(self) -> int: ...
-
-    @property
-    def master_key(self) -> bytes: ...
-
     def take_turn(self) -> None:
         """Hand this turn's batches to `NodeCalls.submit`."""
 
@@ -80,6 +74,10 @@ class NodeCaller(Protocol[Node_contra]):
     def issued_lac(self) -> int:
         """The LAC to piggyback on a call starting now."""
 
+    def add_request(self, entries: Batch) -> AddRequest:
+        """`entries` as the caller's request in a call starting now: its ledger, its
+        key and the LAC to piggyback (`issued_lac`)."""
+
     def answer(self, node: Node_contra, entries: Batch, lac: int, answer: AddAnswer) -> None:
         """The call's outcome for this caller's batch (an error: the call failed)."""
 
@@ -87,8 +85,11 @@ class NodeCaller(Protocol[Node_contra]):
         """One batch submitted is done with (answered, failed or dropped)."""
 
 
-#: a caller's batch for a node as queued: the caller, its entries, their bytes
-Queued = tuple[NodeCaller[Node], Batch, int]
+#: a caller's batch for a node as queued: the caller, the node as the caller named
+#: it, its entries, their bytes. The caller is given back its own node object (the
+#: queue's is another ledger's, equal): its lookups then match by identity, without
+#: calling a dataclass's `__eq__` (which makes two tuples) per lookup
+Queued = tuple[NodeCaller[Node], Node, Batch, int]
 
 
 class Overflow(NamedTuple, Generic[Node]):
@@ -114,9 +115,10 @@ class _NodeQueue(Generic[Node]):
 
 class _Call(Generic[Node]):
     """One call to a node: the batches it took from the queue (`size` payload bytes)
-    and, of those, the callers it carries (`live`) with the LAC each piggybacks."""
+    and, of those, the ones it carries (`live`, the batches of the callers that still
+    send to the node: often all of them, the same list) with each one's request."""
 
-    __slots__ = ("batch", "calls", "lacs", "live", "queue", "size", "stopped")
+    __slots__ = ("batch", "calls", "live", "queue", "requests", "size", "stopped")
 
     def __init__(
         self,
@@ -124,32 +126,35 @@ class _Call(Generic[Node]):
         queue: _NodeQueue[Node],
         batch: list[Queued[Node]],
         size: int,
-        live: list[tuple[NodeCaller[Node], Batch]],
-        lacs: list[int],
+        live: list[Queued[Node]],
+        requests: list[AddRequest],
     ) -> None:
         self.calls = calls
         self.queue = queue
         self.batch = batch
         self.size = size
         self.live = live
-        self.lacs = lacs
+        self.requests = requests
         self.stopped = False  # the client closed: its callers were told it finished
 
     def answered(self, answers: Sequence[AddAnswer] | PoraError | OSError) -> None:
         """The call's end: each caller's answer (an error: every caller's), the
         callers told the call finished, and the node's next call made. A posted
-        call's `on_answers`; the awaiting path calls it too."""
+        call's `on_answers` (the call itself, `__call__`); the awaiting path calls
+        it too."""
         if self.stopped:
             return
         calls = self.calls
         queue = self.queue
-        node = queue.node
-        lacs = self.lacs
-        for index, (caller, entries) in enumerate(self.live):
+        requests = self.requests
+        for index, (caller, node, entries, _) in enumerate(self.live):
             answer = answers if isinstance(answers, BaseException) else answers[index]
-            caller.answer(node, entries, lacs[index], answer)
+            caller.answer(node, entries, requests[index].last_add_confirmed, answer)
         calls.ended(self)
         calls.send_queued(queue)
+
+    #: posted as the answers' callback itself: no bound method is made per call
+    __call__ = answered
 
 
 class NodeCalls(Generic[Node]):
@@ -201,14 +206,14 @@ class NodeCalls(Generic[Node]):
         owed = queue.owed + size
         beyond = self.beyond.used
         if owed - beyond > self._backlog_max:
-            dropped, queue.queued = [*queue.queued, (caller, entries, size)], []
-            queue.owed -= sum(size for _, _, size in dropped[:-1])  # what is in flight stays
+            dropped, queue.queued = [*queue.queued, (caller, node, entries, size)], []
+            queue.owed -= sum(size for _, _, _, size in dropped[:-1])  # what is in flight stays
             self._on_overflow(node, Overflow(dropped, owed, beyond))
             return
         queue.owed = owed
         if not queue.queued:
             self._touched.append(queue)
-        queue.queued.append((caller, entries, size))
+        queue.queued.append((caller, node, entries, size))
 
     def owed_bytes(self, node: Node) -> int:
         """Payload bytes queued for `node` or in flight to it."""
@@ -218,7 +223,7 @@ class NodeCalls(Generic[Node]):
     def queued_bytes(self, node: Node) -> int:
         """Payload bytes queued for `node`, not yet in a call."""
         queue = self._nodes.get(node)
-        return 0 if queue is None else sum(size for _, _, size in queue.queued)
+        return 0 if queue is None else sum(size for _, _, _, size in queue.queued)
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -249,7 +254,7 @@ class NodeCalls(Generic[Node]):
         in_flight, self._in_flight = self._in_flight, {}
         for call in in_flight:
             call.stopped = True
-            for caller, _, _ in call.batch:
+            for caller, _, _, _ in call.batch:
                 caller.call_finished()
 
     def send_queued(self, queue: _NodeQueue[Node]) -> None:
@@ -262,8 +267,8 @@ class NodeCalls(Generic[Node]):
             queued = queue.queued
             size = 0
             cut = 0
-            while cut < len(queued) and (cut == 0 or size + queued[cut][2] <= call_max):
-                size += queued[cut][2]
+            while cut < len(queued) and (cut == 0 or size + queued[cut][3] <= call_max):
+                size += queued[cut][3]
                 cut += 1
             if cut == len(queued):
                 batch, queue.queued = queued, []
@@ -277,44 +282,45 @@ class NodeCalls(Generic[Node]):
         when the channel cannot take it without a wait (no connection yet, the node's
         identity not known, no room), a task makes it and waits (`_call_waiting`)."""
         node = queue.node
-        live = [(caller, entries) for caller, entries, _ in batch if caller.sends_to(node)]
-        lacs = [caller.issued_lac() for caller, _ in live]
-        call = _Call(self, queue, batch, size, live, lacs)
+        requests = [
+            caller.add_request(entries)
+            for caller, its_node, entries, _ in batch
+            if caller.sends_to(its_node)
+        ]
+        live = (
+            batch
+            if len(requests) == len(batch)
+            else [queued for queued in batch if queued[0].sends_to(queued[1])]
+        )
+        call = _Call(self, queue, batch, size, live, requests)
         self._in_flight[call] = None
-        if not live:
+        if not requests:
             self.ended(call)
             return
-        requests = [
-            AddRequest(caller.ledger_id, entries, caller.master_key, lac)
-            for (caller, entries), lac in zip(live, lacs, strict=True)
-        ]
         channel = self._pool.channel_nowait(node.address)
         if channel is not None and channel.post_adds(
-            requests,
-            instance_id=node.instance_id,
-            timeout_s=self._timeout_s,
-            on_answers=call.answered,
+            requests, instance_id=node.instance_id, timeout_s=self._timeout_s, on_answers=call
         ):
             return
         assert self._tasks is not None  # (calls are made by the dispatch, or after it)
-        self._tasks.start_soon(self._call_waiting, call, requests)
+        self._tasks.start_soon(self._call_waiting, call)
 
     def ended(self, call: _Call[Node]) -> None:
         """`call` is over: its callers are told, and the node owes its bytes no more."""
         del self._in_flight[call]
-        for caller, _, _ in call.batch:
+        for caller, _, _, _ in call.batch:
             caller.call_finished()
         queue = call.queue
         queue.owed -= call.size
         queue.busy -= 1
 
-    async def _call_waiting(self, call: _Call[Node], requests: list[AddRequest]) -> None:
+    async def _call_waiting(self, call: _Call[Node]) -> None:
         """The call made by a task of its own, which waits for the channel and the
         answers, within `timeout_s`: past it, every caller of the call gets a
         TimeoutError."""
         node = call.queue.node
         with anyio.CancelScope(deadline=anyio.current_time() + self._timeout_s) as scope:
-            answers = await self._call(node, requests)
+            answers = await self._call(node, call.requests)
         if scope.cancelled_caught:
             answers = TimeoutError(f"node {node.address}: no answer to adds in {self._timeout_s} s")
         call.answered(answers)

@@ -43,7 +43,12 @@ def trio_running() -> bool:
 
 class TrioEvent:
     """A one-shot event under trio, for any number of waiters: each parks itself and
-    `set` reschedules them all (no parking lot, no anyio wrapper)."""
+    `set` reschedules them all (no parking lot, no anyio wrapper).
+
+    A waiter marks itself as parked here with trio's `Task.custom_sleep_data` (which
+    trio clears whenever it reschedules the task), so one abort function serves every
+    wait: a cancelled waiter stays in the list, unmarked, and `set` skips it. No
+    closure is made per wait (one per append: the appends of a turn wait on one)."""
 
     __slots__ = ("_flag", "_tasks")
 
@@ -57,7 +62,10 @@ class TrioEvent:
         self._flag = True
         tasks, self._tasks = self._tasks, []
         for task in tasks:
-            trio.lowlevel.reschedule(task)
+            # (a task listed twice, cancelled and parked here again, is woken once:
+            # the first reschedule clears its mark)
+            if task.custom_sleep_data is self:
+                trio.lowlevel.reschedule(task)
 
     def is_set(self) -> bool:
         return self._flag
@@ -68,13 +76,15 @@ class TrioEvent:
         if self._flag:
             return trio.lowlevel.checkpoint()  # noqa: ASYNC105 (awaited by the caller)
         task = trio.lowlevel.current_task()
+        task.custom_sleep_data = self
         self._tasks.append(task)
+        return trio.lowlevel.wait_task_rescheduled(_abort_wait)  # noqa: ASYNC105 (as above)
 
-        def abort(_raise_cancel: object) -> trio.lowlevel.Abort:
-            self._tasks.remove(task)
-            return trio.lowlevel.Abort.SUCCEEDED
 
-        return trio.lowlevel.wait_task_rescheduled(abort)  # noqa: ASYNC105 (as above)
+def _abort_wait(_raise_cancel: object) -> trio.lowlevel.Abort:
+    """A `TrioEvent` waiter is cancelled: trio reschedules it, which clears its mark
+    (`custom_sleep_data`), so `set` passes it by."""
+    return trio.lowlevel.Abort.SUCCEEDED
 
 
 class TrioWakeup(OneParked):

@@ -44,8 +44,8 @@ def client_node_calls(
             f"node_backlog_bytes_max ({backlog_max}) beyond the client's "
             f"{overflow.beyond} pending: too far behind the other replicas"
         )
-        for ledger, entries, _ in overflow.dropped:
-            ledger.answer(member, entries, ledger.issued_lac(), error)
+        for ledger, its_member, entries, _ in overflow.dropped:
+            ledger.answer(its_member, entries, ledger.issued_lac(), error)
             ledger.call_finished()
 
     return NodeCalls[EnsembleMember](

@@ -41,7 +41,7 @@ from ledger.errors import (
     LedgerFenced,
 )
 from netio.budget import Budget
-from pora.client.node_channel import AddAnswer
+from pora.client.node_channel import AddAnswer, AddRequest
 from pora.client.replication.core.ledger_records import why_fenced
 from pora.client.replication.core.pending_adds import Batch, PendingAdds, Released
 from pora.client.replication.core.refusals import EndWriter, first_refusal, sort_refusal
@@ -54,7 +54,7 @@ from pora.meta.records import EnsembleMember, LedgerMetadata, Versioned
 _log = logging.getLogger("pora.client.writer")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _TurnWaiter:
     """The entries one turn takes, up to `last`, wait on one event; `acknowledged`
     once they all are (else the event was set because the writer failed)."""
@@ -73,8 +73,7 @@ class LedgerWriter:
         metadata = record.value
         self.ledger_id = metadata.ledger_id
         self._context = context
-        #: the ledger's key, sent with every add (read by the node calls)
-        self.master_key = master_key
+        self._master_key = master_key  # sent with every add (`add_request`)
         self._node_calls = context.node_calls
         config = context.config
         self._adds = PendingAdds.of_ledger(metadata, call_bytes_max=config.add_call_bytes_max)
@@ -133,7 +132,8 @@ class LedgerWriter:
             self._check_size(payload)
         if not self._try_reserve(1, size):
             await self._reserve(1, size)
-        entry_id, waiter = self._add(payload)
+        waiter = self._add(payload)
+        entry_id = waiter.last  # (the entry just added is its waiter's last)
         await waiter.event.wait()
         # woken by a failure, the entry may still be acknowledged (before the others)
         if waiter.acknowledged or entry_id <= self._adds.last_add_confirmed:
@@ -155,8 +155,8 @@ class LedgerWriter:
             self._check_writable()
             await self._reserve(len(chunk), sum(len(p) for p in chunk))
             for payload in chunk:
-                entry_id, last = self._add(payload)
-                ids.append(entry_id)
+                last = self._add(payload)
+                ids.append(last.last)
         if last is None:
             return ids
         await last.event.wait()
@@ -201,7 +201,7 @@ class LedgerWriter:
                 await self._end()
                 raise
             await self._end()
-            await self._changer.seal(self._adds.last_add_confirmed, self.master_key)
+            await self._changer.seal(self._adds.last_add_confirmed, self._master_key)
 
     async def _end(self) -> None:
         """The writer is done with its record: the client forgets it, its tasks stop."""
@@ -281,7 +281,8 @@ class LedgerWriter:
             await self._cause()
             self._check_writable()
 
-    def _add(self, payload: bytes) -> tuple[int, _TurnWaiter]:
+    def _add(self, payload: bytes) -> _TurnWaiter:
+        """Add the entry; returns the waiter it shares, whose `last` it is now."""
         adds = self._adds
         entry_id = adds.add(payload)
         if entry_id == adds.first_untaken:  # the first of the next turn: a new waiter
@@ -294,7 +295,7 @@ class LedgerWriter:
             turn.last = entry_id
         if not self._turn_due:  # (tested here too: no call for the turn's later appends)
             self._wake_turn()
-        return entry_id, turn
+        return turn
 
     def _wake_turn(self) -> None:
         """Take a turn in the node calls' next dispatch (at most one per turn)."""
@@ -326,6 +327,9 @@ class LedgerWriter:
 
     def issued_lac(self) -> int:
         return self._adds.last_add_confirmed
+
+    def add_request(self, entries: Batch) -> AddRequest:
+        return AddRequest(self.ledger_id, entries, self._master_key, self._adds.last_add_confirmed)
 
     def answer(self, member: EnsembleMember, entries: Batch, lac: int, answer: AddAnswer) -> None:
         """A call's outcome for this ledger's batch: acknowledgements (R4), a failed
@@ -448,4 +452,4 @@ class LedgerWriter:
                 await anyio.sleep(interval)
             lac = adds.lac_to_flush()
             if lac is not None:
-                await self._changer.write_lac(lac, self.master_key)
+                await self._changer.write_lac(lac, self._master_key)

@@ -14,7 +14,8 @@ Pure: no I/O, no awaits, no clock (tests/test_import_rules.py keeps it so).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from operator import itemgetter
 from typing import NamedTuple
 
 from pora.client.batch import Batch
@@ -81,14 +82,19 @@ class PendingAdds:
         self._stripes = write_set_table(size, write_quorum)
         #: R3 with Qw = E: every position holds every entry, one list serves them all
         self._everyone_holds_all = all(len(row) == size for row in self._stripes)
-        self._entries: dict[int, tuple[bytes, int]] = {}  # pending id -> (entry, length_after)
+        #: pending id -> (id, encoded entry): the item itself is what the batches
+        #: carry, made once per entry
+        self._entries: dict[int, tuple[int, bytes]] = {}
         self._length = 0  # length_after of the last entry added
-        self._acked_length = 0  # length_after of the LAC
+        self._acked_length = 0  # length_after of the LAC: the payload bytes acknowledged
         #: the first id no turn took yet (`next_entry_id` when every one was): the
         #: entries from here on go out together in the next turn. Read-only outside;
         #: a plain attribute, not a property, as the writer reads it on every append
         self.first_untaken = 0
-        self._untaken_bytes = 0  # the payload bytes of the ids from there on
+        #: the ledger's length when the last turn took its entries: the untaken ones'
+        #: payload bytes are what it grew by since (no sum kept up per append)
+        self._taken_length = 0
+        self._untaken: Batch = []  # their items, in id order
         self._resends: list[Send] = []
         self._lac_sent = -1
         self._answers = 0
@@ -153,7 +159,13 @@ class PendingAdds:
         """Whether a batch for `member` is still to be sent: not fenced, and `member`
         not replaced meanwhile (its replacement is sent those entries, R10)."""
         tracker = self._tracker
-        return not tracker.fenced and member in tracker.ensemble.members
+        if tracker.fenced:
+            return False
+        members = tracker.ensemble.members
+        for current in members:  # (by identity first: the member the batch was made for)
+            if current is member:
+                return True
+        return member in members  # (an equal member, another object)
 
     # -- adding and sending ---------------------------------------------------------------
 
@@ -163,8 +175,7 @@ class PendingAdds:
         overflow the entries' 64-bit length field."""
         tracker = self._tracker
         entry_id = tracker.next_entry_id
-        size = len(payload)
-        length_after = self._length + size
+        length_after = self._length + len(payload)
         if length_after > LENGTH_MAX:
             raise ValueError(
                 f"ledger {self.ledger_id}: {length_after} payload bytes in all would not fit "
@@ -173,8 +184,9 @@ class PendingAdds:
         entry = encode_checked_entry(self.ledger_id, entry_id, length_after, payload, self._token)
         tracker.add_pending(entry_id)
         self._length = length_after
-        self._entries[entry_id] = (entry, length_after)
-        self._untaken_bytes += size
+        item = (entry_id, entry)
+        self._entries[entry_id] = item
+        self._untaken.append(item)
         return entry_id
 
     def take_batches(self) -> list[Send]:
@@ -183,10 +195,10 @@ class PendingAdds:
         failed (R3: a failed member's entries go to its replacement). Nothing once
         fenced."""
         tracker = self._tracker
-        first, end = self.first_untaken, tracker.next_entry_id
-        size = self._untaken_bytes
+        size = self._length - self._taken_length
+        everything, self._untaken = self._untaken, []
         resends, self._resends = self._resends, []
-        self.first_untaken, self._untaken_bytes = end, 0
+        self.first_untaken, self._taken_length = tracker.next_entry_id, self._length
         if tracker.fenced:
             return []
         members = tracker.ensemble.members
@@ -196,13 +208,11 @@ class PendingAdds:
         for resend in resends:
             if resend.member in members and resend.member not in failed:
                 self._cut(sends, resend)
-        if first == end:
+        if not everything:
             return sends
-        entries = self._entries
-        everything = [(entry_id, entries[entry_id][0]) for entry_id in range(first, end)]
         if self._everyone_holds_all:
             for member in members:
-                if member in failed:
+                if failed and member in failed:  # (hashing a member costs a call)
                     continue
                 if size <= limit:  # the common case, without a call
                     sends.append(Send(member, everything, size))
@@ -259,13 +269,8 @@ class PendingAdds:
         member replaced since, or after a fence, counts nothing."""
         self._answers += 1
         self._lac_sent = max(self._lac_sent, lac)
-        first, last = batch[0][0], batch[-1][0]
-        stored: Iterable[int]
-        if last - first == len(batch) - 1:  # a run of ids: counted as a range
-            stored = range(first, last + 1)
-        else:
-            stored = [entry_id for entry_id, _ in batch]
-        return self._release(self._tracker.record_acks(member, stored))
+        # the ids the items hold, not a range's: a range makes an int per id it yields
+        return self._release(self._tracker.record_acks(member, map(_ID, batch)))
 
     def failed(self, member: EnsembleMember) -> bool:
         """R8: a call to `member` failed. True when that is news about a current
@@ -291,9 +296,7 @@ class PendingAdds:
         change = self._tracker.change_ensemble(replacements)
         entries, untaken = self._entries, self.first_untaken
         for member, entry_ids in change.resend.items():
-            batch = [
-                (entry_id, entries[entry_id][0]) for entry_id in entry_ids if entry_id < untaken
-            ]
+            batch = [entries[entry_id] for entry_id in entry_ids if entry_id < untaken]
             if batch:
                 self._resends.append(Send(member, batch, _payload_bytes(batch)))
         return change
@@ -309,23 +312,28 @@ class PendingAdds:
         entries = self._entries
         size = 0
         for entry_id in failed:
-            entry, _ = entries.pop(entry_id)
-            size += len(entry) - HEADER_BYTES
-        self.first_untaken, self._untaken_bytes = self._tracker.next_entry_id, 0
+            size += len(entries.pop(entry_id)[1]) - HEADER_BYTES
+        self.first_untaken, self._taken_length = self._tracker.next_entry_id, self._length
+        self._untaken = []
         self._resends.clear()
         return Released(failed, size)
 
     def _release(self, acked: range) -> Released:
+        """`acked` (the ids after the LAC it was, up to the LAC now) leave the machine:
+        the ledger's length acknowledged grows by their payload bytes."""
         if not acked:
             return NOTHING_RELEASED
-        entries = self._entries
+        pop = self._entries.pop
         size = 0
-        length_after = self._acked_length
         for entry_id in acked:
-            entry, length_after = entries.pop(entry_id)
-            size += len(entry) - HEADER_BYTES
-        self._acked_length = length_after
+            size += len(pop(entry_id)[1])
+        size -= HEADER_BYTES * len(acked)
+        self._acked_length += size
         return Released(acked, size)
+
+
+#: an item's id
+_ID = itemgetter(0)
 
 
 def _payload_bytes(batch: Batch) -> int:

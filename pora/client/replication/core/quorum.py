@@ -273,9 +273,9 @@ class AckTracker:
         if not self._durable:
             return range(0)
         acks, quorum = self._acks, self.ack_quorum
-        first = lac = self._lac
-        while acks.get(lac + 1, 0).bit_count() >= quorum:
-            lac += 1
-            del acks[lac]
-        self._lac = lac
-        return range(first + 1, lac + 1)
+        first = following = self._lac + 1
+        while acks.get(following, 0).bit_count() >= quorum:
+            del acks[following]
+            following += 1
+        self._lac = following - 1
+        return range(first, following)
