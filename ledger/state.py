@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 
@@ -58,6 +58,10 @@ class LedgerMeta:
     lac: int = -1
     #: fixed by the first add, fence or close (None until then)
     master_key: bytes | None = None
+    #: the journal seq of the record that fenced the ledger (-1: fenced by the state
+    #: the node started from); in memory only: a node in a cluster answers a fence
+    #: once its instance's mark is past this record (R27)
+    fence_seq: int = field(default=-1, compare=False)
 
     def encode(self) -> bytes:
         key = self.master_key

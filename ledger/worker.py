@@ -317,7 +317,9 @@ class LedgerWorker:
                 if fenced is None:
                     request.fail(LedgerDeleted(self.ledger_id, " on this node"))
                     continue
-                fenced.fenced = True
+                if not fenced.fenced:
+                    fenced.fenced = True
+                    fenced.fence_seq = request.seq
                 request.complete(_last_visible(fenced))
             elif kind is RecordKind.CLOSE:
                 self._apply_close(request)

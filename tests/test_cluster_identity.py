@@ -22,6 +22,7 @@ from pora.meta.errors import InvalidMetadata
 from pora.meta.store import MetadataStore
 from pora.node.datadir import CLUSTER_NAME, open_data_dir, read_cluster_id
 from pora.server.membership import ForeignMetadataStore, check_mark, join_cluster
+from pora.server.node_mark import NodeMark
 from pora.server.registration import NodeRegistrar, NodeState
 
 SERVE_TIMEOUT_S = 60.0
@@ -218,6 +219,7 @@ async def test_the_registrar_raises_the_mark_as_the_journal_moves_and_at_the_sto
 ) -> None:
     position = [5]
     async with open_metadata(metadata_url) as store:
+        mark = NodeMark(store, "instance1", lambda: position[0])
         registrar = NodeRegistrar(
             store,
             "127.0.0.1:4000",
@@ -225,15 +227,15 @@ async def test_the_registrar_raises_the_mark_as_the_journal_moves_and_at_the_sto
             None,
             30.0,
             lambda: NodeState(read_only=False, free_bytes=1 << 30),
-            lambda: position[0],
+            mark,
         )
         await registrar.register()
         await registrar.tick()
         assert await store.node_mark("instance1") == 5
         position[0] = 9
         await registrar.tick()
-        assert await store.node_mark("instance1") == registrar.status.mark == 9
+        assert await store.node_mark("instance1") == mark.mark == 9
         position[0] = 12  # written after the drain: a copy taken before it is caught
         await registrar.unregister()
         assert await store.node_mark("instance1") == 12
-        assert registrar.status.mark_failures == 0
+        assert mark.failures == 0

@@ -15,7 +15,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from test_node_registration import serve, stop
+from test_node_registration import Node, serve, stop
 from test_replication_processes import (
     ACKS_BETWEEN_FAULTS,
     WAIT_S,
@@ -72,15 +72,7 @@ async def test_a_node_put_back_from_a_copy_taken_mid_write_is_a_new_instance(
 
             # B killed (no clean stop writes its mark), put back from the copy
             assert await stop(b, signal.SIGKILL) == -signal.SIGKILL
-            shutil.rmtree(data_dir)
-            shutil.move(copy, data_dir)
-            assert open_data_dir(data_dir, create=False).instance_id == old
-            again = await nodes.enter_async_context(
-                serve(data_dir, tmp_path, url, "--listen", b.address)
-            )
-            new = open_data_dir(data_dir, create=False).instance_id
-            assert new != old
-            assert f"is behind what node instance {old} acknowledged" in again.log_path.read_text()
+            await put_back_as_a_new_instance(nodes, copy, data_dir, url, b.address)
 
             # the writer goes on without the old instance
             at_restart = len(read_log(log_path).acks)
@@ -91,3 +83,19 @@ async def test_a_node_put_back_from_a_copy_taken_mid_write_is_a_new_instance(
             await writer.wait()
         # B's copy counts for nothing the old instance held (R19, R24)
         await recovered_with_every_ack(url, ledger_id, log_path, {b.address})
+
+
+async def put_back_as_a_new_instance(
+    nodes: contextlib.AsyncExitStack, copy: Path, data_dir: Path, url: str, address: str
+) -> Node:
+    """Put the killed node's data dir back from `copy` and serve it again at `address`
+    (the node, kept in `nodes`): it must start as a new instance, and say why."""
+    old = open_data_dir(copy, create=False).instance_id
+    shutil.rmtree(data_dir)
+    shutil.move(copy, data_dir)
+    again = await nodes.enter_async_context(
+        serve(data_dir, data_dir.parent, url, "--listen", address)
+    )
+    assert open_data_dir(data_dir, create=False).instance_id != old
+    assert f"is behind what node instance {old} acknowledged" in again.log_path.read_text()
+    return again

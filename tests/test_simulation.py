@@ -160,6 +160,26 @@ def test_racing_recoveries_each_see_the_one_close(seed: int) -> None:
     assert "RecoveryFailed" not in result.history.failures, result.history.log[-30:]
 
 
+def put_back_plan(seed: int, *faults: Fault, recovery_at_s: float) -> Plan:
+    """E=3 Qw=3 Qa=2 on three nodes, four appenders writing 30 entries each in quick
+    succession, one recovery, no reader: the setting of the put-back scenarios."""
+    return Plan(
+        seed=seed,
+        nodes=3,
+        ensemble=3,
+        write_quorum=3,
+        ack_quorum=2,
+        appenders=4,
+        appends_each=30,
+        append_pause_s=0.01,
+        readers=0,
+        tail=False,
+        faults=faults,
+        recoveries=(recovery_at_s,),
+        close_writer=False,
+    )
+
+
 def test_a_node_put_back_from_an_old_copy_counts_as_a_new_instance() -> None:
     """Issue 26's scenario in simulated time (R27): E=3 Qw=3 Qa=2 on three nodes;
     node 1's data dir copied as the writes begin; node 2 cut off from the writer, so
@@ -168,24 +188,12 @@ def test_a_node_put_back_from_an_old_copy_counts_as_a_new_instance() -> None:
     entry" for its old instance's: it fails, and the auditor's recovery, with every
     node back, closes the ledger with every acknowledged entry (the invariants)."""
     result = run(
-        Plan(
-            seed=26,
-            nodes=3,
-            ensemble=3,
-            write_quorum=3,
-            ack_quorum=2,
-            appenders=4,
-            appends_each=30,
-            append_pause_s=0.01,
-            readers=0,
-            tail=False,
-            faults=(
-                Fault(0.0, "rollback", 1, for_s=0.4),
-                Fault(0.05, "partition", 2, for_s=5.0),
-                Fault(0.45, "partition", 0, for_s=5.0, client="recovery-0"),
-            ),
-            recoveries=(0.5,),
-            close_writer=False,
+        put_back_plan(
+            26,
+            Fault(0.0, "rollback", 1, for_s=0.4),
+            Fault(0.05, "partition", 2, for_s=5.0),
+            Fault(0.45, "partition", 0, for_s=5.0, client="recovery-0"),
+            recovery_at_s=0.5,
         )
     )
     history = result.history
@@ -196,6 +204,31 @@ def test_a_node_put_back_from_an_old_copy_counts_as_a_new_instance() -> None:
         "a recovery closed the ledger without node 0"
     )
     assert [line for line in history.log if "recovery-0 failed: RecoveryFailed" in line]
+
+
+def test_a_fence_survives_a_node_put_back_from_a_copy_taken_before_it() -> None:
+    """R27's fence rule in simulated time: E=3 Qw=3 Qa=2 on three nodes; node 1's data
+    dir copied before any fence; the writer paused (SIGSTOP) with appends in flight;
+    a recovery that cannot reach node 2 fences nodes 0 and 1 (no fenced member to
+    spare) and closes the ledger; node 1 killed before any renewal raised its mark
+    and put back from the copy, which lacks the fence. The fence's mark write put
+    the copy behind the mark: node 1 is a new instance, so neither the resumed
+    writer (whose adds nodes 1 and 2 would otherwise both take) nor anyone reading
+    the recovery's copies counts on what the old instance held (the invariants;
+    without the rule, node 1 comes back as itself, without the fence and without
+    the entries the recovery copied to it, R20)."""
+    result = run(
+        put_back_plan(
+            2736,
+            Fault(0.0, "rollback-killed", 1, for_s=0.6),
+            Fault(0.0, "partition", 2, for_s=5.0, client="recovery-0"),
+            Fault(0.1, "pause", 0, for_s=1.5, client=WRITER),
+            recovery_at_s=0.2,
+        )
+    )
+    history = result.history
+    assert any("undo _roll_back_killed 10.0.0.2:3181" in line for line in history.log)
+    assert [line for line in history.log if "recovery-0 sees" in line], history.log[-30:]
 
 
 @pytest.mark.parametrize(

@@ -116,6 +116,15 @@ class Node:
         self._adds = AddQueue(
             self.submit, config.entry_bytes_max, self._refusal, config.journal.channel_batches_max
         )
+        #: awaited before a fence is answered, with the journal position the record
+        #: that fenced the ledger lies below (R27: the node's mark must reach it)
+        self._fence_barrier: Callable[[int], Awaitable[None]] | None = None
+
+    def set_fence_barrier(self, barrier: Callable[[int], Awaitable[None]]) -> None:
+        """A node in a cluster answers a fence only once `barrier(position)` returned:
+        its mark in the metadata store is past the record that fenced the ledger, so a
+        copy of the data dir that lacks the fence is caught when put back (R27)."""
+        self._fence_barrier = barrier
 
     def stop_taking_requests(self) -> None:
         """Refuse what is submitted from now on with NodeClosed (the node stops)."""
@@ -382,6 +391,13 @@ class Node:
             Request(RecordKind.FENCE, ledger_id, -1, master_key=master_key)
         )
         assert result is not None
+        barrier = self._fence_barrier
+        if barrier is not None:
+            meta = self._registry.metas.get(ledger_id)
+            # the first fence record is the one a copy must hold: a fence of a fenced
+            # ledger whose mark is written already needs no store write
+            if meta is not None and meta.fence_seq >= 0:
+                await barrier(meta.fence_seq + 1)
         return result
 
     async def close_ledger(

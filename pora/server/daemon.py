@@ -9,7 +9,8 @@ Lifecycle:
    set; the free-space monitor starts. With `metadata` set, before it listens the
    node checks the store's cluster id against its data dir's and its data dir
    against its instance's mark (membership.py): another cluster's store refuses the
-   start (exit 2), a data dir behind its mark starts as a new instance. It then registers
+   start (exit 2), a data dir behind its mark starts as a new instance, and the node
+   answers a fence only once that mark is past it (node_mark.py). It then registers
    its advertised address in that store (registration.py) and keeps the lease alive;
    an address another live instance holds refuses the start (exit 2). It runs the
    ledger garbage collection (ledger_gc.py) on that store.
@@ -40,7 +41,7 @@ from journal.errors import PoraError
 from pora.server.diskwatch import DiskMonitor, DiskThresholds
 from pora.server.gc_tuning import freeze_and_tune
 from pora.server.ledger_gc import LedgerCollector, LedgerGcConfig
-from pora.server.membership import check_mark, join_cluster, refuse_missing_store
+from pora.server.membership import join_cluster, refuse_missing_store, start_mark
 from pora.server.metrics import NodeMetrics, serve_metrics
 from pora.server.registration import (
     NodeRegistrar,
@@ -206,7 +207,7 @@ async def _run_node(
                 # before any client can reach the node: the instance id it serves
                 # under is settled here
                 cluster_id = await join_cluster(store, node.data_dir)
-                node.data_dir = await check_mark(store, node.data_dir, _journal_position(node))
+                node_mark = await start_mark(store, node, lambda: _journal_position(node))
                 collector = LedgerCollector(
                     node,
                     store,
@@ -267,7 +268,7 @@ async def _run_node(
                         node.data_dir.instance_id,
                         advertised_address(settings, (host, port)),
                         lambda: _node_state(node, monitor),
-                        lambda: _journal_position(node),
+                        node_mark,
                     )
                     read_only_switch.listener = registrar.node_changed
                     nursery.start_soon(registrar.run)

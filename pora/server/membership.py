@@ -17,6 +17,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -24,8 +26,12 @@ from pora.meta.errors import MetadataError
 from pora.meta.sqlite_file import sqlite_path
 from pora.meta.store import MetadataStore
 from pora.node.datadir import DataDir, new_instance, read_cluster_id, record_cluster_id
+from pora.server.node_mark import NodeMark
 from pora.server.registration import RegistrationRefused
 from pora.server.settings import Settings
+
+if TYPE_CHECKING:
+    from pora.node.node import Node
 
 _log = logging.getLogger("pora.membership")
 
@@ -158,3 +164,16 @@ async def check_mark(store: MetadataStore, directory: DataDir, position: int) ->
             f"{store.url}: {error}. Check the store (--metadata)"
         ) from None
     return directory
+
+
+async def start_mark(
+    store: MetadataStore, node: Node, journal_position: Callable[[], int]
+) -> NodeMark:
+    """Before the node listens: check its data dir against its instance's mark (a dir
+    behind it starts as a new instance), record the start's position as the mark,
+    and hold every fence until the mark is past it. Returns the mark's owner."""
+    start = journal_position()
+    node.data_dir = await check_mark(store, node.data_dir, start)
+    mark = NodeMark(store, node.data_dir.instance_id, journal_position, mark=start)
+    node.set_fence_barrier(mark.cover)
+    return mark

@@ -4,9 +4,10 @@
 while it runs (`run`: a renew every third of the lease, an update when the node's
 read-only state or free space changes, and nothing more), and removes the
 registration on a clean stop (`unregister`). With each renewal it also raises the
-instance's mark to the journal's durable position, when that moved (membership.py
-says what the mark is for). It only ever talks to the `MetadataStore` interface, so
-it behaves the same on SQLite and ZooKeeper.
+instance's mark to the journal's durable position, when that moved, through its
+owner `NodeMark` (node_mark.py; membership.py says what the mark is for). It only
+ever talks to the `MetadataStore` interface, so it behaves the same on SQLite and
+ZooKeeper.
 
 A store outage must not stop a node serving: a failed renew is logged and tried
 again at the next tick (but a store whose file was removed or replaced,
@@ -40,6 +41,7 @@ from pora.meta.errors import (
 from pora.meta.records import NodeRegistration
 from pora.meta.store import MetadataStore
 from pora.server.diskwatch import ReadOnlySwitch
+from pora.server.node_mark import NodeMark
 from pora.server.settings import Address, Settings
 
 _log = logging.getLogger("pora.registration")
@@ -70,9 +72,6 @@ class RegistrationStatus:
     renew_failures: int = 0
     address_taken: int = 0
     reregistrations: int = 0
-    mark_failures: int = 0
-    #: the last mark the store acknowledged for this instance
-    mark: int | None = None
 
 
 class NodeRegistrar:
@@ -84,11 +83,11 @@ class NodeRegistrar:
         rack: str | None,
         lease_s: float,
         node_state: Callable[[], NodeState],
-        journal_position: Callable[[], int] | None = None,
+        mark: NodeMark | None = None,
     ) -> None:
         self.store = store
-        #: the journal's durable position (every record below it is durable)
-        self.journal_position = journal_position
+        #: the instance's mark, raised with each renewal (None: no mark kept)
+        self.mark = mark
         self.address = address
         self.instance_id = instance_id
         self.rack = rack
@@ -173,18 +172,12 @@ class NodeRegistrar:
     async def _advance_mark(self) -> None:
         """Raise the instance's mark to where the journal is durable now: a copy of the
         data dir taken before this write is found behind the mark when it is put back."""
-        if self.journal_position is None:
-            return
-        position = self.journal_position()
-        if self.status.mark is not None and position <= self.status.mark:
+        if self.mark is None:
             return
         try:
-            await self.store.advance_node_mark(self.instance_id, position)
+            await self.mark.advance()
         except MetadataError as error:
-            self.status.mark_failures += 1
-            self._warn_retrying(f"cannot raise the mark of {self.instance_id} to {position}", error)
-        else:
-            self.status.mark = position
+            self._warn_retrying(f"cannot raise the mark of {self.instance_id}", error)
 
     async def _renew_or_update(self) -> None:
         try:
@@ -346,7 +339,7 @@ async def register_node(
     instance_id: str,
     address: str,
     node_state: Callable[[], NodeState],
-    journal_position: Callable[[], int] | None = None,
+    mark: NodeMark | None = None,
 ) -> NodeRegistrar:
     """Register the node, which serves already; the refusals the operator must act on
     are raised as RegistrationRefused."""
@@ -357,7 +350,7 @@ async def register_node(
         settings.rack,
         settings.registration_lease_s,
         node_state,
-        journal_position,
+        mark,
     )
     try:
         await registrar.register()

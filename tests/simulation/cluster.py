@@ -5,10 +5,14 @@ address: a new instance id, nothing stored), copies and rolls back (the data dir
 back from a copy taken earlier, as an operator restoring a backup would).
 
 Every node checks its data dir against its instance's mark in the store when it
-starts, and raises the mark when it stops, as `pora serve` does (R27): a data dir put
-back from an older copy starts as a new instance. The simulation's nodes raise their
-mark at every stop, so it does not draw the window R27 leaves open (a copy taken
-within the last mark interval before a node was killed).
+starts, answers a fence only once its mark is past it, and raises the mark when it
+stops, as `pora serve` does (R27): a data dir put back from an older copy starts as
+a new instance. The simulation's nodes raise their mark at every stop but one:
+`roll_back(..., killed_in_mark_interval=True)` kills the node with the mark as its
+start and its fences left it (a copy taken within the last mark interval before a
+node was killed). Only fences are safe in that window (R27; the entries the node
+acknowledged since its last mark write are at risk, as docs/replication.md says),
+so the random plans do not draw it: a planned scenario does.
 
 Each node is served by its own `Server` (`Server.serve_connection`), over the
 in-memory connections `SimNetwork` makes (wire.py), as `pora serve` serves TCP.
@@ -37,7 +41,7 @@ from pora.meta.records import NodeRegistration
 from pora.meta.store import MetadataStore
 from pora.node.node import Node
 from pora.server.config import ServerConfig
-from pora.server.membership import check_mark
+from pora.server.membership import start_mark
 from pora.server.server import Server
 from simulation.disk import SimDisk
 from simulation.wire import ServerEnd
@@ -95,9 +99,7 @@ class SimCluster:
         with trio.CancelScope(shield=True):
             # before anything reaches it: a data dir behind its mark serves as a new
             # instance
-            node.data_dir = await check_mark(
-                self.store, node.data_dir, node.statistics().journal.dispatched_seq
-            )
+            await start_mark(self.store, node, lambda: node.statistics().journal.dispatched_seq)
             self._stops[address] = (stop, stopped)
             self.nodes[address] = node
             self.registered[address] = node.data_dir.instance_id
@@ -167,7 +169,7 @@ class SimCluster:
         async with self._lock(address):
             await self._crash(address)
 
-    async def _crash(self, address: str) -> None:
+    async def _crash(self, address: str, *, raise_mark: bool = True) -> None:
         node = self.nodes.pop(address, None)
         if node is None:
             return
@@ -190,7 +192,8 @@ class SimCluster:
         self._crashed.discard(address)
         if self.disk is not None:
             self.disk.lose_unsynced(root)
-        await self.store.advance_node_mark(node.data_dir.instance_id, durable_seq)
+        if raise_mark:
+            await self.store.advance_node_mark(node.data_dir.instance_id, durable_seq)
 
     async def fail_disk(self, address: str, errno: int, calls: Sequence[str]) -> None:
         """The disk under the node at `address` fails its `calls` ("write", "sync")
@@ -243,14 +246,16 @@ class SimCluster:
             shutil.copytree(path, copy)
             self.copies[address] = copy
 
-    async def roll_back(self, address: str) -> None:
+    async def roll_back(self, address: str, *, killed_in_mark_interval: bool = False) -> None:
         """The node comes back on its data dir put back from the last `copy`: the same
-        instance id on disk, behind what that instance acknowledged since the copy."""
+        instance id on disk, behind what that instance acknowledged since the copy.
+        `killed_in_mark_interval`: the node's mark is where its start and its fences
+        left it (killed before a renewal raised it), not raised at the kill."""
         copy = self.copies.get(address)
         if copy is None:
             return
         async with self._lock(address):
-            await self._crash(address)
+            await self._crash(address, raise_mark=not killed_in_mark_interval)
             await self.store.unregister_node(address, self.registered[address])
             shutil.rmtree(self.paths[address])
             shutil.copytree(copy, self.paths[address])

@@ -18,7 +18,9 @@ class Fault:
     within `node_timeout_s`, until the backlog bound fails it), wipe (back at once
     on an empty data dir), pause (`client`'s messages are held, as a process stopped
     by SIGSTOP), rollback (its data dir copied now, and put back from that copy after
-    `for_s`: R27).
+    `for_s`: R27), rollback-killed (as rollback, but the node is killed within its
+    last mark interval: its mark is what its start and its fences wrote; planned
+    scenarios only, since entries it acknowledged since the copy are at risk).
 
     disk-full, disk-error: the node's disk fails `calls` with ENOSPC, EIO for
     `for_s`; then it is mended, and the node restarted if its journal failed.

@@ -416,6 +416,9 @@ class Simulation:
         elif fault.kind == "rollback":
             await cluster.copy(address)
             undo.start_soon(self._later, fault.for_s, cluster.roll_back, address)
+        elif fault.kind == "rollback-killed":
+            await cluster.copy(address)
+            undo.start_soon(self._later, fault.for_s, self._roll_back_killed, address)
         elif fault.kind in ("disk-full", "disk-error"):
             errno = ENOSPC if fault.kind == "disk-full" else EIO
             await cluster.fail_disk(address, errno, fault.calls)
@@ -470,6 +473,9 @@ class Simulation:
             undo.start_soon(self._later, fault.for_s, speed_up, address)
         else:
             raise ValueError(f"unknown fault kind {fault.kind!r}")
+
+    async def _roll_back_killed(self, address: str) -> None:
+        await self.cluster.roll_back(address, killed_in_mark_interval=True)
 
     async def _later(
         self, delay_s: float, action: Callable[[str], Awaitable[None]], address: str
