@@ -1,8 +1,9 @@
 """Truncation and retention on an in-process cluster (SQLite metadata): whole segments
 leave the document and their ledgers go; readers, subscribers and cursors asking for
 what was removed get EntriesTruncated naming the first position held, never a silent
-skip (also a reader racing a truncation of the segment it reads next); trim by age and size spares what a cursor needs, except past the hard limits.
-The pure decisions are tested beside them."""
+skip (also a reader racing a truncation of the segment it reads next); trim by age
+and size spares what a cursor needs, except past the hard limits. The pure decisions
+are tested beside them."""
 
 from __future__ import annotations
 
