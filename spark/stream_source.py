@@ -237,8 +237,11 @@ class PoraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- micro-batches --------------------------------------------------------------
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        (first, _), stop = self._checked(start), position_of(end)
-        if first >= stop:
+        (first, created_ms), stop = self._checked(start), position_of(end)
+        if first >= stop or end.get(CREATED_KEY, created_ms) != created_ms:
+            # (the second: a batch planned on the stream before it was created again,
+            # run again after a restart with failOnDataLoss=false: none of its
+            # positions is this stream's; the next batch reads it from its start)
             return []
         return plan_ranges(self._extents(first, stop), self._options.partition_bytes)
 

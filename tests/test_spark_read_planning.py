@@ -104,3 +104,19 @@ def test_an_offset_past_the_streams_end_is_told_from_one_at_it() -> None:
     assert not past_end(Position(5, 0), info)  # the next segment's first position
     assert past_end(Position(5, 1), info) and past_end(Position(9, 0), info)
     assert not past_end(Position(1, 70), info)  # a paged segment: not read for this
+
+
+def test_a_batch_planned_on_a_stream_since_created_again_reads_nothing() -> None:
+    """Run again after a restart with failOnDataLoss=false, such a batch's end is a
+    position of the former stream: reading up to it would read part of the new stream,
+    which the next batch then reads from its start again."""
+    from pyspark.sql.types import LongType, StructField, StructType  # noqa: PLC0415
+
+    from spark.options import parse_options  # noqa: PLC0415
+    from spark.stream_source import PoraStreamReader, offset_of  # noqa: PLC0415
+
+    options = parse_options({"metadata": "sqlite:///nowhere.db", "failOnDataLoss": "false"}, "e")
+    reader = PoraStreamReader(options, StructType([StructField("id", LongType())]))
+    reader._checked = lambda offset: (Position(0, 0), 2000)  # type: ignore[method-assign]
+    start, end = offset_of(Position(0, 0), "c", 1000), offset_of(Position(2, 1), "c", 1000)
+    assert reader.partitions(start, end) == []
