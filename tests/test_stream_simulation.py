@@ -35,6 +35,7 @@ def test_a_writer_rolls_over_and_a_takeover_fences_it() -> None:
     assert set(result.history.acked) <= set(result.final)
 
 
+@pytest.mark.slow  # some 4 s; random seed 1002 of the fast suite races too
 def test_two_writers_race_to_take_over_while_the_first_appends() -> None:
     for racer_at_s in (0.1, 0.1005, 0.103):
         plan = StreamPlan(seed=5, appends_each=12, takeover_at_s=0.1, racer_at_s=racer_at_s)
