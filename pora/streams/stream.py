@@ -230,7 +230,7 @@ class Stream:
         """The cursor `name` of this stream, created when there is none: a durable
         reader position that starts at the first position the stream holds and pins
         retention from there (NoSuchStream when the stream does not exist)."""
-        record = CursorRecord(self._client.store, self.name, check_stream_name(name))
+        record = CursorRecord(self._client.store, self.name, check_stream_name(name, "cursor name"))
         doc = (await self._record.read()).value
         await record.create_or_read(doc.first_held)
         return Cursor(self, record)
