@@ -40,6 +40,11 @@ class EntryFormatError(ValueError):
     """An entry that is not rows this module wrote; says where it came from."""
 
 
+class RowTooLarge(ValueError):
+    """One row encodes to more bytes than an entry may hold: it cannot be written;
+    says which row and the sizes."""
+
+
 def cut_batches(
     batches: Iterable[pa.RecordBatch], entry_bytes: int, rows_per_entry: int | None = None
 ) -> Iterator[pa.RecordBatch]:
@@ -102,6 +107,30 @@ class EntryEncoder:
 
 
 _HEADER_BYTES = 5
+
+
+def encode_within(
+    encoder: EntryEncoder, batch: pa.RecordBatch, limit: int, where: str, first_row: int = 0
+) -> Iterator[tuple[pa.RecordBatch, bytes]]:
+    """`batch` as entries of at most `limit` bytes each, with the rows each holds: one
+    entry when it fits (the usual case: one length compared), else the batch halved
+    until each part fits (rows that compress little can take more than `entry_bytes`
+    of Arrow memory encoded). RowTooLarge names the row (its index in the rows
+    written, from `first_row`) that does not fit alone."""
+    entry = encoder.encode(batch)
+    if len(entry) <= limit:
+        yield batch, entry
+        return
+    if batch.num_rows == 1:
+        raise RowTooLarge(
+            f"{where}: row {first_row} encodes to {len(entry)} bytes, more than a stream "
+            f"entry holds ({limit} bytes, the client's payload_bytes_max, under the nodes' "
+            "entry_bytes_max); a row is never split across entries: keep values this "
+            "large outside the stream (write a reference to them)"
+        )
+    half = batch.num_rows // 2
+    yield from encode_within(encoder, batch.slice(0, half), limit, where, first_row)
+    yield from encode_within(encoder, batch.slice(half), limit, where, first_row + half)
 
 
 def entry_rows(entry: bytes, where: str = "an entry") -> int:

@@ -60,6 +60,21 @@ _INT_OPTIONS = {
     "maxrecordspertrigger": "max_records_per_trigger",
     "maxbytespertrigger": "max_bytes_per_trigger",
 }
+#: each integer option's range (by field name; checked when the options are parsed,
+#: on the driver, rather than failing every attempt of every task)
+_INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "ensemble_size": (1, 2**31 - 1),
+    "write_quorum": (1, 2**31 - 1),
+    "ack_quorum": (1, 2**31 - 1),
+    "segment_bytes_max": (64 << 10, 2**63 - 1),
+    "entry_bytes": (1, 2**63 - 1),
+    "compression_level": (-7, 22),
+    "rows_per_entry": (1, 2**63 - 1),
+    "as_of_commit": (0, 2**63 - 1),
+    "partition_bytes": (1, 2**63 - 1),
+    "max_records_per_trigger": (1, 2**63 - 1),
+    "max_bytes_per_trigger": (1, 2**63 - 1),
+}
 _BOOL_OPTIONS = {"merge_schema": "merge_schema", "failondataloss": "fail_on_data_loss"}
 _STRING_OPTIONS = {"starting_position": "starting_position", "cursor": "cursor"}
 #: options Spark itself sets or reads, passed through to us and ignored here
@@ -82,19 +97,19 @@ def parse_options(options: Mapping[str, str], stream: str | None = None) -> Pora
             'option("stream", "name")'
         )
     values: dict[str, object] = {}
-    for key, value in lowered.items():
+    for spelled, value in options.items():
+        key = spelled.lower()
         if key in _INT_OPTIONS:
-            values[_INT_OPTIONS[key]] = _int(key, value)
+            field = _INT_OPTIONS[key]
+            values[field] = _int(spelled, value, _INT_BOUNDS[field])
         elif key in _BOOL_OPTIONS:
-            values[_BOOL_OPTIONS[key]] = _bool(key, value)
+            values[_BOOL_OPTIONS[key]] = _bool(spelled, value)
         elif key in _STRING_OPTIONS:
             values[_STRING_OPTIONS[key]] = value
         elif key not in _SPARK_OPTIONS:
             known = sorted([*_INT_OPTIONS, *_BOOL_OPTIONS, *_STRING_OPTIONS, *_SPARK_OPTIONS])
             raise PoraOptionError(f"unknown option {key!r} of the Pora data source; known: {known}")
     parsed = PoraOptions(metadata=metadata, stream=name, **values)  # type: ignore[arg-type]
-    if parsed.partition_bytes <= 0:
-        raise PoraOptionError(f"option partition_bytes={parsed.partition_bytes} must be above 0")
     if parsed.starting_position not in ("earliest", "latest"):
         raise PoraOptionError(
             f"option starting_position={parsed.starting_position!r}: use earliest or latest"
@@ -102,11 +117,16 @@ def parse_options(options: Mapping[str, str], stream: str | None = None) -> Pora
     return parsed
 
 
-def _int(key: str, value: str) -> int:
+def _int(key: str, value: str, bounds: tuple[int, int]) -> int:
+    low, high = bounds
+    wanted = f"at least {low}" if high >= 2**31 - 1 else f"from {low} to {high}"
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
-        raise PoraOptionError(f"option {key}={value!r} must be an integer") from None
+        raise PoraOptionError(f"option {key}={value!r} must be an integer, {wanted}") from None
+    if not low <= number <= high:
+        raise PoraOptionError(f"option {key}={value!r} must be {wanted}")
+    return number
 
 
 def _bool(key: str, value: str) -> bool:

@@ -1,8 +1,10 @@
 """`df.foreachPartition(partition_writer(url, "events"))` (docs/spark.md,
 "foreachPartition"): each partition's rows in a transaction of their own, committed
-with the key (job, partition), so a retried or speculative attempt of a partition that
-was committed already changes nothing (its commit finds the key and deletes its
-ledgers).
+with the key (job, stage, partition), so a retried or speculative attempt of a
+partition that was committed already changes nothing (its commit finds the key and
+deletes its ledgers). The stage is Spark's: the same for every attempt of one
+`foreachPartition` action, another for each action, so one writer object used for
+two actions (two DataFrames, or one written twice) writes both.
 
 `partition_writer` runs on the driver: it fixes the job's id and creates the stream if
 absent (recording `schema` when given). What it returns is a plain picklable object
@@ -67,19 +69,20 @@ class PartitionWriter:
     """What `partition_writer` returns: call it with a partition's rows."""
 
     options: PoraOptions
-    #: fixed on the driver: with the partition id, each commit's key
+    #: fixed on the driver: with the stage and partition ids, each commit's key
     job: str
     #: the StructType's JSON (None: the stream's, or inferred)
     schema_json: str | None = None
 
     def __call__(self, rows: Iterable[Any]) -> None:
-        _, partition, attempt = task_identity()
+        stage, partition, attempt = task_identity()
         rows = iter(rows)
         first = next(rows, None)
         if first is None:
             return  # nothing to write: no transaction
         rows = itertools.chain([first], rows)
-        tags = {"job": self.job, "partition": str(partition), "attempt": str(attempt)}
+        tags = {"job": self.job, "stage": str(stage), "partition": str(partition)}
+        tags["attempt"] = str(attempt)
         with blocking_client(self.options.metadata) as pora:
             stream = pora.call(pora.client.open_stream, self.options.stream)
             schema, rows = self._schema(pora, stream, rows)
@@ -87,7 +90,7 @@ class PartitionWriter:
             pora.call(txn.begin)
             try:
                 write_segment(pora, txn, _arrow_batches(rows, schema), self.options, tags)
-                pora.call(partial(txn.commit, key=f"{self.job}:{partition}"))
+                pora.call(partial(txn.commit, key=partition_key(self.job, stage, partition)))
             except BaseException:
                 if txn.committed is None:
                     pora.call(txn.abort)  # its ledgers deleted
@@ -113,6 +116,15 @@ class PartitionWriter:
             # stream's; rows that do not fit it fail to convert, naming the field
             schema = spark_schema_of(stream.name, pora.call(stream.attributes))
         return schema, itertools.chain(sample, rows)
+
+
+def partition_key(job: str, stage: int, partition: int) -> str:
+    """The commit key of one partition of one `foreachPartition` action: every attempt
+    of it (retried, speculative, its stage resubmitted) has the same stage id, and
+    every other action of the application another one. The partition id alone would
+    make a second action through the same writer find the first's keys recorded and
+    drop its rows."""
+    return f"{job}:{stage}:{partition}"
 
 
 def _inferred(rows: list[Any]) -> Any:

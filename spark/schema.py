@@ -68,19 +68,58 @@ def schema_differences(recorded: Any, given: Any) -> list[str]:
     ours = {field.name: field for field in recorded.fields}
     theirs = {field.name: field for field in given.fields}
     differences = [f"{name!r} missing" for name in ours if name not in theirs]
-    for name, field in theirs.items():
-        kept = ours.get(name)
-        if kept is None:
-            nullable = "nullable" if field.nullable else "not nullable"
-            differences.append(f"{name!r} added ({field.dataType.simpleString()}, {nullable})")
-        elif kept.dataType != field.dataType:
-            ours_shown, theirs_shown = kept.dataType.simpleString(), field.dataType.simpleString()
-            if ours_shown == theirs_shown:  # differs only in nullability inside
-                ours_shown, theirs_shown = kept.dataType.json(), field.dataType.json()
-            differences.append(f"{name!r} type {theirs_shown}, the stream's is {ours_shown}")
-        elif field.nullable and not kept.nullable:
-            differences.append(f"{name!r} nullable, the stream's is not")
+    for field in theirs.values():
+        difference = _field_difference(ours.get(field.name), field, reading=False)
+        if difference is not None:
+            differences.append(difference)
     return differences
+
+
+def read_schema_differences(recorded: Any, given: Any) -> list[str]:
+    """How a schema given to a reader (`.schema(...)`) differs from the stream's: a
+    field the stream lacks, one of another type, one not nullable where the stream's
+    is. Fields it leaves out, and its order, are no difference (Spark reads those
+    columns by name, as a projection)."""
+    ours = {field.name: field for field in recorded.fields}
+    differences = [
+        _field_difference(ours.get(field.name), field, reading=True) for field in given.fields
+    ]
+    return [difference for difference in differences if difference is not None]
+
+
+def _field_difference(kept: Any, field: Any, reading: bool) -> str | None:
+    """How `field` (the rows' when writing, a reader's when `reading`) differs from
+    the stream's field of its name, `kept` (None: the stream has none). Nullability:
+    rows may not bring nulls into a non-nullable field; a reader may not declare a
+    nullable one non-nullable."""
+    name = field.name
+    if kept is None:
+        if reading:
+            return f"{name!r} is not a column of the stream"
+        nullable = "nullable" if field.nullable else "not nullable"
+        return f"{name!r} added ({field.dataType.simpleString()}, {nullable})"
+    if kept.dataType != field.dataType:
+        ours_shown, theirs_shown = kept.dataType.simpleString(), field.dataType.simpleString()
+        if ours_shown == theirs_shown:  # differs only in nullability inside
+            ours_shown, theirs_shown = kept.dataType.json(), field.dataType.json()
+        return f"{name!r} type {theirs_shown}, the stream's is {ours_shown}"
+    if reading and kept.nullable and not field.nullable:
+        return f"{name!r} not nullable, the stream's is"
+    if not reading and field.nullable and not kept.nullable:
+        return f"{name!r} nullable, the stream's is not"
+    return None
+
+
+def check_read_schema(stream: str, attributes: dict[str, str], given: Any) -> None:
+    """SchemaMismatch when `given` (the schema a reader was handed) does not read
+    the stream as recorded (see read_schema_differences)."""
+    differences = read_schema_differences(spark_schema_of(stream, attributes), given)
+    if differences:
+        raise SchemaMismatch(
+            f"the schema given to the reader is not stream {stream!r}'s: "
+            f"{'; '.join(differences)}. Leave .schema(...) out: the reader takes the "
+            "stream's own (then select, rename or cast columns on the DataFrame)"
+        )
 
 
 def merged_schema(recorded: Any, given: Any) -> Any | None:

@@ -17,7 +17,7 @@ from pyspark.sql.datasource import (
 
 from spark.blocking import blocking_client
 from spark.options import PoraOptions, parse_options
-from spark.schema import spark_schema_of
+from spark.schema import check_read_schema, spark_schema_of
 
 
 class PoraDataSource(DataSource):
@@ -39,10 +39,21 @@ class PoraDataSource(DataSource):
             attributes = pora.call(stream.attributes)
         return spark_schema_of(options.stream, attributes)
 
+    def _checked_read_schema(self, schema: Any) -> PoraOptions:
+        """The options, once `schema` (the stream's, or one given with `.schema()`)
+        reads the stream as recorded: a given one that names a column the stream
+        lacks, another type or a non-nullable column would read nulls or casts
+        silently (SchemaMismatch instead)."""
+        options = self._options()
+        with blocking_client(options.metadata) as pora:
+            stream = pora.call(pora.client.open_stream, options.stream)
+            check_read_schema(options.stream, pora.call(stream.attributes), schema)
+        return options
+
     def reader(self, schema: Any) -> DataSourceReader:
         from spark.batch_reader import PoraBatchReader  # noqa: PLC0415
 
-        return PoraBatchReader(self._options(), schema)
+        return PoraBatchReader(self._checked_read_schema(schema), schema)
 
     def writer(self, schema: Any, overwrite: bool) -> DataSourceWriter:
         from spark.batch_writer import PoraBatchWriter  # noqa: PLC0415
@@ -52,7 +63,7 @@ class PoraDataSource(DataSource):
     def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802 (Spark's)
         from spark.stream_source import PoraStreamReader  # noqa: PLC0415
 
-        return PoraStreamReader(self._options(), schema)
+        return PoraStreamReader(self._checked_read_schema(schema), schema)
 
     def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
         from spark.stream_sink import PoraStreamWriter  # noqa: PLC0415

@@ -2,9 +2,12 @@
 "Streaming reads").
 
 An offset is the position the next micro-batch reads from, with the name of the
-query's durable cursor: `{"position": {"segment": 3, "entry": 120}, "cursor":
-"spark-…"}`. Spark checkpoints offsets, so a query restarted from its checkpoint
-resumes at the position it stopped at and advances the same cursor. Only
+query's durable cursor and the stream's creation time: `{"position": {"segment": 3,
+"entry": 120}, "cursor": "spark-…", "stream_created_ms": 1795…}`. Spark checkpoints
+offsets, so a query restarted from its checkpoint resumes at the position it stopped
+at and advances the same cursor; an offset of another stream (one deleted and
+created again under the name, whose positions name other entries) or past the
+stream's end is refused, never read from. Only
 acknowledged entries of committed segments are offered: a batch ends at most at the
 live writer's LAC (what `stream.extents()` reports).
 
@@ -46,8 +49,19 @@ class PoraDataLoss(RuntimeError):
     truncation) and failOnDataLoss is true."""
 
 
-def offset_of(position: Position, cursor: str) -> dict[str, Any]:
-    return {"position": position.to_dict(), "cursor": cursor}
+class PoraOffsetMismatch(PoraDataLoss):
+    """A streaming query's offset does not name a position of the stream as it is: the
+    stream was deleted and created again since the checkpoint was written, or the
+    offset lies past its end (a checkpoint of another stream); failOnDataLoss is
+    true."""
+
+
+#: the offset's field holding the creation time of the stream its position is of
+CREATED_KEY = "stream_created_ms"
+
+
+def offset_of(position: Position, cursor: str, created_ms: int) -> dict[str, Any]:
+    return {"position": position.to_dict(), "cursor": cursor, CREATED_KEY: created_ms}
 
 
 def position_of(offset: dict[str, Any]) -> Position:
@@ -57,6 +71,19 @@ def position_of(offset: dict[str, Any]) -> Position:
 def _end_of(extents: Sequence[pora.SegmentExtent]) -> Position:
     last = extents[-1]
     return Position(last.seq, last.last_entry + 1)
+
+
+def past_end(position: Position, info: pora.StreamInfo) -> bool:
+    """Whether `position` lies past any end the stream has had: beyond the next
+    segment's first position, or past a CLOSED segment's end (one of the head's: a
+    paged segment is not read for this)."""
+    if position > Position(info.next_seq, 0):
+        return True
+    for segment in info.segments:
+        if segment.seq == position.segment:
+            closed = segment.state.name == "CLOSED"  # (SegmentState is not public)
+            return closed and position.entry > segment.last_entry_id + 1
+    return False
 
 
 class PoraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -104,15 +131,16 @@ class PoraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._cursor_name = name
         pora_client, stream = self._client()
         cursor = pora_client.call(stream.cursor, name)
+        info = pora_client.call(stream.info)
         if self._options.starting_position == "earliest":
             start = pora_client.call(cursor.position)
         else:
-            start = pora_client.call(stream.info).first_held
+            start = info.first_held
             extents = self._extents(start)
             if extents:
                 start = _end_of(extents)
                 pora_client.call(cursor.ack, Position(start.segment, start.entry - 1))
-        return offset_of(start, name)
+        return offset_of(start, name, info.created_ms)
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 (Spark's)
         """One limit from the options (Spark takes one kind); latestOffset applies
@@ -129,7 +157,7 @@ class PoraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
         name = self._named(start)
-        first = self._held(position_of(start))
+        first, created_ms = self._checked(start)
         stop: Position | None = None
         if self._available_now is not None:
             stop = self._available_now[0]
@@ -140,19 +168,21 @@ class PoraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start
         limits = self._limits(limit)
         if limits.unlimited:
-            return offset_of(_end_of(extents), name)
+            return offset_of(_end_of(extents), name, created_ms)
         pora_client, stream = self._client()
         end = admitted_end(
             pora_client.iterate(lambda: stream.read(from_=first, to=_end_of(extents)), chunk=16),
             limits,
         )
-        return start if end is None else offset_of(end, name)
+        return start if end is None else offset_of(end, name, created_ms)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:  # noqa: N802 (Spark's)
         if self._cursor_name is None:
             return None
+        pora_client, stream = self._client()
+        created_ms = pora_client.call(stream.info).created_ms
         extents = self._extents(None)
-        return offset_of(_end_of(extents), self._cursor_name) if extents else None
+        return offset_of(_end_of(extents), self._cursor_name, created_ms) if extents else None
 
     def _named(self, offset: dict[str, Any]) -> str:
         name: str = offset["cursor"]
@@ -172,15 +202,30 @@ class PoraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             size = limit.max_bytes if size is None else min(size, limit.max_bytes)
         return Limits(rows, size)
 
-    def _held(self, position: Position) -> Position:
-        """`position`, or with failOnDataLoss=false the first position held when
-        retention removed it; PoraDataLoss otherwise."""
+    def _checked(self, offset: dict[str, Any]) -> tuple[Position, int]:
+        """The position `offset` reads from and the stream's creation time: the
+        offset's own position, or with failOnDataLoss=false the first position held
+        when retention removed it or when the offset is not of this stream (created
+        again since, or past its end); PoraDataLoss / PoraOffsetMismatch otherwise."""
         pora_client, stream = self._client()
-        first_held: Position = pora_client.call(stream.info).first_held
-        if position >= first_held or not self._removed(position, first_held):
-            return position
-        lost(self._options, position, first_held)
-        return first_held
+        info: pora.StreamInfo = pora_client.call(stream.info)
+        position = position_of(offset)
+        created_ms = offset.get(CREATED_KEY)  # absent from offsets written before it
+        if created_ms is not None and created_ms != info.created_ms:
+            why = (
+                f"was deleted and created again (the offset's stream was created at "
+                f"{created_ms} ms since the epoch, this one at {info.created_ms})"
+            )
+            mismatched(self._options, position, info.first_held, why)
+            return info.first_held, info.created_ms
+        if past_end(position, info):
+            why = f"ends before it (its next segment is {info.next_seq})"
+            mismatched(self._options, position, info.first_held, why)
+            return info.first_held, info.created_ms
+        if position < info.first_held and self._removed(position, info.first_held):
+            lost(self._options, position, info.first_held)
+            return info.first_held, info.created_ms
+        return position, info.created_ms
 
     def _removed(self, position: Position, first_held: Position) -> bool:
         try:
@@ -192,8 +237,11 @@ class PoraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- micro-batches --------------------------------------------------------------
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        first, stop = self._held(position_of(start)), position_of(end)
-        if first >= stop:
+        (first, created_ms), stop = self._checked(start), position_of(end)
+        if first >= stop or end.get(CREATED_KEY, created_ms) != created_ms:
+            # (the second: a batch planned on the stream before it was created again,
+            # run again after a restart with failOnDataLoss=false: none of its
+            # positions is this stream's; the next batch reads it from its start)
             return []
         return plan_ranges(self._extents(first, stop), self._options.partition_bytes)
 
@@ -237,3 +285,24 @@ def lost(options: PoraOptions, requested: Position, first_held: Position) -> Non
             'failOnDataLoss to "false"'
         )
     _log.warning("%s; skipped (failOnDataLoss=false), reading on from %s", message, first_held)
+
+
+def mismatched(options: PoraOptions, offset: Position, first_held: Position, why: str) -> None:
+    """The query's offset `offset` is not a position of the stream as it is (`why`):
+    PoraOffsetMismatch, or with failOnDataLoss=false a warning (the query reads on
+    from the stream's first position held)."""
+    message = (
+        f"stream {options.stream!r}: the query's checkpoint holds position {offset}, "
+        f"but the stream {why}: that position names no entry this query has yet to read"
+    )
+    if options.fail_on_data_loss:
+        raise PoraOffsetMismatch(
+            f"{message}; start the query with a new checkpoint location (to read this "
+            f"stream from its first position {first_held} instead, set option "
+            'failOnDataLoss to "false")'
+        )
+    _log.warning(
+        "%s; reading on from the stream's first position %s (failOnDataLoss=false)",
+        message,
+        first_held,
+    )

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 from pyspark.sql.datasource import WriterCommitMessage
 
 from pora import NoSuchStream, StreamExists
-from spark.encoding import EntryEncoder, cut_batches
+from spark.encoding import EntryEncoder, cut_batches, encode_within
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -108,6 +108,8 @@ def write_segment(
     """The rows of `batches` in one new segment of `txn` (tagged with `tags`), closed
     once all are acknowledged; no segment for no rows."""
     encoder = EntryEncoder(options.compression_level)
+    limit = pora.client.config.payload_bytes_max
+    where = f"stream {options.stream!r}, partition {tags.get('partition')}"
     written = Written()
     segment: TransactionSegment | None = None
     in_flight: deque[Future[list[int]]] = deque()
@@ -123,18 +125,18 @@ def write_segment(
         chunk, chunk_bytes = [], 0
 
     try:
-        for batch in cut_batches(batches, options.entry_bytes, options.rows_per_entry):
-            if segment is None:
-                segment = pora.call(txn.open_segment, tags)
-                written.ledger_id = segment.ledger_id
-            entry = encoder.encode(batch)
-            chunk.append(entry)
-            chunk_bytes += len(entry)
-            written.rows += batch.num_rows
-            written.entries += 1
-            written.bytes += len(entry)
-            if len(chunk) >= APPEND_ENTRIES_MAX or chunk_bytes >= APPEND_BYTES_MAX:
-                send()
+        for cut in cut_batches(batches, options.entry_bytes, options.rows_per_entry):
+            for batch, entry in encode_within(encoder, cut, limit, where, written.rows):
+                if segment is None:
+                    segment = pora.call(txn.open_segment, tags)
+                    written.ledger_id = segment.ledger_id
+                chunk.append(entry)
+                chunk_bytes += len(entry)
+                written.rows += batch.num_rows
+                written.entries += 1
+                written.bytes += len(entry)
+                if len(chunk) >= APPEND_ENTRIES_MAX or chunk_bytes >= APPEND_BYTES_MAX:
+                    send()
         if chunk:
             send()
         while in_flight:

@@ -1,8 +1,12 @@
 """Rows in stream entries: record batches cut near the entry size asked for, through
 zstd and back with every column and null intact; a column added to the table after an
-entry was written reads as nulls; what is not such an entry is refused by name."""
+entry was written reads as nulls; what is not such an entry is refused by name; rows
+that compress too little for one entry are spread over several, and a row no entry
+can hold is refused by its index."""
 
 from __future__ import annotations
+
+import os
 
 import pyarrow as pa
 import pytest
@@ -11,7 +15,9 @@ from spark.encoding import (
     EntryDecoder,
     EntryEncoder,
     EntryFormatError,
+    RowTooLarge,
     cut_batches,
+    encode_within,
     entry_rows,
     schema_from_attribute,
     schema_to_attribute,
@@ -70,3 +76,19 @@ def test_the_schema_round_trips_through_an_attribute() -> None:
     assert schema_from_attribute(schema_to_attribute(schema)).equals(schema)
     with pytest.raises(EntryFormatError):
         schema_from_attribute("not base64!")
+
+
+def test_an_entry_over_the_limit_is_halved_until_each_part_fits() -> None:
+    bodies = [os.urandom(100_000) for _ in range(5)]  # incompressible
+    batch = pa.RecordBatch.from_pydict({"id": list(range(5)), "body": bodies})
+    encoder, decoder = EntryEncoder(), EntryDecoder()
+    assert len(list(encode_within(encoder, batch, 1 << 20, "here"))) == 1  # fits: as is
+    parts = list(encode_within(encoder, batch, 250_000, "here"))
+    assert [len(part) for part, _ in parts] == [2, 1, 2]  # 5 -> 2 + 3 -> 2 + (1 + 2)
+    assert all(len(entry) <= 250_000 for _, entry in parts)
+    decoded = [decoder.decode(entry, "entry") for _, entry in parts]
+    assert [row for b in decoded for row in b.column("body").to_pylist()] == bodies
+    with pytest.raises(RowTooLarge) as raised:
+        list(encode_within(encoder, batch, 90_000, "stream 'e', partition 3", first_row=40))
+    assert str(raised.value).startswith("stream 'e', partition 3: row 40 encodes to 100")
+    assert "more than a stream entry holds (90000 bytes" in str(raised.value)

@@ -2,7 +2,8 @@
 3-node cluster of `pora serve` processes: rows of every common type come back equal,
 schema and nullability included; `as_of_commit`; a live writer's OPEN segment; a
 segment split into many partitions reads every row once; projection and pushed
-filters give the right rows; columns added later read as nulls."""
+filters give the right rows; columns added later read as nulls; a schema given to
+the reader that does not read the stream as recorded is refused by field."""
 
 from __future__ import annotations
 
@@ -229,3 +230,27 @@ def test_what_the_writer_wrote_reads_back_equal(spark_session: Any, spark_cluste
     assert sorted(df.collect(), key=lambda row: row["int"]) == expected
     as_of_first = reader(spark_session, spark_cluster).option("as_of_commit", 1).load(name)
     assert as_of_first.count() == 40
+
+
+def test_a_given_schema_that_misreads_the_stream_is_refused(
+    spark_session: Any, spark_cluster: str
+) -> None:
+    """`.schema(...)` naming a column the stream lacks read it as nulls, and another
+    type cast every value, silently; a subset of its columns is a projection."""
+    name = stream_name("read-given")
+    with table_client(spark_cluster) as pora:
+        create_table_stream(pora, name, small_schema())
+        commit_entries(pora, name, entries_of(small_schema(), small_rows(0, 5)))
+    projected = reader(spark_session, spark_cluster).schema("score double, id long").load(name)
+    assert sorted(row.id for row in projected.collect()) == list(range(5))
+    for given, named in (
+        ("id long, nmae string", "'nmae' is not a column of the stream"),
+        ("id string", "'id' type string, the stream's is bigint"),
+    ):
+        with pytest.raises(Exception, match="not stream") as raised:
+            reader(spark_session, spark_cluster).schema(given).load(name).collect()
+        assert named in str(raised.value) and "Leave .schema(...) out" in str(raised.value)
+    stream_reader = spark_session.readStream.format("pora").option("metadata", spark_cluster)
+    query = stream_reader.schema("id long, name int").load(name).writeStream.format("noop")
+    with pytest.raises(Exception, match="'name' type int, the stream's is string"):
+        query.trigger(availableNow=True).start().awaitTermination(60)

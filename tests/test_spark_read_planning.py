@@ -1,8 +1,10 @@
 """The readers' pure parts: segments cut into entry ranges of about the bytes asked
 for, and the end of a micro-batch under row and byte limits (whole entries, at
-least one)."""
+least one), and an offset past a stream's end."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pyarrow as pa
 
@@ -86,3 +88,35 @@ def test_a_batch_takes_the_schema_spark_expects_without_casting_equal_types() ->
     assert cast.schema.equals(expected) and cast.column(1).to_pylist() == [{"a": 1}, None]
     added = cast_to(pa.record_batch([pa.nulls(2)], names=["x"]), pa.schema([("x", pa.string())]))
     assert added.column(0).type == pa.string() and added.column(0).null_count == 2
+
+
+def test_an_offset_past_the_streams_end_is_told_from_one_at_it() -> None:
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from spark.stream_source import past_end  # noqa: PLC0415
+
+    closed = SimpleNamespace(seq=3, state=SimpleNamespace(name="CLOSED"), last_entry_id=9)
+    open_ = SimpleNamespace(seq=4, state=SimpleNamespace(name="OPEN"), last_entry_id=-1)
+    info: Any = SimpleNamespace(next_seq=5, segments=(closed, open_))
+    assert not past_end(Position(3, 10), info)  # a CLOSED segment's end
+    assert past_end(Position(3, 11), info)
+    assert not past_end(Position(4, 500), info)  # the OPEN one's end is not known here
+    assert not past_end(Position(5, 0), info)  # the next segment's first position
+    assert past_end(Position(5, 1), info) and past_end(Position(9, 0), info)
+    assert not past_end(Position(1, 70), info)  # a paged segment: not read for this
+
+
+def test_a_batch_planned_on_a_stream_since_created_again_reads_nothing() -> None:
+    """Run again after a restart with failOnDataLoss=false, such a batch's end is a
+    position of the former stream: reading up to it would read part of the new stream,
+    which the next batch then reads from its start again."""
+    from pyspark.sql.types import LongType, StructField, StructType  # noqa: PLC0415
+
+    from spark.options import parse_options  # noqa: PLC0415
+    from spark.stream_source import PoraStreamReader, offset_of  # noqa: PLC0415
+
+    options = parse_options({"metadata": "sqlite:///nowhere.db", "failOnDataLoss": "false"}, "e")
+    reader = PoraStreamReader(options, StructType([StructField("id", LongType())]))
+    reader._checked = lambda offset: (Position(0, 0), 2000)  # type: ignore[method-assign]
+    start, end = offset_of(Position(0, 0), "c", 1000), offset_of(Position(2, 1), "c", 1000)
+    assert reader.partitions(start, end) == []

@@ -228,3 +228,30 @@ def test_data_lost_past_a_hard_limit_fails_or_is_skipped(
         assert ids_written(spark_session, tmp_path) == list(range(10))
         run_available_now(spark_session, spark_cluster, name, tmp_path, failOnDataLoss="false")
         assert ids_written(spark_session, tmp_path) == [*range(10), *range(30, 40)]
+
+
+def test_a_checkpoint_of_a_stream_deleted_and_created_again_is_refused(
+    spark_session: Any, spark_cluster: str, tmp_path: Path
+) -> None:
+    """The checkpoint's offsets name positions of the stream it read: in a stream
+    created again under the same name they would skip its first entries unseen."""
+    from pyspark.errors import StreamingQueryException  # noqa: PLC0415
+
+    name = stream_name("stream-again")
+    schema = table_schema()
+    with table_client(spark_cluster) as pora:
+        create_table_stream(pora, name, schema)
+        for first in (0, 10, 20):
+            commit_entries(pora, name, entries_of(schema, rows(first, 10)))
+        assert run_available_now(spark_session, spark_cluster, name, tmp_path) == [30]
+        pora.call(pora.client.delete_stream, name)
+        create_table_stream(pora, name, schema)
+        for first in range(100, 140, 10):
+            commit_entries(pora, name, entries_of(schema, rows(first, 10)))
+        with pytest.raises(StreamingQueryException) as failed:
+            run_available_now(spark_session, spark_cluster, name, tmp_path)
+        assert "created again" in str(failed.value) and "new checkpoint" in str(failed.value)
+        assert ids_written(spark_session, tmp_path) == list(range(30))
+        # told to go on: the new stream is read from its first position, whole
+        run_available_now(spark_session, spark_cluster, name, tmp_path, failOnDataLoss="false")
+        assert ids_written(spark_session, tmp_path) == [*range(30), *range(100, 140)]

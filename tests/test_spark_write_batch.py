@@ -2,11 +2,13 @@
 every row once when every task fails its first attempt (the failed attempts'
 segments dropped and their ledgers deleted), nothing visible and no ledger after a
 job that fails as a whole, overwrite replaces, and the stream's schema recorded,
-checked (the fields that differ named) and widened with `merge_schema`."""
+checked (the fields that differ named) and widened with `merge_schema`; entries
+that would pass the nodes' entry limit are split."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -161,3 +163,18 @@ def test_merge_schema_widens_with_added_nullable_columns(session: Any, spark_clu
     # rows of the recorded (narrower) schema are refused: a column is missing
     with pytest.raises(Exception, match="'note' missing"):
         save(events(session, 5, 1), spark_cluster, name)
+
+
+def test_rows_past_an_entrys_limit_are_split(session: Any, spark_cluster: str) -> None:
+    """(A row no entry can hold fails each attempt with RowTooLarge naming the stream,
+    partition and row: tests/test_spark_encoding.py, as four failing attempts of
+    megabytes take seconds.)"""
+    # 3 incompressible rows of 1.5 MiB in one batch of entry_bytes: over the nodes'
+    # 4 MiB encoded, so written as several entries
+    name = stream_name("batch-big")
+    rows = [(i, bytearray(os.urandom(3 << 19))) for i in range(3)]
+    df = session.createDataFrame(rows, "id long, body binary").coalesce(1)
+    save(df, spark_cluster, name, entry_bytes=str(16 << 20))
+    table = stream_table(spark_cluster, name)
+    assert table.column("body").to_pylist() == [bytes(body) for _, body in rows]
+    assert sorted(column(spark_cluster, name, "id")) == [0, 1, 2]

@@ -15,6 +15,7 @@ from spark_write_support import (
     column,
     pending_transactions,
     segment_ledgers,
+    segment_tags,
     ship_by_value,
     stream_ledgers,
     stream_table,
@@ -30,8 +31,8 @@ ship_by_value(__name__)
 pytestmark = pytest.mark.slow
 
 
-def events(session: Any, rows: int, partitions: int = 4) -> Any:
-    return session.range(0, rows, 1, partitions).selectExpr(
+def events(session: Any, rows: int, partitions: int = 4, first: int = 0) -> Any:
+    return session.range(first, first + rows, 1, partitions).selectExpr(
         "id", "concat('k', cast(id as string)) as key", "cast(id as timestamp) as ts"
     )
 
@@ -96,3 +97,20 @@ def test_the_schema_inferred_or_the_streams(spark_session: Any, spark_cluster: s
     other = spark_session.range(0, 3).selectExpr("cast(id as string) as id")
     with pytest.raises(SchemaMismatch, match="'id' type string"):
         partition_writer(spark_cluster, name, other.schema)
+
+
+def test_one_writer_used_for_two_actions_writes_both(
+    spark_session: Any, spark_cluster: str
+) -> None:
+    """The commit key holds Spark's stage id: a second action through the same writer
+    object is not taken for a retry of the first (its rows were dropped when the key
+    was (job, partition))."""
+    name = stream_name("parts")
+    first, second = events(spark_session, 100, 2), events(spark_session, 100, 2, first=100)
+    write = partition_writer(spark_cluster, name, first.schema)
+    first.foreachPartition(write)
+    second.foreachPartition(write)
+    first.foreachPartition(write)  # the same DataFrame again: written again
+    assert sorted(column(spark_cluster, name, "id")) == sorted([*range(200), *range(100)])
+    tags = segment_tags(spark_cluster, name)
+    assert len({(tag["stage"], tag["partition"]) for tag in tags}) == len(tags) == 6

@@ -1,5 +1,6 @@
 """The schema checks on their own (no Spark job): the differences named field by
-field, nullability inside a nested type shown, and what merge_schema widens."""
+field, nullability inside a nested type shown, what merge_schema widens, and how a
+schema given to a reader may differ from the stream's (a projection, not more)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from spark.schema import merged_schema, schema_differences
+from spark.schema import merged_schema, read_schema_differences, schema_differences
 
 RECORDED = StructType(
     [
@@ -56,3 +57,26 @@ def test_merge_widens_with_added_nullable_fields_only() -> None:
         [StructField("id", StringType()), RECORDED["tags"], StructField("note", StringType())]
     )
     assert merged_schema(RECORDED, retyped) is None
+
+
+def test_a_reader_takes_a_projection_of_the_streams_schema_only() -> None:
+    tags = StructField("tags", ArrayType(StringType(), containsNull=False))
+    assert read_schema_differences(RECORDED, StructType([tags])) == []
+    given = StructType(
+        [
+            StructField("tags", ArrayType(StringType(), containsNull=True)),
+            StructField("id", LongType(), nullable=False),
+            StructField("extra", StringType()),
+        ]
+    )
+    loose = StructType([StructField("id", LongType(), nullable=True)])
+    assert read_schema_differences(RECORDED, loose) == []  # nullable reads non-null
+    strict_tags = ArrayType(StringType(), containsNull=False)
+    strict = StructType([StructField("tags", strict_tags, nullable=False)])
+    assert read_schema_differences(RECORDED, strict) == ["'tags' not nullable, the stream's is"]
+    assert read_schema_differences(RECORDED, given) == [
+        "'tags' type "
+        '{"containsNull":true,"elementType":"string","type":"array"}, the stream\'s is '
+        '{"containsNull":false,"elementType":"string","type":"array"}',
+        "'extra' is not a column of the stream",
+    ]

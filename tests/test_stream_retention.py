@@ -1,8 +1,9 @@
 """Truncation and retention on an in-process cluster (SQLite metadata): whole segments
 leave the document and their ledgers go; readers, subscribers and cursors asking for
 what was removed get EntriesTruncated naming the first position held, never a silent
-skip; trim by age and size spares what a cursor needs, except past the hard limits.
-The pure decisions are tested beside them."""
+skip (also a reader racing a truncation of the segment it reads next); trim by age
+and size spares what a cursor needs, except past the hard limits. The pure decisions
+are tested beside them."""
 
 from __future__ import annotations
 
@@ -274,3 +275,26 @@ def test_the_truncate_change() -> None:
     old["segments"] = [row[:7] for row in old["segments"]]
     decoded = decode_document(json.dumps(old).encode())
     assert decoded.first_held_seq == 0 and decoded.segments[0].closed_ms == 0
+
+
+async def test_a_reader_whose_next_segment_is_removed_gets_entries_truncated(
+    tmp_path: Path,
+) -> None:
+    """`read` crosses the segments of the document as of its call: a truncation
+    racing it removes the next segment's ledger before the reader reaches it. What
+    it had fetched may still come, then EntriesTruncated, never an entry past the gap
+    (read it as an error to not mistake the next held entries for the next ones)."""
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await three_segments(client)
+        reader = stream.read()
+        try:
+            assert await anext(reader) == (Position(0, 0), b"0.0")
+            assert await stream.truncate(before=Position(2, 0)) == Position(2, 0)
+            seen = []
+            with pytest.raises(pora.EntriesTruncated) as raised:
+                async for position, _ in reader:
+                    seen.append(position)
+            assert all(position.segment == 0 for position in seen)
+            assert raised.value.first_held == Position(2, 0)
+        finally:
+            await reader.aclose()  # type: ignore[attr-defined]

@@ -1,6 +1,7 @@
 """The deterministic simulation of a stream (tests/simulation/stream_scenarios.py):
 a live writer appending from several tasks across rollovers, a second writer taking
-over, a subscriber throughout and a reader midway, with node crashes and partitions
+over (and for some seeds a third racing it), a subscriber throughout and a reader
+midway, with node crashes and partitions
 timed to rollovers and to the takeover, and a document compare-and-set whose reply
 is lost after it took; transactions from several processes committing (with a key,
 an app version, or neither), aborting, dying mid-way (collected at the end) or right
@@ -32,6 +33,19 @@ def test_a_writer_rolls_over_and_a_takeover_fences_it() -> None:
     assert result.segments >= 3  # rolled at least once, then taken over
     assert len(result.history.acked) > 10
     assert set(result.history.acked) <= set(result.final)
+
+
+@pytest.mark.slow  # some 4 s; random seed 1002 of the fast suite races too
+def test_two_writers_race_to_take_over_while_the_first_appends() -> None:
+    for racer_at_s in (0.1, 0.1005, 0.103):
+        plan = StreamPlan(seed=5, appends_each=12, takeover_at_s=0.1, racer_at_s=racer_at_s)
+        result = run_stream_plan(plan)
+        assert result.fenced  # writer-1, and one racer by the other
+        # both racers' epoch compare-and-sets took (writer-1 holds 1); the first may
+        # be fenced by the second while it still recovers, before it could append
+        epochs = [epoch for _, _, _, epoch in result.history.takeovers]
+        assert max(epochs) >= 3 and len(set(epochs)) == len(epochs)
+        assert set(result.history.acked) <= set(result.final)
 
 
 def test_a_lost_reply_after_the_compare_and_set_took_adds_no_segment_twice() -> None:

@@ -44,13 +44,14 @@ HEAD_SEGMENTS_MAX = 1000
 PAGE_SEGMENTS = 500
 
 
-def check_stream_name(name: object) -> str:
-    """A stream name: 1..128 characters of [A-Za-z0-9._-], not starting with '.'."""
+def check_stream_name(name: object, what: str = "stream name") -> str:
+    """A stream name (or a cursor's, `what` saying which the error names): 1..128
+    characters of [A-Za-z0-9._-], not starting with '.'."""
     if not isinstance(name, str):
-        raise InvalidArgumentType(f"a stream name must be a str, not {type(name).__name__}")
+        raise InvalidArgumentType(f"a {what} must be a str, not {type(name).__name__}")
     if _STREAM_NAME.fullmatch(name) is None:
         raise InvalidArgument(
-            f"{name!r} is not a stream name: use 1 to {STREAM_NAME_CHARS_MAX} characters of "
+            f"{name!r} is not a {what}: use 1 to {STREAM_NAME_CHARS_MAX} characters of "
             "A-Z a-z 0-9 . _ - not starting with '.'"
         )
     return name

@@ -84,6 +84,13 @@ class StreamInfo:
     first_held: Position
     #: the pending transactions, by creation (their segments invisible until committed)
     transactions: tuple[PendingTransaction, ...] = ()
+    #: when the stream was created (ms since the epoch): a stream deleted and created
+    #: again under its name has another, so a position kept from the first (a
+    #: reader's checkpoint) can be told from one of the second
+    created_ms: int = 0
+    #: the seq the next segment will get: every position of the stream is below
+    #: Position(next_seq, 0)
+    next_seq: int = 0
 
     @classmethod
     def of(cls, doc: StreamDocument) -> StreamInfo:
@@ -97,6 +104,8 @@ class StreamInfo:
             doc.writer_epoch,
             doc.first_held,
             doc.transactions,
+            doc.created_ms,
+            doc.next_seq,
         )
 
 
@@ -221,7 +230,7 @@ class Stream:
         """The cursor `name` of this stream, created when there is none: a durable
         reader position that starts at the first position the stream holds and pins
         retention from there (NoSuchStream when the stream does not exist)."""
-        record = CursorRecord(self._client.store, self.name, check_stream_name(name))
+        record = CursorRecord(self._client.store, self.name, check_stream_name(name, "cursor name"))
         doc = (await self._record.read()).value
         await record.create_or_read(doc.first_held)
         return Cursor(self, record)

@@ -76,8 +76,9 @@ class StreamHistory:
     subscribed: list[Position] = field(default_factory=list)
     #: seq -> (ledger id, last entry id once CLOSED) as first seen in a document
     segments: dict[int, tuple[int, int | None]] = field(default_factory=dict)
-    #: the step a takeover returned at, the taking writer, its first segment
-    takeover: tuple[int, str, int] | None = None
+    #: each takeover: the step it returned at, the taking writer, its first segment,
+    #: the writer epoch it took
+    takeovers: list[tuple[int, str, int, int]] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)
     #: transaction attempts by name, their ledgers' owner, and the attempt each batch's
     #: entries were first seen from
@@ -104,15 +105,23 @@ class StreamHistory:
         self.failures[name] = self.failures.get(name, 0) + 1
         self.note(f"{who} failed: {name}")
 
-    def took_over(self, writer: str, first_segment: int, step: int) -> None:
-        """`writer`'s takeover returned at `step`; its first segment is `first_segment`."""
-        self.note(f"{writer} took over at step {step}, its first segment {first_segment}")
-        self.takeover = (step, writer, first_segment)
+    def took_over(self, writer: str, first_segment: int, step: int, epoch: int) -> None:
+        """`writer`'s takeover returned at `step` with writer epoch `epoch`; its first
+        segment is `first_segment`."""
+        self.note(
+            f"{writer} took over at step {step}, epoch {epoch}, its first segment {first_segment}"
+        )
+        self.takeovers.append((step, writer, first_segment, epoch))
 
     def acknowledged(self, writer: str, position: Position, payload: bytes, started: int) -> None:
         self.note(f"{writer} ack {position}")
-        if self.takeover is not None and self.takeover[1] != writer:
-            step, newer, first_segment = self.takeover
+        # the epoch the acknowledged writer held when the append started (0: writer-1,
+        # whose open is not recorded); every later takeover by another writer fenced it
+        own = [t for t in self.takeovers if t[1] == writer and t[0] < started]
+        epoch = own[-1][3] if own else 0
+        for step, newer, first_segment, newer_epoch in self.takeovers:
+            if newer == writer or newer_epoch <= epoch:
+                continue
             if started > step:
                 self.fail(f"{writer}'s append started after {newer} took over was acknowledged")
             if position.segment >= first_segment:

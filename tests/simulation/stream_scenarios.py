@@ -35,7 +35,7 @@ from pora.client.replication.client import client_on_store
 from pora.meta.errors import NoSuchDocument, NoSuchLedgerMetadata
 from pora.meta.records import LedgerMetadata, Versioned
 from pora.meta.store import MetadataStore
-from pora.streams.document import Segment, SegmentState
+from pora.streams.document import Segment
 from pora.streams.errors import WriterFenced
 from pora.streams.position import Position
 from pora.streams.records import StreamRecord
@@ -84,6 +84,8 @@ class StreamPlan:
     appends_each: int = 8
     #: when writer-2 takes over (None: writer-1 writes alone)
     takeover_at_s: float | None = 0.2
+    #: when writer-3 takes over too, racing writer-2 (None: it does not)
+    racer_at_s: float | None = None
     faults: tuple[StreamFault, ...] = ()
     #: the document commit whose reply the store loses (MetadataTimeout after it took)
     lose_reply_of_commit: int | None = None
@@ -112,16 +114,30 @@ def stream_plan_from_seed(seed: int) -> StreamPlan:
             faults.append(StreamFault(fault, at_takeover=True))
         else:
             faults.append(StreamFault(fault))
+    appenders, appends_each = rng.randint(1, 4), rng.randint(4, 12)
+    takeover_at_s = round(rng.uniform(0.02, 0.2), 4) if rng.random() < 0.8 else None
     return StreamPlan(
         seed=seed,
         nodes=nodes,
-        appenders=rng.randint(1, 4),
-        appends_each=rng.randint(4, 12),
-        takeover_at_s=round(rng.uniform(0.02, 0.2), 4) if rng.random() < 0.8 else None,
+        appenders=appenders,
+        appends_each=appends_each,
+        takeover_at_s=takeover_at_s,
         faults=tuple(faults),
         lose_reply_of_commit=rng.randint(1, 6) if rng.random() < 0.5 else None,
         transactions=txn_plans_from_seed(seed, nodes),
+        racer_at_s=racer_from_seed(seed, takeover_at_s),
     )
+
+
+def racer_from_seed(seed: int, takeover_at_s: float | None) -> float | None:
+    """For some seeds with a takeover, writer-3's start: within 5 ms of writer-2's,
+    so that the two takeovers race (their epoch compare-and-sets, the recoveries of
+    one OPEN segment, each fencing the other). Drawn apart from the plan's other
+    draws, so the seeds' faults and timings stay what they were."""
+    rng = random.Random(f"{seed}/racer")
+    if takeover_at_s is None or rng.random() >= 0.3:
+        return None
+    return round(max(0.0, takeover_at_s + rng.uniform(-0.005, 0.005)), 4)
 
 
 @dataclass
@@ -326,6 +342,8 @@ class StreamSimulation:
                     writing.start_soon(self._writer, "writer-1", 0.0)
                     if plan.takeover_at_s is not None:
                         writing.start_soon(self._writer, "writer-2", plan.takeover_at_s)
+                    if plan.racer_at_s is not None:
+                        writing.start_soon(self._writer, "writer-3", plan.racer_at_s)
                     writing.start_soon(self._reader)
                     for txn in plan.transactions:
                         writing.start_soon(run_transaction, self, txn)
@@ -366,12 +384,11 @@ class StreamSimulation:
                 try:
                     async with stream.open_writer() as writer:
                         opened = history.note(f"{name} open at epoch {writer.epoch}")
-                        if name == "writer-2":
-                            # its own segment is the document's OPEN one until it
-                            # rolls, and it rolls only once it took appends
-                            info = await stream.info()
-                            own = [s for s in info.segments if s.state is SegmentState.OPEN]
-                            history.took_over(name, own[-1].seq, opened)
+                        if name != "writer-1":
+                            # its own OPEN segment, the first it appends to
+                            own = writer._segment
+                            assert own is not None
+                            history.took_over(name, own.seq, opened, writer.epoch)
                         await self._append_all(name, writer)
                 except WriterFenced:
                     # a takeover may fence writer-1 while it opens or closes
