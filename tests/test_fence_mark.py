@@ -22,6 +22,7 @@ from pora.meta.backends import open_metadata
 from pora.meta.config import MetadataConfig
 from pora.meta.store import MetadataStore
 from pora.server.membership import start_mark
+from pora.server.metrics import NodeMetrics
 from pora.server.node_mark import FenceNotRecorded, NodeMark
 
 #: a store write blocked by a lock fails after about half of this
@@ -144,3 +145,34 @@ async def test_a_store_that_cannot_be_written_fails_the_fence_and_nothing_else(
         stored = await setup.stored_mark()
         assert stored is not None
         assert stored >= max(setup.fence_position(1), setup.fence_position(2))
+
+
+def _figures(setup: Setup) -> dict[str, float]:
+    """The node's mark metrics as a scrape of `pora serve`'s /metrics renders them."""
+    metrics = NodeMetrics(setup.node, setup.node.data_dir.journal_dir, mark=setup.mark)
+    figures: dict[str, float] = {}
+    for line in metrics.render().decode().splitlines():
+        if line.startswith("pora_node_mark"):
+            name, value = line.split()
+            figures[name] = float(value)
+    return figures
+
+
+async def test_the_mark_its_fence_writes_and_its_failures_are_metrics(tmp_path: Path) -> None:
+    async with node_with_mark(tmp_path) as setup:
+        await append(setup.node, 1, 3)
+        await setup.node.fence_ledger(1)
+        figures = _figures(setup)
+        assert figures["pora_node_mark"] >= setup.fence_position(1)
+        assert figures["pora_node_mark_fence_writes_total"] == 1
+        assert figures["pora_node_mark_failures_total"] == 0
+        await append(setup.node, 2, 3)
+        locker = sqlite3.connect(setup.meta_path, isolation_level=None)
+        try:
+            locker.execute("BEGIN EXCLUSIVE")
+            with pytest.raises(FenceNotRecorded):
+                await setup.node.fence_ledger(2)
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()
+        assert _figures(setup)["pora_node_mark_failures_total"] == 1

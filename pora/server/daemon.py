@@ -38,11 +38,13 @@ import trio
 
 import pora
 from journal.errors import PoraError
+from pora.meta.store import MetadataStore
 from pora.server.diskwatch import DiskMonitor, DiskThresholds
 from pora.server.gc_tuning import freeze_and_tune
 from pora.server.ledger_gc import LedgerCollector, LedgerGcConfig
 from pora.server.membership import join_cluster, refuse_missing_store, start_mark
 from pora.server.metrics import NodeMetrics, serve_metrics
+from pora.server.node_mark import NodeMark
 from pora.server.registration import (
     NodeRegistrar,
     NodeState,
@@ -202,22 +204,9 @@ async def _run_node(
             open_registration_store(settings) as store,
             pora.open_node(settings.data_dir, **settings.node_options) as node,
         ):
-            collector: LedgerCollector | None = None
-            if store is not None:
-                # before any client can reach the node: the instance id it serves
-                # under is settled here
-                cluster_id = await join_cluster(store, node.data_dir)
-                node_mark = await start_mark(store, node, lambda: _journal_position(node))
-                collector = LedgerCollector(
-                    node,
-                    store,
-                    cluster_id,
-                    LedgerGcConfig(
-                        settings.ledger_gc_interval_s,
-                        settings.ledger_gc_deletions_per_s,
-                        settings.ledger_gc_grace_s,
-                    ),
-                )
+            node_mark, collector = (
+                (None, None) if store is None else await _join(store, node, settings)
+            )
             server = _make_server(node, settings)
             read_only_switch = ReadOnlyNotifier(node)
             monitor = DiskMonitor(
@@ -237,6 +226,7 @@ async def _run_node(
                 disk_space=lambda: monitor.last_by_folder,
                 registration=lambda: None if registrar is None else registrar.status,
                 ledger_gc=lambda: None if collector is None else collector.statistics,
+                mark=node_mark,
             )
             node.add_commit_listener(metrics.commits.on_commit)
             async with trio.open_nursery() as nursery:
@@ -299,6 +289,26 @@ async def _run_node(
                 nursery.cancel_scope.cancel()
     if stopper.requested.is_set() and not stopper.started:
         _log.info("stopped during startup")
+
+
+async def _join(
+    store: MetadataStore, node: pora.Node, settings: Settings
+) -> tuple[NodeMark, LedgerCollector]:
+    """Join the store's cluster, settle the instance id the node serves under and its
+    mark (R27), before any client can reach the node; and make its ledger GC."""
+    cluster_id = await join_cluster(store, node.data_dir)
+    node_mark = await start_mark(store, node, lambda: _journal_position(node))
+    collector = LedgerCollector(
+        node,
+        store,
+        cluster_id,
+        LedgerGcConfig(
+            settings.ledger_gc_interval_s,
+            settings.ledger_gc_deletions_per_s,
+            settings.ledger_gc_grace_s,
+        ),
+    )
+    return node_mark, collector
 
 
 def _node_state(node: pora.Node, monitor: DiskMonitor) -> NodeState:

@@ -153,6 +153,33 @@ def _registration_metrics(status: RegistrationFigures) -> Iterable[Metric]:
     )
 
 
+class MarkFigures(Protocol):
+    """The node's mark in the metadata store (node_mark.py, R27)."""
+
+    mark: int | None
+    failures: int
+    fence_writes: int
+
+
+def _mark_metrics(figures: MarkFigures) -> Iterable[Metric]:
+    yield _gauge(
+        "pora_node_mark",
+        "The journal position the metadata store holds as this instance's mark (R27)",
+        -1 if figures.mark is None else figures.mark,
+    )
+    yield _counter(
+        "pora_node_mark_fence_writes",
+        "Mark writes made so that a fence could be answered",
+        figures.fence_writes,
+    )
+    yield _counter(
+        "pora_node_mark_failures",
+        "Mark writes the metadata store refused or did not answer (a fence among them "
+        "is answered OVERLOADED)",
+        figures.failures,
+    )
+
+
 class LedgerGcFigures(Protocol):
     """What the node's ledger garbage collection did (ledger_gc.py)."""
 
@@ -193,6 +220,7 @@ class NodeCollector(Collector):
         disk_space: Callable[[], Mapping[str, FreeSpace]] | None = None,
         registration: Callable[[], RegistrationFigures | None] | None = None,
         ledger_gc: Callable[[], LedgerGcFigures | None] | None = None,
+        mark: MarkFigures | None = None,
     ) -> None:
         self.node = node
         self.journal_dir = journal_dir
@@ -200,6 +228,7 @@ class NodeCollector(Collector):
         self.disk_space = disk_space
         self.registration = registration
         self.ledger_gc = ledger_gc
+        self.mark = mark
 
     def collect(self) -> Iterable[Metric]:
         stats = self.node.statistics()
@@ -262,6 +291,8 @@ class NodeCollector(Collector):
         status = None if self.registration is None else self.registration()
         if status is not None:
             yield from _registration_metrics(status)
+        if self.mark is not None:
+            yield from _mark_metrics(self.mark)
         gc_figures = None if self.ledger_gc is None else self.ledger_gc()
         if gc_figures is not None:
             yield from _ledger_gc_metrics(gc_figures)
@@ -365,12 +396,15 @@ class NodeMetrics:
         disk_space: Callable[[], Mapping[str, FreeSpace]] | None = None,
         registration: Callable[[], RegistrationFigures | None] | None = None,
         ledger_gc: Callable[[], LedgerGcFigures | None] | None = None,
+        mark: MarkFigures | None = None,
     ) -> None:
         self.node = node
         self.registry = CollectorRegistry(auto_describe=False)
         self.commits = CommitMetrics(self.registry)
         self.registry.register(
-            NodeCollector(node, journal_dir, server_statistics, disk_space, registration, ledger_gc)
+            NodeCollector(
+                node, journal_dir, server_statistics, disk_space, registration, ledger_gc, mark
+            )
         )
 
     def render(self) -> bytes:
