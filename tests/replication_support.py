@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+import trio.testing
 
 import pora
 from journal.errors import PoraError
@@ -37,6 +38,7 @@ from pora.client.node_channel import (
     add_entries_each,
 )
 from pora.meta.backends import open_metadata
+from pora.meta.config import MetadataConfig
 from pora.meta.records import NodeRegistration
 from pora.meta.store import MetadataStore
 from pora.node.node import Node
@@ -127,6 +129,22 @@ class LocalCluster:
             await self.stop_node(address, unregister=False)
 
 
+#: a metadata call's timeout, in virtual time, for a test on trio's MockClock: its
+#: autojump moves the clock on while a SQLite call runs in its worker thread (every
+#: task waits), so on a loaded machine a slow thread looked like the 10 s default
+#: running out (the store's open failed so). The tests of the metadata timeouts run
+#: on the real clock, with the timeouts they test.
+MOCK_CLOCK_METADATA = MetadataConfig(call_timeout_s=24 * 3600.0)
+
+
+def harness_metadata_config() -> MetadataConfig:
+    """The metadata config of the harness's stores: MOCK_CLOCK_METADATA under a
+    MockClock, else the default."""
+    if isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
+        return MOCK_CLOCK_METADATA
+    return MetadataConfig()
+
+
 @asynccontextmanager
 async def local_cluster(
     folder: Path,
@@ -138,7 +156,7 @@ async def local_cluster(
     """`nodes` in-process nodes at addresses `127.0.0.1:41001..`, registered writable in
     `sqlite:///folder/meta.db` (with rack labels from `racks`, if given)."""
     async with (
-        open_metadata(f"sqlite:///{folder}/meta.db") as store,
+        open_metadata(f"sqlite:///{folder}/meta.db", harness_metadata_config()) as store,
         trio.open_nursery() as nursery,
     ):
         addresses = [f"127.0.0.1:{41000 + k}" for k in range(1, nodes + 1)]

@@ -6,7 +6,6 @@ loop's own sleep can be late by."""
 from __future__ import annotations
 
 import itertools
-import statistics
 import time
 
 import anyio
@@ -39,21 +38,26 @@ def test_each_operation_starts_at_its_due_time_never_before(backend: str) -> Non
 
 
 def test_a_schedule_ends_on_its_condition_and_waits_for_what_it_started() -> None:
+    dues: list[float] = []
     ended = 0
+    #: when `until` first held: no operation may be due after it
+    condition_held_at: list[float] = []
 
     async def operation(due: float) -> None:
         nonlocal ended
+        dues.append(due)
         await anyio.sleep(0.01)
         ended += 1
 
-    async def main() -> int:
-        stop_at = time.perf_counter() + 0.05
-        return await run_on_schedule(
-            1000.0, operation, until=lambda: time.perf_counter() >= stop_at
-        )
+    def until() -> bool:
+        # a condition on the work done, not on the clock: a loaded machine only delays it
+        if ended >= 10 and not condition_held_at:
+            condition_held_at.append(time.perf_counter())
+        return bool(condition_held_at)
 
-    started = anyio.run(main, backend="trio")
-    assert 10 <= started <= 60 and ended == started
+    started = anyio.run(lambda: run_on_schedule(1000.0, operation, until=until), backend="trio")
+    assert started >= 10 and ended == started == len(dues)
+    assert max(dues) <= condition_held_at[0]  # nothing was started once the condition held
 
 
 def test_a_schedule_needs_an_end_and_a_finite_rate() -> None:
@@ -78,5 +82,8 @@ def test_the_timer_wakes_at_the_deadline_not_a_millisecond_later(backend: str) -
 
     anyio.run(main, backend=backend)
     assert min(lateness) >= 0
-    # an event loop's sleep of 0.3 ms waits a whole millisecond (epoll's timeout)
-    assert statistics.median(lateness) < 0.0006
+    # An event loop's sleep of 0.3 ms waits a whole millisecond (epoll's timeout is
+    # rounded up), so it is never less than 0.7 ms late: one punctual wake-up shows the
+    # timer fired at the deadline. The best of 50, not the median, so that a loaded
+    # machine (which delays most wake-ups by its scheduling) cannot fail the test.
+    assert min(lateness) < 0.0006, sorted(lateness)[:5]

@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_streams.py"
+#: each load's measured window, in seconds
+WINDOW_S = 0.3
 
 
 @pytest.mark.slow
 def test_bench_streams_prints_every_figure(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--duration-s", "0.3", "--warmup-s", "0.2",
+        [sys.executable, str(SCRIPT), "--duration-s", str(WINDOW_S), "--warmup-s", "0.2",
          "--dir", str(tmp_path)],
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
@@ -33,10 +35,20 @@ def test_bench_streams_prints_every_figure(tmp_path: Path) -> None:
             "(3) Redis Streams end to end at 1,000/s",
             "(3) Redis Streams end to end at half of (1)",
         ]
+    figures: dict[str, float] = {}
     for name in expected:
         assert name in rows, result.stdout
-        ops_per_s = float(rows[name][len(name) :].split()[0].replace(",", ""))
-        assert ops_per_s > 0, rows[name]
+        figures[name] = float(rows[name][len(name) :].split()[0].replace(",", ""))
+    # "half of (1)" runs at half of what (1) measured, at least 1/s: on a loaded machine
+    # that rate can be too low for the 0.3 s window to hold an operation, so a figure
+    # of 0 is a measurement there, not a fault. Where the window holds ten or more,
+    # it must count some.
+    half_rate = max(1.0, figures["(1) stream append, 512 tasks"] / 2)
+    for name, ops_per_s in figures.items():
+        if "half of (1)" in name and half_rate * WINDOW_S < 10:
+            assert ops_per_s >= 0, rows[name]
+        else:
+            assert ops_per_s > 0, rows[name]
     assert "errors]" not in result.stdout
 
 

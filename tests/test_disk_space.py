@@ -46,7 +46,9 @@ def test_a_node_refuses_to_start_without_room_for_a_segment(
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
-    assert time.monotonic() - started < 10
+    # refused before any work: the interpreter's start-up and a statvfs; bounded at half
+    # the 60 s hang guard so that a loaded machine's slow start cannot fail the test
+    assert time.monotonic() - started < 30
     assert "Traceback" not in result.stderr
     (line,) = [line for line in result.stderr.splitlines() if "level=error" in line]
     assert f"journal/ ({data_dir / 'journal'}) on /dev/loop" in line

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from spark_support import SPARK_TEST_JVM_OPTIONS
 from test_cli_cluster import cluster
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "spark_events.py"
@@ -21,7 +22,14 @@ async def test_the_spark_example_writes_and_reads_a_stream(tmp_path: Path) -> No
     async with cluster(tmp_path, 3) as running:
         await running.wait_for_line("ready: 3 nodes")
         (tmp_path / "pora-cluster").symlink_to(running.folder)
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+        # the JVM's options are the Spark tests' (spark_support.py), through the variable
+        # every JVM reads: the example runs as the README says, only sooner
+        jvm_options = f"{os.environ.get('JDK_JAVA_OPTIONS', '')} {SPARK_TEST_JVM_OPTIONS}"
+        env = {
+            **os.environ,
+            "PYSPARK_PYTHON": sys.executable,
+            "JDK_JAVA_OPTIONS": jvm_options.strip(),
+        }
         with trio.fail_after(180):
             result = await trio.run_process(
                 [sys.executable, str(EXAMPLE)],

@@ -121,7 +121,9 @@ def test_a_frozen_writer_makes_a_write_time_out_within_the_call_timeout(
             started = time.monotonic()
             with pytest.raises(MetadataTimeout, match="locked") as error:
                 await store.update_ledger(record.value.closed(1, 1), record.version)
-            assert time.monotonic() - started < 1.5
+            # the 1 s asked for, not the 10 s default: half the default bounds it, so
+            # that a loaded machine's slowness cannot fail the test
+            assert time.monotonic() - started < 5
             assert error.value.url == frozen_writer
             assert "another process holds the write lock" in str(error.value)
 
@@ -290,7 +292,9 @@ async def test_a_close_gives_up_within_the_call_timeout_when_the_write_lock_stay
             started = time.monotonic()
             with trio.fail_after(30), pytest.raises(MetadataTimeout):
                 await ledger.close()
-            assert time.monotonic() - started < 3
+            # the 0.5 s asked for, not the 10 s default (bounded generously: a loaded
+            # machine's slowness must not fail the test)
+            assert time.monotonic() - started < 5
         finally:
             holder.kill()
             holder.wait()

@@ -366,7 +366,9 @@ def test_a_held_write_lock_times_out(run: Runner, sqlite_url: str) -> None:
             started = time.monotonic()
             with pytest.raises(MetadataTimeout) as error:
                 await store.update_ledger(created.value.closed(1, 1), created.version)
-            assert time.monotonic() - started < 3
+            # the 0.5 s asked for, not the 10 s default (bounded generously: a loaded
+            # machine's slowness must not fail the test)
+            assert time.monotonic() - started < 5
             assert error.value.url == store_url
             assert "locked" in str(error.value)
         finally:

@@ -109,7 +109,9 @@ async def test_unreachable_server_names_url_and_what_to_check() -> None:
     with pytest.raises(MetadataUnavailable) as error:
         async with open_metadata(url, MetadataConfig(call_timeout_s=1)):
             pass
-    assert time.monotonic() - started < 3
+    # the 1 s asked for, not the 10 s default: half the default bounds it, so that a
+    # loaded machine's slowness cannot fail the test
+    assert time.monotonic() - started < 5
     assert url in str(error.value)
     assert "is ZooKeeper running at 127.0.0.1:" in str(error.value)
 
@@ -230,8 +232,9 @@ async def test_registration_of_a_killed_process_ends_with_its_session(url: str) 
             with trio.fail_after(10):
                 while await registered_addresses(store):  # noqa: ASYNC110 - the server expires it
                     await trio.sleep(0.05)
-            # the session timeout (1 s) plus the server's expiry tick, not the lease default
-            assert time.monotonic() - killed < 4
+            # the session timeout (1 s) plus the server's expiry tick, not the 6 s default
+            # session: bounded below that default, with room for a loaded machine
+            assert time.monotonic() - killed < 5
             await store.register_node(NodeRegistration("127.0.0.1:3181", "next"))
     finally:
         process.kill()

@@ -264,7 +264,9 @@ async def test_a_posted_call_past_its_timeout_fails_every_ledger_in_it() -> None
         assert _CountingChannel.posted == 1
         started = trio.current_time()
         await _settled(ledgers)  # the node never answers
-        assert timeout_s <= trio.current_time() - started < timeout_s + 1
+        # on the call's timeout, not at the end of the test (bounded generously: on a
+        # loaded machine the timeout's wake-up can be late)
+        assert timeout_s <= trio.current_time() - started < timeout_s + 3
         for ledger in ledgers:
             ((entries, answer),) = ledger.answers
             assert entries == [(0, b"x")]

@@ -112,5 +112,7 @@ async def test_a_batch_call_ends_at_its_deadline_when_the_node_never_answers() -
                 await TcpChannel(client).add_entries_many(
                     [AddRequest(1, [(0, b"x"), (1, b"y")], KEY, -1)], timeout_s=0.2
                 )
-            assert 0.2 <= trio.current_time() - started < 1.0
+            # the call's 0.2 s, not the client's 5 s (bounded generously: on a loaded
+            # machine the timeout's wake-up can be late)
+            assert 0.2 <= trio.current_time() - started < 4.0
         nursery.cancel_scope.cancel()

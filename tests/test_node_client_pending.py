@@ -92,7 +92,10 @@ async def test_every_kind_of_call_times_out_on_its_own_deadline() -> None:
                     nursery.start_soon(run, index, call)
         assert sorted(ended, key=ended.__getitem__) == [0, 1, 2, 3, 4]
         for index, elapsed in ended.items():
-            assert 0.2 + 0.15 * index <= elapsed < 0.2 + 0.15 * index + 0.5
+            # never before its own deadline; the order above shows each ended on its own,
+            # the upper bound only that none waited for the client's 5 s timeout (generous:
+            # on a loaded machine the sweeper's wake-up can be late)
+            assert 0.2 + 0.15 * index <= elapsed < 0.2 + 0.15 * index + 2.0
         # the client goes on: the next call is sent, and times out in its turn
         with trio.fail_after(5), pytest.raises(pora.RequestTimeout):
             await client.last_add_confirmed(1, timeout_s=0.1)

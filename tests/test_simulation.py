@@ -13,7 +13,6 @@ A failing run names its seed; `PORA_SIM_SEED=<seed> pytest tests/test_simulation
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from hypothesis import HealthCheck, currently_in_test_context, given, note, sett
 from hypothesis import strategies as st
 from simulation.plans import WRITER, Fault, Plan, plan_from_seed
 from simulation.scenarios import RunResult, run_plan
+from simulation.scratch import scratch_folder
 
 SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
 
@@ -28,7 +28,7 @@ SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
 def run(plan: Plan) -> RunResult:
     if currently_in_test_context():
         note(f"seed {plan.seed}: {plan}")
-    with tempfile.TemporaryDirectory(prefix="pora-sim-") as folder:
+    with scratch_folder("pora-sim-") as folder:  # in memory: simulation/scratch.py
         return run_plan(plan, Path(folder))
 
 

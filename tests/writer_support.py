@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import trio
-from replication_support import LocalCluster
+from replication_support import LocalCluster, harness_metadata_config
 
 from ledger.errors import NoSuchEntry, NoSuchLedger
 from pora.client.node_channel import NodeChannel
@@ -24,7 +24,9 @@ ErrorT = TypeVar("ErrorT", bound=BaseException)
 
 @asynccontextmanager
 async def client_on(cluster: LocalCluster, **config: Any) -> AsyncIterator[Client]:
-    """A client whose node channels are the cluster's in-process ones (with faults)."""
+    """A client whose node channels are the cluster's in-process ones (with faults),
+    its metadata config the harness's (replication_support) unless `config` has one."""
+    config.setdefault("metadata", harness_metadata_config())
 
     @asynccontextmanager
     async def open_channel(address: str) -> AsyncIterator[NodeChannel]:

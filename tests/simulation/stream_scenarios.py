@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import inspect
 import random
-import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, replace
@@ -44,6 +43,7 @@ from simulation import scenarios
 from simulation.cluster import SimCluster
 from simulation.network import SimNetwork
 from simulation.plans import Fault
+from simulation.scratch import scratch_folder
 from simulation.stream_invariants import StreamHistory
 from simulation.stream_txn import (
     DocumentWrites,
@@ -153,9 +153,9 @@ class StreamRunResult:
 
 def run_stream_plan(plan: StreamPlan, folder: Path | None = None) -> StreamRunResult:
     """Run `plan` to its end in simulated time (data dirs under `folder`, or a
-    temporary folder)."""
+    temporary folder in memory: simulation/scratch.py)."""
     if folder is None:
-        with tempfile.TemporaryDirectory(prefix="pora-stream-sim-") as temporary:
+        with scratch_folder("pora-stream-sim-") as temporary:
             return run_stream_plan(plan, Path(temporary))
 
     async def run(store: MetadataStore, cluster: SimCluster) -> StreamRunResult:
