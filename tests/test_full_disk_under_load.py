@@ -4,6 +4,7 @@ replay once space is back; then every acknowledged add reads back."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,15 @@ import pytest
 import trio
 from fs_faults import SmallFilesystems, fill
 from test_flush_failures import SERVE_OPTIONS
-from test_serve import assert_all_there, serve, stop, write_until_stopped
+from test_serve import (
+    START_TIMEOUT_S,
+    Daemon,
+    assert_all_there,
+    serve,
+    stop,
+    write_until_stopped,
+)
+from waiting import wait_until
 
 LEDGERS = (5, 6, 7, 8)
 OPTIONS = (*SERVE_OPTIONS, "--node-option", "flush_interval_ms=100")
@@ -47,22 +56,34 @@ async def start_on_the_full_disk(
     data_dir: Path, tmp_path: Path, acked: dict[int, list[int]]
 ) -> None:
     """Start `pora serve` on the still-full disk: refused plainly, or serving every
-    acknowledged add (then SIGKILLed)."""
-    refused: subprocess.CompletedProcess[bytes] | None = None
-    with trio.move_on_after(20):  # a refusal comes within a second or two
-        refused = await trio.run_process(
+    acknowledged add (then SIGKILLed). One process, watched until it exits or says
+    it is ready, whichever comes first."""
+    ready = tmp_path / "ready-on-full-disk.json"
+    log_path = tmp_path / "serve-on-full-disk.log"
+    with log_path.open("wb") as log:
+        process = await trio.lowlevel.open_process(
             [sys.executable, "-m", "pora.cli", "serve", "--data-dir", str(data_dir),
-             "--listen", "127.0.0.1:0", *OPTIONS],
-            capture_stderr=True, check=False,
+             "--listen", "127.0.0.1:0", "--ready-file", str(ready), *OPTIONS],
+            stderr=log, env=dict(os.environ),
         )  # fmt: skip
-    if refused is not None:
-        assert refused.returncode == 2, refused.stderr
-        assert b"cannot serve" in refused.stderr and b"Traceback" not in refused.stderr
-        return
-    async with serve(data_dir, tmp_path, *OPTIONS) as daemon:
+    try:
+        # a refusal comes within a second or two; the ready file is another
+        # process's, with no event to wait on
+        await wait_until(lambda: ready.exists() or process.poll() is not None, START_TIMEOUT_S)
+        if not ready.exists():
+            stderr = log_path.read_bytes()
+            assert process.returncode == 2, stderr
+            assert b"cannot serve" in stderr and b"Traceback" not in stderr
+            return
+        address = json.loads(ready.read_text())["listen"]
+        daemon = Daemon(process, address, None, log_path)
         for ledger_id in LEDGERS:
             await assert_all_there(daemon.address, ledger_id, acked[ledger_id])
         assert await stop(daemon, signal.SIGKILL) == -signal.SIGKILL
+    finally:
+        if process.poll() is None:
+            process.kill()
+        await process.wait()
 
 
 @pytest.mark.slow

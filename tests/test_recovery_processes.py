@@ -28,6 +28,7 @@ from test_replication_processes import (
 from waiting import wait_until
 from zookeeper_support import fresh_zk_url
 
+from pora.client.replication.config import ClientConfig
 from pora.meta.backends import open_metadata
 from pora.meta.records import LedgerState
 
@@ -43,6 +44,14 @@ RECOVERY_NODE_TIMEOUT_S = 2.0
 #: slice is far shorter than re-adding the writer's in-flight tail, so the record is
 #: seen naming R long before recovery 1 could close
 SLICE_S = 0.003
+#: recovery 2, and the reads back: X (SIGSTOPped) is the only member a range read of
+#: its ensemble asks (E=3 Qw=3), so each range read waits the node timeout and each
+#: entry is then read alone, the next member asked after the speculative delay. The
+#: same node timeout as recovery 1's and a short delay: every entry is still read
+#: back through the reader, from the members that answer
+RECOVERY_2_CONFIG = ClientConfig(
+    node_timeout_s=RECOVERY_NODE_TIMEOUT_S, speculative_read_delay_s=0.005
+)
 
 
 async def stop(pid: int) -> None:
@@ -96,7 +105,7 @@ async def recovery_killed_after_it_replaced_a_member(tmp_path: Path, metadata: s
             died = await ledger_record(url, ledger_id)
             replaced = died.ensembles[-1]
             assert replaced.first_entry_id <= max(written.acks), "recovery 1 re-added all"
-            record, recovered = await recover(url, ledger_id)
+            record, recovered = await recover(url, ledger_id, RECOVERY_2_CONFIG)
             assert record.last_entry_id >= max(written.acks)
             await check_replicas(record, recovered, written.acks, dead={x})
         finally:

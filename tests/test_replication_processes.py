@@ -22,6 +22,7 @@ from waiting import wait_until, wait_until_true
 from zookeeper_support import fresh_zk_url
 
 import pora
+from pora.client.replication.config import ClientConfig
 from pora.client.replication.core.entry_format import decode_entry
 from pora.client.replication.core.quorum import entry_write_set
 from pora.meta.backends import open_metadata
@@ -118,10 +119,12 @@ async def ledger_record(url: str, ledger_id: int) -> LedgerMetadata:
         return (await store.read_ledger(ledger_id)).value
 
 
-async def recover(url: str, ledger_id: int) -> tuple[LedgerMetadata, dict[int, bytes]]:
+async def recover(
+    url: str, ledger_id: int, config: ClientConfig | None = None
+) -> tuple[LedgerMetadata, dict[int, bytes]]:
     """Open the ledger with recovery (fence, recover the tail, close) from this process;
     its closed record and every entry read back through the reader."""
-    async with pora.connect(url) as client:
+    async with pora.connect(url, config) as client:
         reader = await client.open_ledger(ledger_id, password=PASSWORD)
         entries = {
             entry_id: payload
