@@ -15,7 +15,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from test_node_registration import Node, serve, stop
+from test_node_registration import LEASE_S, Node, nodes_in, serve, stop
 from test_replication_processes import (
     ACKS_BETWEEN_FAULTS,
     WAIT_S,
@@ -89,8 +89,15 @@ async def put_back_as_a_new_instance(
     nodes: contextlib.AsyncExitStack, copy: Path, data_dir: Path, url: str, address: str
 ) -> Node:
     """Put the killed node's data dir back from `copy` and serve it again at `address`
-    (the node, kept in `nodes`): it must start as a new instance, and say why."""
+    (the node, kept in `nodes`): it must start as a new instance, and say why. Waits
+    for the killed instance's registration to run out first: until then the address
+    is the old instance's, and a new one is refused it."""
     old = open_data_dir(copy, create=False).instance_id
+
+    async def address_free() -> bool:
+        return address not in await nodes_in(url)
+
+    await wait_until_true(address_free, LEASE_S * 20)
     shutil.rmtree(data_dir)
     shutil.move(copy, data_dir)
     again = await nodes.enter_async_context(
