@@ -17,7 +17,8 @@ from writer_support import client_on
 import pora
 from pora import Position
 from pora.client.replication.client import Client
-from pora.streams.document import SegmentState, decode_document, encode_document
+from pora.cli._stream_views import segment_row
+from pora.streams.document import Segment, SegmentState, decode_document, encode_document
 from pora.streams.records import StreamRecord
 from pora.streams.stream import Stream
 
@@ -162,3 +163,9 @@ async def test_a_truncation_removes_a_lost_segment(tmp_path: Path) -> None:
             await writer.append(b"kept")
         assert await stream.truncate(before=Position(1, 0)) == Position(1, 0)
         assert await read_all(stream) == [(Position(1, 0), b"kept")]
+
+
+def test_stream_show_prints_a_lost_segment_as_lost() -> None:
+    lost = Segment(1, 7, SegmentState.CLOSED, 2, 0, lost=True)
+    row = segment_row(lost)
+    assert (row["state"], row["entries"], row["bytes"]) == ("LOST", 0, 0)

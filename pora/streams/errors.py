@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from journal.errors import PoraError
+from pora.streams.position import Position
 
 
 class StreamError(PoraError):
@@ -73,7 +74,7 @@ class EntriesLost(StreamError):
     `resume_at` the first position after it (never a silent skip: read from it to go
     on, knowing what was lost)."""
 
-    def __init__(self, stream: str, segment: int, ledger_id: int, resume_at: object) -> None:
+    def __init__(self, stream: str, segment: int, ledger_id: int, resume_at: Position) -> None:
         self.segment = segment
         self.ledger_id = ledger_id
         self.resume_at = resume_at
