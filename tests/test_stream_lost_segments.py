@@ -7,6 +7,7 @@ LOST and writes on after it; readers, subscribers and cursors reaching it get
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,22 @@ from writer_support import client_on
 
 import pora
 from pora import Position
-from pora.client.replication.client import Client
 from pora.cli._stream_views import segment_row
-from pora.streams.document import Segment, SegmentState, decode_document, encode_document
+from pora.client.replication.client import Client
+from pora.meta.errors import InvalidMetadata
+from pora.streams.document import (
+    Segment,
+    SegmentState,
+    StreamConfig,
+    add_segment,
+    checked_document,
+    decode_document,
+    encode_document,
+    lose_segments,
+    new_stream,
+    roll,
+    take_over,
+)
 from pora.streams.records import StreamRecord
 from pora.streams.stream import Stream
 
@@ -140,6 +154,44 @@ async def test_a_subscriber_on_the_open_segment_learns_it_was_lost(tmp_path: Pat
         assert raised.value.resume_at == Position(1, 0)
 
 
+async def test_a_takeover_marks_a_deleted_never_closed_segment_lost_too(
+    tmp_path: Path,
+) -> None:
+    """A writer that rolled over and stopped before closing its old segment's ledger,
+    which is then deleted: the takeover finds that segment's ledger without a record
+    and marks it LOST, recovers the OPEN one after it, and writes on."""
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("rolled")
+        record = StreamRecord(client.store, "rolled")
+        # the stopped writer, step by step: its segment 0, an entry, a rollover to 1
+        current = await record.read()
+        current = await record.write(take_over(current.value), current.version)
+        epoch = current.value.writer_epoch
+        old = await client.create_ledger(3, 3, 2)
+        current = await record.write(
+            add_segment(current.value, epoch, old.ledger_id, 0), current.version
+        )
+        assert await old.append(b"rolled away") == 0
+        new = await client.create_ledger(3, 3, 2)
+        assert await new.append(b"kept") == 0
+        current = await record.write(
+            roll(current.value, epoch, 0, len(b"rolled away"), new.ledger_id, 0), current.version
+        )
+        await client.delete_ledger(old.ledger_id)  # never closed: it stays OPEN till then
+
+        async with stream.open_writer() as writer:
+            assert await writer.append(b"after") == Position(2, 0)
+        segments = (await stream.info()).segments
+        assert [(s.lost, s.last_entry_id) for s in segments] == [(True, -1), (False, 0), (False, 0)]
+        with pytest.raises(pora.EntriesLost) as raised:
+            await read_all(stream)
+        assert raised.value.resume_at == Position(1, 0)
+        assert await read_all(stream, Position(1, 0)) == [
+            (Position(1, 0), b"kept"),
+            (Position(2, 0), b"after"),
+        ]
+
+
 async def test_a_seal_marks_the_deleted_open_segment_lost(tmp_path: Path) -> None:
     async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
         stream = await client.create_stream("sealed")
@@ -169,3 +221,24 @@ def test_stream_show_prints_a_lost_segment_as_lost() -> None:
     lost = Segment(1, 7, SegmentState.CLOSED, 2, 0, lost=True)
     row = segment_row(lost)
     assert (row["state"], row["entries"], row["bytes"]) == ("LOST", 0, 0)
+
+
+def test_the_document_keeps_lost_segments_closed_and_empty() -> None:
+    doc = add_segment(take_over(new_stream("doc", StreamConfig(), 0)), 1, ledger_id=7, now_ms=0)
+    lost = lose_segments(doc, 1, (0,), now_ms=5)
+    assert lost.writer_segment is None and lost.commit == doc.commit
+    assert lost.segments[0] == Segment(0, 7, SegmentState.CLOSED, 1, 0, -1, 0, 5, lost=True)
+    assert decode_document(encode_document(lost)) == lost
+    assert lose_segments(lost, 1, (0, 9), now_ms=6) == lost  # LOST already, 9 not held
+    for broken in (
+        replace(lost.segments[0], last_entry_id=3),
+        replace(lost.segments[0], byte_length=10),
+    ):
+        with pytest.raises(InvalidMetadata, match="LOST segment 0"):
+            checked_document(replace(lost, segments=(broken,)))
+    open_lost = replace(lost.segments[0], state=SegmentState.OPEN)  # the writer's OPEN one
+    with pytest.raises(InvalidMetadata, match="LOST segment 0"):
+        checked_document(replace(lost, segments=(open_lost,), writer_segment=0))
+    # a row of an unknown state is refused, never read as an empty segment
+    with pytest.raises(InvalidMetadata, match="malformed"):
+        decode_document(encode_document(lost).replace(b'"LOST"', b'"GONE"'))
