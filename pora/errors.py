@@ -72,6 +72,7 @@ from pora.meta.errors import (
 from pora.node.datadir import DataDirError, DataDirLocked, IndexMissing
 from pora.streams.errors import (
     AttributesChanged,
+    EntriesLost,
     EntriesTruncated,
     NoSuchCursor,
     NoSuchStream,
@@ -90,6 +91,7 @@ __all__ = [
     "DataDirLocked",
     "DeleteFailed",
     "DocumentExists",
+    "EntriesLost",
     "EntriesTruncated",
     "EntryConflict",
     "EntryDamaged",

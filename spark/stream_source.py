@@ -21,6 +21,7 @@ import logging
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -46,7 +47,7 @@ _log = logging.getLogger("spark.pora.stream_source")
 
 class PoraDataLoss(RuntimeError):
     """Entries a streaming query had yet to read were removed by retention (or a
-    truncation) and failOnDataLoss is true."""
+    truncation), or are in a LOST segment, and failOnDataLoss is true."""
 
 
 class PoraOffsetMismatch(PoraDataLoss):
@@ -109,8 +110,34 @@ class PoraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _extents(
         self, start: Position | None, stop: Position | None = None
     ) -> list[pora.SegmentExtent]:
+        """The stream's extents from `start` to `stop`; a LOST segment among them fails
+        the query (PoraDataLoss) or, with failOnDataLoss=false, is left out with a
+        warning."""
         pora_client, stream = self._client()
-        return pora_client.call(lambda: stream.extents(from_=start, to=stop))
+        extents: list[pora.SegmentExtent] = []
+        while True:
+            try:
+                more: list[pora.SegmentExtent] = pora_client.call(stream.extents, start, stop)
+                return extents + more
+            except pora.EntriesLost as error:
+                segment_lost(self._options, error)
+                before = Position(error.segment, 0)
+                extents += pora_client.call(stream.extents, start, before)
+                start = error.resume_at
+                if stop is not None and error.resume_at >= stop:
+                    return extents
+
+    def _entries(self, first: Position, stop: Position) -> Iterator[tuple[Position, bytes]]:
+        """The entries from `first` to `stop`, past LOST segments as `_extents` goes."""
+        pora_client, stream = self._client()
+        while True:
+            try:
+                yield from pora_client.iterate(partial(stream.read, first, stop), chunk=16)
+            except pora.EntriesLost as error:
+                segment_lost(self._options, error)
+                first = error.resume_at
+            else:
+                return
 
     def __getstate__(self) -> dict[str, Any]:
         """The reader as pickled for the tasks: the options, not the driver's client."""
@@ -169,11 +196,7 @@ class PoraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         limits = self._limits(limit)
         if limits.unlimited:
             return offset_of(_end_of(extents), name, created_ms)
-        pora_client, stream = self._client()
-        end = admitted_end(
-            pora_client.iterate(lambda: stream.read(from_=first, to=_end_of(extents)), chunk=16),
-            limits,
-        )
+        end = admitted_end(self._entries(first, _end_of(extents)), limits)
         return start if end is None else offset_of(end, name, created_ms)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:  # noqa: N802 (Spark's)
@@ -259,6 +282,8 @@ class PoraStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     yield batch
             except pora.EntriesTruncated as error:
                 lost(self._options, error.requested, error.first_held)  # type: ignore[arg-type]
+            except pora.EntriesLost as error:  # deleted after the batch was planned
+                segment_lost(self._options, error)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark has processed everything before `end`: the cursor moves there, and
@@ -285,6 +310,22 @@ def lost(options: PoraOptions, requested: Position, first_held: Position) -> Non
             'failOnDataLoss to "false"'
         )
     _log.warning("%s; skipped (failOnDataLoss=false), reading on from %s", message, first_held)
+
+
+def segment_lost(options: PoraOptions, error: pora.EntriesLost) -> None:
+    """The query reached a LOST segment (its ledger deleted outside the stream, its
+    entries gone): PoraDataLoss, or with failOnDataLoss=false a warning (the query
+    reads on from the first position after it)."""
+    message = (
+        f"stream {options.stream!r}: segment {error.segment} is LOST (its ledger "
+        f"{error.ledger_id} was deleted outside the stream) before this query read it"
+    )
+    if options.fail_on_data_loss:
+        raise PoraDataLoss(
+            f"{message}; to skip it and go on from {error.resume_at}, set option "
+            'failOnDataLoss to "false"'
+        ) from error
+    _log.warning("%s; skipped (failOnDataLoss=false), reading on from %s", message, error.resume_at)
 
 
 def mismatched(options: PoraOptions, offset: Position, first_held: Position, why: str) -> None:

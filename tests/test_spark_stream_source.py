@@ -3,7 +3,8 @@ Spark and a 3-node cluster: a query reads what a live writer appends (and nothin
 a pending transaction), stopped and
 restarted from its checkpoint it reads every entry once; admission limits bound each
 micro-batch; the query's cursor pins what it still needs against retention; past a
-hard limit failOnDataLoss fails the query naming the positions, or skips them."""
+hard limit failOnDataLoss fails the query naming the positions, or skips them, and so
+it does at a LOST segment (its ledger deleted outside the stream)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from spark_tables import (
     wait_readable,
 )
 
+import pora
 from pora import Position
 from spark import PoraDataSource
 
@@ -228,6 +230,46 @@ def test_data_lost_past_a_hard_limit_fails_or_is_skipped(
         assert ids_written(spark_session, tmp_path) == list(range(10))
         run_available_now(spark_session, spark_cluster, name, tmp_path, failOnDataLoss="false")
         assert ids_written(spark_session, tmp_path) == [*range(10), *range(30, 40)]
+
+
+def lose_a_segment(pora_client: Any, name: str, lost: bytes, after: bytes) -> None:
+    """A live writer appends `lost`, its segment's ledger is deleted outside the
+    stream, and the next writer (taking over: the segment is LOST) appends `after`."""
+
+    async def lose() -> None:
+        stream = await pora_client.client.open_stream(name)
+        async with stream.open_writer() as writer:
+            await writer.append(lost)
+            await pora_client.client.delete_ledger((await stream.info()).segments[-1].ledger_id)
+            with pytest.raises(pora.LedgerDeleted):
+                await writer.append(lost)
+        async with stream.open_writer() as writer:
+            await writer.append(after)
+
+    pora_client.call(lose)
+
+
+def test_a_lost_segment_fails_the_query_or_is_skipped(
+    spark_session: Any, spark_cluster: str, tmp_path: Path
+) -> None:
+    from pyspark.errors import StreamingQueryException  # noqa: PLC0415
+
+    name = stream_name("stream-lost")
+    schema = table_schema()
+    with table_client(spark_cluster) as pora_client:
+        create_table_stream(pora_client, name, schema)
+        commit_entries(pora_client, name, entries_of(schema, rows(0, 10)))
+        assert run_available_now(spark_session, spark_cluster, name, tmp_path) == [10]
+        (lost,) = entries_of(schema, rows(10, 10))
+        (after,) = entries_of(schema, rows(20, 10))
+        lose_a_segment(pora_client, name, lost, after)
+        with pytest.raises(StreamingQueryException) as failed:
+            run_available_now(spark_session, spark_cluster, name, tmp_path)
+        message = str(failed.value)
+        assert "segment 1 is LOST" in message and "failOnDataLoss" in message
+        assert ids_written(spark_session, tmp_path) == list(range(10))
+        run_available_now(spark_session, spark_cluster, name, tmp_path, failOnDataLoss="false")
+        assert ids_written(spark_session, tmp_path) == [*range(10), *range(20, 30)]
 
 
 def test_a_checkpoint_of_a_stream_deleted_and_created_again_is_refused(

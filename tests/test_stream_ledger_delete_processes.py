@@ -4,7 +4,7 @@ ledger of its OPEN segment deleted with `delete_ledger` from this process (an op
 deleting a ledger that a stream holds). No append started after the delete returned
 is acknowledged; every task is told `LedgerDeleted` at once (not after the writer
 watched the document for a takeover that never comes), and the writer, ended by it,
-leaves its block quietly."""
+leaves its block quietly. The next writer marks the segment LOST and writes on."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from test_stream_processes import logged
 from waiting import wait_until
 
 import pora
+from pora import Position
 
 WRITER_SCRIPT = Path(__file__).with_name("stream_writer_process.py")
 WRITER_TASKS = 32
@@ -60,6 +61,19 @@ async def delete_under_a_stream_writer(url: str, log_path: Path) -> None:
         assert len(acks) - acks_at_delete <= WRITER_TASKS
         with pytest.raises(pora.NoSuchLedger):
             await client.open_ledger(segment.ledger_id, password="")
+
+        # the stream is written again: the next writer's takeover marks the segment
+        # LOST, and readers are told where the loss is and where to resume
+        async with stream.open_writer() as next_writer:
+            assert await next_writer.append(b"again") == Position(1, 0)
+        assert [s.lost for s in (await stream.info()).segments] == [True, False]
+        with pytest.raises(pora.EntriesLost) as lost:
+            async for _ in stream.read():
+                pass
+        assert (lost.value.segment, lost.value.resume_at) == (0, Position(1, 0))
+        assert [item async for item in stream.read(from_=lost.value.resume_at)] == [
+            (Position(1, 0), b"again")
+        ]
 
 
 @pytest.mark.slow

@@ -77,12 +77,12 @@ def _segment_count(info: StreamInfo | StreamDocument) -> int:
 
 def segment_row(segment: Segment) -> dict[str, Any]:
     """A segment as `show` prints it; an OPEN segment's entries and bytes are the live
-    writer's (None)."""
+    writer's (None); a LOST one (its ledger deleted outside the stream) holds none."""
     closed = segment.state is SegmentState.CLOSED
     return {
         "seq": segment.seq,
         "ledger_id": segment.ledger_id,
-        "state": segment.state.value,
+        "state": "LOST" if segment.lost else segment.state.value,
         "entries": segment.last_entry_id + 1 if closed else None,
         "bytes": segment.byte_length if closed else None,
         "commit": segment.commit,

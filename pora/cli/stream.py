@@ -56,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Print one stream's document: its config, state, commit number, "
         "writer epoch and segments (seq, ledger id, state, entries, bytes, the commit "
         "that made it visible; an OPEN segment's entries are the live writer's and "
-        "shown as '-'), its pending transactions (id, segments, last activity), its "
+        "shown as '-'; a LOST one's ledger was deleted outside the stream, its entries "
+        "gone), its pending transactions (id, segments, last activity), its "
         "cursors (name, next position), its attributes (key and the first 80 "
         "characters of the value; --json: whole) and any other section the document "
         "holds.",

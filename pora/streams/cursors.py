@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,10 +52,14 @@ class CursorState:
 def ack_forward(state: CursorState, position: Position) -> CursorState | None:
     """The cursor after acking `position` (it reads next from just after it); None
     when that is not forward (an older ack is ignored, never an error)."""
-    following = Position(position.segment, position.entry + 1)
-    if following <= state.next_position:
+    return moved_forward(state, Position(position.segment, position.entry + 1))
+
+
+def moved_forward(state: CursorState, next_position: Position) -> CursorState | None:
+    """The cursor reading next from `next_position`; None when that is not forward."""
+    if next_position <= state.next_position:
         return None
-    return CursorState(state.stream, state.name, following, state.created_ms)
+    return CursorState(state.stream, state.name, next_position, state.created_ms)
 
 
 def cursor_document_name(stream: str, cursor: str) -> str:
@@ -193,9 +197,24 @@ class Cursor:
         after it, durably; an ack at or before what was acked changes nothing."""
         if not isinstance(position, Position):
             raise InvalidArgumentType(f"ack takes a pora.Position, not {type(position).__name__}")
+        await self._move(position, ack_forward)
+
+    async def move_to(self, position: Position) -> None:
+        """The cursor reads next from `position`, durably, when that is forward
+        (else nothing changes): to go on at an error's `resume_at` (EntriesLost) or
+        `first_held` (EntriesTruncated), knowing what was skipped."""
+        if not isinstance(position, Position):
+            raise InvalidArgumentType(
+                f"move_to takes a pora.Position, not {type(position).__name__}"
+            )
+        await self._move(position, moved_forward)
+
+    async def _move(
+        self, position: Position, forward: Callable[[CursorState, Position], CursorState | None]
+    ) -> None:
         while True:
             current = await self._record.read()
-            moved = ack_forward(current.value, position)
+            moved = forward(current.value, position)
             if moved is None:
                 return
             try:

@@ -86,6 +86,7 @@ __all__ = [
     "decode_page",
     "encode_document",
     "encode_page",
+    "lose_segments",
     "new_stream",
     "page_name",
     "page_out",
@@ -153,6 +154,37 @@ def close_segment(
     )
     segments = tuple(closed if s.seq == current.seq else s for s in doc.segments)
     return checked_document(replace(doc, segments=segments, writer_segment=None))
+
+
+def lose_segments(
+    doc: StreamDocument, epoch: int, seqs: tuple[int, ...], now_ms: int = 0
+) -> StreamDocument:
+    """The segments `seqs` marked LOST (their ledgers were deleted outside the stream,
+    which is definitive: ledger ids are never reused): CLOSED, holding nothing. The
+    writer's OPEN one among them is closed so; a seq no longer in the head (truncated
+    meanwhile) or already LOST is left as it is. Not a visible change (what was
+    readable there is gone already)."""
+    if doc.state is StreamState.ACTIVE:
+        _check_writer(doc, epoch)
+    writer_segment = doc.writer_segment
+    segments = []
+    for segment in doc.segments:
+        if segment.seq in seqs and not segment.lost:
+            if segment.seq == writer_segment:
+                writer_segment = None
+            segments.append(
+                replace(
+                    segment,
+                    state=SegmentState.CLOSED,
+                    last_entry_id=-1,
+                    byte_length=0,
+                    closed_ms=segment.closed_ms or now_ms,
+                    lost=True,
+                )
+            )
+        else:
+            segments.append(segment)
+    return checked_document(replace(doc, segments=tuple(segments), writer_segment=writer_segment))
 
 
 def add_segment(doc: StreamDocument, epoch: int, ledger_id: int, now_ms: int) -> StreamDocument:

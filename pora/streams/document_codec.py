@@ -91,6 +91,12 @@ def _check_pages(doc: StreamDocument, where: str) -> None:
 
 def _check_ends(segments: tuple[Segment, ...], where: str) -> None:
     for segment in segments:
+        if segment.lost and (
+            segment.state is not SegmentState.CLOSED
+            or segment.last_entry_id != -1
+            or segment.byte_length != 0
+        ):
+            raise InvalidMetadata(f"{where}: LOST segment {segment.seq} is not CLOSED and empty")
         if segment.last_entry_id < -1 or segment.byte_length < 0:
             raise InvalidMetadata(f"{where}: segment {segment.seq} has a negative end")
         if segment.last_entry_id == -1 and segment.byte_length != 0:
@@ -240,13 +246,18 @@ def _segment_row(s: Segment) -> list[int | str]:
     return [
         s.seq,
         s.ledger_id,
-        s.state.value,
+        _LOST if s.lost else s.state.value,
         s.commit,
         s.created_ms,
         s.last_entry_id,
         s.byte_length,
         s.closed_ms,
     ]
+
+
+#: a segment row's state for a LOST segment (a CLOSED one whose ledger was deleted
+#: outside the stream); a client without it refuses the row instead of reading it empty
+_LOST = "LOST"
 
 
 def _segment(item: Any) -> Segment:
@@ -257,12 +268,13 @@ def _segment(item: Any) -> Segment:
     return Segment(
         decoded_int(seq),
         decoded_int(ledger_id),
-        SegmentState(state),
+        SegmentState.CLOSED if state == _LOST else SegmentState(state),
         decoded_int(commit),
         decoded_int(created_ms),
         decoded_int(last),
         decoded_int(length),
         decoded_int(closed[0]) if closed else 0,
+        lost=state == _LOST,
     )
 
 

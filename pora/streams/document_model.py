@@ -148,6 +148,9 @@ class Segment:
     #: CLOSED only: when it was closed (wall clock, ms), for age retention; 0: not
     #: known (a segment closed before close times were kept: age never removes it)
     closed_ms: int = 0
+    #: LOST: CLOSED, but its ledger was deleted outside the stream, so its entries
+    #: are gone (last_entry_id -1, byte_length 0); readers raise EntriesLost there
+    lost: bool = False
 
 
 @dataclass(frozen=True)

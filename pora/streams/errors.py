@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from journal.errors import PoraError
+from pora.streams.position import Position
 
 
 class StreamError(PoraError):
@@ -64,6 +65,24 @@ class EntriesTruncated(StreamError):
             f"stream {stream!r}: position {requested} was removed by truncation or "
             f"retention; the first position still held is {first_held} (read from it "
             "to go on)",
+        )
+
+
+class EntriesLost(StreamError):
+    """A reader reached a LOST segment: its ledger was deleted outside the stream (an
+    operator's `delete_ledger`), so its entries are gone. `segment` is its seq and
+    `resume_at` the first position after it (never a silent skip: read from it to go
+    on, knowing what was lost)."""
+
+    def __init__(self, stream: str, segment: int, ledger_id: int, resume_at: Position) -> None:
+        self.segment = segment
+        self.ledger_id = ledger_id
+        self.resume_at = resume_at
+        super().__init__(
+            stream,
+            f"stream {stream!r}: segment {segment} is LOST (its ledger {ledger_id} was "
+            f"deleted outside the stream, and its entries with it); the first position "
+            f"after it is {resume_at} (read from it to go on)",
         )
 
 

@@ -24,7 +24,8 @@ from pora.client.replication.reader import LedgerReader
 from pora.client.replication.tail import wait_for_progress
 from pora.meta.records import Versioned
 from pora.streams.document import Segment, SegmentPage, SegmentState, StreamDocument
-from pora.streams.errors import EntriesTruncated, NoSuchStream
+from pora.streams.errors import EntriesLost, EntriesTruncated, NoSuchStream
+from pora.streams.lost import entries_lost, raise_if_lost
 from pora.streams.position import Position
 from pora.streams.records import StreamRecord
 
@@ -90,6 +91,7 @@ async def read_stream(
     doc = (await record.read()).value
     start, stop = await _bounds(client, doc, from_, to, as_of_commit)
     position = start
+    at: Segment | None = None  # the segment being read
     try:
         async for segment in record.segments_from(doc, start.segment):
             # segment commits increase with seq: those of commits up to n are a prefix
@@ -99,6 +101,9 @@ async def read_stream(
                 break
             first = start.entry if segment.seq == start.segment else 0
             position = Position(segment.seq, first)
+            at = segment
+            if segment.lost:
+                raise entries_lost(record.name, segment)
             reader = await _open_reader(client, segment)
             try:
                 last = segment.last_entry_id
@@ -115,6 +120,8 @@ async def read_stream(
                 await reader.aclose()
     except (NoSuchLedger, NoSuchStream) as error:
         await _raise_if_truncated(record, position, error)
+        if isinstance(error, NoSuchLedger) and at is not None:
+            await _raise_if_lost(client, record, at, error)
         raise
 
 
@@ -155,12 +162,18 @@ async def stream_extents(
         ):
             break
         first = start.entry if segment.seq == start.segment else 0
+        if segment.lost:
+            raise entries_lost(record.name, segment)
         if segment.state is SegmentState.CLOSED:
             last = segment.last_entry_id
             entries: int | None = segment.last_entry_id + 1
             size: int | None = segment.byte_length
         else:
-            reader = await _open_reader(client, segment)
+            try:
+                reader = await _open_reader(client, segment)
+            except NoSuchLedger as error:
+                await _raise_if_lost(client, record, segment, error)
+                raise
             try:
                 last = reader.last_add_confirmed
             finally:
@@ -182,6 +195,20 @@ async def _raise_if_truncated(record: StreamRecord, position: Position, error: E
         return
     if doc.is_removed(position):
         raise EntriesTruncated(record.name, position, doc.first_held) from error
+
+
+async def _raise_if_lost(
+    client: LedgerClient, record: StreamRecord, segment: Segment, error: Exception
+) -> None:
+    """EntriesLost when `segment`'s ledger was deleted outside the stream (its record
+    is gone, whether or not a takeover marked it LOST yet) while the stream is still
+    there (NoSuchStream when it is not: a stream delete takes its ledgers with it);
+    returns otherwise."""
+    await record.read()
+    try:
+        await raise_if_lost(client, record.name, segment)
+    except EntriesLost as lost:
+        raise lost from error
 
 
 def _held_start(name: str, doc: StreamDocument, position: Position) -> Position:
@@ -218,6 +245,8 @@ async def subscribe_stream(
                 )
             except (NoSuchLedger, NoSuchStream) as error:  # its ledger or page truncated?
                 await _raise_if_truncated(record, next_position, error)
+                if isinstance(error, NoSuchLedger):
+                    await _raise_if_lost_at(client, record, pages, doc.value, next_position, error)
                 raise
             if segment is None:
                 # a segment not there yet (every held seq below next_seq is listed)
@@ -230,6 +259,7 @@ async def subscribe_stream(
                     yield item
             except NoSuchLedger as error:
                 await _raise_if_truncated(record, next_position, error)
+                await _raise_if_lost(client, record, segment, error)
                 raise
             if next_position.entry <= _readable_through(segment, reader):
                 continue
@@ -240,6 +270,7 @@ async def subscribe_stream(
                 doc = await _wait(record, doc, reader, next_position.entry)
             except NoSuchLedger as error:
                 await _raise_if_truncated(record, next_position, error)
+                await _raise_if_lost(client, record, segment, error)
                 raise
     finally:
         if reader is not None:
@@ -259,6 +290,8 @@ async def _segment_and_reader(
     segment = await pages.segment_at(doc, position.segment)
     if segment is None:
         return None, reader
+    if segment.lost:
+        raise entries_lost(doc.name, segment)
     if reader is None or reader.ledger_id != segment.ledger_id:
         if reader is not None:
             await reader.aclose()
@@ -295,6 +328,23 @@ class _PageCache:
                     page = self._page = await self._record.read_page(ref.first_seq)
                 return page.segments[seq - ref.first_seq]
         return None
+
+
+async def _raise_if_lost_at(
+    client: LedgerClient,
+    record: StreamRecord,
+    pages: _PageCache,
+    doc: StreamDocument,
+    position: Position,
+    error: Exception,
+) -> None:
+    """As `_raise_if_lost`, for the segment holding `position` (if listed)."""
+    try:
+        segment = await pages.segment_at(doc, position.segment)
+    except PoraError:
+        return
+    if segment is not None:
+        await _raise_if_lost(client, record, segment, error)
 
 
 def _readable_through(segment: Segment, reader: LedgerReader) -> int:

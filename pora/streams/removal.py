@@ -35,7 +35,8 @@ async def delete_removed(
             await client.store.delete_document(PAGES_SPACE, name, page.version)
         except (PoraError, OSError) as error:
             _log.warning("stream %r truncated, but not its page %s: %s", before.name, name, error)
-    owned = [(segment.ledger_id, f"segment {segment.seq}") for segment in removed]
+    # (a LOST segment's ledger is gone already)
+    owned = [(s.ledger_id, f"segment {s.seq}") for s in removed if not s.lost]
     await delete_owned_ledgers(client, before.name, owned, "truncated")
 
 

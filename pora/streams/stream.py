@@ -36,6 +36,7 @@ from pora.streams.document import (
     decode_document,
     decode_page,
     encode_document,
+    lose_segments,
     new_stream,
     page_name,
     seal,
@@ -57,7 +58,7 @@ from pora.streams.retention import trim_count, wholly_before
 from pora.streams.stream_attributes import check_changes
 from pora.streams.transaction import Transaction, collect_abandoned, resume_transaction
 from pora.streams.transaction_fields import PendingTransaction, check_transaction_id
-from pora.streams.writer import StreamWriter, recover_segment_ledger
+from pora.streams.writer import StreamWriter, recover_or_lost
 
 if TYPE_CHECKING:
     from pora.streams.ledger_client import LedgerClient
@@ -217,8 +218,12 @@ class Stream:
             doc = take_over(record.value)  # the live writer's changes are refused from now
             current = doc.open_segment
             if current is not None:
-                last, length = await recover_segment_ledger(self._client, current.ledger_id)
-                doc = close_segment(doc, doc.writer_epoch, last, length, int(time.time() * 1000))
+                now_ms = int(time.time() * 1000)
+                end = await recover_or_lost(self._client, self.name, current.seq, current.ledger_id)
+                if end is None:  # its ledger was deleted outside the stream
+                    doc = lose_segments(doc, doc.writer_epoch, (current.seq,), now_ms)
+                else:
+                    doc = close_segment(doc, doc.writer_epoch, *end, now_ms)
             try:
                 await self._record.write(seal(doc), record.version)
             except MetadataVersionConflict:

@@ -34,18 +34,20 @@ import anyio.abc
 from journal.errors import PoraError
 from ledger.errors import LedgerDeleted, LedgerFenced, NoSuchLedger
 from pora.client.replication.writer import LedgerWriter
-from pora.meta.errors import MetadataTimeout, MetadataVersionConflict
+from pora.meta.errors import MetadataTimeout, MetadataVersionConflict, NoSuchLedgerMetadata
 from pora.meta.records import LedgerState, Versioned
 from pora.streams.document import (
     StreamDocument,
     StreamState,
     add_segment,
     close_segment,
+    lose_segments,
     page_out,
     roll,
     take_over,
 )
 from pora.streams.errors import NoSuchStream, StreamSealed, WriterFenced
+from pora.streams.lost import ledger_deleted, log_lost
 from pora.streams.position import Position
 from pora.streams.records import StreamRecord
 
@@ -105,6 +107,21 @@ async def recover_segment_ledger(client: LedgerClient, ledger_id: int) -> tuple[
         await reader.aclose()
 
 
+async def recover_or_lost(
+    client: LedgerClient, stream: str, seq: int, ledger_id: int
+) -> tuple[int, int] | None:
+    """Recover a segment's ledger: its (last entry, byte length), or None when the
+    ledger was deleted outside the stream (the segment is LOST: docs/streams.md, "Lost
+    segments"; logged). Any other failure is raised."""
+    try:
+        return await recover_segment_ledger(client, ledger_id)
+    except NoSuchLedger:
+        if not await ledger_deleted(client, ledger_id):
+            raise
+    log_lost(stream, seq, ledger_id)
+    return None
+
+
 class StreamWriter:
     """Returned by `Stream.open_writer()`; use it as an async context manager."""
 
@@ -123,6 +140,8 @@ class StreamWriter:
         self._roll_lock = anyio.Lock()
         self._closed = False
         self._recovered: tuple[int, int] | None = None
+        #: the earlier segments the takeover found LOST (their ledgers deleted)
+        self._lost: tuple[int, ...] = ()
         self._tasks_cm: anyio.abc.TaskGroup | None = None
         self._tasks: anyio.abc.TaskGroup | None = None
         self._roller = anyio.CancelScope()
@@ -162,22 +181,23 @@ class StreamWriter:
         # were closed by their committer)
         before = doc.next_seq if doc.writer_segment is None else doc.writer_segment
         closed = [s for s in doc.segments if s.seq < before]
-        if closed:
+        if closed and not closed[-1].lost:
             last = closed[-1]
-            record = await self._client.store.read_ledger(last.ledger_id)
-            if record.value.state is not LedgerState.CLOSED:
-                await recover_segment_ledger(self._client, last.ledger_id)
+            try:
+                record = await self._client.store.read_ledger(last.ledger_id)
+            except NoSuchLedgerMetadata:  # deleted outside the stream
+                log_lost(self.stream, last.seq, last.ledger_id)
+                self._lost += (last.seq,)
+            else:
+                if record.value.state is not LedgerState.CLOSED:
+                    await recover_segment_ledger(self._client, last.ledger_id)
         current = doc.open_segment
         if current is not None:
-            try:
-                self._recovered = await recover_segment_ledger(self._client, current.ledger_id)
-            except NoSuchLedger as gone:  # no record: deleted outside the stream
-                raise LedgerDeleted(
-                    current.ledger_id,
-                    f" outside stream {self.stream!r}, whose OPEN segment {current.seq} it "
-                    "held, so no writer can take the stream over (it can still be read up "
-                    "to that segment, and deleted)",
-                ) from gone
+            self._recovered = await recover_or_lost(
+                self._client, self.stream, current.seq, current.ledger_id
+            )
+            if self._recovered is None:
+                self._lost += (current.seq,)
 
     async def _update(
         self,
@@ -209,6 +229,8 @@ class StreamWriter:
 
         def change(doc: StreamDocument) -> StreamDocument:
             self._check_epoch(doc)
+            if self._lost:  # the OPEN one among them is closed so
+                doc = lose_segments(doc, self.epoch, self._lost, _now_ms())
             if doc.writer_segment is not None:
                 assert self._recovered is not None  # only our epoch changes segments
                 last, length = self._recovered
