@@ -83,14 +83,17 @@ def encode_add_run(
     master_key: bytes = b"",
     last_add_confirmed: int = -1,
     recovery: bool = False,
+    sizes: Sequence[int] | None = None,
 ) -> bytes:
     """One ADD_RUN frame: entries first_entry_id, first_entry_id + 1, ... of one ledger
-    with these payloads (1 to RUN_ENTRIES_MAX of them), answered by one response."""
+    with these payloads (1 to RUN_ENTRIES_MAX of them), answered by one response.
+    `sizes`: the payloads' lengths, when the caller has them (it cut its frames by
+    them); taken as they are, not measured again."""
     count = len(payloads)
     if not 1 <= count <= _RUN_MAX:
         raise ValueError(f"an ADD_RUN carries 1 to {_RUN_MAX} entries, got {count}")
     _check_key(master_key)
-    sizes = [len(payload) for payload in payloads]
+    sizes = _payload_sizes(payloads, sizes)
     key_bytes = len(master_key)
     head = _RUN_PACK(
         _RUN_LENGTH_BASE + key_bytes + 4 * count + sum(sizes),
@@ -117,9 +120,11 @@ def encode_add_batch(
     master_key: bytes = b"",
     last_add_confirmed: int = -1,
     recovery: bool = False,
+    sizes: Sequence[int] | None = None,
 ) -> bytes:
     """One ADD_BATCH frame (version 4): entries of one ledger with these strictly
-    increasing ids and payloads (1 to RUN_ENTRIES_MAX of them)."""
+    increasing ids and payloads (1 to RUN_ENTRIES_MAX of them). `sizes` as for
+    `encode_add_run`."""
     count = len(payloads)
     if not 1 <= count <= _RUN_MAX or len(entry_ids) != count:
         raise ValueError(
@@ -127,18 +132,27 @@ def encode_add_batch(
             f"{len(entry_ids)} ids and {count} payloads"
         )
     _check_key(master_key)
+    sizes = _payload_sizes(payloads, sizes)
     items = struct.Struct(">" + "qI" * count).pack(
-        *[value for pair in zip(entry_ids, map(len, payloads), strict=True) for value in pair]
+        *[value for pair in zip(entry_ids, sizes, strict=True) for value in pair]
     )
     body = (
         frames.ADD_BATCH_REQUEST_FIXED.pack(ledger_id, last_add_confirmed, count, len(master_key))
         + master_key
         + items
     )
-    size = len(body) + sum(map(len, payloads))
+    size = len(body) + sum(sizes)
     flags = _FLAG_RECOVERY if recovery else 0
     head = _header(frames.Opcode.ADD_BATCH, flags, 0, request_id, size, _V4)
     return b"".join((head, body, *payloads))
+
+
+def _payload_sizes(payloads: Sequence[bytes], sizes: Sequence[int] | None) -> Sequence[int]:
+    if sizes is None:
+        return list(map(len, payloads))
+    if len(sizes) != len(payloads):
+        raise ValueError(f"{len(sizes)} sizes given for {len(payloads)} payloads")
+    return sizes
 
 
 def encode_request(message: RequestMessage, version: int = _VERSION_NEWEST) -> bytes:

@@ -219,7 +219,8 @@ async def test_the_registrar_raises_the_mark_as_the_journal_moves_and_at_the_sto
 ) -> None:
     position = [5]
     async with open_metadata(metadata_url) as store:
-        mark = NodeMark(store, "instance1", lambda: position[0])
+        mark = NodeMark(store)
+        mark.start("instance1", lambda: position[0], None)  # the store holds none yet
         registrar = NodeRegistrar(
             store,
             "127.0.0.1:4000",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 import pora
 from netio.frames import Status
@@ -48,13 +49,13 @@ class Setup:
 @asynccontextmanager
 async def node_with_mark(tmp_path: Path) -> AsyncIterator[Setup]:
     meta_path = tmp_path / "meta.db"
-    async with (
-        pora.open_node(tmp_path / "data") as node,
-        open_metadata(f"sqlite://{meta_path}", MetadataConfig(call_timeout_s=CALL_TIMEOUT_S))
-        as store,
-    ):  # fmt: skip
-        mark = await start_mark(store, node, lambda: node.statistics().journal.dispatched_seq)
-        yield Setup(node, store, mark, meta_path)
+    async with open_metadata(
+        f"sqlite://{meta_path}", MetadataConfig(call_timeout_s=CALL_TIMEOUT_S)
+    ) as store:
+        mark = NodeMark(store)
+        async with pora.open_node(tmp_path / "data", fence_barrier=mark.cover) as node:
+            await start_mark(mark, node, lambda: node.statistics().journal.dispatched_seq)
+            yield Setup(node, store, mark, meta_path)
 
 
 async def append(node: pora.Node, ledger_id: int, count: int) -> None:
@@ -176,3 +177,34 @@ async def test_the_mark_its_fence_writes_and_its_failures_are_metrics(tmp_path: 
             locker.execute("ROLLBACK")
             locker.close()
         assert _figures(setup)["pora_node_mark_failures_total"] == 1
+
+
+async def test_a_fence_before_the_mark_starts_waits_for_the_start(tmp_path: Path) -> None:
+    meta_path = tmp_path / "meta.db"
+    async with open_metadata(f"sqlite://{meta_path}") as store:
+        mark = NodeMark(store)
+        at_barrier = trio.Event()
+
+        async def barrier(position: int) -> None:
+            at_barrier.set()  # the fence is journalled: only the mark holds it
+            await mark.cover(position)
+
+        async with pora.open_node(tmp_path / "data", fence_barrier=barrier) as node:
+            await append(node, 1, 3)
+            answered = trio.Event()
+
+            async def fence() -> None:
+                await node.fence_ledger(1)
+                answered.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fence)
+                await at_barrier.wait()
+                await trio.testing.wait_all_tasks_blocked()
+                assert not answered.is_set()
+                await start_mark(mark, node, lambda: node.statistics().journal.dispatched_seq)
+            # the start's mark is past the fence's record: no write of its own
+            fence_seq = node._registry.metas[1].fence_seq
+            stored = await store.node_mark(node.data_dir.instance_id)
+            assert stored is not None and stored > fence_seq
+            assert mark.fence_writes == 0

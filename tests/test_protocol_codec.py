@@ -728,6 +728,24 @@ def test_a_run_of_the_most_entries_round_trips_and_one_more_is_refused() -> None
         codec.encode_add_run(1, 2, 0, [b"p"], master_key=b"k" * 256)
 
 
+def test_add_frames_made_with_the_callers_sizes_are_the_same_frames() -> None:
+    """A caller that cut its frames by the payloads' sizes hands them over instead of
+    the encoder measuring each payload again: the frame is the same."""
+    payloads = [b"a" * 5, b"", b"bc" * 40]
+    sizes = [5, 0, 80]
+    run = codec.encode_add_run(7, 2, 10, payloads, master_key=b"k", last_add_confirmed=9)
+    assert (
+        codec.encode_add_run(7, 2, 10, payloads, master_key=b"k", last_add_confirmed=9, sizes=sizes)
+        == run
+    )
+    batch = codec.encode_add_batch(8, 2, [1, 4, 6], payloads, recovery=True)
+    assert codec.encode_add_batch(8, 2, [1, 4, 6], payloads, recovery=True, sizes=sizes) == batch
+    with pytest.raises(ValueError, match="2 sizes given for 3 payloads"):
+        codec.encode_add_run(7, 2, 10, payloads, sizes=sizes[:2])
+    with pytest.raises(ValueError, match="2 sizes given for 3 payloads"):
+        codec.encode_add_batch(8, 2, [1, 4, 6], payloads, sizes=sizes[:2])
+
+
 def test_the_codec_leaves_id_checks_to_the_node() -> None:
     """Ids no node accepts (negative, or a run past 2**63 - 1) are valid frames: the
     node answers them with INVALID_ARGUMENT, which needs the request decoded."""

@@ -314,9 +314,10 @@ async def add_entries(
         return []
     key = key_of(master_key, password)
     room = await _frame_limit(connection, timeout_s) - RUN_FRAME_BASE - len(key)
+    sizes = [len(payload) for _, payload in entries]
     runs = cut_frames(
         [entry_id for entry_id, _ in entries],
-        [len(payload) for _, payload in entries],
+        sizes,
         room,
         runs=True,
         entry_bytes_max=None,  # (an unfit entry refuses its run, as documented)
@@ -331,6 +332,7 @@ async def add_entries(
             master_key=key,
             last_add_confirmed=last_add_confirmed,
             recovery=recovery,
+            sizes=sizes[start:stop],
         )
         for request_id, (start, stop) in zip(request_ids, runs, strict=True)
     ]

@@ -216,15 +216,17 @@ def frames_for(
             out.append(_frame(new_id(), ledger_id, master_key, recovery, group))
             continue
         group.sort(key=_entry_id_of)
+        sizes = [len(add.payload) for add in group]
         chunks = cut_frames(
             list(map(_entry_id_of, group)),
-            [len(add.payload) for add in group],
+            sizes,
             frame_bytes_max - BATCH_FRAME_BASE - len(master_key),
             runs=False,
             entry_bytes_max=entry_bytes_max,
         )
         for start, stop in chunks:
-            out.append(_frame(new_id(), ledger_id, master_key, recovery, group[start:stop]))
+            chunk, chunk_sizes = group[start:stop], sizes[start:stop]
+            out.append(_frame(new_id(), ledger_id, master_key, recovery, chunk, chunk_sizes))
     return out
 
 
@@ -233,8 +235,14 @@ _entry_id_of = operator.attrgetter("entry_id")
 
 
 def _frame(
-    request_id: int, ledger_id: int, master_key: bytes, recovery: bool, chunk: list[QueuedAdd]
+    request_id: int,
+    ledger_id: int,
+    master_key: bytes,
+    recovery: bool,
+    chunk: list[QueuedAdd],
+    sizes: list[int] | None = None,
 ) -> tuple[int, bytes, AddFrame]:
+    """`chunk`'s frame; `sizes`: its payloads' lengths, when the caller measured them."""
     lac = max([add.last_add_confirmed for add in chunk])
     first = chunk[0].entry_id
     if len(chunk) == 1:
@@ -258,6 +266,7 @@ def _frame(
             master_key=master_key,
             last_add_confirmed=lac,
             recovery=recovery,
+            sizes=sizes,
         )
         return request_id, frame, AddFrame(ledger_id, f.Opcode.ADD_RUN, chunk)
     frame = encode_add_batch(
@@ -268,5 +277,6 @@ def _frame(
         master_key=master_key,
         last_add_confirmed=lac,
         recovery=recovery,
+        sizes=sizes,
     )
     return request_id, frame, AddFrame(ledger_id, f.Opcode.ADD_BATCH, chunk)

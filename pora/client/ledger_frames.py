@@ -190,9 +190,10 @@ def encode_batches(
         ids = list(map(_ID, entries))
         payloads = list(map(_PAYLOAD, entries))
         room = frame_bytes_max - BATCH_FRAME_BASE - len(request.master_key)
-        chunks = cut_frames(ids, sizes[index], room, runs=False, entry_bytes_max=entry_bytes_max)
+        mine = sizes[index]
+        chunks = cut_frames(ids, mine, room, runs=False, entry_bytes_max=entry_bytes_max)
         for start, stop in chunks:
-            out.append(_frame(call, index, request, ids, payloads, start, stop, new_id()))
+            out.append(_frame(call, index, request, ids, payloads, mine, start, stop, new_id()))
     return out
 
 
@@ -202,6 +203,7 @@ def _frame(
     request: AddRequest,
     ids: list[int],
     payloads: list[bytes],
+    sizes: list[int],
     start: int,
     stop: int,
     request_id: int,
@@ -214,11 +216,20 @@ def _frame(
             request_id, ledger_id, first, payloads[start], master_key=key, last_add_confirmed=lac
         )
     else:
-        chunk = payloads if start == 0 and stop == len(payloads) else payloads[start:stop]
+        if start == 0 and stop == len(payloads):
+            chunk, chunk_sizes = payloads, sizes
+        else:
+            chunk, chunk_sizes = payloads[start:stop], sizes[start:stop]
         if ids[stop - 1] - first == stop - start - 1:  # increasing ids: consecutive
             opcode = f.Opcode.ADD_RUN
             frame = encode_add_run(
-                request_id, ledger_id, first, chunk, master_key=key, last_add_confirmed=lac
+                request_id,
+                ledger_id,
+                first,
+                chunk,
+                master_key=key,
+                last_add_confirmed=lac,
+                sizes=chunk_sizes,
             )
         else:
             opcode = f.Opcode.ADD_BATCH
@@ -229,6 +240,7 @@ def _frame(
                 chunk,
                 master_key=key,
                 last_add_confirmed=lac,
+                sizes=chunk_sizes,
             )
     return request_id, frame, BatchFrame(call, index, ledger_id, opcode, start, stop)
 

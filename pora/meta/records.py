@@ -41,14 +41,36 @@ class LedgerState(enum.Enum):
     CLOSED = "CLOSED"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EnsembleMember:
     """A node of an ensemble: its address and the instance id of its data dir, so a
     node wiped and restarted at the same address is not taken for the one that held
-    the entries."""
+    the entries.
+
+    Equal by value and hashable. The writer hashes members per turn and per answer
+    (its queues per node, its ack counting), so the hash is computed once, at
+    construction, and the comparison builds no tuples."""
 
     address: str
     instance_id: str
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.address, self.instance_id)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, EnsembleMember) or other.__class__ is not self.__class__:
+            return NotImplemented
+        return self.address == other.address and self.instance_id == other.instance_id
+
+    def __reduce__(self) -> tuple[type[EnsembleMember], tuple[str, str]]:
+        # built again where unpickled: a string's hash differs between processes
+        return self.__class__, (self.address, self.instance_id)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from pora.node.datadir import (
     refuse_entry_logs_without_index,
     upgrade_data_dir,
 )
-from pora.node.node import Node
+from pora.node.node import FenceBarrier, Node
 from pora.node.replay import ProgressCallback, RecoveryReport, replay_journal
 from pora.node.trimmer import JournalTrimmer
 
@@ -50,6 +50,7 @@ async def open_node(
     *,
     recovery_progress: ProgressCallback | None = None,
     accept_journal_gap: bool = False,
+    fence_barrier: FenceBarrier | None = None,
     **options: Any,
 ) -> AsyncIterator[Node]:
     """Run a node on `data_dir` for the duration of the `async with` block.
@@ -61,6 +62,9 @@ async def open_node(
     operator's override (`pora recover --accept-journal-gap`): recovery replays what
     the journal holds past a gap, or a missing or damaged watermark, instead of
     refusing; what may be lost is logged and in `statistics().recovery`.
+    `fence_barrier` is a cluster's (`pora serve`: its `NodeMark`): the node answers
+    a fence only once `await fence_barrier(position)` returned, `position` being the
+    journal position the record that fenced the ledger lies below (R27).
     """
     config = NodeConfig.from_options(**options)
     root = Path(data_dir)
@@ -85,7 +89,7 @@ async def open_node(
                     functools.partial(refuse_entry_logs_without_index, directory, index_empty=True)
                 )
             async with _running_node(
-                directory, config, index, recovery_progress, accept_journal_gap
+                directory, config, index, recovery_progress, accept_journal_gap, fence_barrier
             ) as node:
                 yield node
         finally:
@@ -103,7 +107,8 @@ async def _running_node(
     config: NodeConfig,
     index: Index,
     recovery_progress: ProgressCallback | None,
-    accept_journal_gap: bool = False,
+    accept_journal_gap: bool,
+    fence_barrier: FenceBarrier | None,
 ) -> AsyncIterator[Node]:
     metas = await trio.to_thread.run_sync(index.load_all_meta)
     arrivals = Arrivals(config.long_polls_unknown_ledgers_max)
@@ -127,7 +132,7 @@ async def _running_node(
             # the segments a replay could not flush, which come before)
             await trio.to_thread.run_sync(_mark_journal_holding, directory.journal_dir)
             trimmer = JournalTrimmer(directory, journal, registry, config.trim_interval_ms)
-            node = Node(directory, config, journal, registry, trimmer, report)
+            node = Node(directory, config, journal, registry, trimmer, report, fence_barrier)
             trimming = trio.CancelScope()
 
             async def run_trimmer() -> None:

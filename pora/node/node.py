@@ -52,7 +52,7 @@ from pora.node.datadir import (
 from pora.node.replay import RecoveryReport
 from pora.node.trimmer import JournalTrimmer
 
-__all__ = ["Node", "NodeStatistics"]
+__all__ = ["FenceBarrier", "Node", "NodeStatistics"]
 
 _log = logging.getLogger("pora.node")
 
@@ -69,6 +69,12 @@ class NodeStatistics:
     journal_segments_trimmed: int
     recovery: RecoveryReport
     long_polls: ArrivalStatistics
+
+
+#: what a node in a cluster awaits before it answers a fence, with the journal position
+#: the record that fenced the ledger lies below: it returns once the node's mark in
+#: the metadata store is past that record (R27, pora/server/node_mark.py)
+FenceBarrier = Callable[[int], Awaitable[None]]
 
 
 def _as_pora_error(error: BaseException | None) -> PoraError | None:
@@ -100,6 +106,7 @@ class Node:
         registry: LedgerRegistry,
         trimmer: JournalTrimmer,
         recovery: RecoveryReport,
+        fence_barrier: FenceBarrier | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.config = config
@@ -116,15 +123,9 @@ class Node:
         self._adds = AddQueue(
             self.submit, config.entry_bytes_max, self._refusal, config.journal.channel_batches_max
         )
-        #: awaited before a fence is answered, with the journal position the record
-        #: that fenced the ledger lies below (R27: the node's mark must reach it)
-        self._fence_barrier: Callable[[int], Awaitable[None]] | None = None
-
-    def set_fence_barrier(self, barrier: Callable[[int], Awaitable[None]]) -> None:
-        """A node in a cluster answers a fence only once `barrier(position)` returned:
-        its mark in the metadata store is past the record that fenced the ledger, so a
-        copy of the data dir that lacks the fence is caught when put back (R27)."""
-        self._fence_barrier = barrier
+        #: awaited before a fence is answered (R27); None: a node outside a cluster
+        #: answers a fence once it is journalled
+        self._fence_barrier = fence_barrier
 
     def stop_taking_requests(self) -> None:
         """Refuse what is submitted from now on with NodeClosed (the node stops)."""

@@ -24,6 +24,7 @@ Lifecycle:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import logging
@@ -202,11 +203,9 @@ async def _run_node(
     with stopper.startup_scope:
         async with (
             open_registration_store(settings) as store,
-            pora.open_node(settings.data_dir, **settings.node_options) as node,
+            _open_node(settings, store) as (node, node_mark),
         ):
-            node_mark, collector = (
-                (None, None) if store is None else await _join(store, node, settings)
-            )
+            collector = None if node_mark is None else await _join(node_mark, node, settings)
             server = _make_server(node, settings)
             read_only_switch = ReadOnlyNotifier(node)
             monitor = DiskMonitor(
@@ -291,14 +290,28 @@ async def _run_node(
         _log.info("stopped during startup")
 
 
-async def _join(
-    store: MetadataStore, node: pora.Node, settings: Settings
-) -> tuple[NodeMark, LedgerCollector]:
-    """Join the store's cluster, settle the instance id the node serves under and its
-    mark (R27), before any client can reach the node; and make its ledger GC."""
+@contextlib.asynccontextmanager
+async def _open_node(
+    settings: Settings, store: MetadataStore | None
+) -> AsyncIterator[tuple[pora.Node, NodeMark | None]]:
+    """The node, and in a cluster its mark (R27): made before the node, which holds
+    every fence behind it, and started by `_join` once the data dir is checked."""
+    node_mark = None if store is None else NodeMark(store)
+    fence_barrier = None if node_mark is None else node_mark.cover
+    async with pora.open_node(
+        settings.data_dir, fence_barrier=fence_barrier, **settings.node_options
+    ) as node:
+        yield node, node_mark
+
+
+async def _join(node_mark: NodeMark, node: pora.Node, settings: Settings) -> LedgerCollector:
+    """Join the mark's store's cluster, settle the instance id the node serves under
+    and start its mark (R27), before any client can reach the node; and make its
+    ledger GC."""
+    store = node_mark.store
     cluster_id = await join_cluster(store, node.data_dir)
-    node_mark = await start_mark(store, node, lambda: _journal_position(node))
-    collector = LedgerCollector(
+    await start_mark(node_mark, node, lambda: _journal_position(node))
+    return LedgerCollector(
         node,
         store,
         cluster_id,
@@ -308,7 +321,6 @@ async def _join(
             settings.ledger_gc_grace_s,
         ),
     )
-    return node_mark, collector
 
 
 def _node_state(node: pora.Node, monitor: DiskMonitor) -> NodeState:

@@ -166,14 +166,11 @@ async def check_mark(store: MetadataStore, directory: DataDir, position: int) ->
     return directory
 
 
-async def start_mark(
-    store: MetadataStore, node: Node, journal_position: Callable[[], int]
-) -> NodeMark:
+async def start_mark(mark: NodeMark, node: Node, journal_position: Callable[[], int]) -> None:
     """Before the node listens: check its data dir against its instance's mark (a dir
     behind it starts as a new instance), record the start's position as the mark,
-    and hold every fence until the mark is past it. Returns the mark's owner."""
+    and start `mark`, which the node's fences wait behind (`open_node(fence_barrier=
+    mark.cover)`) until it is past each."""
     start = journal_position()
-    node.data_dir = await check_mark(store, node.data_dir, start)
-    mark = NodeMark(store, node.data_dir.instance_id, journal_position, mark=start)
-    node.set_fence_barrier(mark.cover)
-    return mark
+    node.data_dir = await check_mark(mark.store, node.data_dir, start)
+    mark.start(node.data_dir.instance_id, journal_position, start)

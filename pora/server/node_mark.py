@@ -32,27 +32,39 @@ class FenceNotRecorded(NodeOverloaded):
 
 
 class NodeMark:
-    def __init__(
-        self,
-        store: MetadataStore,
-        instance_id: str,
-        journal_position: Callable[[], int],
-        mark: int | None = None,
-    ) -> None:
+    """Made before the node (whose fences it holds: `open_node(fence_barrier=
+    mark.cover)`), started once the data dir is checked against the store
+    (membership.py `start_mark`); a fence that comes before the start waits for it."""
+
+    def __init__(self, store: MetadataStore) -> None:
         self.store = store
-        self.instance_id = instance_id
+        #: the instance whose mark this is; None until `start`
+        self.instance_id: str | None = None
         #: every journal record below this seq is durable; it only grows
-        self.journal_position = journal_position
+        self._journal_position: Callable[[], int] | None = None
         #: the last mark the store acknowledged for this instance
-        self.mark = mark
+        self.mark: int | None = None
         #: failed writes, for metrics and logs
         self.failures = 0
         #: writes made for fences (the renewals' are not counted)
         self.fence_writes = 0
+        self._started = trio.Event()
         self._write_lock = trio.Lock()
         self._writes_started = 0
         #: the number of the last write that failed, and why
         self._last_failure: tuple[int, MetadataError] | None = None
+
+    def start(
+        self, instance_id: str, journal_position: Callable[[], int], mark: int | None
+    ) -> None:
+        """The node serves as `instance_id`, whose mark the store holds as `mark`
+        (`start_mark` wrote it when it checked the data dir; None: none yet)."""
+        if self.instance_id is not None:
+            raise RuntimeError(f"the mark of node instance {self.instance_id} is started already")
+        self.instance_id = instance_id
+        self._journal_position = journal_position
+        self.mark = mark
+        self._started.set()
 
     def covers(self, position: int) -> bool:
         return self.mark is not None and self.mark >= position
@@ -60,11 +72,14 @@ class NodeMark:
     async def advance(self) -> None:
         """Raise the mark to the journal's position now (MetadataError if the store
         refused): a copy of the data dir taken before this is behind it."""
-        await self._raise_to(self.journal_position(), for_fence=False)
+        await self._raise_to(self._position(), for_fence=False)
 
     async def cover(self, position: int) -> None:
         """Return once the mark is at or past `position` (the journal position a
-        fence record lies below); FenceNotRecorded if the store could not be written."""
+        fence record lies below); FenceNotRecorded if the store could not be written.
+        Before `start` it waits for the start (which writes the mark the node starts
+        from, past every fence the node journalled by then)."""
+        await self._started.wait()
         if self.covers(position):
             return
         try:
@@ -87,11 +102,11 @@ class NodeMark:
                 # the write this fence waited for failed: so does the fence, at once,
                 # rather than a queue of fences each waiting out the store's timeout
                 raise failure[1]
-            target = max(position, self.journal_position())
+            target = max(position, self._position())
             self._writes_started += 1
             number = self._writes_started
             try:
-                await self.store.advance_node_mark(self.instance_id, target)
+                await self.store.advance_node_mark(self._instance(), target)
             except MetadataError as error:
                 self.failures += 1
                 self._last_failure = (number, error)
@@ -99,3 +114,13 @@ class NodeMark:
             if for_fence:
                 self.fence_writes += 1
             self.mark = target
+
+    def _instance(self) -> str:
+        if self.instance_id is None:
+            raise RuntimeError("the node's mark is used before `start`")
+        return self.instance_id
+
+    def _position(self) -> int:
+        if self._journal_position is None:
+            raise RuntimeError("the node's mark is used before `start`")
+        return self._journal_position()

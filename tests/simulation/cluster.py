@@ -42,6 +42,7 @@ from pora.meta.store import MetadataStore
 from pora.node.node import Node
 from pora.server.config import ServerConfig
 from pora.server.membership import start_mark
+from pora.server.node_mark import NodeMark
 from pora.server.server import Server
 from simulation.disk import SimDisk
 from simulation.wire import ServerEnd
@@ -93,13 +94,14 @@ class SimCluster:
     async def _start(self, address: str) -> None:
         path = self.paths.setdefault(address, self.folder / address.replace(":", "_"))
         stop, stopped = trio.Event(), trio.Event()
-        node: Node = await self.nursery.start(self._hold, address, path, stop, stopped)
+        mark = NodeMark(self.store)
+        node: Node = await self.nursery.start(self._hold, address, path, mark, stop, stopped)
         # a node open is a node known: a cancelled start must not leave it running,
         # its data dir locked, out of `nodes`
         with trio.CancelScope(shield=True):
             # before anything reaches it: a data dir behind its mark serves as a new
             # instance
-            await start_mark(self.store, node, lambda: node.statistics().journal.dispatched_seq)
+            await start_mark(mark, node, lambda: node.statistics().journal.dispatched_seq)
             self._stops[address] = (stop, stopped)
             self.nodes[address] = node
             self.registered[address] = node.data_dir.instance_id
@@ -111,15 +113,18 @@ class SimCluster:
         self,
         address: str,
         path: Path,
+        mark: NodeMark,
         stop: trio.Event,
         stopped: trio.Event,
         *,
         task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Run the node and its server's connections until `stop`: a crash ends every
-        connection first (their peers read the end of the stream), then the node."""
+        connection first (their peers read the end of the stream), then the node. Its
+        fences wait behind `mark` (R27), which `_start` starts."""
+        options = {**self.node_options, "fence_barrier": mark.cover}
         try:
-            async with self._crashing(address), pora.open_node(path, **self.node_options) as node:
+            async with self._crashing(address), pora.open_node(path, **options) as node:
                 server = Server(node, ServerConfig())
                 async with trio.open_nursery() as connections:
                     self._servers[address] = (server, connections)
