@@ -248,3 +248,21 @@ def test_the_cli_lists_an_unfinished_delete_and_finishes_it(tmp_path: Path, caps
     assert run_cli(capsys, "stream", "list", "--metadata", url, "--json").json() == {"streams": []}
     again = run_cli(capsys, "stream", "delete", "events", "--metadata", url)
     assert again.status == 2 and "does not exist" in again.err
+
+
+async def test_a_delete_fences_a_pending_transactions_segments(tmp_path: Path) -> None:
+    """A pending transaction's segments take appends until the delete fences them: its
+    appends after the delete fail with LedgerDeleted and its commit with NoSuchStream;
+    none of its ledgers is left."""
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("events")
+        txn = stream.begin()
+        await txn.begin()
+        segment = await txn.open_segment()
+        await segment.append(b"pending")
+        await client.delete_stream("events")
+        with pytest.raises(pora.LedgerDeleted):
+            await segment.append(b"after the delete")
+        with pytest.raises(pora.NoSuchStream):
+            await txn.commit()
+        assert await ledgers_of(client, "events") == []
