@@ -353,8 +353,8 @@ class Client:
         fence and delete the ledgers its writers may append to, delete the record, then
         the rest, best effort. NoSuchStream when there is none; StreamDeleteFailed (the
         stream left marked, gone for every client) when a writer's ledger cannot be
-        fenced: call it again. Once it returns no append of any writer is
-        acknowledged."""
+        fenced: call it again. Once it returns no append of any writer started after
+        it is acknowledged."""
         self._check_open("delete a stream")
         await deletion.delete_stream(self, name)
 
