@@ -94,6 +94,12 @@ def config_dict(config: StreamConfig) -> dict[str, Any]:
     return {option: getattr(config, option) for option, _kind, _text in CONFIG_OPTIONS}
 
 
+def shown_state(doc: StreamDocument) -> str:
+    """ACTIVE or SEALED; DELETING for a stream whose delete did not finish (it is gone
+    for every client: `pora stream delete` again finishes it)."""
+    return "DELETING" if doc.deleting else doc.state.value
+
+
 def stream_details(
     doc: StreamDocument,
     segments: list[Segment],
@@ -104,7 +110,7 @@ def stream_details(
     then every other section as the document holds it."""
     details: dict[str, Any] = {
         "name": doc.name,
-        "state": doc.state.value,
+        "state": shown_state(doc),
         "commit": doc.commit,
         "writer_epoch": doc.writer_epoch,
         "writer_segment": doc.writer_segment,
@@ -257,7 +263,7 @@ def run_list(args: argparse.Namespace) -> int:
                 rows.append(
                     {
                         "name": doc.name,
-                        "state": doc.state.value,
+                        "state": shown_state(doc),
                         "commit": doc.commit,
                         "segments": _segment_count(doc),
                         "writer_epoch": doc.writer_epoch,

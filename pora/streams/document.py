@@ -87,6 +87,7 @@ __all__ = [
     "encode_document",
     "encode_page",
     "lose_segments",
+    "mark_deleting",
     "new_stream",
     "page_name",
     "page_out",
@@ -219,6 +220,12 @@ def roll(
     next one added, OPEN."""
     closed = close_segment(doc, epoch, last_entry_id, byte_length, now_ms)
     return add_segment(closed, epoch, next_ledger_id, now_ms)
+
+
+def mark_deleting(doc: StreamDocument) -> StreamDocument:
+    """The first step of a stream's delete: the stream is gone for every client from
+    this change on (docs/streams.md, "Deleting a stream"). Not a visible change."""
+    return checked_document(replace(doc, deleting=True))
 
 
 def seal(doc: StreamDocument) -> StreamDocument:

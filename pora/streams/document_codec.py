@@ -141,6 +141,7 @@ def encode_document(doc: StreamDocument) -> bytes:
         **{field: [] for field in _RESERVED},
         **encode_transaction_fields(doc),
         **({"attributes": dict(doc.attributes)} if doc.attributes else {}),
+        **({"deleting": True} if doc.deleting else {}),
     }
     encoded = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     if len(encoded) > RECORD_BYTES_MAX:
@@ -178,6 +179,7 @@ def decode_document(data: bytes) -> StreamDocument:
             removed_last_entry_id=truncation["removed_last_entry_id"],
             **decode_transaction_fields(raw),
             attributes=decode_attributes(raw.get("attributes", {})),
+            deleting=_deleting(raw.get("deleting", False)),
         )
     except InvalidMetadata:
         raise
@@ -230,6 +232,13 @@ def _truncation(raw: Any) -> dict[str, int]:
         "first_held_seq": decoded_int(raw["first_held_seq"]),
         "removed_last_entry_id": decoded_int(raw["removed_last_entry_id"]),
     }
+
+
+def _deleting(value: Any) -> bool:
+    """The delete mark (absent from a document no delete has marked)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"deleting is {value!r}, not true or false")
+    return value
 
 
 def decoded_int(value: Any) -> int:

@@ -208,6 +208,9 @@ class StreamDocument:
     #: the application's own (key, value) strings, by key (stream_attributes.py):
     #: what a writer of the stream records for its readers, a table schema say
     attributes: tuple[tuple[str, str], ...] = ()
+    #: set by the first step of `delete_stream` (docs/streams.md, "Deleting a
+    #: stream"): every client then takes the stream as gone
+    deleting: bool = False
 
     @property
     def head_first_seq(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from journal.errors import PoraError
+from pora.client.replication.errors import DeleteFailed
 from pora.streams.position import Position
 
 
@@ -27,6 +28,40 @@ class StreamExists(StreamError):
     def __init__(self, stream: str) -> None:
         super().__init__(
             stream, f"stream {stream!r} already exists: open it (client.open_stream) instead"
+        )
+
+
+class StreamDeleting(StreamExists):
+    """`create_stream` found the name held by a stream whose delete did not finish
+    (it is marked deleting, gone for every client): call `delete_stream` again."""
+
+    def __init__(self, stream: str) -> None:
+        StreamError.__init__(
+            self,
+            stream,
+            f"stream {stream!r} is being deleted: an earlier delete_stream did not finish "
+            "(it could not fence a writer's ledger); call client.delete_stream "
+            f"({stream!r}) again, then create it",
+        )
+
+
+class StreamDeleteFailed(DeleteFailed):
+    """`delete_stream` could not fence the ledger of a segment a writer may still
+    append to (R26): the stream stays marked deleting (gone for every client) and a
+    retry of `delete_stream` finishes it. `stream`, `segment` (which segment, in
+    words), `ledger_id` and `what` say which and why."""
+
+    def __init__(self, stream: str, segment: str, failed: DeleteFailed) -> None:
+        self.stream = stream
+        self.segment = segment
+        self.ledger_id = failed.ledger_id
+        self.what = failed.what
+        PoraError.__init__(
+            self,
+            f"delete of stream {stream!r} could not fence the writer of its {segment} "
+            f"(ledger {failed.ledger_id}): {failed.what}; the stream stays marked deleting "
+            "(gone for every client, but that writer may still have appends acknowledged): "
+            "bring those nodes back (or wait for them) and call delete_stream again",
         )
 
 

@@ -44,6 +44,18 @@ class StreamRecord:
         self._timing_out_since: float | None = None
 
     async def read(self) -> Versioned[StreamDocument]:
+        """The document; NoSuchStream when there is none or a delete marked it (every
+        reader, writer, cursor and transaction reads through here, so a marked stream
+        is gone for all of them, and their compare-and-sets end with this after a
+        conflict)."""
+        record = await self.read_marked()
+        if record.value.deleting:
+            raise NoSuchStream(self.name)
+        return record
+
+    async def read_marked(self) -> Versioned[StreamDocument]:
+        """The document, also one a delete marked (for the delete that finishes it);
+        NoSuchStream when there is none."""
         try:
             record = await self.store.read_document(STREAMS_SPACE, self.name)
         except NoSuchDocument as gone:
@@ -98,7 +110,10 @@ class StreamRecord:
         changes = self.store.watch_document(STREAMS_SPACE, self.name, after_version)
         try:
             async for record in changes:
-                return Versioned(decode_document(record.value), record.version)
+                doc = decode_document(record.value)
+                if doc.deleting:
+                    break  # marked by a delete: gone
+                return Versioned(doc, record.version)
         except NoSuchDocument as gone:
             raise NoSuchStream(self.name) from gone
         finally:

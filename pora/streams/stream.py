@@ -4,26 +4,21 @@ documents and the segments' ledgers."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from journal.errors import PoraError
 from ledger.errors import InvalidArgument, InvalidArgumentType
 from pora.client.replication.arguments import is_int
 from pora.meta.errors import DocumentExists, MetadataVersionConflict, NoSuchDocument
 from pora.streams.cursors import (
-    CURSORS_SPACE,
     Cursor,
     CursorRecord,
     CursorState,
-    cursor_document_name,
     cursor_states,
 )
 from pora.streams.document import (
-    PAGES_SPACE,
     STREAMS_SPACE,
     PageRef,
     Segment,
@@ -34,16 +29,14 @@ from pora.streams.document import (
     check_stream_name,
     close_segment,
     decode_document,
-    decode_page,
     encode_document,
     lose_segments,
     new_stream,
-    page_name,
     seal,
     take_over,
     truncate,
 )
-from pora.streams.errors import NoSuchStream, StreamExists
+from pora.streams.errors import NoSuchStream, StreamDeleting, StreamExists
 from pora.streams.position import Position
 from pora.streams.reader import (
     SegmentExtent,
@@ -53,7 +46,7 @@ from pora.streams.reader import (
     subscribe_stream,
 )
 from pora.streams.records import StreamRecord
-from pora.streams.removal import delete_owned_ledgers, delete_removed
+from pora.streams.removal import delete_removed
 from pora.streams.retention import trim_count, wholly_before
 from pora.streams.stream_attributes import check_changes
 from pora.streams.transaction import Transaction, collect_abandoned, resume_transaction
@@ -62,8 +55,6 @@ from pora.streams.writer import StreamWriter, recover_or_lost
 
 if TYPE_CHECKING:
     from pora.streams.ledger_client import LedgerClient
-
-_log = logging.getLogger("pora.streams")
 
 #: stream names read per page by `list_streams`
 _LIST_PAGE = 1000
@@ -318,8 +309,18 @@ async def create_stream(client: LedgerClient, name: str, config: StreamConfig) -
     try:
         await client.store.create_document(STREAMS_SPACE, name, encode_document(doc))
     except DocumentExists as taken:
+        if await _delete_unfinished(client, name):
+            raise StreamDeleting(name) from taken
         raise StreamExists(name) from taken
     return Stream(client, name)
+
+
+async def _delete_unfinished(client: LedgerClient, name: str) -> bool:
+    """Whether the document holding `name` is one a delete marked and did not finish."""
+    try:
+        return (await StreamRecord(client.store, name).read_marked()).value.deleting
+    except NoSuchStream:
+        return False  # deleted meanwhile: the name is free, but this create lost its race
 
 
 async def open_stream(client: LedgerClient, name: str) -> Stream:
@@ -338,47 +339,9 @@ async def list_streams(client: LedgerClient) -> AsyncIterator[StreamInfo]:
                 record = await client.store.read_document(STREAMS_SPACE, name)
             except NoSuchDocument:
                 continue
-            yield StreamInfo.of(decode_document(record.value))
+            doc = decode_document(record.value)
+            if not doc.deleting:  # a marked stream is gone
+                yield StreamInfo.of(doc)
         if len(names) < _LIST_PAGE:
             return
         after = names[-1]
-
-
-async def delete_stream(client: LedgerClient, name: str) -> None:
-    """The document first (the stream is gone for every reader and writer), then its
-    segments' ledgers, best effort: a ledger left behind is garbage for the cluster
-    tools (its record names the stream under `pora.stream`)."""
-    record = StreamRecord(client.store, check_stream_name(name))
-    while True:
-        doc = await record.read()
-        try:
-            await client.store.delete_document(STREAMS_SPACE, name, doc.version)
-            break
-        except NoSuchDocument as gone:
-            raise NoSuchStream(name) from gone
-        except MetadataVersionConflict:
-            continue
-    segments: list[Segment] = list(doc.value.segments)
-    for ref in doc.value.pages:
-        try:
-            page = await client.store.read_document(PAGES_SPACE, page_name(name, ref.first_seq))
-            segments.extend(decode_page(page.value).segments)
-            await client.store.delete_document(
-                PAGES_SPACE, page_name(name, ref.first_seq), page.version
-            )
-        except PoraError as error:
-            _log.warning("stream %r deleted, but not its page %d: %s", name, ref.first_seq, error)
-    async for state in cursor_states(client.store, name):
-        try:
-            document = cursor_document_name(name, state.name)
-            cursor = await client.store.read_document(CURSORS_SPACE, document)
-            await client.store.delete_document(CURSORS_SPACE, document, cursor.version)
-        except PoraError as error:
-            _log.warning("stream %r deleted, but not its cursor %r: %s", name, state.name, error)
-    owned = [(s.ledger_id, f"segment {s.seq}") for s in segments]
-    owned += [
-        (s.ledger_id, f"pending transaction {txn.id}")
-        for txn in doc.value.transactions
-        for s in txn.segments
-    ]
-    await delete_owned_ledgers(client, name, owned, "deleted")

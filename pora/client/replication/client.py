@@ -51,6 +51,7 @@ from pora.meta.backends import open_metadata
 from pora.meta.errors import MetadataTimeout, MetadataVersionConflict, NoSuchLedgerMetadata
 from pora.meta.records import EnsembleMember, LedgerMetadata, LedgerState, Versioned
 from pora.meta.store import MetadataStore
+from pora.streams import deletion
 from pora.streams import stream as streams
 from pora.streams.document import StreamConfig
 from pora.streams.stream import Stream, StreamInfo
@@ -348,10 +349,14 @@ class Client:
         return streams.list_streams(self)
 
     async def delete_stream(self, name: str) -> None:
-        """Delete the stream's record (NoSuchStream when there is none), then its
-        segments' ledgers, best effort."""
+        """Delete the stream (docs/streams.md, "Deleting a stream"): mark its record,
+        fence and delete the ledgers its writers may append to, delete the record, then
+        the rest, best effort. NoSuchStream when there is none; StreamDeleteFailed (the
+        stream left marked, gone for every client) when a writer's ledger cannot be
+        fenced: call it again. Once it returns no append of any writer started after
+        it is acknowledged."""
         self._check_open("delete a stream")
-        await streams.delete_stream(self, name)
+        await deletion.delete_stream(self, name)
 
     async def _abandon_writers(self) -> None:
         """The client ends: every writer's pending appends fail, its readers' reads
