@@ -50,8 +50,9 @@ def test_many_random_seeds(seed: int) -> None:
     run_delete_plan(delete_plan_from_seed(seed))
 
 
-def test_replay_a_seed() -> None:
-    seed = os.environ.get("PORA_SIM_SEED")
-    if seed is None:
-        pytest.skip("set PORA_SIM_SEED to replay a seed")
-    run_delete_plan(delete_plan_from_seed(int(seed)))
+def test_replay_a_seed_exactly() -> None:
+    """PORA_SIM_SEED (default: a fixed one) runs twice with the same steps."""
+    plan = delete_plan_from_seed(int(os.environ.get("PORA_SIM_SEED", "3004")))
+    first, second = run_delete_plan(plan), run_delete_plan(plan)
+    assert first.steps == second.steps
+    assert first.acks == second.acks
