@@ -16,8 +16,9 @@ nodes run on trio).
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+import math
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,24 @@ class LocalCluster:
 MOCK_CLOCK_METADATA = MetadataConfig(call_timeout_s=24 * 3600.0)
 
 
+@contextmanager
+def autojump_held() -> Iterator[None]:
+    """A MockClock's autojump held off (any other clock: nothing). For opening the
+    harness's store: its call timeout is the only deadline then, and the autojump,
+    seeing every task wait on the SQLite thread that opens the file for its threshold
+    of real time, jumps straight to it (a loaded machine failed a test's start so, 24 h
+    of virtual time notwithstanding). Later calls have the nodes' timers about them."""
+    clock = trio.lowlevel.current_clock()
+    if not isinstance(clock, trio.testing.MockClock):
+        yield
+        return
+    threshold, clock.autojump_threshold = clock.autojump_threshold, math.inf
+    try:
+        yield
+    finally:
+        clock.autojump_threshold = threshold
+
+
 def harness_metadata_config() -> MetadataConfig:
     """The metadata config of the harness's stores: MOCK_CLOCK_METADATA under a
     MockClock, else the default."""
@@ -155,10 +174,11 @@ async def local_cluster(
 ) -> AsyncIterator[LocalCluster]:
     """`nodes` in-process nodes at addresses `127.0.0.1:41001..`, registered writable in
     `sqlite:///folder/meta.db` (with rack labels from `racks`, if given)."""
-    async with (
-        open_metadata(f"sqlite:///{folder}/meta.db", harness_metadata_config()) as store,
-        trio.open_nursery() as nursery,
-    ):
+    async with AsyncExitStack() as stack:
+        with autojump_held():
+            url = f"sqlite:///{folder}/meta.db"
+            store = await stack.enter_async_context(open_metadata(url, harness_metadata_config()))
+        nursery = await stack.enter_async_context(trio.open_nursery())
         addresses = [f"127.0.0.1:{41000 + k}" for k in range(1, nodes + 1)]
         cluster = LocalCluster(store, folder, addresses, node_options=node_options)
         cluster._nursery = nursery

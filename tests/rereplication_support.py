@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import trio
 from test_node_registration import LEASE_S, Node, nodes_in, serve, stop
 from waiting import wait_until_true
 
@@ -51,14 +52,31 @@ class Cluster:
 
 @contextlib.asynccontextmanager
 async def five_nodes(tmp_path: Path, url: str) -> AsyncIterator[Cluster]:
+    """`NODES` `pora serve` processes on `url`, started side by side (each start is
+    mostly a Python process's own start-up), every one ready and registered before
+    the cluster is given; each is stopped (as `serve` stops it) at the end."""
     cluster = Cluster(url, tmp_path)
-    async with contextlib.AsyncExitStack() as stack:
+    started: dict[int, Node] = {}
+    all_started, done = trio.Event(), trio.Event()
+
+    async def run_node(index: int) -> None:
+        async with serve(tmp_path / f"node{index}", tmp_path, url) as node:
+            started[index] = node
+            if len(started) == NODES:
+                all_started.set()
+            await done.wait()
+
+    async with trio.open_nursery() as nursery:
         for index in range(NODES):
-            data_dir = tmp_path / f"node{index}"
-            node = await stack.enter_async_context(serve(data_dir, tmp_path, url))
+            nursery.start_soon(run_node, index)
+        await all_started.wait()
+        for index, node in sorted(started.items()):
             cluster.nodes[node.address] = node
-            cluster.data_dirs[node.address] = data_dir
-        yield cluster
+            cluster.data_dirs[node.address] = tmp_path / f"node{index}"
+        try:
+            yield cluster
+        finally:
+            done.set()
 
 
 def pora_cli(*argv: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:

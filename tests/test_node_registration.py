@@ -31,6 +31,8 @@ from pora.server.registration import NodeRegistrar, NodeState
 
 START_TIMEOUT_S = 30.0
 LEASE_S = 1.0
+#: the lease of a node killed to check that its registration outlives it
+KILLED_LEASE_S = 30.0
 
 
 @pytest.fixture(params=["sqlite", "zk"])
@@ -123,12 +125,16 @@ async def test_a_served_node_registers_and_a_sigterm_unregisters_it_at_once(
 async def test_a_killed_node_is_gone_after_its_lease_and_a_restart_takes_it_back(
     data_dir: Path, tmp_path: Path, metadata_url: str
 ) -> None:
-    async with serve(data_dir, tmp_path, metadata_url) as node:
+    # a lease far longer than the check below can take on a loaded machine (with the
+    # 1 s one, a slow store connection could see it run out first)
+    lease_s = str(KILLED_LEASE_S)
+    async with serve(data_dir, tmp_path, metadata_url, "--registration-lease-s", lease_s) as node:
         address = node.address
         assert await stop(node, signal.SIGKILL) == -signal.SIGKILL
     assert address in await nodes_in(metadata_url)  # until the lease runs out
 
-    # the same data dir on the same address, while the old lease lives: its own
+    # the same data dir on the same address, while the old lease lives: its own (and
+    # its 1 s lease replaces the old one: gone below long before KILLED_LEASE_S)
     async with serve(data_dir, tmp_path, metadata_url, "--listen", address) as node:
         assert node.address == address
         assert await stop(node, signal.SIGKILL) == -signal.SIGKILL
