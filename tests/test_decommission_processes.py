@@ -85,8 +85,13 @@ async def test_a_watching_worker_waits_for_the_delay_then_repairs(
 
             await wait_until_true(clean, 60.0)
         finally:
-            watcher.send_signal(signal.SIGINT)
-            out, err = await trio.to_thread.run_sync(watcher.communicate)
+            watcher.send_signal(signal.SIGTERM)  # a service manager's stop
+            try:
+                out, err = await trio.to_thread.run_sync(watcher.communicate, None, 30.0)
+            finally:
+                if watcher.poll() is None:
+                    watcher.kill()
+        assert watcher.returncode == 0, err
         repaired = [e for e in json_lines(out) if e["event"] == "repaired"]
         assert {e["ledger"] for e in repaired} == set(written), err
         await check_every_replica(url, written)

@@ -17,6 +17,7 @@ skipped or failed (`{"event": "repaired" | "skipped" | "failed" | "recovered",
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -65,8 +66,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_metadata_argument(parser, required=True)
     add_worker_arguments(parser)
     parser.add_argument(
-        "--watch", action="store_true", help="keep running; repair nodes lost for --lost-after-s"
-    )
+        "--watch", action="store_true",
+        help="keep running; repair nodes lost for --lost-after-s; SIGINT or SIGTERM stops "
+        "it (exit 0): a repair cut short is finished by the next run",
+    )  # fmt: skip
     parser.add_argument(
         "--lost-after-s", type=positive, default=300.0, metavar="S",
         help="with --watch: how long a node's registration must be gone before its "
@@ -216,6 +219,24 @@ async def run_with_progress(
     return totals
 
 
+async def watch_until_stopped(
+    cluster: Cluster, options: WorkerOptions, report: Report, args: argparse.Namespace
+) -> None:
+    """`watch` until SIGINT or SIGTERM (a service manager's stop). The handlers are
+    installed here rather than left to Python's default: a process started with
+    SIGINT ignored (a background job of a shell without job control) would not stop."""
+    async with anyio.create_task_group() as tasks:
+
+        async def stop_on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    tasks.cancel_scope.cancel()
+                    return
+
+        tasks.start_soon(stop_on_signal)
+        await watch(cluster, options, report, args.lost_after_s, args.interval_s)
+
+
 @command
 def run_rereplicate(args: argparse.Namespace) -> int:
     options = worker_options(args)
@@ -223,7 +244,7 @@ def run_rereplicate(args: argparse.Namespace) -> int:
 
     async def work(cluster: Cluster) -> int:
         if args.watch:
-            await watch(cluster, options, report, args.lost_after_s, args.interval_s)
+            await watch_until_stopped(cluster, options, report, args)
             return EXIT_OK
         shown = not args.json and sys.stderr.isatty()
         totals = await run_with_progress(cluster, options, report, shown)
