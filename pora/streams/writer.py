@@ -166,7 +166,7 @@ class StreamWriter:
             await self._add_own_segment(ledger)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self._discard(ledger)
+                await self._discard_unless_named(ledger)
             raise
         assert self._doc is not None
         seq = self._doc.value.writer_segment
@@ -256,6 +256,37 @@ class StreamWriter:
             config.write_quorum,
             config.ack_quorum,
             custom_metadata={STREAM_KEY: self.stream.encode()},
+        )
+
+    async def _discard_unless_named(self, ledger: LedgerWriter) -> None:
+        """A ledger whose adding failed: deleted only when the document, read again,
+        does not name it. A compare-and-set whose reply was lost and whose re-read
+        failed may have taken: the document then names the ledger, and deleting it
+        would have the next takeover mark a live segment LOST. Such a ledger is closed
+        and left (the next takeover recovers its segment; `pora stream gc` deletes it
+        when no document names it)."""
+        try:
+            doc = await self._record.read()
+        except NoSuchStream:
+            pass  # deleted or marked: a delete deletes the ledgers its document names
+        except PoraError as error:
+            self._leave(ledger, f"its adding may have taken (the document: {error})")
+            await self._close_in_background(ledger)
+            return
+        else:
+            if _holds(doc.value, ledger):
+                self._leave(ledger, "the document names it")
+                await self._close_in_background(ledger)
+                return
+        await self._discard(ledger)
+
+    def _leave(self, ledger: LedgerWriter, why: str) -> None:
+        _log.warning(
+            "stream %r: ledger %d is not deleted: %s; closed and left to the next "
+            "takeover or `pora stream gc`",
+            self.stream,
+            ledger.ledger_id,
+            why,
         )
 
     async def _discard(self, ledger: LedgerWriter) -> None:
@@ -479,7 +510,7 @@ class StreamWriter:
         if error is not None:
             # no document names the new segment: what was appended to it is not in
             # the stream (those appends fail with `error`), and its ledger goes
-            self._client_tasks().start_soon(self._discard, spare)
+            self._client_tasks().start_soon(self._discard_unless_named, spare)
             return
         self._client_tasks().start_soon(self._close_in_background, old.writer)
 
