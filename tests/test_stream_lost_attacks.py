@@ -106,3 +106,27 @@ async def test_a_rollover_unsure_its_segment_was_added_leaves_no_lost_segment(
         read = dict(await read_all(stream))
         assert [read[position] for position in acknowledged] == [payload] * len(acknowledged)
         assert read[after] == b"later"
+
+
+async def test_a_transaction_segment_unsure_it_was_recorded_does_not_block_the_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`open_segment`'s compare-and-set records the segment but the process cannot
+    tell: its ledger is kept (closed, empty), so the transaction that names it still
+    commits, with what the other segments hold."""
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("txn")
+        txn = stream.begin()
+        await txn.begin()
+        await (await txn.open_segment()).append(b"first")
+        lost = lose_reply_and_next_read(
+            monkeypatch, lambda doc: sum(len(t.segments) for t in doc.transactions) == 2
+        )
+        with pytest.raises(MetadataTimeout):
+            await txn.open_segment()
+        assert lost
+        monkeypatch.undo()
+        await (await txn.open_segment()).append(b"third")
+        assert await txn.commit() == 1
+        assert [payload for _, payload in await read_all(stream)] == [b"first", b"third"]
+        assert not any(segment.lost for segment in (await stream.info()).segments)

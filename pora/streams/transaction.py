@@ -22,7 +22,7 @@ from pora.meta.records import Versioned
 from pora.streams.document import StreamDocument
 from pora.streams.errors import TransactionAborted
 from pora.streams.records import StreamRecord
-from pora.streams.removal import delete_removed
+from pora.streams.removal import delete_removed, why_kept
 from pora.streams.transaction_changes import (
     abandoned_transactions,
     add_transaction_segment,
@@ -217,11 +217,29 @@ class Transaction:
             await _change(self._record, change)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await _delete_ledgers(self._client, self.stream, [ledger.ledger_id], ledger)
+                await self._discard_unless_named(ledger)
             raise
         segment = TransactionSegment(self, len(self._segments), ledger)
         self._segments.append(segment)
         return segment
+
+    async def _discard_unless_named(self, ledger: LedgerWriter) -> None:
+        """A segment's ledger whose recording failed: deleted unless the document may
+        name it (`why_kept`); such a ledger is closed and left (the commit closes it
+        like any other segment; an abort or gc deletes it)."""
+        why = await why_kept(self._record, ledger.ledger_id)
+        if why is None:
+            await _delete_ledgers(self._client, self.stream, [ledger.ledger_id], ledger)
+            return
+        _log.warning(
+            "stream %r: ledger %d of transaction %s is not deleted: %s",
+            self.stream,
+            ledger.ledger_id,
+            self.id,
+            why,
+        )
+        with contextlib.suppress(PoraError, OSError):
+            await ledger.close()
 
     async def commit(
         self,

@@ -50,6 +50,7 @@ from pora.streams.errors import NoSuchStream, StreamSealed, WriterFenced
 from pora.streams.lost import ledger_deleted, log_lost
 from pora.streams.position import Position
 from pora.streams.records import StreamRecord
+from pora.streams.removal import why_kept
 
 if TYPE_CHECKING:
     from pora.streams.ledger_client import LedgerClient
@@ -259,28 +260,13 @@ class StreamWriter:
         )
 
     async def _discard_unless_named(self, ledger: LedgerWriter) -> None:
-        """A ledger whose adding failed: deleted only when the document, read again,
-        does not name it. A compare-and-set whose reply was lost and whose re-read
-        failed may have taken: the document then names the ledger, and deleting it
-        would have the next takeover mark a live segment LOST. Such a ledger is closed
-        and left (the next takeover recovers its segment; `pora stream gc` deletes it
-        when no document names it)."""
-        try:
-            doc = await self._record.read()
-        except NoSuchStream:
-            pass  # deleted or marked: a delete deletes the ledgers its document names
-        except PoraError as error:
-            self._leave(ledger, f"its adding may have taken (the document: {error})")
-            await self._close_in_background(ledger)
+        """A ledger whose adding failed: deleted unless the document may name it
+        (`why_kept`); such a ledger is closed and left to the next takeover, or to
+        `pora stream gc` when no document names it."""
+        why = await why_kept(self._record, ledger.ledger_id)
+        if why is None:
+            await self._discard(ledger)
             return
-        else:
-            if _holds(doc.value, ledger):
-                self._leave(ledger, "the document names it")
-                await self._close_in_background(ledger)
-                return
-        await self._discard(ledger)
-
-    def _leave(self, ledger: LedgerWriter, why: str) -> None:
         _log.warning(
             "stream %r: ledger %d is not deleted: %s; closed and left to the next "
             "takeover or `pora stream gc`",
@@ -288,6 +274,7 @@ class StreamWriter:
             ledger.ledger_id,
             why,
         )
+        await self._close_in_background(ledger)
 
     async def _discard(self, ledger: LedgerWriter) -> None:
         """A ledger no document names (a spare, or one whose adding failed): deleted,
