@@ -1,0 +1,115 @@
+"""A stream delete attacked where it can be cut (docs/streams.md, "Deleting a
+stream"), on an in-process cluster: a deleter that stops between its steps leaves
+the stream marked, a retry finishes it, and a stream created again under the name
+starts clean: none of the deleted stream's cursors carries over."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+from replication_support import local_cluster
+from writer_support import client_on
+
+import pora
+from pora import Position
+from pora.client.replication.client import Client
+from pora.streams import deletion
+from pora.streams.cursors import CursorRecord
+from pora.streams.stream import Stream
+
+
+class Killed(BaseException):
+    """The deleting process stopping at this point (as SIGKILL would)."""
+
+
+async def delete_to_the_end(client: Client, name: str) -> None:
+    """What an operator does after a delete stopped: delete again (`pora stream
+    delete`), where NoSuchStream says it was finished."""
+    with contextlib.suppress(pora.NoSuchStream):
+        await client.delete_stream(name)
+
+
+async def test_a_delete_stopped_at_the_cursors_leaves_none_to_a_stream_created_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("orders")
+        async with stream.open_writer() as writer:
+            await writer.append_many([b"a", b"b", b"c"])
+        cursor = await stream.cursor("billing")
+        await cursor.move_to(Position(0, 3))
+
+        async def killed_there(client: Client, name: str) -> None:
+            raise Killed
+
+        monkeypatch.setattr(deletion, "_delete_cursors", killed_there)
+        with pytest.raises(Killed):
+            await client.delete_stream("orders")
+        monkeypatch.undo()
+        await delete_to_the_end(client, "orders")
+
+        again = await client.create_stream("orders")
+        async with again.open_writer() as writer:
+            await writer.append_many([b"new 1", b"new 2"])
+        assert await again.cursors() == []
+        fresh = await again.cursor("billing")
+        assert await fresh.position() == Position(0, 0)
+        assert [payload async for _, payload in fresh.read()] == [b"new 1", b"new 2"]
+
+
+async def test_a_cursor_made_while_its_stream_is_deleted_is_not_left_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`stream.cursor()` read the document before the delete marked it and creates
+    the cursor after the delete listed the cursors: it raises NoSuchStream and leaves
+    no cursor for a stream created again under the name."""
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("racing")
+        async with stream.open_writer() as writer:
+            await writer.append_many([b"a", b"b"])
+        await stream.truncate(Position(1, 0))
+        create = CursorRecord.create
+
+        async def deleted_first(self: CursorRecord, start: Position) -> int | None:
+            await client.delete_stream("racing")
+            return await create(self, start)
+
+        monkeypatch.setattr(CursorRecord, "create", deleted_first)
+        with pytest.raises(pora.NoSuchStream):
+            await stream.cursor("late")
+        monkeypatch.undo()
+        again = await client.create_stream("racing")
+        assert await again.cursors() == []
+
+
+async def test_a_cursor_made_across_a_delete_and_create_starts_in_the_new_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream deleted and created again between `stream.cursor()`'s read of the
+    document and its creating the cursor: the cursor starts where the new stream
+    does, not at the old stream's first held position."""
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("reborn")
+        async with stream.open_writer() as writer:
+            await writer.append_many([b"a", b"b"])
+        async with stream.open_writer() as writer:
+            await writer.append(b"c")
+        await stream.truncate(Position(1, 0))
+        create = CursorRecord.create
+        recreated: list[Stream] = []
+
+        async def recreated_first(self: CursorRecord, start: Position) -> int | None:
+            if not recreated:
+                await client.delete_stream("reborn")
+                recreated.append(await client.create_stream("reborn"))
+            return await create(self, start)
+
+        monkeypatch.setattr(CursorRecord, "create", recreated_first)
+        cursor = await stream.cursor("billing")
+        monkeypatch.undo()
+        async with recreated[0].open_writer() as writer:
+            await writer.append(b"new")
+        assert await cursor.position() == Position(0, 0)
+        assert [payload async for _, payload in cursor.read()] == [b"new"]
