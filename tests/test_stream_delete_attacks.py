@@ -15,9 +15,11 @@ from writer_support import client_on
 import pora
 from pora import Position
 from pora.client.replication.client import Client
-from pora.streams import deletion
+from pora.streams import deletion, transaction
 from pora.streams.cursors import CursorRecord
+from pora.streams.ledger_client import LedgerClient
 from pora.streams.stream import Stream
+from pora.streams.writer import recover_segment_ledger
 
 
 class Killed(BaseException):
@@ -113,3 +115,30 @@ async def test_a_cursor_made_across_a_delete_and_create_starts_in_the_new_stream
             await writer.append(b"new")
         assert await cursor.position() == Position(0, 0)
         assert [payload async for _, payload in cursor.read()] == [b"new"]
+
+
+async def test_a_commit_racing_a_delete_raises_no_such_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delete fences the pending transaction's segments while the committer
+    recovers them: the commit raises NoSuchStream (the stream is gone), not the
+    ledger's NoSuchLedger, and nothing of it is visible anywhere."""
+    async with (
+        local_cluster(tmp_path) as cluster,
+        client_on(cluster) as client,
+        client_on(cluster) as other,
+    ):
+        stream = await client.create_stream("doomed")
+        txn = stream.begin()
+        await txn.begin()
+        await (await txn.open_segment()).append(b"pending")
+        committer = await (await other.open_stream("doomed")).resume(txn.id)
+        recover = recover_segment_ledger
+
+        async def deleted_first(client_: LedgerClient, ledger_id: int) -> tuple[int, int]:
+            await client.delete_stream("doomed")
+            return await recover(client_, ledger_id)
+
+        monkeypatch.setattr(transaction, "recover_segment_ledger", deleted_first)
+        with pytest.raises(pora.NoSuchStream):
+            await committer.commit()

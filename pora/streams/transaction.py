@@ -363,7 +363,11 @@ class Transaction:
         writes them elsewhere is fenced), recorded in `closed`."""
         for ledger_id in kept:
             if ledger_id not in closed:
-                last, length = await recover_segment_ledger(self._client, ledger_id)
+                try:
+                    last, length = await recover_segment_ledger(self._client, ledger_id)
+                except NoSuchLedger:
+                    await self._record.read()  # NoSuchStream: a stream delete fenced it
+                    raise
                 closed[ledger_id] = (ledger_id, last, length)
 
     async def _not_held(self, ledger_ids: Sequence[int]) -> list[int]:
