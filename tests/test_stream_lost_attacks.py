@@ -15,7 +15,9 @@ from writer_support import client_on
 from pora import Position
 from pora.meta.errors import MetadataTimeout
 from pora.meta.records import Versioned
-from pora.streams.document import StreamDocument
+from pora.streams import writer as writer_module
+from pora.streams.document import StreamDocument, add_segment, roll, take_over
+from pora.streams.ledger_client import LedgerClient
 from pora.streams.records import StreamRecord
 from pora.streams.stream import Stream
 
@@ -130,3 +132,41 @@ async def test_a_transaction_segment_unsure_it_was_recorded_does_not_block_the_c
         assert await txn.commit() == 1
         assert [payload for _, payload in await read_all(stream)] == [b"first", b"third"]
         assert not any(segment.lost for segment in (await stream.info()).segments)
+
+
+async def test_a_truncation_during_the_takeover_neither_fails_it_nor_loses_a_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that rolled over and stopped before closing its old segment's ledger;
+    the next takeover, about to recover that ledger, races a truncation that removes
+    the segment and deletes the ledger: the takeover goes on (the segment is
+    truncated, not LOST) and what the stream holds reads back."""
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("rolled")
+        record = StreamRecord(client.store, "rolled")
+        current = await record.read()
+        current = await record.write(take_over(current.value), current.version)
+        epoch = current.value.writer_epoch
+        old = await client.create_ledger(3, 3, 2)
+        current = await record.write(
+            add_segment(current.value, epoch, old.ledger_id, 0), current.version
+        )
+        assert await old.append(b"rolled away") == 0
+        new = await client.create_ledger(3, 3, 2)
+        assert await new.append(b"kept") == 0
+        await record.write(
+            roll(current.value, epoch, 0, len(b"rolled away"), new.ledger_id, 0), current.version
+        )
+        recover = writer_module.recover_segment_ledger
+
+        async def truncated_first(client_: LedgerClient, ledger_id: int) -> tuple[int, int]:
+            if ledger_id == old.ledger_id:
+                assert await stream.truncate(Position(1, 0)) == Position(1, 0)
+            return await recover(client_, ledger_id)
+
+        monkeypatch.setattr(writer_module, "recover_segment_ledger", truncated_first)
+        async with stream.open_writer() as writer:
+            assert await writer.append(b"after") == Position(2, 0)
+        monkeypatch.undo()
+        assert not any(segment.lost for segment in (await stream.info()).segments)
+        assert await read_all(stream) == [(Position(1, 0), b"kept"), (Position(2, 0), b"after")]

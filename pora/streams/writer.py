@@ -37,6 +37,7 @@ from pora.client.replication.writer import LedgerWriter
 from pora.meta.errors import MetadataTimeout, MetadataVersionConflict, NoSuchLedgerMetadata
 from pora.meta.records import LedgerState, Versioned
 from pora.streams.document import (
+    Segment,
     StreamDocument,
     StreamState,
     add_segment,
@@ -186,12 +187,12 @@ class StreamWriter:
             last = closed[-1]
             try:
                 record = await self._client.store.read_ledger(last.ledger_id)
-            except NoSuchLedgerMetadata:  # deleted outside the stream
-                log_lost(self.stream, last.seq, last.ledger_id)
-                self._lost += (last.seq,)
-            else:
                 if record.value.state is not LedgerState.CLOSED:
                     await recover_segment_ledger(self._client, last.ledger_id)
+            except (NoSuchLedgerMetadata, NoSuchLedger):
+                if not await ledger_deleted(self._client, last.ledger_id):
+                    raise
+                await self._lost_unless_truncated(last)
         current = doc.open_segment
         if current is not None:
             self._recovered = await recover_or_lost(
@@ -199,6 +200,15 @@ class StreamWriter:
             )
             if self._recovered is None:
                 self._lost += (current.seq,)
+
+    async def _lost_unless_truncated(self, segment: Segment) -> None:
+        """`segment`'s ledger has no record: LOST (deleted outside the stream), unless a
+        truncation removed the segment meanwhile (it deletes the ledgers it removes,
+        and this takeover does not hold it back)."""
+        doc = (await self._record.read()).value
+        if any(s.seq == segment.seq for s in doc.segments):
+            log_lost(self.stream, segment.seq, segment.ledger_id)
+            self._lost += (segment.seq,)
 
     async def _update(
         self,
