@@ -9,6 +9,7 @@ import contextlib
 from pathlib import Path
 
 import pytest
+import trio
 from replication_support import local_cluster
 from writer_support import client_on
 
@@ -59,6 +60,33 @@ async def test_a_delete_stopped_at_the_cursors_leaves_none_to_a_stream_created_a
         fresh = await again.cursor("billing")
         assert await fresh.position() == Position(0, 0)
         assert [payload async for _, payload in fresh.read()] == [b"new 1", b"new 2"]
+
+
+async def test_two_deletes_at_once_both_end_and_leave_nothing(tmp_path: Path) -> None:
+    """Both mark (the second takes the mark as it is), both fence; one deletes the
+    document and the other gets NoSuchStream; no cursor nor document is left."""
+    async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
+        stream = await client.create_stream("twice")
+        await stream.cursor("a")
+        await stream.cursor("b")
+        async with stream.open_writer() as writer:
+            await writer.append(b"x")
+            outcomes: list[str] = []
+
+            async def delete() -> None:
+                try:
+                    await client.delete_stream("twice")
+                    outcomes.append("deleted")
+                except pora.NoSuchStream:
+                    outcomes.append("gone")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(delete)
+                nursery.start_soon(delete)
+        assert "deleted" in outcomes and len(outcomes) == 2
+        assert [info.name async for info in client.list_streams()] == []
+        again = await client.create_stream("twice")
+        assert await again.cursors() == []
 
 
 async def test_a_cursor_made_while_its_stream_is_deleted_is_not_left_behind(
