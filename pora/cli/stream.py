@@ -94,8 +94,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="delete a stream and its ledgers",
         description="Delete a stream: its document is marked deleting (it is gone for every "
         "reader and writer), the ledgers its writers may append to are fenced and deleted, "
-        "then the document, then its pages, cursors and other ledgers. Once it returns, no "
-        "append of any writer started after it is acknowledged. Exit status 1 when a "
+        "then its cursors, then the document, then its pages and other ledgers. Once it "
+        "returns, no append of any writer started after it is acknowledged. Exit status 1 "
+        "when a "
         "writer's ledger could not be fenced (too few of its nodes answer): the stream stays "
         "marked (DELETING in `pora stream list`); run the command again once the nodes "
         "answer. 2 when there is no such stream.",

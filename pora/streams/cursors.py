@@ -10,6 +10,7 @@ to learn what they still need.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -120,15 +121,22 @@ class CursorRecord:
             raise NoSuchCursor(self.stream, self.name) from gone
         return Versioned(decode_cursor(record.value), record.version)
 
-    async def create_or_read(self, start: Position) -> Versioned[CursorState]:
+    async def create(self, start: Position) -> int | None:
+        """The cursor created at `start`: its version, or None when it exists."""
         state = CursorState(self.stream, self.name, start, int(time.time() * 1000))
         try:
             record = await self.store.create_document(
                 CURSORS_SPACE, self.document, encode_cursor(state)
             )
         except DocumentExists:
-            return await self.read()
-        return Versioned(state, record.version)
+            return None
+        return record.version
+
+    async def delete_made(self, version: int) -> None:
+        """The cursor this process created (at `version`) deleted, unless it moved
+        since or is gone (someone else's then)."""
+        with contextlib.suppress(NoSuchDocument, MetadataVersionConflict):
+            await self.store.delete_document(CURSORS_SPACE, self.document, version)
 
 
 async def cursor_states(store: MetadataStore, stream: str) -> AsyncIterator[CursorState]:

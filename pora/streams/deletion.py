@@ -1,9 +1,10 @@
 """Deleting a stream (docs/streams.md, "Deleting a stream"): mark the document, fence
-and delete the ledgers a writer may still append to, delete the document, then what
-no writer writes, best effort. A writer appends to its OPEN segment's ledger without
-touching the document, so only the fence of that ledger stops it: the document goes
-only once every such ledger is fenced, and a fence that cannot cover fails the delete
-with the stream left marked (gone for every client) for a retry to finish."""
+and delete the ledgers a writer may still append to, delete the cursors, delete the
+document, then what no writer writes, best effort. A writer appends to its OPEN
+segment's ledger without touching the document, so only the fence of that ledger
+stops it: the document goes only once every such ledger is fenced, and a fence that
+cannot cover fails the delete with the stream left marked (gone for every client) for
+a retry to finish."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from pora.streams.document import (
     page_name,
 )
 from pora.streams.errors import NoSuchStream, StreamDeleteFailed
+from pora.streams.lost import ledger_deleted
 from pora.streams.records import StreamRecord
 from pora.streams.removal import delete_owned_ledgers
 
@@ -52,7 +54,8 @@ def live_ledgers(doc: StreamDocument) -> list[tuple[int, str]]:
 
 
 async def delete_stream(client: LedgerClient, name: str) -> None:
-    """Mark, fence the live ledgers, delete the document, then the rest best effort.
+    """Mark, fence the live ledgers, delete the cursors and the document, then the
+    rest best effort.
     NoSuchStream when there is no stream (or another delete finished it first);
     StreamDeleteFailed (the stream left marked) when a live ledger cannot be fenced."""
     record = StreamRecord(client.store, check_stream_name(name))
@@ -63,9 +66,16 @@ async def delete_stream(client: LedgerClient, name: str) -> None:
         except NoSuchLedger:
             pass  # deleted already (an earlier attempt, or outside the stream)
         except DeleteFailed as failed:
-            raise StreamDeleteFailed(name, whose, failed) from failed
+            # nodes that answer "deleted" do not count toward the fence, but a node
+            # deletes a ledger only after its record is gone: another delete (a second
+            # delete_stream, gc) finished it first
+            if not await ledger_deleted(client, ledger_id):
+                raise StreamDeleteFailed(name, whose, failed) from failed
     # the pages name the CLOSED segments the head no longer holds: read before they go
     segments, pages = await _paged_segments(client, marked.value)
+    # before the document: once it is gone the name may be created again, and a
+    # cursor left over would be the new stream's (its position from the old one)
+    await _delete_cursors(client, name)
     try:
         await client.store.delete_document(STREAMS_SPACE, name, marked.version)
     except NoSuchDocument as gone:  # another delete finished it first
@@ -75,7 +85,6 @@ async def delete_stream(client: LedgerClient, name: str) -> None:
             await client.store.delete_document(PAGES_SPACE, document, version)
         except PoraError as error:
             _log.warning("stream %r deleted, but not its page %s: %s", name, document, error)
-    await _delete_cursors(client, name)
     live = {ledger_id for ledger_id, _ in live_ledgers(marked.value)}
     rest = [(s.ledger_id, f"segment {s.seq}") for s in segments if s.ledger_id not in live]
     await delete_owned_ledgers(client, name, rest, "deleted")
@@ -114,10 +123,16 @@ async def _paged_segments(
 
 
 async def _delete_cursors(client: LedgerClient, name: str) -> None:
+    """Every cursor of the stream deleted; an error is raised (the stream stays marked
+    for a retry), since a cursor left behind would outlive the document."""
     async for state in cursor_states(client.store, name):
-        try:
-            document = cursor_document_name(name, state.name)
-            cursor = await client.store.read_document(CURSORS_SPACE, document)
-            await client.store.delete_document(CURSORS_SPACE, document, cursor.version)
-        except PoraError as error:
-            _log.warning("stream %r deleted, but not its cursor %r: %s", name, state.name, error)
+        document = cursor_document_name(name, state.name)
+        while True:
+            try:
+                cursor = await client.store.read_document(CURSORS_SPACE, document)
+                await client.store.delete_document(CURSORS_SPACE, document, cursor.version)
+            except NoSuchDocument:
+                break  # deleted meanwhile (another delete of the stream)
+            except MetadataVersionConflict:
+                continue  # a reader's ack moved it: delete what it wrote
+            break

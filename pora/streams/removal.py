@@ -12,7 +12,9 @@ from collections.abc import Iterable
 from journal.errors import PoraError
 from ledger.errors import NoSuchLedger
 from pora.streams.document import PAGES_SPACE, Segment, StreamDocument, page_name
+from pora.streams.errors import NoSuchStream
 from pora.streams.ledger_client import LedgerClient
+from pora.streams.records import StreamRecord
 
 _log = logging.getLogger("pora.streams")
 
@@ -58,3 +60,23 @@ async def delete_owned_ledgers(
                 owner,
                 error,
             )
+
+
+async def why_kept(record: StreamRecord, ledger_id: int) -> str | None:
+    """Why a ledger whose recording compare-and-set failed must not be deleted, or
+    None when it may be. A compare-and-set whose reply was lost and whose re-read
+    failed may have taken: the document then names the ledger, and a ledger the
+    document names that is deleted looks deleted outside the stream (a takeover marks
+    its segment LOST, a commit cannot close it). So the document is read again: one
+    that names the ledger (a segment or a pending transaction's), or no answer, keeps
+    it; a stream deleted or marked does not (its delete deletes what it names)."""
+    try:
+        doc = (await record.read()).value
+    except NoSuchStream:
+        return None
+    except (PoraError, OSError) as error:
+        return f"the document may name it (it could not be read: {error})"
+    named = any(s.ledger_id == ledger_id for s in doc.segments) or any(
+        s.ledger_id == ledger_id for txn in doc.transactions for s in txn.segments
+    )
+    return "the document names it" if named else None

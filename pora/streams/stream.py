@@ -227,9 +227,22 @@ class Stream:
         reader position that starts at the first position the stream holds and pins
         retention from there (NoSuchStream when the stream does not exist)."""
         record = CursorRecord(self._client.store, self.name, check_stream_name(name, "cursor name"))
-        doc = (await self._record.read()).value
-        await record.create_or_read(doc.first_held)
-        return Cursor(self, record)
+        while True:
+            doc = (await self._record.read()).value
+            made = await record.create(doc.first_held)
+            if made is None:
+                return Cursor(self, record)
+            # a delete that marked the stream meanwhile may have listed the cursors
+            # before this one was made, and a stream created again meanwhile starts
+            # elsewhere: a cursor made so would outlive its stream or start wrong
+            try:
+                again = (await self._record.read()).value
+            except NoSuchStream:
+                await record.delete_made(made)
+                raise
+            if again.created_ms == doc.created_ms:
+                return Cursor(self, record)
+            await record.delete_made(made)  # made again from the new stream
 
     async def cursors(self) -> list[CursorState]:
         """Every cursor of this stream (its name and the position it reads next), by

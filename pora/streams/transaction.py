@@ -20,9 +20,9 @@ from ledger.errors import InvalidArgument, InvalidArgumentType, LedgerFenced, No
 from pora.client.replication.writer import LedgerWriter
 from pora.meta.records import Versioned
 from pora.streams.document import StreamDocument
-from pora.streams.errors import TransactionAborted
+from pora.streams.errors import NoSuchStream, TransactionAborted
 from pora.streams.records import StreamRecord
-from pora.streams.removal import delete_removed
+from pora.streams.removal import delete_removed, why_kept
 from pora.streams.transaction_changes import (
     abandoned_transactions,
     add_transaction_segment,
@@ -217,11 +217,29 @@ class Transaction:
             await _change(self._record, change)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await _delete_ledgers(self._client, self.stream, [ledger.ledger_id], ledger)
+                await self._discard_unless_named(ledger)
             raise
         segment = TransactionSegment(self, len(self._segments), ledger)
         self._segments.append(segment)
         return segment
+
+    async def _discard_unless_named(self, ledger: LedgerWriter) -> None:
+        """A segment's ledger whose recording failed: deleted unless the document may
+        name it (`why_kept`); such a ledger is closed and left (the commit closes it
+        like any other segment; an abort or gc deletes it)."""
+        why = await why_kept(self._record, ledger.ledger_id)
+        if why is None:
+            await _delete_ledgers(self._client, self.stream, [ledger.ledger_id], ledger)
+            return
+        _log.warning(
+            "stream %r: ledger %d of transaction %s is not deleted: %s",
+            self.stream,
+            ledger.ledger_id,
+            self.id,
+            why,
+        )
+        with contextlib.suppress(PoraError, OSError):
+            await ledger.close()
 
     async def commit(
         self,
@@ -276,7 +294,9 @@ class Transaction:
         outcome: list[int] = []
         dropped: list[int] = []
         grown: list[PendingTransaction] = []
-        before: list[StreamDocument] = []  # the document the commit changed
+        #: the document the commit changed; empty when it was found applied on a
+        #: re-read (a write of ours that timed out, or another process's commit)
+        before: list[StreamDocument] = []
 
         def change(doc: StreamDocument) -> StreamDocument | None:
             outcome.clear()
@@ -286,9 +306,10 @@ class Transaction:
                 visible = _visible_commit(doc, closed)
                 if visible is not None:
                     # our write that timed out took (or another process committed this
-                    # transaction): committed, with or without a key; `dropped` is
-                    # what that write dropped
+                    # transaction, with its own `only` and `replace`): committed, with or
+                    # without a key; `dropped` is what an attempt of ours would drop
                     outcome.append(visible)
+                    before.clear()
                     return None
             dropped.clear()
             if prior_commit(doc, digest, app_version) is not None or txn is None:
@@ -320,8 +341,9 @@ class Transaction:
             if outcome:
                 self.committed = outcome[0]
                 # `before` is empty when the commit was found taken (a timed-out write
-                # or another process's): what it replaced is then garbage for gc
-                await self._delete_dropped(dropped, before[0] if replace and before else None)
+                # or another process's): what it replaced is then garbage for gc, and
+                # of what it dropped only what the stream does not hold goes
+                await self._delete_dropped(dropped, before[0] if before else None, replace)
                 return outcome[0]
             if not grown:
                 return await self._already(digest, app_version)
@@ -341,17 +363,39 @@ class Transaction:
         writes them elsewhere is fenced), recorded in `closed`."""
         for ledger_id in kept:
             if ledger_id not in closed:
-                last, length = await recover_segment_ledger(self._client, ledger_id)
+                try:
+                    last, length = await recover_segment_ledger(self._client, ledger_id)
+                except NoSuchLedger:
+                    await self._record.read()  # NoSuchStream: a stream delete fenced it
+                    raise
                 closed[ledger_id] = (ledger_id, last, length)
 
+    async def _not_held(self, ledger_ids: Sequence[int]) -> list[int]:
+        """Of `ledger_ids`, those the stream holds in no segment (paged ones too) nor
+        pending transaction: a commit found applied may be another process's that
+        made visible what an attempt of ours would have dropped. None of them when
+        the document cannot be read (what is left is garbage for `pora stream gc`)."""
+        try:
+            doc = (await self._record.read()).value
+            held = {s.ledger_id async for s in self._record.segments_from(doc, doc.first_seq)}
+        except NoSuchStream:
+            return list(ledger_ids)  # deleted: its ledgers are garbage
+        except (PoraError, OSError):
+            return []
+        held.update(s.ledger_id for txn in doc.transactions for s in txn.segments)
+        return [ledger_id for ledger_id in ledger_ids if ledger_id not in held]
+
     async def _delete_dropped(
-        self, dropped: Sequence[int], replaced: StreamDocument | None = None
+        self, dropped: Sequence[int], before: StreamDocument | None, replace: bool
     ) -> None:
         """The ledgers of segments a commit dropped (a failed or losing attempt's:
-        never visible), their writers here stopped first; and those of the segments
-        visible in `replaced`, the document a replacing commit changed."""
-        if replaced is not None:
-            await self._delete_replaced(replaced)
+        never visible), their writers here stopped first; with `replace`, those of
+        the segments visible in `before`, the document the commit changed (None: the
+        commit was found applied, and `dropped` is checked against the stream)."""
+        if before is None:
+            dropped = await self._not_held(dropped)
+        elif replace:
+            await self._delete_replaced(before)
         for segment in self._segments:
             if segment.ledger_id in dropped:
                 await _delete_ledgers(self._client, self.stream, [], segment._ledger)

@@ -37,6 +37,7 @@ from pora.client.replication.writer import LedgerWriter
 from pora.meta.errors import MetadataTimeout, MetadataVersionConflict, NoSuchLedgerMetadata
 from pora.meta.records import LedgerState, Versioned
 from pora.streams.document import (
+    Segment,
     StreamDocument,
     StreamState,
     add_segment,
@@ -50,6 +51,7 @@ from pora.streams.errors import NoSuchStream, StreamSealed, WriterFenced
 from pora.streams.lost import ledger_deleted, log_lost
 from pora.streams.position import Position
 from pora.streams.records import StreamRecord
+from pora.streams.removal import why_kept
 
 if TYPE_CHECKING:
     from pora.streams.ledger_client import LedgerClient
@@ -166,7 +168,7 @@ class StreamWriter:
             await self._add_own_segment(ledger)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self._discard(ledger)
+                await self._discard_unless_named(ledger)
             raise
         assert self._doc is not None
         seq = self._doc.value.writer_segment
@@ -185,12 +187,12 @@ class StreamWriter:
             last = closed[-1]
             try:
                 record = await self._client.store.read_ledger(last.ledger_id)
-            except NoSuchLedgerMetadata:  # deleted outside the stream
-                log_lost(self.stream, last.seq, last.ledger_id)
-                self._lost += (last.seq,)
-            else:
                 if record.value.state is not LedgerState.CLOSED:
                     await recover_segment_ledger(self._client, last.ledger_id)
+            except (NoSuchLedgerMetadata, NoSuchLedger):
+                if not await ledger_deleted(self._client, last.ledger_id):
+                    raise
+                await self._lost_unless_truncated(last)
         current = doc.open_segment
         if current is not None:
             self._recovered = await recover_or_lost(
@@ -198,6 +200,15 @@ class StreamWriter:
             )
             if self._recovered is None:
                 self._lost += (current.seq,)
+
+    async def _lost_unless_truncated(self, segment: Segment) -> None:
+        """`segment`'s ledger has no record: LOST (deleted outside the stream), unless a
+        truncation removed the segment meanwhile (it deletes the ledgers it removes,
+        and this takeover does not hold it back)."""
+        doc = (await self._record.read()).value
+        if any(s.seq == segment.seq for s in doc.segments):
+            log_lost(self.stream, segment.seq, segment.ledger_id)
+            self._lost += (segment.seq,)
 
     async def _update(
         self,
@@ -257,6 +268,23 @@ class StreamWriter:
             config.ack_quorum,
             custom_metadata={STREAM_KEY: self.stream.encode()},
         )
+
+    async def _discard_unless_named(self, ledger: LedgerWriter) -> None:
+        """A ledger whose adding failed: deleted unless the document may name it
+        (`why_kept`); such a ledger is closed and left to the next takeover, or to
+        `pora stream gc` when no document names it."""
+        why = await why_kept(self._record, ledger.ledger_id)
+        if why is None:
+            await self._discard(ledger)
+            return
+        _log.warning(
+            "stream %r: ledger %d is not deleted: %s; closed and left to the next "
+            "takeover or `pora stream gc`",
+            self.stream,
+            ledger.ledger_id,
+            why,
+        )
+        await self._close_in_background(ledger)
 
     async def _discard(self, ledger: LedgerWriter) -> None:
         """A ledger no document names (a spare, or one whose adding failed): deleted,
@@ -479,7 +507,7 @@ class StreamWriter:
         if error is not None:
             # no document names the new segment: what was appended to it is not in
             # the stream (those appends fail with `error`), and its ledger goes
-            self._client_tasks().start_soon(self._discard, spare)
+            self._client_tasks().start_soon(self._discard_unless_named, spare)
             return
         self._client_tasks().start_soon(self._close_in_background, old.writer)
 
