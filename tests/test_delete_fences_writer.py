@@ -13,7 +13,9 @@ from waiting import wait_until
 from writer_support import client_on
 
 import pora
+import pora.client.replication.client as client_module
 from netio.security import master_key_from_password
+from pora.client.replication.recovery import Recovery
 from pora.meta.errors import NoSuchLedgerMetadata
 from pora.meta.records import LedgerState
 
@@ -139,3 +141,32 @@ async def test_a_delete_that_cannot_fence_keeps_the_record_marked_and_a_retry_fi
             await impatient.delete_ledger(ledger.ledger_id, password="pw")  # the retry
         with pytest.raises(NoSuchLedgerMetadata):
             await cluster.store.read_ledger(ledger.ledger_id)
+
+
+async def test_a_delete_overtaken_by_another_raises_no_such_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two deletes of one open ledger: the second marks the record, then the first
+    finishes (record gone, nodes deleted) before the second fences. Its members answer
+    "no such ledger", not "fenced": the delete says the ledger is gone, never
+    DeleteFailed (which tells the caller to retry a delete that is done)."""
+    async with (
+        local_cluster(tmp_path, nodes=3) as cluster,
+        client_on(cluster) as first,
+        client_on(cluster, recovery_fence_timeout_s=0.5) as second,
+    ):
+        ledger = await first.create_ledger(3, 3, 2, password="pw")
+        await ledger.append(b"a")
+        overtaken: list[bool] = []
+
+        class OvertakenRecovery(Recovery):
+            async def fence(self) -> list[int]:
+                if not overtaken:  # the second delete's fence: the first one ends first
+                    overtaken.append(True)
+                    await first.delete_ledger(ledger.ledger_id, password="pw")
+                return await super().fence()
+
+        monkeypatch.setattr(client_module, "Recovery", OvertakenRecovery)
+        with pytest.raises(pora.NoSuchLedger):
+            await second.delete_ledger(ledger.ledger_id, password="pw")
+        assert overtaken

@@ -29,7 +29,6 @@ from pora.streams.document import (
     page_name,
 )
 from pora.streams.errors import NoSuchStream, StreamDeleteFailed
-from pora.streams.lost import ledger_deleted
 from pora.streams.records import StreamRecord
 from pora.streams.removal import delete_owned_ledgers
 
@@ -65,12 +64,8 @@ async def delete_stream(client: LedgerClient, name: str) -> None:
             await client.delete_ledger(ledger_id)
         except NoSuchLedger:
             pass  # deleted already (an earlier attempt, or outside the stream)
-        except DeleteFailed as failed:
-            # nodes that answer "deleted" do not count toward the fence, but a node
-            # deletes a ledger only after its record is gone: another delete (a second
-            # delete_stream, gc) finished it first
-            if not await ledger_deleted(client, ledger_id):
-                raise StreamDeleteFailed(name, whose, failed) from failed
+        except DeleteFailed as failed:  # (another delete finishing first: NoSuchLedger)
+            raise StreamDeleteFailed(name, whose, failed) from failed
     # the pages name the CLOSED segments the head no longer holds: read before they go
     segments, pages = await _paged_segments(client, marked.value)
     # before the document: once it is gone the name may be created again, and a

@@ -214,6 +214,13 @@ class Client:
                 break
             except NoSuchLedgerMetadata as gone:  # another delete finished first
                 raise NoSuchLedger(ledger_id, f"in the metadata store {self.store.url}") from gone
+            except DeleteFailed:
+                # members that deleted the ledger answer "no such ledger", not "fenced",
+                # and a node deletes a ledger only once its record is gone: a racing
+                # delete that finished first left this fence short of its cover
+                async with self._no_such_ledger(ledger_id):
+                    await self.store.read_ledger(ledger_id)
+                raise
             except (MetadataVersionConflict, MetadataTimeout):
                 # a recovery, the writer's last ensemble change or close, or a write of
                 # ours that timed out: read again (the fence is repeated on the record)
