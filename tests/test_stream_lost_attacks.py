@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 from replication_support import local_cluster
+from test_stream_lost_segments import rolled_and_stopped
 from writer_support import client_on
 
 from pora import Position
 from pora.meta.errors import MetadataTimeout
 from pora.meta.records import Versioned
 from pora.streams import writer as writer_module
-from pora.streams.document import StreamDocument, add_segment, roll, take_over
+from pora.streams.document import StreamDocument
 from pora.streams.ledger_client import LedgerClient
 from pora.streams.records import StreamRecord
 from pora.streams.stream import Stream
@@ -143,20 +144,7 @@ async def test_a_truncation_during_the_takeover_neither_fails_it_nor_loses_a_seg
     truncated, not LOST) and what the stream holds reads back."""
     async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
         stream = await client.create_stream("rolled")
-        record = StreamRecord(client.store, "rolled")
-        current = await record.read()
-        current = await record.write(take_over(current.value), current.version)
-        epoch = current.value.writer_epoch
-        old = await client.create_ledger(3, 3, 2)
-        current = await record.write(
-            add_segment(current.value, epoch, old.ledger_id, 0), current.version
-        )
-        assert await old.append(b"rolled away") == 0
-        new = await client.create_ledger(3, 3, 2)
-        assert await new.append(b"kept") == 0
-        await record.write(
-            roll(current.value, epoch, 0, len(b"rolled away"), new.ledger_id, 0), current.version
-        )
+        old = await rolled_and_stopped(client, "rolled")
         recover = writer_module.recover_segment_ledger
 
         async def truncated_first(client_: LedgerClient, ledger_id: int) -> tuple[int, int]:

@@ -19,6 +19,7 @@ import pora
 from pora import Position
 from pora.cli._stream_views import segment_row
 from pora.client.replication.client import Client
+from pora.client.replication.writer import LedgerWriter
 from pora.meta.errors import InvalidMetadata
 from pora.streams.document import (
     Segment,
@@ -39,6 +40,27 @@ from pora.streams.stream import Stream
 
 async def read_all(stream: Stream, from_: Position | None = None) -> list[tuple[Position, bytes]]:
     return [item async for item in stream.read(from_=from_)]
+
+
+async def rolled_and_stopped(client: Client, name: str) -> LedgerWriter:
+    """Stream `name` as a writer leaves it that rolled over and stopped before closing
+    its old segment's ledger: segment 0 (one entry, b"rolled away") CLOSED in the
+    document but its ledger still open, segment 1 OPEN with one entry (b"kept").
+    Returns segment 0's ledger writer."""
+    record = StreamRecord(client.store, name)
+    current = await record.read()
+    current = await record.write(take_over(current.value), current.version)
+    epoch = current.value.writer_epoch
+    old = await client.create_ledger(3, 3, 2)
+    current = await record.write(
+        add_segment(current.value, epoch, old.ledger_id, 0), current.version
+    )
+    assert await old.append(b"rolled away") == 0
+    new = await client.create_ledger(3, 3, 2)
+    assert await new.append(b"kept") == 0
+    rolled = roll(current.value, epoch, 0, len(b"rolled away"), new.ledger_id, 0)
+    await record.write(rolled, current.version)
+    return old
 
 
 async def lose_open_segment(client: Client, stream: Stream) -> int:
@@ -162,21 +184,7 @@ async def test_a_takeover_marks_a_deleted_never_closed_segment_lost_too(
     and marks it LOST, recovers the OPEN one after it, and writes on."""
     async with local_cluster(tmp_path) as cluster, client_on(cluster) as client:
         stream = await client.create_stream("rolled")
-        record = StreamRecord(client.store, "rolled")
-        # the stopped writer, step by step: its segment 0, an entry, a rollover to 1
-        current = await record.read()
-        current = await record.write(take_over(current.value), current.version)
-        epoch = current.value.writer_epoch
-        old = await client.create_ledger(3, 3, 2)
-        current = await record.write(
-            add_segment(current.value, epoch, old.ledger_id, 0), current.version
-        )
-        assert await old.append(b"rolled away") == 0
-        new = await client.create_ledger(3, 3, 2)
-        assert await new.append(b"kept") == 0
-        current = await record.write(
-            roll(current.value, epoch, 0, len(b"rolled away"), new.ledger_id, 0), current.version
-        )
+        old = await rolled_and_stopped(client, "rolled")
         await client.delete_ledger(old.ledger_id)  # never closed: it stays OPEN till then
 
         async with stream.open_writer() as writer:
